@@ -1,0 +1,321 @@
+"""The public allreduce: ``Allreduce``, ``Iallreduce`` and ``Communicator``.
+
+Drop-in for mpi4py: ``comm.Allreduce(a, b, op=MPI.SUM)`` becomes
+``bmlmpi.Allreduce(a, b, op=MPI.SUM, comm=comm)`` or ``bmlmpi.Communicator(comm).Allreduce(a, b)``.
+
+A :class:`Communicator` owns a private duplicate of the user's communicator (so bmlmpi's
+messages never match the user's), the BCube level communicators (``Split`` per digit, made on
+first use), and a cache of compiled plans per signature. The module-level functions keep one
+Communicator per user communicator, attached to it as an MPI attribute so it lives and dies
+with that communicator.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import buffers, kernels, select
+from .buffers import BufferSpecError
+from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for
+from .ops import check_dtype_op, mpi_op, op_name
+from .schedules.bml import bml_schedule
+from .topology.bcube import BCube, Shape, format_shape, resolve_shape
+
+
+
+class ArgumentMismatch(ValueError):
+    """Ranks called the same allreduce with different counts, dtypes, ops or algorithms."""
+
+
+class RemoteArgumentError(ValueError):
+    """Another rank rejected its arguments; this rank's call fails with it instead of hanging."""
+
+
+class Request:
+    """The handle of a non-blocking allreduce (``Test``/``Wait``, as an ``MPI.Request``)."""
+
+    def __init__(self, test, wait):
+        self._test = test
+        self._wait = wait
+        self._done = False
+
+    def Test(self) -> bool:
+        if not self._done:
+            self._done = self._test()
+        return self._done
+
+    def Wait(self) -> None:
+        if not self._done:
+            self._wait()
+            self._done = True
+
+    # mpi4py spells these in lower case for the pickle-based API; accept both.
+    test = Test
+    wait = Wait
+
+
+def _signature_hash(parts: tuple) -> int:
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # non-negative int64
+
+
+def _validation_enabled(value: bool | None) -> bool:
+    if value is not None:
+        return value
+    return os.environ.get("BMLMPI_VALIDATE", "1").strip().lower() not in ("0", "false", "no")
+
+
+class Communicator:
+    """bmlmpi's allreduce over an MPI communicator.
+
+    ``algorithm``: one of :func:`bmlmpi.algorithms` (``auto`` by default; ``BMLMPI_ALGORITHM``
+    overrides auto). ``topology``: the BCube shape for bml (``"3x3"``, ``(2, 2, 3)``); default
+    ``BMLMPI_BCUBE`` or the prime factorisation of the size. ``timeout``: seconds a wait may go
+    without progress before it raises (``BMLMPI_TIMEOUT``, default 120). ``validate``: check on
+    the first call of each signature that all ranks agree (``BMLMPI_VALIDATE``, default on).
+    """
+
+    def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
+                 topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
+                 *, timeout: float | None = None, validate: bool | None = None):
+        if fault_tolerant:
+            raise NotImplementedError("fault_tolerant=True is not available in this version")
+        if comm == MPI.COMM_NULL:
+            raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
+        self.algorithm = select.check_algorithm(algorithm)
+        self.timeout = timeout_from_env(timeout)
+        self.validate = _validation_enabled(validate)
+        self.shape: Shape = resolve_shape(comm.Get_size(), topology)
+        self._comm = comm.Dup()
+        self._comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        self._levels: list[MPI.Comm] | None = None
+        self._plans: dict[tuple, Plan] = {}
+        self._validated: set[int] = set()
+        self._calls = 0
+        tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
+        self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def comm(self) -> MPI.Comm:
+        """The private communicator bmlmpi sends on (a duplicate of the user's)."""
+        return self._comm
+
+    def __repr__(self) -> str:
+        return (f"bmlmpi.Communicator(size={self.size}, rank={self.rank}, "
+                f"algorithm={self.algorithm!r}, topology={format_shape(self.shape)!r})")
+
+    def Free(self) -> None:
+        for c in [*(self._levels or ()), self._comm]:
+            if c != MPI.COMM_NULL:
+                c.Free()
+        self._levels = None
+        self._plans.clear()
+
+    # -- public calls ---------------------------------------------------------------------
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+        """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (``sendbuf`` may be IN_PLACE)."""
+        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request."""
+        return self._start(sendbuf, recvbuf, op, self.algorithm)
+
+    def allreduce(self, array: Any, op: Any = MPI.SUM) -> np.ndarray:
+        """Return a new array holding the reduction of ``array`` over all ranks."""
+        if buffers.is_device_array(array):
+            from .kernels import gpu
+            out = gpu.empty_like(array)
+        else:
+            src = np.ascontiguousarray(array)
+            out = np.empty_like(src)
+            array = src
+        self.Allreduce(array, out, op)
+        return out
+
+    # -- internals ------------------------------------------------------------------------
+    def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
+        error: Exception | None = None
+        try:
+            prep = self._prepare(sendbuf, recvbuf, op, algorithm)
+        except (ValueError, TypeError, BufferError) as exc:
+            error, prep = exc, None
+        self._validate(prep, error)
+        assert prep is not None
+        return self._launch(*prep)
+
+    def _prepare(self, sendbuf, recvbuf, op, algorithm):
+        name = op_name(op)
+        if recvbuf is None or recvbuf is MPI.IN_PLACE:
+            raise BufferSpecError("recvbuf must be a buffer (sendbuf may be MPI.IN_PLACE)")
+        device = buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
+                                         else recvbuf[0])
+        staging = None
+        if device:
+            from .kernels import gpu
+            staging = gpu.stage(sendbuf, recvbuf)
+            sendbuf, recvbuf = staging.host_send, staging.host_recv
+        recv = buffers.resolve(recvbuf, "recvbuf")
+        if not recv.flat.flags.writeable:
+            raise BufferSpecError("recvbuf is read-only")
+        if sendbuf is MPI.IN_PLACE or sendbuf is None:
+            send = None
+            count = recv.count
+        else:
+            send = buffers.resolve(sendbuf, "sendbuf")
+            count = send.count
+            if send.flat.dtype != recv.flat.dtype:
+                raise BufferSpecError(f"sendbuf dtype {send.flat.dtype} differs from recvbuf "
+                                      f"dtype {recv.flat.dtype}")
+            if recv.count < count:
+                raise BufferSpecError(f"recvbuf holds {recv.count} elements, fewer than the "
+                                      f"{count} sent")
+        dtype = recv.flat.dtype
+        check_dtype_op(dtype, name)
+        if algorithm == "auto":
+            algorithm = select.choose(count * dtype.itemsize, self.size)
+        out = recv.flat[:count]
+        src = None if send is None else send.flat
+        if src is not None and np.may_share_memory(src, out):
+            if not (src.__array_interface__["data"][0] == out.__array_interface__["data"][0]):
+                raise BufferSpecError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
+            src = None  # the same memory: an in-place call spelled with two names
+        return algorithm, name, src, out, staging
+
+    def _validate(self, prep, error: Exception | None) -> None:
+        """Agree across ranks that the call is well-formed; raise on every rank if not."""
+        if not self.validate or self.size == 1:
+            if error is not None:
+                raise error
+            return
+        sig, h = None, 0
+        if prep is not None:
+            algorithm, name, _, out, _ = prep
+            sig = (out.size, out.dtype.str, name, algorithm, self.shape)
+            h = _signature_hash(sig)
+            if error is None and h in self._validated:
+                return
+        vec = np.array([h, -h, 1 if error else 0, self.rank if error else -1], dtype=np.int64)
+        res = np.empty_like(vec)
+        req = self._comm.Iallreduce(vec, res, MPI.MAX)
+        wait_for(lambda: req.Test(), self.timeout,
+                 lambda t: f"bmlmpi argument check: other ranks did not join within {t:g} s")
+        if error is not None:
+            raise error
+        if res[2]:
+            raise RemoteArgumentError(f"rank {res[3]} rejected its allreduce arguments "
+                                      f"(see its error); this call is abandoned on all ranks")
+        if res[0] != -res[1]:
+            everyone = self._comm.allgather(sig)
+            lines = "; ".join(f"rank {r}: count={s[0]} dtype={np.dtype(s[1])} op={s[2]} "
+                              f"algorithm={s[3]}" for r, s in enumerate(everyone))
+            raise ArgumentMismatch(f"allreduce arguments differ across ranks: {lines}")
+        self._validated.add(h)
+
+    def _launch(self, algorithm, name, src, out, staging) -> Request:
+        finish_steps = []
+        if name == "avg":
+            finish_steps.append(lambda: kernels.scale_avg(out, self.size))
+        if staging is not None:
+            finish_steps.append(staging.finish)
+
+        def finish() -> None:
+            for f in finish_steps:
+                f()
+
+        if algorithm == "native":
+            return self._launch_native(name, src, out, finish)
+        if src is not None and out.size:
+            np.copyto(out, src)
+        plan = self._plan(algorithm, out.size)
+        tag_base = (self._calls * TAG_STEPS) % self._tag_mod
+        self._calls += 1
+        label = f"bmlmpi {algorithm} allreduce (rank {self.rank}, call {self._calls})"
+        run = Run(plan, out, name, tag_base, label, finish)
+        return Request(run.test, lambda: run.wait(self.timeout))
+
+    def _launch_native(self, name, src, out, finish) -> Request:
+        sbuf = MPI.IN_PLACE if src is None else src
+        try:
+            req = self._comm.Iallreduce(sbuf, out, mpi_op(name))
+        except (KeyError, ValueError, MPI.Exception) as exc:
+            raise TypeError(f"native MPI_Allreduce cannot reduce dtype {out.dtype} "
+                            f"with this MPI: {exc}") from exc
+        state = {"done": False}
+
+        def test() -> bool:
+            if not state["done"] and req.Test():
+                finish()
+                state["done"] = True
+            return state["done"]
+
+        def wait() -> None:
+            wait_for(test, self.timeout,
+                     lambda t: f"native MPI_Iallreduce (rank {self.rank}) made no progress "
+                               f"in {t:g} s")
+        return Request(test, wait)
+
+    def _level_comms(self) -> list[MPI.Comm]:
+        if self._levels is None:
+            cube = BCube(self.shape)
+            levels = []
+            for lv in range(cube.levels):
+                c = self._comm.Split(cube.color(self.rank, lv), cube.digit(self.rank, lv))
+                c.Set_errhandler(MPI.ERRORS_RETURN)
+                levels.append(c)
+            self._levels = levels
+        return self._levels
+
+    def _plan(self, algorithm: str, count: int) -> Plan:
+        key = (algorithm, count)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        if algorithm == "bml":
+            sched = bml_schedule(self.rank, self.size, count, self.shape)
+            levels = self._level_comms()
+            cube = BCube(self.shape)
+            comms = [self._comm, *levels]
+
+            def level_peer(level: int, peer: int) -> tuple[int, int]:
+                if level < 0:
+                    return 0, peer
+                return level + 1, cube.digit(peer, level)
+        else:
+            raise ValueError(f"algorithm {algorithm!r} has no schedule")
+        plan = Plan(sched, comms, level_peer)
+        self._plans[key] = plan
+        return plan
+
+
+_KEYVAL = MPI.Comm.Create_keyval()
+
+
+def _communicator_for(comm: MPI.Comm) -> Communicator:
+    ctx = comm.Get_attr(_KEYVAL)
+    if ctx is None:
+        ctx = Communicator(comm)
+        comm.Set_attr(_KEYVAL, ctx)
+    return ctx
+
+
+def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,
+              algorithm: str = "auto") -> None:
+    """Drop-in ``comm.Allreduce(sendbuf, recvbuf, op)`` running a bmlmpi algorithm."""
+    ctx = _communicator_for(comm)
+    ctx._start(sendbuf, recvbuf, op, select.check_algorithm(algorithm)).Wait()
+
+
+def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,
+               algorithm: str = "auto") -> Request:
+    """Non-blocking :func:`Allreduce`; progresses inside the request's ``Test``/``Wait``."""
+    ctx = _communicator_for(comm)
+    return ctx._start(sendbuf, recvbuf, op, select.check_algorithm(algorithm))

@@ -1,0 +1,259 @@
+"""OSU-style allreduce latency sweep: ``python -m bmlmpi.bench`` / ``bmlmpi-bench``.
+
+Options and output follow OSU's ``osu_allreduce`` so existing parsers read the tables: sizes
+in bytes of MPI_FLOAT data, powers of two from ``-m MIN:MAX`` (default 4:1048576), 1000
+iterations and 100 warm-up iterations up to 8 KiB, 100 and 10 above (``-i``/``-x`` set both),
+one timed call per iteration followed by a barrier; per-rank average, then average, minimum
+and maximum over ranks. ``-f`` adds Min/Max/Iterations, ``-c`` a Validation column (Pass/Fail,
+checked on every rank against position-dependent data). One table per algorithm
+(``--algorithms bml,native``; all algorithms are measured at each size before the next size,
+so they share the machine's conditions). ``--busbw`` adds nccl-tests style bandwidths
+(algbw = bytes/time, busbw = algbw·2(N−1)/N). ``--csv``/``--json`` save every row with the
+machine, rank count and library versions; a ratio-to-native table closes the output when
+native is among the algorithms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import __version__
+from .api import Communicator
+from .select import algorithms as implemented
+
+LARGE_MESSAGE = 8192
+FIELD = 18
+
+
+def _parse_range(text: str) -> tuple[int, int]:
+    if ":" in text:
+        lo, hi = text.split(":", 1)
+        return int(lo or 4), int(hi)
+    return 4, int(text)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="bmlmpi-bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-m", "--message-size", default="4:1048576", metavar="[MIN:]MAX",
+                   help="message sizes in bytes, powers of two (default 4:1048576)")
+    p.add_argument("-i", "--iterations", type=int, help="timed iterations (default 1000/100)")
+    p.add_argument("-x", "--warmup", type=int, help="warm-up iterations (default 100/10)")
+    p.add_argument("-f", "--full", action="store_true", help="print min/max and iterations")
+    p.add_argument("-c", "--validation", action="store_true", help="check every result")
+    p.add_argument("--algorithms", default="bml,native",
+                   help="comma list, or 'all' (implemented: %s)" % ",".join(implemented()))
+    p.add_argument("--topology", help="BCube shape for bml, e.g. 3x3 (default BMLMPI_BCUBE)")
+    p.add_argument("--busbw", action="store_true", help="add algbw/busbw columns (GB/s)")
+    p.add_argument("--csv", help="write every row to this CSV file")
+    p.add_argument("--json", help="write rows and run metadata to this JSON file")
+    p.add_argument("--expect-size", type=int,
+                   default=int(os.environ.get("BMLMPI_EXPECT_SIZE", "0")) or None,
+                   help="fail unless the MPI world has exactly this many ranks "
+                        "(catches a launcher that started N one-rank worlds)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    args = p.parse_args(argv)
+    args.min_size, args.max_size = _parse_range(args.message_size)
+    if args.min_size < 1 or args.max_size < args.min_size:
+        p.error(f"bad message size range {args.message_size!r}")
+    names = implemented() if args.algorithms == "all" else args.algorithms.split(",")
+    names = [n.strip().lower() for n in names if n.strip()]
+    for n in names:
+        if n not in implemented():
+            p.error(f"unknown algorithm {n!r}; implemented: {', '.join(implemented())}")
+    args.algorithm_list = names
+    return args
+
+
+def sizes(lo: int, hi: int) -> list[int]:
+    out, s = [], 1
+    while s <= hi:
+        if s >= lo:
+            out.append(s)
+        s *= 2
+    return out
+
+
+def machine_info(comm: MPI.Comm) -> dict[str, Any]:
+    import numba
+
+    cores = os.cpu_count() or 1
+    return {
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cores": cores,
+        "ranks": comm.Get_size(),
+        "oversubscribed": comm.Get_size() > cores,
+        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi4py": __import__("mpi4py").__version__,
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "python": platform.python_version(),
+        "bmlmpi": __version__,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _fill(buf: np.ndarray, rank: int) -> None:
+    # Small integers in float32: every partial sum is exact, and a misplaced range shows.
+    n = buf.size
+    buf[:] = (np.arange(n) % 64) + rank
+
+
+def _expected(n: int, size: int) -> np.ndarray:
+    return ((np.arange(n) % 64) * size + size * (size - 1) // 2).astype(np.float32)
+
+
+def measure(ctx: Communicator, algorithm: str, nbytes: int, iters: int, skip: int,
+            validate: bool) -> dict[str, Any]:
+    comm = ctx.comm
+    n = max(1, nbytes // 4)
+    send = np.empty(n, dtype=np.float32)
+    recv = np.empty(n, dtype=np.float32)
+    _fill(send, comm.Get_rank())
+    ok = True
+    timer = 0.0
+    for i in range(iters + skip):
+        t0 = MPI.Wtime()
+        ctx._start(send, recv, MPI.SUM, algorithm).Wait()
+        t1 = MPI.Wtime()
+        if i >= skip:
+            timer += t1 - t0
+        if validate and i in (0, iters + skip - 1):
+            ok &= bool(np.array_equal(recv, _expected(n, comm.Get_size())))
+        comm.Barrier()
+    latency = timer * 1e6 / max(iters, 1)
+    lat = np.array([latency])
+    mn, mx, sm = np.empty(1), np.empty(1), np.empty(1)
+    comm.Allreduce(lat, mn, MPI.MIN)
+    comm.Allreduce(lat, mx, MPI.MAX)
+    comm.Allreduce(lat, sm, MPI.SUM)
+    passed = comm.allreduce(ok, op=MPI.LAND)
+    size = comm.Get_size()
+    avg = float(sm[0]) / size
+    algbw = (n * 4) / (avg * 1e-6) / 1e9 if avg > 0 else 0.0
+    return {"algorithm": algorithm, "size": n * 4, "avg_us": avg, "min_us": float(mn[0]),
+            "max_us": float(mx[0]), "iterations": iters,
+            "validation": ("Pass" if passed else "Fail") if validate else "",
+            "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (size - 1) / size if size > 1
+            else 0.0}
+
+
+def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
+    algo = rows[0]["algorithm"] if rows else "?"
+    lines = [f"# OSU MPI Allreduce Latency Test (bmlmpi {__version__}, algorithm: {algo})",
+             f"# Ranks: {info['ranks']}{' (oversubscribed)' if info['oversubscribed'] else ''}"
+             f"; MPI: {info['mpi_library']}",
+             "# Datatype: MPI_FLOAT."]
+    head = "%-10s%*s" % ("# Size", FIELD, "Avg Latency(us)")
+    if args.full:
+        head += "%*s%*s%*s" % (FIELD, "Min Latency(us)", FIELD, "Max Latency(us)", 12,
+                                "Iterations")
+    if args.busbw:
+        head += "%*s%*s" % (FIELD, "Algbw(GB/s)", FIELD, "Busbw(GB/s)")
+    if args.validation:
+        head += "%*s" % (12, "Validation")
+    lines.append(head)
+    for r in rows:
+        line = "%-10d%*.2f" % (r["size"], FIELD, r["avg_us"])
+        if args.full:
+            line += "%*.2f%*.2f%*d" % (FIELD, r["min_us"], FIELD, r["max_us"], 12,
+                                        r["iterations"])
+        if args.busbw:
+            line += "%*.3f%*.3f" % (FIELD, r["algbw_GBps"], FIELD, r["busbw_GBps"])
+        if args.validation:
+            line += "%*s" % (12, r["validation"])
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def ratio_table(rows: list[dict], names: list[str]) -> str:
+    others = [n for n in names if n != "native"]
+    by = {(r["algorithm"], r["size"]): r for r in rows}
+    sizes_ = sorted({r["size"] for r in rows})
+    lines = ["# Latency ratio to native MPI_Allreduce (same run; < 1 is faster than native)",
+             "%-10s" % "# Size" + "".join("%*s" % (FIELD, n) for n in others)]
+    for s in sizes_:
+        nat = by[("native", s)]["avg_us"]
+        lines.append("%-10d" % s + "".join(
+            "%*.3f" % (FIELD, by[(n, s)]["avg_us"] / nat if nat > 0 else float("nan"))
+            for n in others))
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    if args.expect_size and size != args.expect_size:
+        sys.stderr.write(f"bmlmpi-bench: rank {rank}: MPI world has {size} ranks, expected "
+                         f"{args.expect_size} (wrong launcher/PMI? e.g. srun --mpi= mismatch "
+                         f"starts N separate one-rank worlds)\n")
+        return 3
+    ctx = Communicator(world, topology=args.topology)
+    info = machine_info(world)
+    todo = [(s, a) for s in sizes(args.min_size, args.max_size) for a in args.algorithm_list]
+    bar = None
+    if rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(todo), file=sys.stderr, unit="case", leave=False,
+                   desc="bmlmpi-bench")
+    rows = []
+    for nbytes, algo in todo:
+        large = nbytes > LARGE_MESSAGE
+        iters = args.iterations if args.iterations is not None else (100 if large else 1000)
+        skip = args.warmup if args.warmup is not None else (10 if large else 100)
+        rows.append(measure(ctx, algo, nbytes, iters, skip, args.validation))
+        if bar is not None:
+            bar.set_postfix_str(f"{algo} {nbytes} B")
+            bar.update()
+    if bar is not None:
+        bar.close()
+    failed = any(r["validation"] == "Fail" for r in rows)
+    if rank == 0:
+        for algo in args.algorithm_list:
+            print(format_table([r for r in rows if r["algorithm"] == algo], args, info))
+            print()
+        if "native" in args.algorithm_list and len(args.algorithm_list) > 1:
+            print(ratio_table(rows, args.algorithm_list))
+        sys.stdout.flush()
+        if args.csv:
+            with open(args.csv, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=[*rows[0].keys(), *info.keys()])
+                w.writeheader()
+                for r in rows:
+                    w.writerow({**r, **info})
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"machine": info, "argv": sys.argv, "rows": rows}, f, indent=1)
+    ctx.Free()
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""BML allreduce on a (mixed-radix) BCube — Wang et al., NeurIPS 2018, Algorithm 1 and Fig. 4.
+
+Algorithm. The buffer is cut into k slices, one per pipeline (the paper's synchronisation
+"threads" e = 0..k-1), and each slice into N pieces: k·N pieces in all. Pipeline e visits the
+levels in the rotated order L_e = (e, e+1, …, e+k-1) mod k, so in every step the k pipelines use
+k different levels (on BCube hardware: k different NICs of the server).
+
+Pieces of pipeline e are numbered as a mixed-radix number whose most significant digit is the
+digit of the first level visited, L_e[0]. Piece p is finally owned by the server whose digits
+spell p. Because the visited digits are the most significant ones, the pieces a server holds
+after w steps are one contiguous block, and every transfer is one contiguous element range.
+
+* Reduce-scatter step w (level l = L_e[w]): the server holds partial sums of the block whose
+  digits on L_e[0..w-1] equal its own. It cuts the block by digit l into n_l sub-blocks, sends
+  sub-block b to the group member with digit b and reduce-receives its own sub-block from
+  every member.
+* Allgather: the same levels in reverse order, sending the server's fully reduced sub-block to
+  every group member and copy-receiving theirs.
+
+Steps: 2k (k = number of levels; 0 for N = 1). Each server sends and receives
+2·(N−1)/N·count elements in all; pipeline e's step w moves (n_l − 1)·N/(n_{L_e[0]}…n_{L_e[w]})
+pieces. On BCube with one NIC per level, the k pipelines overlap, so the gradient
+synchronisation time is 2(N−1)/(kN)·T_F — for BCube(3,2): 6+2+2+6 = 16·T_C = 8/9·T_F with
+T_C = T_F/18 (the paper's Fig. 4 walk-through), against 2(N−1)/N·T_F for PS or ring on a one-NIC
+Fat-Tree. Cost (α-β, one NIC per level): 2k·α + 2(N−1)/(kN)·count·β.
+
+Uneven counts use balanced ranges (sizes differ by at most one element); empty ranges are
+dropped, so small counts simply leave some pieces empty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..topology.bcube import BCube, Shape
+from .types import Recv, Schedule, Step, Transfer, balanced_bounds, compact
+
+
+def _piece_weights(radices: Shape, order: Sequence[int]) -> list[int]:
+    """W_j: how many pieces one unit of the j-th visited digit spans."""
+    return [math.prod(radices[lv] for lv in order[j + 1:]) for j in range(len(order))]
+
+
+def bml_schedule(rank: int, size: int, count: int, radices: Shape) -> Schedule:
+    """The BML schedule of ``rank`` for ``count`` elements on the BCube ``radices``."""
+    cube = BCube(tuple(radices))
+    if cube.size != size:
+        raise ValueError(f"shape {radices} has {cube.size} servers, not {size}")
+    if not 0 <= rank < size:
+        raise ValueError(f"rank {rank} outside [0, {size})")
+    if count < 0:
+        raise ValueError(f"negative count {count}")
+    k = cube.levels
+    digits = cube.digits(rank)
+    slices = balanced_bounds(0, count, max(k, 1))
+    sends: list[list[Transfer]] = [[] for _ in range(2 * k)]
+    recvs: list[list[Recv]] = [[] for _ in range(2 * k)]
+    for e in range(k):
+        order = [(e + j) % k for j in range(k)]
+        weights = _piece_weights(cube.radices, order)
+        bounds = balanced_bounds(slices[e], slices[e + 1], size)
+        base = 0
+        for w, lv in enumerate(order):
+            n_l, mine = cube.radices[lv], digits[lv]
+            span = weights[w]
+
+            def rng(b: int, base: int = base, span: int = span) -> tuple[int, int]:
+                return bounds[base + b * span], bounds[base + (b + 1) * span]
+
+            own_lo, own_hi = rng(mine)
+            ag = 2 * k - 1 - w
+            for b in range(n_l):
+                if b == mine:
+                    continue
+                peer = cube.with_digit(rank, lv, b)
+                lo, hi = rng(b)
+                sends[w].append(Transfer(peer, lo, hi, stream=e, level=lv))
+                recvs[w].append(Recv(peer, own_lo, own_hi, stream=e, level=lv, reduce=True))
+                sends[ag].append(Transfer(peer, own_lo, own_hi, stream=e, level=lv))
+                recvs[ag].append(Recv(peer, lo, hi, stream=e, level=lv, reduce=False))
+            base += mine * span
+    steps = compact([Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)])
+    return Schedule("bml", rank, size, count, steps, streams=max(k, 1),
+                    meta={"radices": tuple(cube.radices), "pieces": k * size})
+
+
+def bml_schedules(size: int, count: int, radices: Shape) -> list[Schedule]:
+    """Every rank's schedule (for the verifier and the cost model on small N)."""
+    return [bml_schedule(r, size, count, radices) for r in range(size)]

@@ -1,0 +1,121 @@
+"""Schedule data types: what every algorithm returns and everything else consumes.
+
+A :class:`Schedule` is the plan of ONE rank for one allreduce of ``count`` elements over a
+communicator of ``size`` ranks. It is a sequence of :class:`Step` s; inside a step every
+transfer is in flight at once (non-blocking sends and receives, waited on together), and
+the reductions of the step are applied when all of its transfers have completed.
+
+Conventions every algorithm follows (the verifier checks them):
+
+* ``peer`` is a rank of the communicator the allreduce runs on, never the rank itself.
+* An element range ``[lo, hi)`` indexes the flat buffer of ``count`` elements; the same
+  range is sent by one side and received by the other (an allreduce never moves data to
+  another offset). Empty ranges are never emitted.
+* Between one sender and one receiver, the sends of a step are listed in the same order as
+  the matching receives, so MPI's non-overtaking rule pairs them with a single tag per
+  (call, step, stream).
+* ``stream`` names the independent pipeline a transfer belongs to (BML's "thread" e,
+  a ring segment, a multi-tree index); it only feeds the tag.
+* ``level`` names the link level (BCube digit) the transfer uses; -1 means "no particular
+  level" (the whole communicator). The executor sends level-l transfers over the level-l
+  digit communicator; the cost model routes them over level-l links.
+* A receive either ``reduce`` s the incoming data into its range (several receives of one
+  step may reduce into the same range) or copies it there. A range written in a step is
+  never read by a send of the same step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One message: ``[lo, hi)`` of the flat buffer, to or from ``peer``."""
+
+    peer: int
+    lo: int
+    hi: int
+    stream: int = 0
+    level: int = -1
+
+    @property
+    def n(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True, slots=True)
+class Recv(Transfer):
+    """A receive; ``reduce`` adds the data into the range, otherwise it overwrites it."""
+
+    reduce: bool = False
+
+
+Send = Transfer
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    sends: tuple[Transfer, ...] = ()
+    recvs: tuple[Recv, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not self.sends and not self.recvs
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """The plan of ``rank`` for an allreduce of ``count`` elements over ``size`` ranks.
+
+    ``participants`` lists the ranks that contribute input (all ranks when ``None``); a
+    recovery schedule after failures names only the survivors.
+    """
+
+    algorithm: str
+    rank: int
+    size: int
+    count: int
+    steps: tuple[Step, ...]
+    streams: int = 1
+    participants: tuple[int, ...] | None = None
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def nsteps(self) -> int:
+        return len(self.steps)
+
+    def sent_elements(self) -> int:
+        return sum(t.n for s in self.steps for t in s.sends)
+
+    def received_elements(self) -> int:
+        return sum(t.n for s in self.steps for t in s.recvs)
+
+
+def balanced_bounds(lo: int, hi: int, parts: int) -> list[int]:
+    """Cut ``[lo, hi)`` into ``parts`` contiguous ranges whose sizes differ by at most one.
+
+    Returns the ``parts + 1`` boundaries. The larger ranges come first, so a count smaller
+    than ``parts`` leaves the trailing ranges empty.
+    """
+    if parts <= 0:
+        raise ValueError(f"parts must be positive, got {parts}")
+    n = hi - lo
+    q, r = divmod(n, parts)
+    bounds = [lo]
+    for i in range(parts):
+        bounds.append(bounds[-1] + q + (1 if i < r else 0))
+    return bounds
+
+
+def compact(steps: list[Step]) -> tuple[Step, ...]:
+    """Drop empty transfers and, when a rank has nothing to do in a step, keep the step anyway.
+
+    Steps stay aligned across ranks (step i of every rank is the same logical step), which
+    the tags and the verifier rely on; only zero-length transfers are removed.
+    """
+    out = []
+    for s in steps:
+        out.append(Step(tuple(t for t in s.sends if t.hi > t.lo),
+                        tuple(t for t in s.recvs if t.hi > t.lo)))
+    return tuple(out)
