@@ -38,26 +38,63 @@ class RemoteArgumentError(ValueError):
 
 
 class Request:
-    """The handle of a non-blocking allreduce (``Test``/``Wait``, as an ``MPI.Request``)."""
+    """The handle of a non-blocking allreduce (``Test``/``Wait``, as an ``MPI.Request``).
 
-    def __init__(self, test, wait):
-        self._test = test
-        self._wait = wait
+    bmlmpi has no progress thread: an allreduce advances while the caller is inside ``Test``
+    or ``Wait`` of any of its communicator's requests. Each of those calls advances every
+    outstanding allreduce of the communicator, oldest first, so ranks may wait on their
+    requests in any order without deadlocking each other.
+    """
+
+    def __init__(self, owner: Communicator, run: Run | _NativeRun):
+        self._owner = owner
+        self._run = run
         self._done = False
 
-    def Test(self) -> bool:
+    def _poll(self) -> bool:
         if not self._done:
-            self._done = self._test()
+            self._done = self._run.test()
+        return self._done
+
+    def Test(self) -> bool:
+        self._owner._progress()
         return self._done
 
     def Wait(self) -> None:
-        if not self._done:
-            self._wait()
-            self._done = True
+        if self._done:
+            return
+        owner = self._owner
+        try:
+            wait_for(lambda: (owner._progress(), self._done)[1], owner.timeout,
+                     self._run.describe_timeout, progress=owner._progress_mark)
+        except BaseException:
+            # An abandoned allreduce must not be polled by later calls.
+            if self in owner._active:
+                owner._active.remove(self)
+            raise
 
     # mpi4py spells these in lower case for the pickle-based API; accept both.
     test = Test
     wait = Wait
+
+
+class _NativeRun:
+    """A native ``MPI_Iallreduce`` seen through the same interface as a schedule Run."""
+
+    def __init__(self, req: MPI.Request, finish, rank: int):
+        self.req = req
+        self.finish = finish
+        self.rank = rank
+        self.step = 0
+
+    def test(self) -> bool:
+        if self.step == 0 and self.req.Test():
+            self.finish()
+            self.step = 1
+        return self.step == 1
+
+    def describe_timeout(self, timeout: float) -> str:
+        return f"native MPI_Iallreduce (rank {self.rank}) made no progress in {timeout:g} s"
 
 
 def _signature_hash(parts: tuple) -> int:
@@ -92,14 +129,21 @@ class Communicator:
         self.timeout = timeout_from_env(timeout)
         self.validate = _validation_enabled(validate)
         self.shape: Shape = resolve_shape(comm.Get_size(), topology)
-        self._comm = comm.Dup()
+        # Every rank must arrive here; a non-blocking dup turns a missing rank into a
+        # DeadlineExceeded instead of a hang, and once it completes all ranks are present, so
+        # the blocking Splits right after it cannot wait on an absent rank.
+        self._comm, req = comm.Idup()
+        wait_for(req.Test, self.timeout,
+                 lambda t: f"bmlmpi.Communicator: not every rank of the communicator joined "
+                           f"its creation within {t:g} s")
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
-        self._levels: list[MPI.Comm] | None = None
+        self._levels = self._split_levels()
         self._plans: dict[tuple, Plan] = {}
         self._validated: set[int] = set()
         self._calls = 0
+        self._active: list[Request] = []
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
 
@@ -114,10 +158,10 @@ class Communicator:
                 f"algorithm={self.algorithm!r}, topology={format_shape(self.shape)!r})")
 
     def Free(self) -> None:
-        for c in [*(self._levels or ()), self._comm]:
+        for c in [*self._levels, self._comm]:
             if c != MPI.COMM_NULL:
                 c.Free()
-        self._levels = None
+        self._levels = []
         self._plans.clear()
 
     # -- public calls ---------------------------------------------------------------------
@@ -240,7 +284,7 @@ class Communicator:
         self._calls += 1
         label = f"bmlmpi {algorithm} allreduce (rank {self.rank}, call {self._calls})"
         run = Run(plan, out, name, tag_base, label, finish)
-        return Request(run.test, lambda: run.wait(self.timeout))
+        return self._register(Request(self, run))
 
     def _launch_native(self, name, src, out, finish) -> Request:
         sbuf = MPI.IN_PLACE if src is None else src
@@ -249,30 +293,34 @@ class Communicator:
         except (KeyError, ValueError, MPI.Exception) as exc:
             raise TypeError(f"native MPI_Allreduce cannot reduce dtype {out.dtype} "
                             f"with this MPI: {exc}") from exc
-        state = {"done": False}
+        return self._register(Request(self, _NativeRun(req, finish, self.rank)))
 
-        def test() -> bool:
-            if not state["done"] and req.Test():
-                finish()
-                state["done"] = True
-            return state["done"]
+    def _register(self, request: Request) -> Request:
+        request._poll()
+        if not request._done:
+            self._active.append(request)
+        return request
 
-        def wait() -> None:
-            wait_for(test, self.timeout,
-                     lambda t: f"native MPI_Iallreduce (rank {self.rank}) made no progress "
-                               f"in {t:g} s")
-        return Request(test, wait)
+    def _progress(self) -> None:
+        """Advance every outstanding allreduce, oldest first; drop the finished ones."""
+        if self._active:
+            for r in self._active:
+                r._poll()
+            self._active = [r for r in self._active if not r._done]
 
-    def _level_comms(self) -> list[MPI.Comm]:
-        if self._levels is None:
-            cube = BCube(self.shape)
-            levels = []
-            for lv in range(cube.levels):
-                c = self._comm.Split(cube.color(self.rank, lv), cube.digit(self.rank, lv))
-                c.Set_errhandler(MPI.ERRORS_RETURN)
-                levels.append(c)
-            self._levels = levels
-        return self._levels
+    def _progress_mark(self) -> tuple[int, ...]:
+        """Changes whenever any outstanding allreduce completes a step."""
+        return tuple(r._run.step for r in self._active)
+
+    def _split_levels(self) -> list[MPI.Comm]:
+        """One communicator per BCube level: the ranks sharing all digits but that level's."""
+        cube = BCube(self.shape)
+        levels = []
+        for lv in range(cube.levels):
+            c = self._comm.Split(cube.color(self.rank, lv), cube.digit(self.rank, lv))
+            c.Set_errhandler(MPI.ERRORS_RETURN)
+            levels.append(c)
+        return levels
 
     def _plan(self, algorithm: str, count: int) -> Plan:
         key = (algorithm, count)
@@ -281,7 +329,7 @@ class Communicator:
             return plan
         if algorithm == "bml":
             sched = bml_schedule(self.rank, self.size, count, self.shape)
-            levels = self._level_comms()
+            levels = self._levels
             cube = BCube(self.shape)
             comms = [self._comm, *levels]
 

@@ -186,10 +186,7 @@ class Run:
                 except MPI.Exception:
                     pass
 
-    def wait(self, timeout: float) -> None:
-        wait_for(self.test, timeout, self._describe_timeout, progress=lambda: self.step)
-
-    def _describe_timeout(self, timeout: float) -> str:
+    def describe_timeout(self, timeout: float) -> str:
         msg = (f"{self.label}: step {self.step + 1} of {len(self.plan.steps)} made no progress "
                f"in {timeout:g} s; waiting for: {self.pending()}")
         self.cancel()

@@ -1,0 +1,62 @@
+"""Helpers for tests that run inside every rank (pytest-mpi, ``--with-mpi``)."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import bmlmpi
+
+INT_DTYPES = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+FLOAT_DTYPES = [np.float16, np.float32, np.float64, np.longdouble]
+COMPLEX_DTYPES = [np.complex64, np.complex128]
+ALL_DTYPES = INT_DTYPES + FLOAT_DTYPES + COMPLEX_DTYPES
+OPS = [MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX, bmlmpi.AVG]
+OP_IDS = ["sum", "prod", "min", "max", "avg"]
+
+# explicit BCube shapes tried at each communicator size, beside the default one
+SHAPES = {4: ["2x2", "4"], 6: ["2x3", "3x2", "6"], 8: ["2x2x2", "4x2", "2x4"],
+          9: ["3x3", "9"], 12: ["2x2x3", "3x2x2", "2x3x2", "4x3", "3x4", "12"]}
+
+
+def rank_input(n: int, rank: int, dtype, op) -> np.ndarray:
+    """Position- and rank-dependent data whose exact reduction fits every dtype."""
+    i = np.arange(n)
+    if op is MPI.PROD:
+        vals = 1 + (i + rank) % 2          # products of 1s and 2s: exact, may wrap small ints
+    else:
+        vals = (i * 7 + rank * 3) % 11     # a misplaced range or rank changes the values
+    out = vals.astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        out = out + 1j * ((i + 2 * rank) % 5).astype(dtype)
+    return out
+
+
+def reference(n: int, size: int, dtype, op) -> np.ndarray:
+    """The exact result, folding every rank's input with numpy in the same dtype."""
+    inputs = [rank_input(n, r, dtype, op) for r in range(size)]
+    acc = inputs[0].copy()
+    fold = np.add
+    for mop, f in ((MPI.PROD, np.multiply), (MPI.MIN, np.minimum), (MPI.MAX, np.maximum)):
+        if op is mop:
+            fold = f
+    with np.errstate(over="ignore"):
+        for x in inputs[1:]:
+            fold(acc, x, out=acc)
+    if op is bmlmpi.AVG:
+        if acc.dtype.kind in "iu":
+            np.floor_divide(acc, size, out=acc)
+        else:
+            np.divide(acc, size, out=acc, casting="unsafe")
+    return acc
+
+
+def all_ranks_agree(comm: MPI.Comm, failures: list) -> None:
+    """Fail on every rank if any rank failed, naming them (keeps ranks in lock-step)."""
+    everyone = comm.allgather(failures)
+    bad = [(r, f) for r, fs in enumerate(everyone) for f in fs]
+    assert not bad, f"{len(bad)} failure(s), first: {bad[:5]}"
+
+
+@pytest.fixture
+def comm():
+    return MPI.COMM_WORLD

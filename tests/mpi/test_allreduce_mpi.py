@@ -1,0 +1,149 @@
+"""Every algorithm, dtype, op, count, in-place or not, against numpy and comm.Allreduce."""
+
+import numpy as np
+import pytest
+from conftest import ALL_DTYPES, OP_IDS, OPS, SHAPES, all_ranks_agree, rank_input, reference
+from mpi4py import MPI
+
+import bmlmpi
+
+ALGORITHMS = bmlmpi.algorithms()
+
+
+def _counts(size: int) -> list[int]:
+    return [0, 1, 5, 3 * size - 1, 3 * size + 1, 1031]
+
+
+def _run_case(ctx, comm, n, dtype, op, in_place):
+    x = rank_input(n, comm.rank, dtype, op)
+    if in_place:
+        out = x.copy()
+        ctx.Allreduce(MPI.IN_PLACE, out, op=op)
+    else:
+        out = np.full_like(x, 99)
+        ctx.Allreduce(x, out, op=op)
+        assert np.array_equal(x, rank_input(n, comm.rank, dtype, op)), "sendbuf modified"
+    return out
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_op_count_and_mode(comm, algorithm, dtype):
+    ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+    failures = []
+    for op, op_id in zip(OPS, OP_IDS, strict=True):
+        if np.dtype(dtype).kind == "c" and op in (MPI.MIN, MPI.MAX):
+            continue
+        for n in _counts(comm.size):
+            want = reference(n, comm.size, dtype, op)
+            for in_place in (False, True):
+                got = _run_case(ctx, comm, n, dtype, op, in_place)
+                if not np.array_equal(got, want):
+                    bad = np.nonzero(got != want)[0]
+                    failures.append(f"{op_id} n={n} in_place={in_place}: first bad index "
+                                    f"{bad[0]} got {got[bad[0]]} want {want[bad[0]]}")
+    ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "native"])
+def test_matches_native_mpi_allreduce(comm, algorithm):
+    """Same answer as the MPI library's own Allreduce wherever that is exact (no overflow:
+    Open MPI's optimised 8-bit integer SUM saturates instead of wrapping)."""
+    failures = []
+    for dtype in (np.int8, np.int32, np.uint16, np.float16, np.float32, np.float64,
+                  np.complex128):
+        for op in (MPI.SUM, MPI.MIN, MPI.MAX, MPI.PROD):
+            if np.dtype(dtype).kind == "c" and op in (MPI.MIN, MPI.MAX):
+                continue
+            n = 4099
+            x = rank_input(n, comm.rank, dtype, op)
+            wide = reference(n, comm.size, np.complex128 if np.dtype(dtype).kind == "c"
+                             else np.float64, op)
+            if not np.array_equal(reference(n, comm.size, dtype, op).astype(wide.dtype), wide):
+                continue  # overflows this dtype: MPI libraries differ (wrap vs saturate)
+            ours, native = np.empty_like(x), np.empty_like(x)
+            bmlmpi.Allreduce(x, ours, op=op, comm=comm, algorithm=algorithm)
+            comm.Allreduce(x, native, op=op)
+            if not np.array_equal(ours, native):
+                failures.append(f"{np.dtype(dtype).name} {op}")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_explicit_shapes(comm):
+    shapes = SHAPES.get(comm.size, [])
+    failures = []
+    for shape in shapes:
+        ctx = bmlmpi.Communicator(comm, algorithm="bml", topology=shape)
+        for n in (0, 1, 7, 1000, 12_345):
+            for dtype, op in ((np.int64, MPI.SUM), (np.float32, MPI.MAX),
+                              (np.float64, bmlmpi.AVG)):
+                want = reference(n, comm.size, dtype, op)
+                got = _run_case(ctx, comm, n, dtype, op, in_place=bool(n % 2))
+                if not np.array_equal(got, want):
+                    failures.append(f"shape {shape} n={n} {np.dtype(dtype).name}")
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_buffer_specs_and_module_functions(comm):
+    n = 37
+    x = rank_input(n, comm.rank, np.float32, MPI.SUM)
+    want = reference(n, comm.size, np.float32, MPI.SUM)
+    out = np.zeros(n, np.float32)
+    bmlmpi.Allreduce([x, MPI.FLOAT], [out, MPI.FLOAT], op=MPI.SUM, comm=comm)
+    assert np.array_equal(out, want)
+    out[:] = 0
+    bmlmpi.Allreduce([x, n, MPI.FLOAT], [out, n, MPI.FLOAT], comm=comm, algorithm="bml")
+    assert np.array_equal(out, want)
+    # raw bytes reinterpreted through an MPI datatype
+    raw = bytearray(x.tobytes())
+    dst = bytearray(len(raw))
+    bmlmpi.Allreduce([raw, MPI.FLOAT], [dst, MPI.FLOAT], comm=comm, algorithm="bml")
+    assert np.array_equal(np.frombuffer(dst, np.float32), want)
+    # a 2-D array and a larger receive buffer (only the first count elements are written)
+    x2 = np.arange(12, dtype=np.int32).reshape(3, 4) + comm.rank
+    big = np.full(20, -1, np.int32)
+    bmlmpi.Allreduce(x2, big, comm=comm, algorithm="bml")
+    assert np.array_equal(big[:12], np.arange(12) * comm.size + comm.size * (comm.size - 1) // 2)
+    assert (big[12:] == -1).all()
+    # allreduce returns a new array with the input's shape
+    ctx = bmlmpi.Communicator(comm)
+    got = ctx.allreduce(x2, op=MPI.MAX)
+    assert got.shape == (3, 4) and np.array_equal(got, np.arange(12).reshape(3, 4) +
+                                                  comm.size - 1)
+    ctx.Free()
+
+
+@pytest.mark.mpi
+def test_iallreduce_many_outstanding_waited_in_any_order(comm):
+    ctx = bmlmpi.Communicator(comm, algorithm="bml")
+    xs = [rank_input(1000 + i, comm.rank, np.int64, MPI.SUM) for i in range(4)]
+    outs = [np.empty_like(x) for x in xs]
+    reqs = [ctx.Iallreduce(x, o) for x, o in zip(xs, outs, strict=True)]
+    order = [3, 1, 0, 2] if comm.rank % 2 else [0, 1, 2, 3]
+    for i in order:
+        reqs[i].Wait()
+    for i, o in enumerate(outs):
+        assert np.array_equal(o, reference(1000 + i, comm.size, np.int64, MPI.SUM))
+    req = bmlmpi.Iallreduce(xs[0], outs[0], comm=comm, algorithm="native")
+    while not req.Test():
+        pass
+    ctx.Free()
+
+
+@pytest.mark.mpi
+def test_algorithm_env_override(comm, monkeypatch):
+    from bmlmpi import select
+
+    monkeypatch.setenv("BMLMPI_ALGORITHM", "native")
+    assert select.choose(1 << 30, comm.size) == "native"
+    monkeypatch.setenv("BMLMPI_ALGORITHM", "bml")
+    assert select.choose(4, comm.size) == "bml"
+    monkeypatch.setenv("BMLMPI_ALGORITHM", "nonsense")
+    with pytest.raises(ValueError, match="unknown algorithm"):
+        select.choose(4, comm.size)
