@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, kernels, select
+from . import buffers, kernels, registry, select
 from .buffers import BufferSpecError
 from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for
 from .ops import check_dtype_op, mpi_op, op_name
-from .schedules.bml import bml_schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 
 
@@ -118,11 +117,17 @@ class Communicator:
     the first call of each signature that all ranks agree (``BMLMPI_VALIDATE``, default on).
     """
 
+    def __new__(cls, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
+                topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
+                **kwargs: Any):
+        if fault_tolerant and cls is Communicator:
+            from .ft import FaultTolerantCommunicator
+            return super().__new__(FaultTolerantCommunicator)
+        return super().__new__(cls)
+
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
                  *, timeout: float | None = None, validate: bool | None = None):
-        if fault_tolerant:
-            raise NotImplementedError("fault_tolerant=True is not available in this version")
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
         self.algorithm = select.check_algorithm(algorithm)
@@ -152,6 +157,11 @@ class Communicator:
     def comm(self) -> MPI.Comm:
         """The private communicator bmlmpi sends on (a duplicate of the user's)."""
         return self._comm
+
+    @property
+    def level_comms(self) -> list[MPI.Comm]:
+        """The BCube level communicators, level 0 first (member b of a group has rank b)."""
+        return self._levels
 
     def __repr__(self) -> str:
         return (f"bmlmpi.Communicator(size={self.size}, rank={self.rank}, "
@@ -327,18 +337,7 @@ class Communicator:
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        if algorithm == "bml":
-            sched = bml_schedule(self.rank, self.size, count, self.shape)
-            levels = self._levels
-            cube = BCube(self.shape)
-            comms = [self._comm, *levels]
-
-            def level_peer(level: int, peer: int) -> tuple[int, int]:
-                if level < 0:
-                    return 0, peer
-                return level + 1, cube.digit(peer, level)
-        else:
-            raise ValueError(f"algorithm {algorithm!r} has no schedule")
+        sched, comms, level_peer = registry.build(algorithm, self, count)
         plan = Plan(sched, comms, level_peer)
         self._plans[key] = plan
         return plan
