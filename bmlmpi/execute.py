@@ -193,18 +193,24 @@ class Run:
         return msg
 
 
+def _spin_seconds() -> float:
+    return float(os.environ.get("BMLMPI_SPIN", "0.05"))
+
+
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
              progress: Callable[[], object] = lambda: None) -> None:
     """Poll ``test`` until it is true; raise DeadlineExceeded after ``timeout`` s without progress.
 
-    Polling backs off from spinning to short sleeps: on an oversubscribed node a spinning rank
-    steals the core its peer needs to make the progress it is waiting for.
+    MPI makes progress only inside its calls (a shared-memory rendezvous copy happens in the
+    receiver's Test), so the first ``BMLMPI_SPIN`` seconds (default 0.05) poll continuously,
+    yielding the core between polls so an oversubscribed peer can run; after that the poll
+    sleeps up to 1 ms between tests, so long waits (slow links, missing peers) cost no CPU.
     """
     if test():
         return
     start = last = time.monotonic()
     mark = progress()
-    spins = 0
+    spin = _spin_seconds()
     while not test():
         now = time.monotonic()
         cur = progress()
@@ -212,7 +218,7 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
             mark, last = cur, now
         elif now - last > timeout:
             raise DeadlineExceeded(describe(timeout))
-        spins += 1
-        if spins > 64:
-            waited = now - start
-            time.sleep(0 if waited < 0.002 else min(1e-3, waited * 0.05))
+        if now - start < spin:
+            os.sched_yield()
+        else:
+            time.sleep(min(1e-3, (now - start) * 0.02))

@@ -1,0 +1,120 @@
+"""Measure every algorithm against native MPI_Allreduce at several rank counts.
+
+    python perf/sweep.py --ranks 2,4,9 --max 67108864 --out perf/results
+
+Runs ``bmlmpi-run -n N python -m bmlmpi.bench`` per rank count, small sizes (≤ 8 KiB) with
+OSU's default iterations and larger ones with fewer (``--large-iters``), saves the JSON of
+each run (rows + machine, MPI, versions, oversubscription) and writes ``summary.md`` with the
+latency and busbw ratios to native measured in the same run. Each run has a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench(n: int, lo: int, hi: int, algos: str, out: Path, extra: list[str],
+          timeout: int) -> dict:
+    cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", str(n), sys.executable, "-m",
+           "bmlmpi.bench", "-m", f"{lo}:{hi}", "-f", "-c", "--busbw", "--algorithms", algos,
+           "--json", str(out), "--no-progress", *extra]
+    print("+", " ".join(cmd), flush=True)
+    res = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=timeout)
+    print(res.stdout[-3000:], res.stderr[-2000:], sep="\n", flush=True)
+    if res.returncode != 0:
+        raise SystemExit(f"bench failed at {n} ranks (exit {res.returncode})")
+    return json.loads(out.read_text())
+
+
+def summarise(runs: dict[int, list[dict]], machines: dict[int, dict], algos: list[str]) -> str:
+    others = [a for a in algos if a != "native"]
+    lines = ["# Sweep summary", ""]
+    for n, rows in sorted(runs.items()):
+        m = machines[n]
+        lines += [f"## {n} ranks", "",
+                  f"Machine: {m['cpu']}, {m['cores']} cores; {n} ranks"
+                  f"{' (oversubscribed)' if m['oversubscribed'] else ''}; {m['mpi_library']}; "
+                  f"mpi4py {m['mpi4py']}, numpy {m['numpy']}, numba {m['numba']}, "
+                  f"Python {m['python']}, bmlmpi {m['bmlmpi']}; {m['date']}.", "",
+                  "| size (B) | native avg (us) | " + " | ".join(
+                      f"{a} avg (us) | {a}/native latency | {a}/native busbw" for a in others)
+                  + " |",
+                  "|" + "---|" * (2 + 3 * len(others))]
+        by = {(r["algorithm"], r["size"]): r for r in rows}
+        for size in sorted({r["size"] for r in rows}):
+            nat = by[("native", size)]
+            cells = [str(size), f"{nat['avg_us']:.1f}"]
+            for a in others:
+                r = by[(a, size)]
+                lat = r["avg_us"] / nat["avg_us"] if nat["avg_us"] else float("nan")
+                bw = (r["busbw_GBps"] / nat["busbw_GBps"]) if nat["busbw_GBps"] else float("nan")
+                cells += [f"{r['avg_us']:.1f}", f"{lat:.2f}", f"{bw:.2f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[int, list[dict]], algos: list[str], out: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install .[plot]); no plots", flush=True)
+        return
+    fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
+    for ax, (n, rows) in zip(axes[0], sorted(runs.items()), strict=True):
+        by = {(r["algorithm"], r["size"]): r for r in rows}
+        sizes = sorted({r["size"] for r in rows})
+        for a in algos:
+            if a == "native":
+                continue
+            ax.plot(sizes, [by[(a, s)]["avg_us"] / by[("native", s)]["avg_us"] for s in sizes],
+                    marker="o", label=a)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{n} ranks: latency / native")
+        ax.set_xlabel("bytes")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", default="2,4,9")
+    p.add_argument("--algorithms", default="all")
+    p.add_argument("--min", type=int, default=4)
+    p.add_argument("--max", type=int, default=64 << 20)
+    p.add_argument("--large-iters", type=int, default=20)
+    p.add_argument("--out", default=str(ROOT / "perf" / "results"))
+    p.add_argument("--timeout", type=int, default=3600)
+    args = p.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs, machines, algos = {}, {}, []
+    for n in (int(x) for x in args.ranks.split(",")):
+        small = bench(n, args.min, min(8192, args.max), args.algorithms, out / f"sweep-n{n}-small.json",
+                      [], args.timeout) if args.min <= 8192 else {"rows": []}
+        large = bench(n, max(16384, args.min), args.max, args.algorithms,
+                      out / f"sweep-n{n}-large.json",
+                      ["-i", str(args.large_iters), "-x", "3"], args.timeout) \
+            if args.max > 8192 else {"rows": []}
+        runs[n] = small["rows"] + large["rows"]
+        machines[n] = (large if large["rows"] else small)["machine"]
+        algos = list(dict.fromkeys(r["algorithm"] for r in runs[n]))
+    (out / "summary.md").write_text(summarise(runs, machines, algos))
+    print(f"wrote {out / 'summary.md'}")
+    plot(runs, algos, out / "ratios.png")
+
+
+if __name__ == "__main__":
+    main()
