@@ -3,42 +3,49 @@
     from mpi4py import MPI
     import bmlmpi
     bmlmpi.Allreduce(sendbuf, recvbuf, op=MPI.SUM, comm=MPI.COMM_WORLD)
+
+Names are loaded on first use (PEP 562), so ``import bmlmpi`` — and the ``bmlmpi-run``
+launcher — neither initialises MPI nor imports numba.
 """
 
 from __future__ import annotations
 
-try:
-    from . import kernels as _kernels  # noqa: F401  (mapped from ../kernels by setup.cfg)
-except ImportError as exc:  # pragma: no cover - only in a broken source checkout
-    raise ImportError(
-        "bmlmpi.kernels is missing: install the package (pip install -e . in a checkout) "
-        "rather than importing the source folder directly") from exc
-
-from .api import (
-    Allreduce,
-    ArgumentMismatch,
-    Communicator,
-    Iallreduce,
-    RemoteArgumentError,
-    Request,
-)
-from .buffers import BufferSpecError
-from .execute import DeadlineExceeded
-from .ops import AVG
-from .select import algorithms
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AVG",
-    "Allreduce",
-    "ArgumentMismatch",
-    "BufferSpecError",
-    "Communicator",
-    "DeadlineExceeded",
-    "Iallreduce",
-    "RemoteArgumentError",
-    "Request",
-    "algorithms",
-    "__version__",
-]
+_EXPORTS = {
+    "AVG": "ops",
+    "Allreduce": "api",
+    "ArgumentMismatch": "api",
+    "BufferSpecError": "buffers",
+    "Communicator": "api",
+    "DeadlineExceeded": "execute",
+    "Iallreduce": "api",
+    "RemoteArgumentError": "api",
+    "Request": "api",
+    "algorithms": "select",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bmlmpi' has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(f".{module}", __name__), name)
+    except ModuleNotFoundError as exc:
+        if exc.name == "bmlmpi.kernels":
+            raise ImportError(
+                "bmlmpi.kernels is missing: install the package (pip install -e . in a "
+                "checkout) rather than importing the source folder directly") from exc
+        raise
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__
