@@ -42,6 +42,13 @@ def _piece_weights(radices: Shape, order: Sequence[int]) -> list[int]:
     return [math.prod(radices[lv] for lv in order[j + 1:]) for j in range(len(order))]
 
 
+def _bound(lo: int, hi: int, parts: int, i: int) -> int:
+    """``balanced_bounds(lo, hi, parts)[i]`` without building the list: a rank's schedule
+    touches O(k·Σn_l) of the N piece boundaries, so memory stays proportional to its steps."""
+    q, r = divmod(hi - lo, parts)
+    return lo + i * q + min(i, r)
+
+
 def bml_schedule(rank: int, size: int, count: int, radices: Shape) -> Schedule:
     """The BML schedule of ``rank`` for ``count`` elements on the BCube ``radices``."""
     cube = BCube(tuple(radices))
@@ -59,14 +66,15 @@ def bml_schedule(rank: int, size: int, count: int, radices: Shape) -> Schedule:
     for e in range(k):
         order = [(e + j) % k for j in range(k)]
         weights = _piece_weights(cube.radices, order)
-        bounds = balanced_bounds(slices[e], slices[e + 1], size)
+        s_lo, s_hi = slices[e], slices[e + 1]
         base = 0
         for w, lv in enumerate(order):
             n_l, mine = cube.radices[lv], digits[lv]
             span = weights[w]
 
             def rng(b: int, base: int = base, span: int = span) -> tuple[int, int]:
-                return bounds[base + b * span], bounds[base + (b + 1) * span]
+                return (_bound(s_lo, s_hi, size, base + b * span),
+                        _bound(s_lo, s_hi, size, base + (b + 1) * span))
 
             own_lo, own_hi = rng(mine)
             ag = 2 * k - 1 - w

@@ -1,0 +1,390 @@
+"""Measure the cost model's machine parameters over MPI, once, and cache them on disk.
+
+:func:`calibrate` is collective: every rank of ``comm`` calls it together, every wait has a
+deadline (a missing rank raises :class:`~bmlmpi.execute.DeadlineExceeded`, never hangs), and
+every rank returns the same :class:`~bmlmpi.model.Calibration`, so that every rank's
+:func:`bmlmpi.model.choose` reaches the same decision. It takes well under 2 s.
+
+What is measured, on a private duplicate of ``comm``, all ranks at once (ranks paired
+2i ↔ 2i+1; with an odd size the last rank sits out the pair phases):
+
+* ``alpha``: a simultaneous exchange of 8 bytes between partners, per exchange;
+* ``beta``: a simultaneous exchange of 4 MiB, (time − α) / bytes — seconds per byte through
+  one rank's port while every other rank copies too;
+* ``step_overhead``/``msg_overhead``: bmlmpi's Python executor running the ring, the P2P
+  parameter-server and the BML schedules at a few elements; a least-squares fit of their
+  times to steps · (α + step_overhead) + messages · msg_overhead, where steps and messages
+  are what the cost model counts for those schedules;
+* ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
+* ``native``: ``MPI_Iallreduce`` at 8 B, 64 KiB, 1 MiB and 4 MiB.
+
+Each timing is a median over a few repetitions, and the slowest rank's (an allreduce ends
+when its slowest rank does), agreed with a non-blocking MAX allreduce before anything is
+derived from it.
+
+Cache: ``$BMLMPI_CACHE_DIR`` or ``~/.cache/bmlmpi``, one JSON file per host and MPI library
+(``calib-<host>-<mpi>.json``), one entry per (ranks, nodes). Rank 0 reads and writes it and
+broadcasts what it read; ``BMLMPI_RECALIBRATE=1`` (or ``use_cache=False``) measures afresh.
+
+``mpiexec -n 4 python -m bmlmpi.calibrate`` prints the calibration and the algorithm the model
+picks at each message size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .execute import Plan, Run, timeout_from_env, wait_for
+from .model.choose import Calibration
+from .model.cost import price_symmetric
+from .model.network import SharedMemoryNode
+from .schedules.types import Schedule
+
+FORMAT = 1
+SMALL_BYTES = 8
+LARGE_BYTES = 4 << 20
+NATIVE_BYTES = (8, 64 << 10, 1 << 20, 4 << 20)
+_HOST_BYTES = 64
+_VEC = 6 + 2 * len(NATIVE_BYTES)  # cache broadcast: flag, 5 parameters, native points
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("BMLMPI_CACHE_DIR", "").strip()
+    return Path(env) if env else Path.home() / ".cache" / "bmlmpi"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-").lower()[:48] or "unknown"
+
+
+def mpi_library() -> str:
+    """A short name of the MPI library: its version string's first clause."""
+    first = MPI.Get_library_version().strip().splitlines()[0]
+    return _slug(first.split(",")[0])
+
+
+def cache_path(host: str, mpi: str) -> Path:
+    return cache_dir() / f"calib-{_slug(host)}-{_slug(mpi)}.json"
+
+
+# -- waiting with deadlines ------------------------------------------------------------------
+
+def _wait(reqs: Sequence[MPI.Request], timeout: float, what: str) -> None:
+    reqs = list(reqs)
+    wait_for(lambda: MPI.Request.Testall(reqs), timeout,
+             lambda t: f"bmlmpi.calibrate: {what} made no progress in {t:g} s "
+                       f"(did every rank call calibrate?)")
+
+
+def _barrier(comm: MPI.Comm, timeout: float, what: str) -> None:
+    _wait([comm.Ibarrier()], timeout, what)
+
+
+def _allreduce_max(comm: MPI.Comm, values: Sequence[float], timeout: float) -> np.ndarray:
+    send = np.array(values, dtype=np.float64)
+    recv = np.empty_like(send)
+    _wait([comm.Iallreduce(send, recv, op=MPI.MAX)], timeout, "agreeing on the timings")
+    return recv
+
+
+# -- measurements ------------------------------------------------------------------------------
+
+def _exchange_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> float:
+    """Seconds per simultaneous exchange of ``nbytes`` with the partner (0 if none)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    partner = rank ^ 1
+    if partner >= size:
+        return 0.0
+    out = np.zeros(max(nbytes, 1), dtype=np.uint8)
+    inp = np.empty_like(out)
+
+    def once() -> None:
+        _wait([comm.Irecv(inp, partner, 11), comm.Isend(out, partner, 11)], timeout,
+              f"exchanging {nbytes} bytes with rank {partner}")
+
+    once()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        once()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _run_schedule(comm: MPI.Comm, sched: Schedule, reps: int, timeout: float) -> float:
+    """Seconds per execution of ``sched`` by bmlmpi's executor (median of ``reps``)."""
+    plan = Plan(sched, [comm], lambda level, peer: (0, peer))
+    buf = np.ones(sched.count, dtype=np.float64)
+    times = []
+    for i in range(reps + 1):
+        run = Run(plan, buf, "sum", (i % 4) * 4096, f"calibrate {sched.algorithm}")
+        start = time.perf_counter()
+        wait_for(run.test, timeout, run.describe_timeout)
+        if i:  # the first run pays for allocating
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _reduce_time(nbytes: int, reps: int) -> float:
+    """Seconds to add ``nbytes`` of float64 into another array (numpy: a memory-bound sum like
+    the kernels', without paying their JIT compilation inside the calibration)."""
+    n = nbytes // 8
+    dst, src = np.ones(n), np.ones(n)
+    np.add(dst, src, out=dst)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.add(dst, src, out=dst)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _native_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> float:
+    send = np.ones(max(nbytes // 8, 1), dtype=np.float64)
+    recv = np.empty_like(send)
+    _wait([comm.Iallreduce(send, recv, op=MPI.SUM)], timeout, "native allreduce")
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        _wait([comm.Iallreduce(send, recv, op=MPI.SUM)], timeout, "native allreduce")
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _overhead_schedules(size: int) -> list[Callable[[int], Schedule]]:
+    """Builders (rank -> Schedule) of tiny ring, P2P-PS and BML allreduces: many steps of two
+    messages, two steps of 2(N−1) messages, and in between."""
+    from .schedules.bml import bml_schedule
+    from .schedules.ps import ps_schedule
+    from .schedules.ring import ring_schedule
+    from .topology.bcube import default_shape
+
+    shape = default_shape(size)
+    pieces = max(len(shape), 1) * size
+    return [lambda r: ring_schedule(r, size, size), lambda r: ps_schedule(r, size, size),
+            lambda r: bml_schedule(r, size, pieces, shape)]
+
+
+def fit_overheads(alpha: float, runs: Sequence[tuple[int, int, float]]) -> tuple[float, float]:
+    """(step_overhead, msg_overhead) from runs of (active steps, Σ messages, seconds), fitting
+    seconds ≈ steps · (α + step_overhead) + messages · msg_overhead, both overheads >= 0."""
+    rows = [(s, m, t) for s, m, t in runs if s > 0]
+    if not rows:
+        return 0.0, 0.0
+    a = np.array([[s, m] for s, m, _ in rows], dtype=np.float64)
+    y = np.array([t for _, _, t in rows], dtype=np.float64)
+    per_step, per_msg = 0.0, -1.0
+    if np.linalg.matrix_rank(a) == 2:
+        per_step, per_msg = np.linalg.lstsq(a, y, rcond=None)[0]
+    if per_msg < 0 or per_step < 0:  # collinear or noisy: all of it per step
+        per_step, per_msg = float(y.sum() / a[:, 0].sum()), 0.0
+    return max(0.0, float(per_step) - alpha), float(per_msg)
+
+
+def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
+    """Measure a Calibration over ``comm`` now (collective; no cache)."""
+    timeout = timeout_from_env(timeout)
+    size, rank = comm.Get_size(), comm.Get_rank()
+    scheds = _overhead_schedules(size) if size > 1 else []
+    started = time.perf_counter()
+    phases: dict[str, float] = {}
+    raw: list[float] = []
+
+    def phase(name: str, fn: Callable[[], float]) -> None:
+        _barrier(comm, timeout, f"before calibration phase {name!r}")
+        t0 = time.perf_counter()
+        raw.append(fn())
+        phases[name] = round(time.perf_counter() - t0, 4)
+
+    phase("small exchange", lambda: _exchange_time(comm, SMALL_BYTES, 10, timeout))
+    phase("large exchange", lambda: _exchange_time(comm, LARGE_BYTES, 3, timeout))
+    for i, build in enumerate(scheds):
+        phase(f"executor {i}", lambda b=build: _run_schedule(comm, b(rank), 5, timeout))
+    phase("reduce", lambda: _reduce_time(LARGE_BYTES, 3))
+    for nbytes in NATIVE_BYTES:
+        phase(f"native {nbytes}", lambda n=nbytes: _native_time(
+            comm, n, 5 if n < (1 << 20) else 3, timeout))
+    worst = _allreduce_max(comm, raw, timeout)
+    small, large = float(worst[0]), float(worst[1])
+    alpha = small
+    beta = max(large - small, 0.0) / LARGE_BYTES if size > 1 else 0.0
+    runs = []
+    if scheds:
+        net = SharedMemoryNode(size)
+        for i, build in enumerate(scheds):
+            cost = price_symmetric(build(0), net)
+            runs.append((cost.nsteps, sum(st.messages for st in cost.steps if st.active),
+                         float(worst[2 + i])))
+    step_overhead, msg_overhead = fit_overheads(alpha, runs)
+    at = 2 + len(scheds)
+    gamma = float(worst[at]) / LARGE_BYTES
+    native = tuple(zip(NATIVE_BYTES, (float(x) for x in worst[at + 1:]), strict=True))
+    return Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
+                       msg_overhead=msg_overhead, gamma=gamma, native=native,
+                       meta={"size": size, "seconds": round(time.perf_counter() - started, 3),
+                             "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+# -- the cache ---------------------------------------------------------------------------------
+
+def _hosts(comm: MPI.Comm, timeout: float) -> list[str]:
+    name = (MPI.Get_processor_name() or socket.gethostname()).encode()[:_HOST_BYTES]
+    mine = np.zeros(_HOST_BYTES, dtype=np.uint8)
+    mine[:len(name)] = np.frombuffer(name, dtype=np.uint8)
+    allnames = np.empty((comm.Get_size(), _HOST_BYTES), dtype=np.uint8)
+    _wait([comm.Iallgather(mine, allnames)], timeout, "exchanging host names")
+    return [bytes(row).rstrip(b"\0").decode(errors="replace") for row in allnames]
+
+
+def _entry_key(size: int, nodes: int) -> str:
+    return f"ranks={size},nodes={nodes}"
+
+
+def _read_cache(path: Path, key: str) -> Calibration | None:
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            return None
+        entry = data["entries"][key]
+        return Calibration.from_dict(entry)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_cache(path: Path, key: str, calib: Calibration, host: str, mpi: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != FORMAT:
+                raise ValueError
+        except (OSError, ValueError):
+            data = {"format": FORMAT, "host": host, "mpi": mpi, "entries": {}}
+        data["entries"][key] = calib.to_dict()
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only home must not break the allreduce
+        import warnings
+        warnings.warn(f"bmlmpi.calibrate: cannot write the cache {path}: {exc}", stacklevel=3)
+
+
+def _pack(calib: Calibration | None) -> np.ndarray:
+    vec = np.zeros(_VEC, dtype=np.float64)
+    if calib is not None and len(calib.native) <= len(NATIVE_BYTES):
+        vec[:6] = (1.0, calib.alpha, calib.beta, calib.step_overhead, calib.msg_overhead,
+                   calib.gamma)
+        for i, (b, s) in enumerate(calib.native):
+            vec[6 + 2 * i:8 + 2 * i] = (b, s)
+    return vec
+
+
+def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
+    if vec[0] != 1.0:
+        return None
+    native = tuple((int(vec[6 + 2 * i]), float(vec[7 + 2 * i]))
+                   for i in range(len(NATIVE_BYTES)) if vec[6 + 2 * i] > 0)
+    return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta)
+
+
+def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
+              timeout: float | None = None) -> Calibration:
+    """The machine's Calibration for ``comm``'s ranks: cached, else measured (collective)."""
+    timeout = timeout_from_env(timeout)
+    work, req = comm.Idup()
+    try:
+        _wait([req], timeout, "duplicating the communicator")
+        size = work.Get_size()
+        hosts = _hosts(work, timeout)
+        host, mpi, nodes = hosts[0], mpi_library(), len(set(hosts))
+        key = _entry_key(size, nodes)
+        path = cache_path(host, mpi)
+        fresh = not use_cache or os.environ.get("BMLMPI_RECALIBRATE", "").strip() not in (
+            "", "0")
+        meta = {"host": host, "mpi": mpi, "ranks": size, "nodes": nodes, "cache": str(path)}
+        vec = _pack(None if fresh or work.Get_rank() != 0 else _read_cache(path, key))
+        _wait([work.Ibcast(vec, root=0)], timeout, "sharing the cached calibration")
+        cached = _unpack(vec, {**meta, "source": "cache"})
+        if cached is not None:
+            return cached
+        measured = measure(work, timeout)
+        calib = Calibration(measured.alpha, measured.beta, measured.step_overhead,
+                            measured.msg_overhead, measured.gamma, measured.native,
+                            meta={**meta, **measured.meta, "source": "measured"})
+        if work.Get_rank() == 0:
+            _write_cache(path, key, calib, host, mpi)
+        return calib
+    finally:
+        if work != MPI.COMM_NULL:
+            work.Free()
+
+
+def measure_alpha_beta(comm: MPI.Comm) -> tuple[float, float]:
+    """(α seconds per step, β seconds per byte) of ``comm``'s ranks (collective, cached)."""
+    c = calibrate(comm)
+    return c.alpha, c.beta
+
+
+# -- command line --------------------------------------------------------------------------
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e6:10.1f}"
+
+
+def main(argv: Sequence[str] | None = None,
+         printer: Callable[[str], None] = print) -> int:
+    import argparse
+
+    from .model.choose import estimate
+
+    ap = argparse.ArgumentParser(prog="python -m bmlmpi.calibrate",
+                                 description="Measure (or read) the cost-model calibration "
+                                             "and print the algorithm the model picks per size.")
+    ap.add_argument("--fresh", action="store_true", help="ignore the cache and re-measure")
+    ap.add_argument("--algorithms", default="bml,ring,ps,tree,multitree,native",
+                    help="comma-separated candidates (default: %(default)s)")
+    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--itemsize", type=int, default=4)
+    args = ap.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    start = time.perf_counter()
+    calib = calibrate(comm, use_cache=not args.fresh)
+    took = time.perf_counter() - start
+    if comm.Get_rank() != 0:
+        return 0
+    size = comm.Get_size()
+    printer(f"# calibration ({calib.meta.get('source')}, {took:.2f} s): ranks={size} "
+            f"host={calib.meta.get('host')} mpi={calib.meta.get('mpi')}")
+    printer(f"alpha={calib.alpha * 1e6:.2f} us  beta={calib.beta * 1e9:.4f} ns/B "
+            f"({1 / calib.beta / 1e9 if calib.beta else math.inf:.2f} GB/s)  "
+            f"step_overhead={calib.step_overhead * 1e6:.2f} us  "
+            f"msg_overhead={calib.msg_overhead * 1e6:.2f} us  gamma={calib.gamma * 1e9:.4f} ns/B")
+    printer("native: " + ", ".join(f"{b} B {s * 1e6:.1f} us" for b, s in calib.native))
+    if "phases" in calib.meta:
+        printer("phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in calib.meta["phases"].items()))
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  choice   (us)")
+    nbytes = args.itemsize
+    while nbytes <= args.max_bytes:
+        count = nbytes // args.itemsize
+        t = estimate(names, count, args.itemsize, size, calib=calib)
+        best = min(t, key=lambda n: (t[n], names.index(n)))
+        printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
+                                            for n in names) + f"  {best}")
+        nbytes *= 4
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

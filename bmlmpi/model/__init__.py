@@ -1,0 +1,27 @@
+"""The cost model: networks as link graphs, schedules priced on them, and the ``auto`` choice.
+
+* :mod:`.network` — BCube, Fat-Tree, one shared-memory node, link-weight matrices;
+* :mod:`.cost` — :func:`price` (all ranks' schedules) and :func:`price_symmetric` (one rank's,
+  by symmetry): per step α + the busiest link's bytes / bandwidth, summed over steps;
+* :mod:`.choose` — :func:`choose`, the cheapest algorithm for a machine's :class:`Calibration`.
+
+MPI-free; :mod:`bmlmpi.calibrate` measures a Calibration over MPI. ``python
+perf/paper/report.py`` reproduces the BML paper's analysis with it.
+"""
+
+from .choose import Calibration, algorithm_cost, choose, crossover, estimate
+from .cost import Cost, StepCost, price, price_symmetric
+from .network import (
+    BCubeNetwork,
+    FatTree,
+    LinkMatrixNetwork,
+    Network,
+    SharedMemoryNode,
+    fat_tree_groups,
+)
+
+__all__ = [
+    "BCubeNetwork", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork", "Network",
+    "SharedMemoryNode", "StepCost", "algorithm_cost", "choose", "crossover", "estimate",
+    "fat_tree_groups", "price", "price_symmetric",
+]

@@ -1,0 +1,274 @@
+"""Pick the cheapest algorithm for one allreduce from the cost model. MPI-free.
+
+:func:`choose` prices every candidate's schedule — the same schedule functions the executor
+runs — on a network (by default one machine's shared memory, :class:`SharedMemoryNode`) with a
+machine's :class:`Calibration` (α, β, the Python executor's overheads, the reduction cost γ and
+the native ``MPI_Allreduce`` timings, all measured by :mod:`bmlmpi.calibrate`) and returns the
+name with the lowest predicted time. ``native`` has no schedule: its time is interpolated from
+the calibration's measured (bytes, seconds) points.
+
+Every input is the same on every rank (the calibration is agreed collectively), so every rank
+reaches the same choice without communicating.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..schedules.types import Schedule
+from .cost import Cost, price, price_symmetric
+from .network import BCubeNetwork, FatTree, LinkMatrixNetwork, Network, SharedMemoryNode
+
+Builder = Callable[[int, int, int, int], Schedule]  # (rank, size, count, itemsize) -> Schedule
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A machine's cost parameters, in seconds.
+
+    ``alpha``: one step's latency (a small exchange between two ranks); ``beta``: seconds per
+    byte through one rank's port (a large exchange, all ranks at once); ``step_overhead`` and
+    ``msg_overhead``: what bmlmpi's Python executor adds per step and per message posted;
+    ``gamma``: seconds per byte reduced; ``native``: measured (bytes, seconds) points of the
+    MPI library's own allreduce on the same ranks.
+    """
+
+    alpha: float
+    beta: float
+    step_overhead: float = 0.0
+    msg_overhead: float = 0.0
+    gamma: float = 0.0
+    native: tuple[tuple[int, float], ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta", "step_overhead", "msg_overhead", "gamma"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"calibration {name} must be a finite number >= 0, got {v!r}")
+        pts = tuple(sorted((int(b), float(s)) for b, s in self.native))
+        if any(s < 0 or not math.isfinite(s) for _, s in pts):
+            raise ValueError(f"calibration native times must be finite and >= 0: {pts}")
+        object.__setattr__(self, "native", pts)
+
+    def native_seconds(self, nbytes: int) -> float | None:
+        """The native allreduce's time for ``nbytes``, interpolated linearly between measured
+        sizes and extrapolated along the last segment; None when nothing was measured."""
+        pts = self.native
+        if not pts:
+            return None
+        if len(pts) == 1 or nbytes <= pts[0][0]:
+            return pts[0][1]
+        for (b0, s0), (b1, s1) in zip(pts, pts[1:], strict=False):
+            if nbytes <= b1:
+                return s0 + (s1 - s0) * (nbytes - b0) / (b1 - b0)
+        (b0, s0), (b1, s1) = pts[-2], pts[-1]
+        return max(s1, s1 + (s1 - s0) * (nbytes - b1) / (b1 - b0))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["native"] = [list(p) for p in self.native]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        return cls(alpha=float(d["alpha"]), beta=float(d["beta"]),
+                   step_overhead=float(d.get("step_overhead", 0.0)),
+                   msg_overhead=float(d.get("msg_overhead", 0.0)),
+                   gamma=float(d.get("gamma", 0.0)),
+                   native=tuple((int(b), float(s)) for b, s in d.get("native", ())),
+                   meta=dict(d.get("meta", {})))
+
+
+# -- the schedules each algorithm name runs ------------------------------------------------------
+
+def _bml(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
+    from ..schedules.bml import bml_schedule
+    from ..topology.bcube import resolve_shape
+    return bml_schedule(rank, size, count, resolve_shape(size, shape))
+
+
+def _ring(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
+    from ..schedules.ring import ring_schedule, ring_segments
+    return ring_schedule(rank, size, count, ring_segments(count, itemsize, size))
+
+
+def _ps(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
+    from ..schedules.ps import ps_schedule
+    return ps_schedule(rank, size, count)
+
+
+@functools.lru_cache(maxsize=16)
+def _trees(size: int, links: bytes | None) -> tuple[Any, tuple[Any, ...]]:
+    from ..topology.links import flat_links
+    from ..topology.trees import binary_tree, multi_trees
+    w = flat_links(size) if links is None else np.frombuffer(links).reshape(size, size)
+    return binary_tree(w), multi_trees(w)
+
+
+def _tree(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
+    from ..schedules.tree import tree_schedule
+    return tree_schedule(rank, size, count, _trees(size, links)[0])
+
+
+def _multitree(rank: int, size: int, count: int, itemsize: int, shape: Any,
+               links: Any) -> Schedule:
+    from ..schedules.tree import multitree_schedule
+    return multitree_schedule(rank, size, count, _trees(size, links)[1])
+
+
+#: Default schedule of each algorithm name, ``(rank, size, count, itemsize, shape, links)``:
+#: bml on ``shape`` (resolved as bml resolves it), ring with :func:`ring_segments`, trees built
+#: from the network's link matrix (``links``: its float64 bytes) or, elsewhere, a flat one.
+BUILDERS: dict[str, Callable[..., Schedule]] = {
+    "bml": _bml, "ring": _ring, "ps": _ps, "tree": _tree, "multitree": _multitree,
+}
+
+
+def symmetric_on(name: str, network: Network) -> bool:
+    """Whether ``name``'s schedule set is equivariant under ``network``'s symmetry, so that
+    :func:`price_symmetric` prices it exactly from rank 0 (see :mod:`bmlmpi.model.cost`)."""
+    ports = isinstance(network, SharedMemoryNode | FatTree)
+    if name in ("bml", "ps"):
+        return ports or isinstance(network, BCubeNetwork)
+    return name == "ring" and ports
+
+
+def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Network, *,
+                   shape: Any = None, builders: Mapping[str, Builder] | None = None) -> Cost:
+    """Price algorithm ``name`` for ``count`` elements of ``itemsize`` bytes on ``network``."""
+    custom = builders is not None and name in builders
+    build = builders[name] if custom else BUILDERS.get(name)
+    if build is None:
+        raise ValueError(f"no schedule for algorithm {name!r}; known: "
+                         f"{', '.join(sorted(BUILDERS))}")
+    if network.size != size:
+        raise ValueError(f"{network.name} has {network.size} ranks, not {size}")
+    if shape is None and isinstance(network, BCubeNetwork):
+        shape = network.cube.radices  # bml on BCube hardware follows its wiring
+    links = (network.weights.astype(np.float64).tobytes()
+             if isinstance(network, LinkMatrixNetwork) else None)
+    if custom:
+        def make(r: int) -> Schedule:
+            return build(r, size, count, itemsize)
+    else:
+        def make(r: int) -> Schedule:
+            return build(r, size, count, itemsize, shape, links)
+    if not custom and symmetric_on(name, network):
+        first = make(0)
+        # With fewer elements than pieces some ranges are empty, unevenly across ranks, and
+        # rank 0 no longer stands for the others: then every rank's schedule is priced.
+        if count >= size * max(first.streams, 1):
+            return price_symmetric(first, network)
+        return price([first, *(make(r) for r in range(1, size))], network)
+    return price([make(r) for r in range(size)], network)
+
+
+@functools.lru_cache(maxsize=64)
+def _default_network(size: int) -> Network:
+    return SharedMemoryNode(size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached_cost(name: str, count: int, itemsize: int, size: int, network: Network,
+                 shape: Any) -> Cost:
+    return algorithm_cost(name, count, itemsize, size, network, shape=shape)
+
+
+def _params(calib: Calibration | None, alpha: float | None, beta: float | None) -> Calibration:
+    if calib is None:
+        if alpha is None or beta is None:
+            raise ValueError("choose needs a Calibration or both alpha and beta")
+        return Calibration(alpha=alpha, beta=beta)
+    if alpha is not None or beta is not None:
+        return Calibration(alpha=calib.alpha if alpha is None else alpha,
+                           beta=calib.beta if beta is None else beta,
+                           step_overhead=calib.step_overhead, msg_overhead=calib.msg_overhead,
+                           gamma=calib.gamma, native=calib.native, meta=calib.meta)
+    return calib
+
+
+def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
+             topology: Network | None = None, alpha: float | None = None,
+             beta: float | None = None, *, calib: Calibration | None = None,
+             shape: Any = None, builders: Mapping[str, Builder] | None = None
+             ) -> dict[str, float]:
+    """Predicted seconds of each algorithm (``native`` only when the calibration measured it;
+    ``auto`` is skipped). Arguments as :func:`choose`."""
+    if count < 0 or itemsize <= 0 or size < 1:
+        raise ValueError(f"need count >= 0, itemsize > 0, size >= 1; got {count}, {itemsize}, "
+                         f"{size}")
+    p = _params(calib, alpha, beta)
+    network = topology if topology is not None else _default_network(size)
+    shape_key = tuple(shape) if isinstance(shape, list) else shape
+    out: dict[str, float] = {}
+    for name in algorithms:
+        name = name.lower()
+        if name == "auto" or name in out:
+            continue
+        if name == "native":
+            t = p.native_seconds(count * itemsize)
+            if t is not None:
+                out[name] = t
+            continue
+        if builders is not None and name in builders:
+            cost = algorithm_cost(name, count, itemsize, size, network, builders=builders)
+        else:
+            cost = _cached_cost(name, count, itemsize, size, network, shape_key)
+        out[name] = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
+                                 msg_overhead=p.msg_overhead, gamma=p.gamma)
+    return out
+
+
+def choose(algorithms: Iterable[str], count: int, itemsize: int, size: int,
+           topology: Network | None = None, alpha: float | None = None,
+           beta: float | None = None, *, calib: Calibration | None = None, shape: Any = None,
+           builders: Mapping[str, Builder] | None = None) -> str:
+    """The algorithm among ``algorithms`` with the lowest predicted time for ``count``
+    elements of ``itemsize`` bytes on ``size`` ranks.
+
+    ``topology``: the network (default: one shared-memory node). ``alpha``/``beta`` override
+    the calibration's (or stand alone, with no executor overheads). ``shape``: the BCube shape
+    bml runs (default as bml resolves it). ``builders`` replaces the schedule of a name:
+    ``builders[name](rank, size, count, itemsize) -> Schedule``. Ties go to the earlier name.
+    """
+    names = [a.lower() for a in algorithms]
+    times = estimate(names, count, itemsize, size, topology, alpha, beta, calib=calib,
+                     shape=shape, builders=builders)
+    if not times:
+        raise ValueError(f"nothing to choose from {names} (native needs calibrated timings)")
+    return min(times, key=lambda n: (times[n], names.index(n)))
+
+
+def crossover(cheap_small: str, cheap_large: str, itemsize: int, size: int,
+              topology: Network | None = None, *, calib: Calibration,
+              max_count: int = 1 << 30, shape: Any = None,
+              builders: Mapping[str, Builder] | None = None) -> int | None:
+    """The smallest count (to within 1%) from which ``cheap_large`` is predicted strictly
+    faster than ``cheap_small``: the first power of two where it is, refined by bisection
+    below it. None if it never is up to ``max_count``. Assumes one crossing (both costs are
+    affine in count apart from rounding; at tiny counts the two may tie)."""
+    def large_wins(c: int) -> bool:
+        t = estimate([cheap_small, cheap_large], c, itemsize, size, topology, calib=calib,
+                     shape=shape, builders=builders)
+        return t[cheap_large] < t[cheap_small]
+
+    lo, hi = 0, 1
+    while not large_wins(hi):
+        if hi >= max_count:
+            return None
+        lo, hi = hi, min(hi * 2, max_count)
+    while hi - lo > max(1, lo // 100):
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if large_wins(mid) else (mid, hi)
+    return hi
+
+
+__all__ = ["BUILDERS", "Calibration", "algorithm_cost", "choose", "crossover", "estimate",
+           "symmetric_on"]
