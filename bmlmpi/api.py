@@ -145,6 +145,13 @@ class Communicator:
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._levels = self._split_levels()
+        self._links = self._find_links()
+        self._tree_cache: dict[str, Any] = {}
+        self._choices: dict[tuple[int, int], str] = {}
+        self.calibration = None
+        if select.calibration_wanted(self.algorithm):
+            from .calibrate import calibrate
+            self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._plans: dict[tuple, Plan] = {}
         self._validated: set[int] = set()
         self._calls = 0
@@ -235,7 +242,7 @@ class Communicator:
         dtype = recv.flat.dtype
         check_dtype_op(dtype, name)
         if algorithm == "auto":
-            algorithm = select.choose(count * dtype.itemsize, self.size)
+            algorithm = self._auto(count, dtype.itemsize)
         out = recv.flat[:count]
         src = None if send is None else send.flat
         if src is not None and np.may_share_memory(src, out):
@@ -289,7 +296,7 @@ class Communicator:
             return self._launch_native(name, src, out, finish)
         if src is not None and out.size:
             np.copyto(out, src)
-        plan = self._plan(algorithm, out.size)
+        plan = self._plan(algorithm, out.size, out.dtype.itemsize)
         tag_base = (self._calls * TAG_STEPS) % self._tag_mod
         self._calls += 1
         label = f"bmlmpi {algorithm} allreduce (rank {self.rank}, call {self._calls})"
@@ -322,6 +329,45 @@ class Communicator:
         """Changes whenever any outstanding allreduce completes a step."""
         return tuple(r._run.step for r in self._active)
 
+    def _auto(self, count: int, itemsize: int) -> str:
+        key = (count, itemsize)
+        choice = self._choices.get(key)
+        if choice is None:
+            choice = select.choose(count, itemsize, self.size, self.calibration, self.shape)
+            self._choices[key] = choice
+        return choice
+
+    def _find_links(self) -> np.ndarray:
+        """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement."""
+        from .topology.links import links_from_env, links_from_placement
+
+        w = links_from_env()
+        if w is None:
+            return links_from_placement(self._comm)
+        if w.shape != (self.size, self.size):
+            raise ValueError(f"BMLMPI_LINKS describes {w.shape[0]} devices but the "
+                             f"communicator has {self.size} ranks")
+        return w
+
+    @property
+    def links(self) -> np.ndarray:
+        """The link-weight matrix (rank × rank) the trees are generated from."""
+        return self._links
+
+    def tree(self):
+        """The single binary reduction tree rooted at rank 0 (built once, the same on all)."""
+        if "tree" not in self._tree_cache:
+            from .topology.trees import binary_tree
+            self._tree_cache["tree"] = binary_tree(self._links, 0)
+        return self._tree_cache["tree"]
+
+    def trees(self):
+        """One tree per root for the multi-tree allreduce, with the link-usage penalty."""
+        if "trees" not in self._tree_cache:
+            from .topology.trees import multi_trees
+            self._tree_cache["trees"] = multi_trees(self._links)
+        return self._tree_cache["trees"]
+
     def _split_levels(self) -> list[MPI.Comm]:
         """One communicator per BCube level: the ranks sharing all digits but that level's."""
         cube = BCube(self.shape)
@@ -332,12 +378,12 @@ class Communicator:
             levels.append(c)
         return levels
 
-    def _plan(self, algorithm: str, count: int) -> Plan:
-        key = (algorithm, count)
+    def _plan(self, algorithm: str, count: int, itemsize: int) -> Plan:
+        key = (algorithm, count, itemsize)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        sched, comms, level_peer = registry.build(algorithm, self, count)
+        sched, comms, level_peer = registry.build(algorithm, self, count, itemsize)
         plan = Plan(sched, comms, level_peer)
         self._plans[key] = plan
         return plan

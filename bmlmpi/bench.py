@@ -94,7 +94,7 @@ def machine_info(comm: MPI.Comm) -> dict[str, Any]:
         "cores": cores,
         "ranks": comm.Get_size(),
         "oversubscribed": comm.Get_size() > cores,
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0],
+        "mpi_library": MPI.Get_library_version().replace("\0", "").strip().splitlines()[0],
         "mpi_standard": "%d.%d" % MPI.Get_version(),
         "mpi4py": __import__("mpi4py").__version__,
         "numpy": np.__version__,
@@ -252,7 +252,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        return run(args)
+    except Exception:
+        # One rank failing must not leave the others waiting out their deadlines.
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+        return 1
 
 
 if __name__ == "__main__":

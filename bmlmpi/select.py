@@ -1,18 +1,29 @@
 """Which algorithm ``auto`` runs.
 
-The rule (measured on the development machine, see perf/README.md; the cost-model issue
-replaces it with a calibrated model): one rank or an empty buffer → nothing to exchange (bml,
-which has no steps); messages below ``BMLMPI_AUTO_BML_BYTES`` (default 64 KiB) → native
-``MPI_Allreduce``, whose single C call beats a Python-driven schedule on latency; larger
-messages → bml. ``BMLMPI_ALGORITHM`` overrides the choice for every call that asks for auto.
+The rule: ``BMLMPI_ALGORITHM`` (when set and not ``auto``) wins; one rank or an empty buffer
+has nothing to exchange (``bml``, which has no steps); otherwise the cost model
+(:func:`bmlmpi.model.choose`) prices every candidate's schedule on one shared-memory node with
+this machine's calibration (α, β, the Python executor's per-step and per-message overheads,
+the reduction cost and measured native ``MPI_Allreduce`` timings — :mod:`bmlmpi.calibrate`,
+measured once per host, MPI library and rank count, cached on disk) and takes the cheapest.
+Every rank holds the same calibration, so every rank reaches the same choice without talking.
+The tree candidates are offered up to ``AUTO_TREE_MAX_RANKS`` ranks (generating the multi-tree
+set costs seconds beyond that), and between the two trees the size bound
+``BMLMPI_TREE_ARRAY_BOUND`` (elements) decides when it is set: single tree at or below it,
+multi-tree above, as in the MXNet proposal.
+
+Without a calibration (``BMLMPI_CALIBRATE=0``), a fixed rule measured on the development
+machine stands in: native below 64 KiB, bml from there (``BMLMPI_AUTO_BML_BYTES``).
 """
 
 from __future__ import annotations
 
 import os
 
-IMPLEMENTED = ("auto", "bml", "native")
+IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "native")
+SCHEDULED = ("bml", "ring", "tree", "multitree")
 DEFAULT_BML_BYTES = 64 * 1024
+AUTO_TREE_MAX_RANKS = 16
 
 
 def algorithms() -> list[str]:
@@ -32,12 +43,45 @@ def env_algorithm() -> str | None:
     return check_algorithm(env) if env else None
 
 
-def choose(nbytes: int, size: int) -> str:
-    """The algorithm ``auto`` uses for ``nbytes`` per rank on ``size`` ranks."""
+def tree_array_bound() -> int | None:
+    env = os.environ.get("BMLMPI_TREE_ARRAY_BOUND", "").strip()
+    if not env:
+        return None
+    bound = int(env)
+    if bound < 0:
+        raise ValueError(f"BMLMPI_TREE_ARRAY_BOUND must be >= 0, got {bound}")
+    return bound
+
+
+def candidates(count: int, size: int) -> list[str]:
+    names = ["bml", "ring"]
+    if size <= AUTO_TREE_MAX_RANKS:
+        bound = tree_array_bound()
+        if bound is None:
+            names += ["tree", "multitree"]
+        else:
+            names.append("tree" if count <= bound else "multitree")
+    return names + ["native"]
+
+
+def choose(count: int, itemsize: int, size: int, calib=None, shape=None) -> str:
+    """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size`` ranks."""
     env = env_algorithm()
     if env and env != "auto":
         return env
-    threshold = int(os.environ.get("BMLMPI_AUTO_BML_BYTES", DEFAULT_BML_BYTES))
-    if size == 1 or nbytes == 0 or nbytes >= threshold:
+    if size == 1 or count == 0:
         return "bml"
-    return "native"
+    if calib is None:
+        threshold = int(os.environ.get("BMLMPI_AUTO_BML_BYTES", DEFAULT_BML_BYTES))
+        return "bml" if count * itemsize >= threshold else "native"
+    from .model import choose as model_choose
+
+    return model_choose(candidates(count, size), count, itemsize, size, calib=calib,
+                        shape=shape)
+
+
+def calibration_wanted(algorithm: str) -> bool:
+    env = env_algorithm()
+    if algorithm != "auto" or (env and env != "auto"):
+        return False
+    return os.environ.get("BMLMPI_CALIBRATE", "1").strip().lower() not in ("0", "no", "false")

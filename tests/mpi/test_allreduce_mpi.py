@@ -137,13 +137,25 @@ def test_iallreduce_many_outstanding_waited_in_any_order(comm):
 
 
 @pytest.mark.mpi
-def test_algorithm_env_override(comm, monkeypatch):
+def test_algorithm_env_override_and_auto_rule(comm, monkeypatch):
     from bmlmpi import select
 
     monkeypatch.setenv("BMLMPI_ALGORITHM", "native")
-    assert select.choose(1 << 30, comm.size) == "native"
-    monkeypatch.setenv("BMLMPI_ALGORITHM", "bml")
-    assert select.choose(4, comm.size) == "bml"
+    assert select.choose(1 << 28, 4, comm.size) == "native"
+    assert not select.calibration_wanted("auto")
+    monkeypatch.setenv("BMLMPI_ALGORITHM", "ring")
+    assert select.choose(1, 4, comm.size) == "ring"
     monkeypatch.setenv("BMLMPI_ALGORITHM", "nonsense")
     with pytest.raises(ValueError, match="unknown algorithm"):
-        select.choose(4, comm.size)
+        select.choose(4, 4, comm.size)
+    monkeypatch.delenv("BMLMPI_ALGORITHM")
+    # the calibrated model's choice is one of the candidates and the same on every rank
+    ctx = bmlmpi.Communicator(comm)
+    assert ctx.calibration is not None
+    picks = [ctx._auto(n, 4) for n in (1, 1000, 1 << 20)]
+    assert all(p in bmlmpi.algorithms() for p in picks)
+    assert comm.allgather(picks) == [picks] * comm.size
+    ctx.Free()
+    monkeypatch.setenv("BMLMPI_TREE_ARRAY_BOUND", "100")
+    assert "multitree" not in select.candidates(100, 4)
+    assert "tree" not in select.candidates(101, 4)
