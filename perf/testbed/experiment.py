@@ -1,0 +1,257 @@
+"""BML on an emulated BCube against the best algorithm on its one-NIC Fat-Tree twin.
+
+    python -m perf.testbed experiment --rates 100mbit,200mbit --bytes 33554432 --reps 5
+
+For each link rate and each topology (default BCube 3x3 and the 9-server Fat-Tree), the testbed is
+built, ``perf.testbed.ranks bench`` times every algorithm (warm-up calls, then ``--reps`` timed
+calls, each the slowest rank's time after a barrier), every rank reads its NIC counters around the
+timed calls, and the testbed is torn down (also on error or Ctrl-C). Saved in ``--out``
+(default perf/testbed/results/): ``<name>.json`` (everything, with machine and library
+versions), ``<name>.csv`` (one row per rate, topology and algorithm) and ``<name>.png``.
+
+Judged (printed, and saved under "targets"), per rate: the median time of bml on BCube against
+the fastest median on the Fat-Tree (target ≤ 0.6; theory 0.5), against its theory
+2(N-1)/(kN)·P/R (target ≤ 1.25), how evenly each server's NICs carried bml's bytes (≤ 1.10),
+and whether every byte stayed on the testbed's links.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import counters, mpi, netns
+from .check import parse_result
+from .theory import bml_nic_shares, one_nic_seconds, predicted_seconds
+from .topology import build
+
+RESULTS = Path(__file__).resolve().parent / "results"
+TARGET_RATIO = 0.6
+TARGET_THEORY = 1.25
+TARGET_SPREAD = 1.10
+
+
+def machine_info() -> dict:
+    info = {"machine": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "loadavg_start": os.getloadavg()}
+    try:
+        info["mpi"] = mpi.check()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        info["mpi"] = f"unknown: {exc}"
+    probe = ("import numpy, mpi4py; print(numpy.__version__, mpi4py.__version__); "
+             "import bmlmpi; print(bmlmpi.__version__)")
+    out = subprocess.run([str(mpi.venv_python()), "-c", probe], capture_output=True, text=True,
+                         timeout=60, env=mpi.environment(), cwd=mpi.REPO)
+    lines = out.stdout.split("\n")
+    info["numpy_mpi4py"] = lines[0] if lines else ""
+    info["bmlmpi"] = lines[1] if len(lines) > 1 and lines[1] else f"not importable: " \
+                                                                   f"{out.stderr[-300:]}"
+    return info
+
+
+def jobs(algorithms: str) -> list[tuple[str, str, dict[str, str]]]:
+    """(label, the rank program's algorithm list, environment) per mpiexec job.
+
+    ``native-<name>`` is MPI_Allreduce with MPICH's own algorithm ``<name>`` forced through
+    ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` (read at MPI_Init, hence a job of its own), e.g.
+    ``native-ring``: MPICH's ring allreduce, the strongest one-NIC baseline we have.
+    """
+    names = [a for a in algorithms.split(",") if a]
+    plain = [a for a in names if not a.startswith("native-")]
+    out = [(",".join(plain), ",".join(plain), {})] if plain else []
+    for a in names:
+        if a.startswith("native-"):
+            out.append((a, "native", {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": a[len("native-"):]}))
+    return out
+
+
+def run_topology(kind: str, shape: str, rate: str, args: argparse.Namespace) -> dict:
+    net = build(kind, shape)
+    rate_bps = netns.parse_rate(rate)
+    worst = one_nic_seconds(args.bytes, rate_bps, net.servers)
+    rows, runs = [], []
+    with netns.testbed(kind, shape, rate):
+        for label, algs, env in jobs(args.algorithms):
+            timeout = 120 + (args.reps + args.warmup) * len(algs.split(",")) * 6 * worst
+            before = counters.settled_snapshot()
+            t0 = time.monotonic()
+            proc = mpi.run(net, ["python", "-m", "perf.testbed.ranks", "bench", "--kind", kind,
+                                 "--shape", net.shape, "--bytes", str(args.bytes),
+                                 "--reps", str(args.reps), "--warmup", str(args.warmup),
+                                 "--algorithms", algs], timeout=timeout, env=env)
+            wall = time.monotonic() - t0
+            if proc.returncode != 0:
+                raise RuntimeError(f"{kind} {shape} at {rate} ({label}): mpiexec exited "
+                                   f"{proc.returncode}:\n{proc.stdout[-4000:]}")
+            job = counters.delta(before, counters.settled_snapshot())
+            runs.append({"kind": kind, "shape": net.shape, "rate": rate, "job": label,
+                         "env": env, "wall_s": wall,
+                         "conservation": counters.conservation(net, job),
+                         "isolation": counters.isolation(net)})
+            for res in parse_result(proc.stdout)["results"]:
+                name = label if env else res["algorithm"]
+                rows.append(_row(net, kind, rate, rate_bps, name, res, args))
+    return {"rows": rows, "runs": runs}
+
+
+def _row(net, kind: str, rate: str, rate_bps: float, name: str, res: dict,
+         args: argparse.Namespace) -> dict:
+    row = {"rate": rate, "rate_bps": rate_bps, "topology": kind, "shape": net.shape,
+           "servers": net.servers, "nics": net.nics, "algorithm": name, "bytes": args.bytes}
+    if "skipped" in res:
+        return {**row, "skipped": res["skipped"]}
+    times = res["seconds"]
+    theory = predicted_seconds(kind, name, args.bytes, rate_bps, net.radices)
+    median = statistics.median(times)
+    return {**row, "reps": len(times), "seconds": times, "median_s": median,
+            "min_s": min(times), "max_s": max(times), "theory_s": theory,
+            "vs_theory": median / theory if theory else None, "correct": res["correct"],
+            # user+system CPU of all ranks per call (kernel softirq work on the links excluded):
+            # next to 2 cores × the call's time it shows how close the CPU is to the limit.
+            "rank_cpu_s_per_call": res.get("rank_cpu_s_per_call"),
+            **_per_nic(net, name, res["nics"], args.reps)}
+
+
+def _per_nic(net, name: str, nics_by_rank: list[dict], reps: int) -> dict:
+    """Bytes each NIC sent per call, averaged over servers, and for bml on BCube the worst spread
+    of a server's NICs relative to their theoretical shares (equal radices: equal shares)."""
+    levels = sorted(nics_by_rank[0])
+    per_call = {nic: statistics.mean(r[nic]["tx_bytes"] for r in nics_by_rank) / reps
+                for nic in levels}
+    spread = None
+    if net.kind == "bcube" and name == "bml":
+        shares = bml_nic_shares(net.radices)
+        spreads = []
+        for r in nics_by_rank:
+            for key in ("tx_bytes", "rx_bytes"):
+                norm = [r[f"eth{lv}"][key] / s for lv, s in enumerate(shares)]
+                spreads.append(max(norm) / max(min(norm), 1e-9))
+        spread = max(spreads)
+    return {"nic_tx_bytes_per_call": per_call, "nic_spread": spread}
+
+
+def judge(rows: list[dict], radices: tuple[int, ...]) -> list[dict]:
+    out = []
+    for rate in sorted({r["rate"] for r in rows}, key=netns.parse_rate):
+        done = [r for r in rows if r["rate"] == rate and "median_s" in r]
+        bml = next((r for r in done if r["topology"] == "bcube" and r["algorithm"] == "bml"),
+                   None)
+        fat = [r for r in done if r["topology"] == "fattree"]
+        if bml is None or not fat:
+            continue
+        best = min(fat, key=lambda r: r["median_s"])
+        ratio = bml["median_s"] / best["median_s"]
+        k, n = len(radices), math.prod(radices)
+        out.append({"rate": rate, "bml_bcube_s": bml["median_s"],
+                    "best_fattree": best["algorithm"], "best_fattree_s": best["median_s"],
+                    "ratio": ratio, "ratio_theory": 1 / k, "ratio_ok": ratio <= TARGET_RATIO,
+                    "bml_vs_theory": bml["vs_theory"],
+                    "theory_ok": bml["vs_theory"] <= TARGET_THEORY,
+                    "nic_spread": bml["nic_spread"],
+                    "spread_ok": bml["nic_spread"] <= TARGET_SPREAD,
+                    "servers": n})
+    return out
+
+
+def write(results: dict, out: Path, name: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.json", out / f"{name}.csv"]
+    paths[0].write_text(json.dumps(results, indent=1) + "\n")
+    fields = ["rate", "topology", "shape", "algorithm", "bytes", "reps", "median_s", "min_s",
+              "max_s", "theory_s", "vs_theory", "nic_spread", "rank_cpu_s_per_call", "correct",
+              "skipped"]
+    with paths[1].open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields + ["nic_tx_bytes_per_call"],
+                           extrasaction="ignore")
+        w.writeheader()
+        for row in results["rows"]:
+            w.writerow({**row, "nic_tx_bytes_per_call": json.dumps(
+                row.get("nic_tx_bytes_per_call", {}))})
+    png = out / f"{name}.png"
+    plot = subprocess.run([str(mpi.venv_python()), "-m", "perf.testbed.plot", str(paths[0]),
+                           str(png)], capture_output=True, text=True, timeout=120,
+                          env=mpi.environment(), cwd=mpi.REPO)
+    if plot.returncode == 0:
+        paths.append(png)
+    else:
+        print(f"note: no plot ({plot.stderr.strip().splitlines()[-1:] or plot.stdout})",
+              file=sys.stderr)
+    return paths
+
+
+def table(results: dict) -> str:
+    lines = ["| rate | topology | algorithm | median s | min–max s | theory s | ×theory | "
+             "NIC tx MB/call | NIC spread | rank CPU s/call |", "|" + "---|" * 10]
+    for r in results["rows"]:
+        if "skipped" in r:
+            lines.append(f"| {r['rate']} | {r['topology']} {r['shape']} | {r['algorithm']} | "
+                         f"skipped | | | | | | |")
+            continue
+        theory = f"{r['theory_s']:.2f}" if r["theory_s"] else "—"
+        vs = f"{r['vs_theory']:.2f}" if r["vs_theory"] else "—"
+        nics = " / ".join(f"{v / 1e6:.1f}" for v in r["nic_tx_bytes_per_call"].values())
+        spread = f"{r['nic_spread']:.3f}" if r["nic_spread"] else "—"
+        cpu = r.get("rank_cpu_s_per_call")
+        cpu = f"{cpu:.2f}" if cpu is not None else "—"
+        lines.append(f"| {r['rate']} | {r['topology']} {r['shape']} | {r['algorithm']} | "
+                     f"{r['median_s']:.2f} | {r['min_s']:.2f}–{r['max_s']:.2f} | {theory} | "
+                     f"{vs} | {nics} | {spread} | {cpu} |")
+    lines += ["", "| rate | bml BCube s | best Fat-Tree | ratio (target ≤ 0.6, theory "
+              "1/k) | bml ×theory (≤ 1.25) | NIC spread (≤ 1.10) |", "|" + "---|" * 6]
+    for t in results["targets"]:
+        lines.append(f"| {t['rate']} | {t['bml_bcube_s']:.2f} | {t['best_fattree']} "
+                     f"{t['best_fattree_s']:.2f} s | {t['ratio']:.3f} "
+                     f"{'ok' if t['ratio_ok'] else 'MISSED'} | {t['bml_vs_theory']:.3f} "
+                     f"{'ok' if t['theory_ok'] else 'MISSED'} | {t['nic_spread']:.3f} "
+                     f"{'ok' if t['spread_ok'] else 'MISSED'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m perf.testbed experiment",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rates", default="100mbit,200mbit")
+    p.add_argument("--shape", default="3x3", help="the BCube; its twin has as many servers")
+    p.add_argument("--bytes", type=int, default=32 << 20)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--algorithms", default="bml,ring,native,native-ring",
+                   help="bmlmpi algorithms, native, native-<MPICH algorithm>")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="bcube_vs_fattree")
+    args = p.parse_args(argv)
+    if args.reps < 1 or args.bytes < 4:
+        p.error("need --reps >= 1 and --bytes >= 4")
+    mpi.check()
+    bcube = build("bcube", args.shape)
+    results = {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": [], "runs": []}
+    for rate in args.rates.split(","):
+        for kind, shape in (("bcube", bcube.shape), ("fattree", str(bcube.servers))):
+            print(f"[{time.strftime('%H:%M:%S')}] {kind} {shape} at {rate} ...", flush=True)
+            run = run_topology(kind, shape, rate, args)
+            results["rows"] += run["rows"]
+            results["runs"] += run["runs"]
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    results["targets"] = judge(results["rows"], bcube.radices)
+    results["closed"] = all(r["isolation"]["ok"] and r["conservation"]["balanced"]
+                            for r in results["runs"])
+    for path in write(results, args.out, args.name):
+        print(f"wrote {path}")
+    print(table(results))
+    print(f"every byte on the testbed's own links: {results['closed']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

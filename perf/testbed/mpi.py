@@ -1,0 +1,138 @@
+"""MPI across the namespaces: a dedicated MPICH venv and the MPMD ``mpiexec`` line.
+
+Why MPICH and not the project's default Open MPI wheel: MPICH's Hydra hands each rank its PMI
+connection as an inherited socket (``PMI_FD``), which crosses namespaces untouched, and with the
+settings below its ranks talk over the emulated links. Open MPI 5.0.11 (the /tmp/venv wheel),
+started the same way with ``--mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include eth0``,
+failed in MPI_Init on this machine ("PML add procs failed: Not found"); we kept MPICH.
+
+The settings (all found on this machine):
+- ``MPIR_CVAR_NOLOCAL=1``: Hydra starts every rank on one host, so MPICH would otherwise move
+  all traffic through shared memory and no NIC would see a byte.
+- ``MPIR_CVAR_CH4_NETMOD=ofi`` with ``FI_PROVIDER=tcp``: libfabric's tcp provider is stable here;
+  the UCX netmod over tcp was erratic.
+- ``FI_TCP_IFACE=eth0``: each rank publishes its eth0 address (198.18.0.(r+1)); the kernel routes
+  then send traffic to a 1-hop neighbour out of the NIC on the shared switch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .topology import Network, server_ns
+
+REPO = Path(__file__).resolve().parents[2]
+VENV = Path(os.environ.get("BML_TESTBED_VENV", "/tmp/venv-testbed"))
+PACKAGES = ["mpich", "mpi4py", "numpy", "numba", "tqdm", "matplotlib"]
+
+MPI_ENV = {
+    "MPIR_CVAR_NOLOCAL": "1",
+    "MPIR_CVAR_CH4_NETMOD": "ofi",
+    "FI_PROVIDER": "tcp",
+    "FI_TCP_IFACE": "eth0",
+}
+
+
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def mpiexec() -> Path:
+    return VENV / "bin" / "mpiexec"
+
+
+def setup(force: bool = False, timeout: float = 900.0) -> str:
+    """Creates the MPICH venv (mpich, mpi4py, numpy, numba, bmlmpi editable, without Open MPI)."""
+    if force and VENV.exists():
+        shutil.rmtree(VENV)
+    if not venv_python().exists():
+        subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, timeout=120)
+    pip = [str(venv_python()), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, *PACKAGES], check=True, timeout=timeout)
+    # --no-deps: the package's own dependencies include the Open MPI wheel, which would put a
+    # second libmpi beside MPICH's in the venv.
+    subprocess.run([*pip, "--no-deps", "-e", str(REPO)], check=True, timeout=timeout)
+    return check()
+
+
+def check(timeout: float = 60.0) -> str:
+    """The MPI library that mpi4py loads in the venv; raises unless it is MPICH and the venv
+    imports this checkout's bmlmpi (kernels included) the way the ranks will."""
+    if not venv_python().exists():
+        raise RuntimeError(f"no venv at {VENV}: run 'python -m perf.testbed setup'")
+    probe = ("from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0]); "
+             "import bmlmpi, bmlmpi.kernels; print(bmlmpi.__file__)")
+    out = subprocess.run([str(venv_python()), "-c", probe], capture_output=True, text=True,
+                         timeout=timeout, cwd=REPO, env=environment())
+    lines = out.stdout.strip().splitlines()
+    version = lines[0] if lines else ""
+    if "MPICH" not in version:
+        raise RuntimeError(f"mpi4py in {VENV} does not load MPICH: {version or out.stderr}")
+    if out.returncode != 0 or len(lines) < 2 or not lines[1].startswith(str(REPO)):
+        raise RuntimeError(f"{VENV} does not import bmlmpi from {REPO} "
+                           f"(python -m perf.testbed setup --force): {out.stderr[-500:]}")
+    return version
+
+
+def mpmd_command(net: Network, argv: Sequence[str], ranks: int | None = None) -> list[str]:
+    """``mpiexec -n 1 ip netns exec bml-s0 ARGV : -n 1 ip netns exec bml-s1 ARGV : ...``."""
+    n = net.servers if ranks is None else ranks
+    if not 1 <= n <= net.servers:
+        raise ValueError(f"{n} ranks do not fit on {net.servers} servers")
+    cmd = [str(mpiexec())]
+    for r in range(n):
+        if r:
+            cmd.append(":")
+        cmd += ["-n", "1", "ip", "netns", "exec", server_ns(r), *argv]
+    return cmd
+
+
+def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    for key in ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "VIRTUAL_ENV",
+                "PYTHONHOME"):
+        env.pop(key, None)
+    env.update(MPI_ENV)
+    # 'python' in a rank's command is the venv's python (ip netns exec searches PATH).
+    env["PATH"] = f"{VENV / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    # The ranks start in the repository root ('python -m perf.testbed.ranks' finds it there);
+    # bmlmpi comes from the venv's editable install of the same checkout.
+    env.update(extra or {})
+    return env
+
+
+def run(net: Network, argv: Sequence[str], *, timeout: float, ranks: int | None = None,
+        env: dict[str, str] | None = None, capture: bool = True) -> subprocess.CompletedProcess:
+    """Runs one MPMD job over the namespaces; kills the whole job when it overruns ``timeout``."""
+    cmd = mpmd_command(net, argv, ranks)
+    proc = subprocess.Popen(cmd, env=environment(env), cwd=REPO, start_new_session=True,
+                            stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.STDOUT if capture else None, text=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out or "", "")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    # mpiexec, its proxy and the ranks share the session started for mpiexec.
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=3)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    time.sleep(0.1)

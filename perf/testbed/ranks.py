@@ -1,0 +1,184 @@
+"""The program each rank runs inside its namespace (started by ``mpiexec`` through ``run``).
+
+    python -m perf.testbed.ranks check --kind bcube --shape 3x3 --bytes 4194304 --algorithm bml
+    python -m perf.testbed.ranks bench --kind bcube --shape 3x3 --bytes 33554432 --reps 5 \
+        --algorithms bml,native --json out.json
+
+``check``: (1) each rank exchanges a block with every 1-hop neighbour, one level at a time, and
+reads its own NIC counters around each level, which proves the kernel routes send each level's
+traffic out of that level's NIC; (2) one allreduce of position-dependent data, compared exactly
+with the expected sum, with the NIC counters around it.
+``bench``: per algorithm, warm-up calls, then timed repetitions (each a barrier, the call, and the
+slowest rank's time), with the NIC counters around the timed calls.
+
+Each rank reads its counters from /sys/class/net, which ``ip netns exec`` mounts for the
+rank's own namespace. Rank 0 prints one line ``RESULT <json>`` (and writes ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from mpi4py import MPI
+
+from .topology import build, digits, neighbours
+
+NATIVE = "native"
+
+
+def nic_counters() -> dict[str, dict[str, int]]:
+    out = {}
+    for nic in sorted(os.listdir("/sys/class/net")):
+        if nic == "lo":
+            continue
+        base = Path("/sys/class/net") / nic / "statistics"
+        out[nic] = {k: int((base / k).read_text()) for k in ("tx_bytes", "rx_bytes")}
+    return out
+
+
+def diff(before: dict, after: dict) -> dict:
+    return {nic: {k: after[nic][k] - before[nic][k] for k in after[nic]} for nic in after}
+
+
+def expected_sum(count: int, size: int) -> np.ndarray:
+    i = np.arange(count, dtype=np.float64)
+    return (1000.0 * size * (size - 1) / 2 + size * (i % 997)).astype(np.float32)
+
+
+def rank_data(count: int, rank: int) -> np.ndarray:
+    # Position- and rank-dependent small integers: exact in float32, a misplaced range fails.
+    return (1000.0 * rank + np.arange(count) % 997).astype(np.float32)
+
+
+class Allreducer:
+    """One callable per algorithm name: ``native`` is MPI_Allreduce, the rest go to bmlmpi."""
+
+    def __init__(self, comm: MPI.Comm, kind: str, shape: str):
+        self.comm = comm
+        self.kind, self.shape = kind, shape
+        self._bml = {}
+
+    def available(self) -> list[str]:
+        import bmlmpi  # an import failure must stop the run, not quietly drop algorithms
+
+        return list(bmlmpi.algorithms())
+
+    def __call__(self, name: str, send: np.ndarray, recv: np.ndarray) -> None:
+        if name == NATIVE:
+            self.comm.Allreduce(send, recv, op=MPI.SUM)
+            return
+        if name not in self._bml:
+            import bmlmpi
+            # The BCube shape names the network for bml; on the Fat-Tree twin bml still runs
+            # the same (default) factorisation over the one NIC.
+            topo = self.shape if self.kind == "bcube" else None
+            self._bml[name] = bmlmpi.Communicator(self.comm, algorithm=name, topology=topo)
+        self._bml[name].Allreduce(send, recv, op=MPI.SUM)
+
+
+def check(args: argparse.Namespace, comm: MPI.Comm) -> dict:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    net = build(args.kind, args.shape)
+    levels = []
+    block = np.full(args.neighbour_bytes // 8, rank, dtype=np.float64)
+    got = np.empty_like(block)
+    for lv in range(net.nics if net.kind == "bcube" else 0):
+        peers = neighbours(rank, lv, net.radices)
+        # Counters are read before the barrier: a peer that leaves it first may already be
+        # sending to this rank.
+        before = nic_counters()
+        comm.Barrier()
+        ok = True
+        for peer in peers:
+            comm.Sendrecv(block, dest=peer, recvbuf=got, source=peer)
+            ok &= bool(np.all(got == peer))
+        comm.Barrier()
+        levels.append({"level": lv, "peers": peers, "data_ok": ok,
+                       "nics": diff(before, nic_counters())})
+    count = args.bytes // 4
+    send, recv = rank_data(count, rank), np.zeros(count, dtype=np.float32)
+    run = Allreducer(comm, args.kind, args.shape)
+    run(args.algorithm, send, recv)  # warm-up: connections, compilation
+    recv[:] = 0
+    before = nic_counters()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    run(args.algorithm, send, recv)
+    elapsed = time.perf_counter() - t0
+    comm.Barrier()
+    nics = diff(before, nic_counters())
+    mine = {"rank": rank, "digits": list(digits(rank, net.radices)) if net.kind == "bcube"
+            else [rank], "levels": levels, "allreduce_ok": bool(np.array_equal(
+                recv, expected_sum(count, size))), "allreduce_nics": nics, "seconds": elapsed}
+    return {"mode": "check", "algorithm": args.algorithm, "bytes": args.bytes,
+            "ranks": comm.gather(mine, root=0)}
+
+
+def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
+    rank, size = comm.Get_rank(), comm.Get_size()
+    count = args.bytes // 4
+    send, recv = rank_data(count, rank), np.zeros(count, dtype=np.float32)
+    run = Allreducer(comm, args.kind, args.shape)
+    available = run.available()
+    results = []
+    for name in args.algorithms.split(","):
+        if name not in available:
+            results.append({"algorithm": name, "skipped": f"not in bmlmpi.algorithms(): "
+                                                          f"{available}"})
+            continue
+        for _ in range(args.warmup):
+            run(name, send, recv)
+        ok = bool(np.array_equal(recv, expected_sum(count, size)))
+        before = nic_counters()
+        cpu0 = time.process_time()
+        comm.Barrier()
+        times = []
+        for _ in range(args.reps):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            run(name, send, recv)
+            times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+        comm.Barrier()
+        nics = diff(before, nic_counters())
+        cpu = comm.allreduce(time.process_time() - cpu0, op=MPI.SUM)
+        all_ok = comm.allreduce(ok, op=MPI.LAND)
+        results.append({"algorithm": name, "seconds": times, "correct": all_ok,
+                        "rank_cpu_s_per_call": cpu / args.reps,
+                        "nics": comm.gather(nics, root=0)})
+    return {"mode": "bench", "bytes": args.bytes, "reps": args.reps, "warmup": args.warmup,
+            "mpi": MPI.Get_library_version().splitlines()[0], "ranks": size,
+            "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m perf.testbed.ranks")
+    p.add_argument("mode", choices=["check", "bench"])
+    p.add_argument("--kind", choices=["bcube", "fattree"], required=True)
+    p.add_argument("--shape", required=True)
+    p.add_argument("--bytes", type=int, default=4 << 20)
+    p.add_argument("--neighbour-bytes", type=int, default=1 << 20)
+    p.add_argument("--algorithm", default=NATIVE)
+    p.add_argument("--algorithms", default="bml,ring,native")
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    out = (check if args.mode == "check" else bench)(args, comm)
+    if comm.Get_rank() == 0:
+        text = json.dumps(out)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(text)
+        print("RESULT " + text, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
