@@ -23,7 +23,7 @@ from mpi4py import MPI
 from . import buffers, kernels, registry, select
 from .buffers import BufferSpecError
 from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for
-from .ops import check_dtype_op, mpi_op, op_name
+from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 
 
@@ -296,7 +296,7 @@ class Communicator:
             return self._launch_native(name, src, out, finish)
         if src is not None and out.size:
             np.copyto(out, src)
-        plan = self._plan(algorithm, out.size, out.dtype.itemsize)
+        plan = self._plan(algorithm, out.size, out.dtype, name)
         tag_base = (self._calls * TAG_STEPS) % self._tag_mod
         self._calls += 1
         label = f"bmlmpi {algorithm} allreduce (rank {self.rank}, call {self._calls})"
@@ -378,13 +378,18 @@ class Communicator:
             levels.append(c)
         return levels
 
-    def _plan(self, algorithm: str, count: int, itemsize: int) -> Plan:
-        key = (algorithm, count, itemsize)
+    def _plan(self, algorithm: str, count: int, dtype: np.dtype, op: str) -> Plan:
+        key = (algorithm, count, dtype, op)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        sched, comms, level_peer = registry.build(algorithm, self, count, itemsize)
+        sched, comms, level_peer = registry.build(algorithm, self, count, dtype.itemsize)
         plan = Plan(sched, comms, level_peer)
+        # Compile (or load from numba's cache) the kernels this plan calls now, outside any
+        # deadline: a first compile inside a step can take seconds on a loaded node.
+        fan_in = max((len(offs) for st in plan.steps for _, _, offs in st.reduces), default=0)
+        if fan_in:
+            kernels.warmup([dtype], [kernel_op(op)], sources=sorted({1, fan_in}))
         self._plans[key] = plan
         return plan
 

@@ -1,0 +1,64 @@
+"""The numpy back end: the reference every other back end is tested against.
+
+It handles every dtype, shape, memory layout and overlap numpy does, so the dispatcher falls
+back to it whenever a faster back end cannot take a call. Arguments arrive validated (same
+shape and dtype, writable ``dst``, a known op; see :mod:`bmlmpi.kernels.dispatch`).
+
+Semantics, which the other back ends reproduce bit for bit (complex PROD up to rounding: numpy
+uses fused multiply-adds for it where the CPU has them):
+
+- integers wrap on overflow (numpy's modular arithmetic);
+- MIN and MAX propagate NaN: if either operand is NaN the result is NaN (``np.minimum``);
+  between +0.0 and -0.0 either may be returned;
+- the fused form folds the sources into ``dst`` left to right, rounding after every step as
+  repeated pairwise calls do, except for float16, which accumulates in float32 across the
+  sources and rounds to float16 once (pairwise float16 calls compute in float32 too, as numpy
+  does, so a single source gives the same bits either way);
+- ``scale_avg`` floor-divides integers (rounds toward minus infinity, like Python's ``//``)
+  and divides floats by ``n`` converted to the element type (float32 for float16); complex
+  values have their real and imaginary parts divided separately.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+NAME = "numpy"
+
+_UFUNC = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: str) -> None:
+    _UFUNC[op](dst, src, out=dst)
+
+
+def reduce_many_into(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None:
+    f = _UFUNC[op]
+    if dst.dtype == np.float16 and len(srcs) > 1:
+        acc = dst.astype(np.float32)
+        for s in srcs:
+            f(acc, s, out=acc)
+        np.copyto(dst, acc, casting="same_kind")
+        return
+    for s in srcs:
+        f(dst, s, out=dst)
+
+
+def scale_avg(dst: np.ndarray, n: int) -> None:
+    kind = dst.dtype.kind
+    if kind == "i":
+        np.floor_divide(dst, np.int64(n), out=dst, casting="unsafe")
+    elif kind == "u":
+        np.floor_divide(dst, np.uint64(n), out=dst, casting="unsafe")
+    elif dst.dtype == np.float16:
+        np.divide(dst, np.float32(n), out=dst, casting="unsafe")
+    elif kind == "c":
+        # Part by part: numpy's complex division by n + 0j turns an infinite part's 0 * inf
+        # into NaN in the other part.
+        r = dst.real.dtype.type(n)
+        np.divide(dst.real, r, out=dst.real)
+        np.divide(dst.imag, r, out=dst.imag)
+    else:
+        np.divide(dst, dst.dtype.type(n), out=dst)
