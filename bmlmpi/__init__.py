@@ -22,10 +22,14 @@ _EXPORTS = {
     "BufferSpecError": "buffers",
     "Communicator": "api",
     "DeadlineExceeded": "execute",
+    "FaultToleranceError": "ft",
+    "FaultToleranceUnavailable": "ft",
     "Iallreduce": "api",
+    "RankMasked": "ft",
     "RemoteArgumentError": "api",
     "Request": "api",
     "algorithms": "select",
+    "rescaled_batch": "rescale",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

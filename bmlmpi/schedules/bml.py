@@ -72,7 +72,8 @@ def bml_schedule(rank: int, size: int, count: int, radices: Shape) -> Schedule:
             n_l, mine = cube.radices[lv], digits[lv]
             span = weights[w]
 
-            def rng(b: int, base: int = base, span: int = span) -> tuple[int, int]:
+            def rng(b: int, base: int = base, span: int = span, s_lo: int = s_lo,
+                    s_hi: int = s_hi) -> tuple[int, int]:
                 return (_bound(s_lo, s_hi, size, base + b * span),
                         _bound(s_lo, s_hi, size, base + (b + 1) * span))
 

