@@ -57,6 +57,20 @@ def summarise(runs: dict[int, list[dict]], machines: dict[int, dict], algos: lis
                 cells += [f"{r['avg_us']:.1f}", f"{lat:.2f}", f"{bw:.2f}"]
             lines.append("| " + " | ".join(cells) + " |")
         lines.append("")
+        if "auto" in algos:
+            lines += [f"auto against the best single algorithm at {n} ranks "
+                      f"(same run; target: auto ≤ 1.10 × best):", "",
+                      "| size (B) | best | best avg (us) | auto avg (us) | auto / best |",
+                      "|---|---|---|---|---|"]
+            worst = 0.0
+            for size in sorted({r["size"] for r in rows}):
+                singles = {a: by[(a, size)]["avg_us"] for a in algos if a != "auto"}
+                best = min(singles, key=singles.get)
+                ratio = by[("auto", size)]["avg_us"] / singles[best]
+                worst = max(worst, ratio)
+                lines.append(f"| {size} | {best} | {singles[best]:.1f} | "
+                             f"{by[('auto', size)]['avg_us']:.1f} | {ratio:.2f} |")
+            lines += ["", f"Worst auto / best at {n} ranks: {worst:.2f}.", ""]
     return "\n".join(lines)
 
 
@@ -97,11 +111,21 @@ def main() -> None:
     p.add_argument("--large-iters", type=int, default=20)
     p.add_argument("--out", default=str(ROOT / "perf" / "results"))
     p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--summarise-only", action="store_true",
+                   help="rebuild summary.md and the plot from the saved JSON")
     args = p.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs, machines, algos = {}, {}, []
     for n in (int(x) for x in args.ranks.split(",")):
+        if args.summarise_only:
+            parts = [json.loads(f.read_text()) for f in
+                     (out / f"sweep-n{n}-small.json", out / f"sweep-n{n}-large.json")
+                     if f.exists()]
+            runs[n] = [r for p_ in parts for r in p_["rows"]]
+            machines[n] = parts[-1]["machine"]
+            algos = list(dict.fromkeys(r["algorithm"] for r in runs[n]))
+            continue
         small = bench(n, args.min, min(8192, args.max), args.algorithms, out / f"sweep-n{n}-small.json",
                       [], args.timeout) if args.min <= 8192 else {"rows": []}
         large = bench(n, max(16384, args.min), args.max, args.algorithms,
