@@ -150,3 +150,18 @@ def test_smoke_bml_allreduce_on_bcube_3x3(bcube_3x3):
             assert share[lv] * nbytes <= sent <= 1.1 * share[lv] * nbytes, (rank, lv, sent)
     flow = report["conservation"]
     assert flow["balanced"] and flow["servers_tx"] > 9 * sum(share) * nbytes
+
+
+@pytest.mark.parametrize("kind,name,radices", [("bcube", "bml", (3, 3)), ("bcube", "bml", (2, 2, 2)),
+                                               ("fattree", "bml", (3, 3)),
+                                               ("fattree", "ring", (3, 3))])
+def test_cost_model_prices_the_run_schedule_like_the_theory(kind, name, radices):
+    """The measured times sit beside the cost model's price of the same schedule; for these
+    shapes it must equal the closed-form bandwidth time."""
+    from perf.testbed.experiment import model_seconds
+    from perf.testbed.theory import predicted_seconds
+
+    nbytes, rate = 32 << 20, 200e6
+    assert model_seconds(kind, name, nbytes, rate, radices) == pytest.approx(
+        predicted_seconds(kind, name, nbytes, rate, radices), rel=1e-5)
+    assert model_seconds(kind, "native", nbytes, rate, radices) is None

@@ -103,6 +103,27 @@ def run_topology(kind: str, shape: str, rate: str, args: argparse.Namespace) -> 
     return {"rows": rows, "runs": runs}
 
 
+def model_seconds(kind: str, name: str, nbytes: int, rate_bps: float,
+                  radices: tuple[int, ...]) -> float | None:
+    """The cost model's price of the very schedule the ranks ran (bandwidth only: the links
+    have no added delay), or None for an algorithm without a bmlmpi schedule (native)."""
+    from bmlmpi.model import price_symmetric
+    from bmlmpi.model.network import BCubeNetwork, FatTree
+    from bmlmpi.schedules.bml import bml_schedule
+    from bmlmpi.schedules.ring import ring_schedule
+
+    n = math.prod(radices)
+    count = nbytes // 4  # float32, as the ranks send
+    if name == "bml":
+        sched = bml_schedule(0, n, count, tuple(radices))
+    elif name == "ring":
+        sched = ring_schedule(0, n, count)
+    else:
+        return None
+    network = BCubeNetwork(radices) if kind == "bcube" else FatTree(n)
+    return price_symmetric(sched, network).seconds(4, 0.0, 8.0 / rate_bps)
+
+
 def _row(net, kind: str, rate: str, rate_bps: float, name: str, res: dict,
          args: argparse.Namespace) -> dict:
     row = {"rate": rate, "rate_bps": rate_bps, "topology": kind, "shape": net.shape,
@@ -114,6 +135,7 @@ def _row(net, kind: str, rate: str, rate_bps: float, name: str, res: dict,
     median = statistics.median(times)
     return {**row, "reps": len(times), "seconds": times, "median_s": median,
             "min_s": min(times), "max_s": max(times), "theory_s": theory,
+            "model_s": model_seconds(kind, name, args.bytes, rate_bps, tuple(net.radices)),
             "vs_theory": median / theory if theory else None, "correct": res["correct"],
             # user+system CPU of all ranks per call (kernel softirq work on the links excluded):
             # next to 2 cores × the call's time it shows how close the CPU is to the limit.
