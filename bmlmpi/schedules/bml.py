@@ -34,7 +34,7 @@ import math
 from collections.abc import Sequence
 
 from ..topology.bcube import BCube, Shape
-from .types import Recv, Schedule, Step, Transfer, balanced_bounds, compact
+from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
 
 
 def _piece_weights(radices: Shape, order: Sequence[int]) -> list[int]:
@@ -54,10 +54,7 @@ def bml_schedule(rank: int, size: int, count: int, radices: Shape) -> Schedule:
     cube = BCube(tuple(radices))
     if cube.size != size:
         raise ValueError(f"shape {radices} has {cube.size} servers, not {size}")
-    if not 0 <= rank < size:
-        raise ValueError(f"rank {rank} outside [0, {size})")
-    if count < 0:
-        raise ValueError(f"negative count {count}")
+    check_arguments(rank, size, count)
     k = cube.levels
     digits = cube.digits(rank)
     slices = balanced_bounds(0, count, max(k, 1))

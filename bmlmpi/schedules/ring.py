@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 
-from .types import Recv, Schedule, Step, Transfer, balanced_bounds, compact
+from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
 
 #: Target bytes per ring segment in :func:`ring_segments`: large enough that each message
 #: stays well above MPI eager limits (so α stays small relative to the payload), small enough
@@ -55,12 +55,7 @@ def ring_segments(count: int, itemsize: int, size: int,
 
 def ring_schedule(rank: int, size: int, count: int, segments: int = 1) -> Schedule:
     """The ring schedule of ``rank`` for ``count`` elements over ``size`` ranks."""
-    if size < 1 or not 0 <= rank < size:
-        raise ValueError(f"rank {rank} outside [0, {size})")
-    if count < 0:
-        raise ValueError(f"negative count {count}")
-    if segments < 1:
-        raise ValueError(f"segments must be >= 1, got {segments}")
+    check_arguments(rank, size, count, segments)
     chunks = balanced_bounds(0, count, size)
     right, left = (rank + 1) % size, (rank - 1) % size
 

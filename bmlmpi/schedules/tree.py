@@ -39,17 +39,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..topology.trees import Tree
-from .types import Recv, Schedule, Step, Transfer, balanced_bounds, compact
-
-
-def _check(rank: int, size: int, count: int, segments: int) -> None:
-    if size < 1 or not 0 <= rank < size:
-        raise ValueError(f"rank {rank} outside [0, {size})")
-    if count < 0:
-        raise ValueError(f"negative count {count}")
-    if segments < 1:
-        raise ValueError(f"segments must be >= 1, got {segments}")
-
+from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
 
 def _add_tree(sends: list[list[Transfer]], recvs: list[list[Recv]], rank: int, tree: Tree,
               lo: int, hi: int, segments: int, stream: int, bcast_start: int) -> None:
@@ -70,14 +60,12 @@ def _add_tree(sends: list[list[Transfer]], recvs: list[list[Recv]], rank: int, t
             recvs[bcast_start + depth - mine + j].append(
                 Recv(parent, *seg, stream=stream, reduce=False))
 
-
 def _steps(sends: list[list[Transfer]], recvs: list[list[Recv]]) -> tuple[Step, ...]:
     return compact([Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)])
 
-
 def tree_schedule(rank: int, size: int, count: int, tree: Tree, segments: int = 1) -> Schedule:
     """Reduce ``count`` elements to ``tree.root`` and broadcast them back, for ``rank``."""
-    _check(rank, size, count, segments)
+    check_arguments(rank, size, count, segments)
     if tree.size != size:
         raise ValueError(f"tree has {tree.size} nodes but the communicator has {size} ranks")
     segs = max(1, min(segments, count))
@@ -89,12 +77,11 @@ def tree_schedule(rank: int, size: int, count: int, tree: Tree, segments: int = 
     return Schedule("tree", rank, size, count, _steps(sends, recvs), streams=1,
                     meta={"root": tree.root, "depth": tree.depth, "segments": segs})
 
-
 def multitree_schedule(rank: int, size: int, count: int, trees: Sequence[Tree],
                        segments: int = 1) -> Schedule:
     """Range i of n balanced ranges reduced to ``trees[i].root`` over ``trees[i]`` and
     broadcast back from it, all trees in the same steps, tree i on stream i."""
-    _check(rank, size, count, segments)
+    check_arguments(rank, size, count, segments)
     if len(trees) != size or any(t.size != size for t in trees):
         raise ValueError(f"need {size} trees of {size} nodes each, got "
                          f"{[t.size for t in trees]}")
@@ -112,10 +99,8 @@ def multitree_schedule(rank: int, size: int, count: int, trees: Sequence[Tree],
                     meta={"roots": tuple(t.root for t in trees), "depth": depth,
                           "segments": segs})
 
-
 def tree_schedules(size: int, count: int, tree: Tree, segments: int = 1) -> list[Schedule]:
     return [tree_schedule(r, size, count, tree, segments) for r in range(size)]
-
 
 def multitree_schedules(size: int, count: int, trees: Sequence[Tree],
                         segments: int = 1) -> list[Schedule]:

@@ -92,6 +92,16 @@ class Schedule:
         return sum(t.n for s in self.steps for t in s.recvs)
 
 
+def check_arguments(rank: int, size: int, count: int, segments: int = 1) -> None:
+    """The checks every schedule function makes of its arguments, with the same messages."""
+    if size < 1 or not 0 <= rank < size:
+        raise ValueError(f"rank {rank} outside [0, {size})")
+    if count < 0:
+        raise ValueError(f"negative count {count}")
+    if segments < 1:
+        raise ValueError(f"segments must be >= 1, got {segments}")
+
+
 def balanced_bounds(lo: int, hi: int, parts: int) -> list[int]:
     """Cut ``[lo, hi)`` into ``parts`` contiguous ranges whose sizes differ by at most one.
 
