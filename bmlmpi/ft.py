@@ -149,11 +149,21 @@ def is_failure(exc: BaseException, comm: MPI.Comm | None = None) -> bool:
     cls = exc.Get_error_class()
     if cls in FAILURE_CLASSES:
         return True
-    if cls == MPI.ERR_IN_STATUS and comm is not None and comm != MPI.COMM_NULL:
-        try:
-            return bool(comm.Is_revoked()) or comm.Get_failed().Get_size() > 0
-        except (MPI.Exception, NotImplementedError):
-            return False
+    # Open MPI's non-blocking collectives (libnbc) abort their schedule on a peer's failure and
+    # report MPI_ERR_OTHER (or MPI_ERR_INTERN); the failure itself may reach this rank's view a
+    # few ms later (5-50 ms here), so look at the communicator for up to a second.
+    if cls in (MPI.ERR_IN_STATUS, MPI.ERR_OTHER, MPI.ERR_INTERN) and comm is not None \
+            and comm != MPI.COMM_NULL:
+        until = time.monotonic() + (1.0 if cls != MPI.ERR_IN_STATUS else 0.0)
+        while True:
+            try:
+                if comm.Is_revoked() or comm.Get_failed().Get_size() > 0:
+                    return True
+            except (MPI.Exception, NotImplementedError):
+                return False
+            if time.monotonic() >= until:
+                return False
+            time.sleep(0.005)
     return False
 
 
