@@ -92,6 +92,10 @@ class _NativeRun:
             self.step = 1
         return self.step == 1
 
+    @property
+    def progress(self) -> int:
+        return self.step
+
     def describe_timeout(self, timeout: float) -> str:
         return f"native MPI_Iallreduce (rank {self.rank}) made no progress in {timeout:g} s"
 
@@ -326,8 +330,8 @@ class Communicator:
             self._active = [r for r in self._active if not r._done]
 
     def _progress_mark(self) -> tuple[int, ...]:
-        """Changes whenever any outstanding allreduce completes a step."""
-        return tuple(r._run.step for r in self._active)
+        """Changes whenever any outstanding allreduce completes a step of any lane."""
+        return tuple(r._run.progress for r in self._active)
 
     def _auto(self, count: int, itemsize: int) -> str:
         key = (count, itemsize)
@@ -387,7 +391,8 @@ class Communicator:
         plan = Plan(sched, comms, level_peer)
         # Compile (or load from numba's cache) the kernels this plan calls now, outside any
         # deadline: a first compile inside a step can take seconds on a loaded node.
-        fan_in = max((len(offs) for st in plan.steps for _, _, offs in st.reduces), default=0)
+        fan_in = max((len(offs) for lane in plan.lanes for st in lane for _, _, offs in st.reduces),
+                     default=0)
         if fan_in:
             kernels.warmup([dtype], [kernel_op(op)], sources=sorted({1, fan_in}))
         self._plans[key] = plan

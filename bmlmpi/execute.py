@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from . import kernels
 from .ops import kernel_op
-from .schedules.types import Schedule
+from .schedules.types import Schedule, streams_are_independent
 
 DEFAULT_TIMEOUT = 120.0
 TAG_STEPS = 4096  # tag slots per call: (step·streams + stream) folded modulo this
@@ -51,6 +51,7 @@ class _Post:
 
 @dataclass(frozen=True, slots=True)
 class _StepPlan:
+    index: int       # the schedule step this is (part of)
     sends: tuple[_Post, ...]
     recvs: tuple[_Post, ...]
     # (lo, hi, scratch offsets) for each range that receives reductions
@@ -58,36 +59,60 @@ class _StepPlan:
 
 
 class Plan:
-    """A schedule compiled for execution on given communicators."""
+    """A schedule compiled for execution on given communicators.
+
+    The steps are grouped into *lanes* that progress independently. When the schedule's
+    streams touch disjoint ranges (:func:`~bmlmpi.schedules.types.streams_are_independent`:
+    BML's pipelines, ring segments, the trees of a multi-tree) each stream is a lane, so a
+    pipeline whose transfers finished goes on to its next step while another still waits:
+    on BCube each NIC stays busy instead of idling until the slowest pipeline's step ends,
+    and a ring segment is reduced and forwarded as soon as it lands. Otherwise the whole
+    schedule is one lane and every step waits for all of its transfers (lockstep).
+    Each lane has its own scratch region, so lanes at different steps never share scratch.
+    """
 
     def __init__(self, sched: Schedule, comms: list[MPI.Comm],
                  level_peer: Callable[[int, int], tuple[int, int]]):
         """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``."""
         self.sched = sched
         self.comms = comms
-        steps = []
-        scratch_need = 0
-        for i, st in enumerate(sched.steps):
-            sends = []
-            for t in st.sends:
-                ci, p = level_peer(t.level, t.peer)
-                sends.append(_Post(ci, p, t.peer, t.lo, t.hi,
-                                   (i * sched.streams + t.stream) % TAG_STEPS, -1))
-            recvs, groups, off = [], {}, 0
-            for t in st.recvs:
-                ci, p = level_peer(t.level, t.peer)
-                s_off = -1
-                if t.reduce:
-                    s_off = off
-                    off += t.hi - t.lo
-                    groups.setdefault((t.lo, t.hi), []).append(s_off)
-                recvs.append(_Post(ci, p, t.peer, t.lo, t.hi,
-                                   (i * sched.streams + t.stream) % TAG_STEPS, s_off))
-            scratch_need = max(scratch_need, off)
-            steps.append(_StepPlan(tuple(sends), tuple(recvs),
-                                   tuple((lo, hi, tuple(o)) for (lo, hi), o in groups.items())))
-        self.steps = tuple(steps)
-        self.scratch_elems = scratch_need
+        if sched.streams > 1 and streams_are_independent(sched):
+            keys = sorted({t.stream for st in sched.steps for t in (*st.sends, *st.recvs)})
+        else:
+            keys = [None]
+        lanes = []
+        base = 0
+        for key in keys:
+            steps, need = [], 0
+            for i, st in enumerate(sched.steps):
+                picked_sends = [t for t in st.sends if key is None or t.stream == key]
+                picked_recvs = [t for t in st.recvs if key is None or t.stream == key]
+                if key is not None and not picked_sends and not picked_recvs:
+                    continue  # a lockstep plan keeps empty steps: step i stays step i
+                sends = []
+                for t in picked_sends:
+                    ci, p = level_peer(t.level, t.peer)
+                    sends.append(_Post(ci, p, t.peer, t.lo, t.hi,
+                                       (i * sched.streams + t.stream) % TAG_STEPS, -1))
+                recvs, groups, off = [], {}, base
+                for t in picked_recvs:
+                    ci, p = level_peer(t.level, t.peer)
+                    s_off = -1
+                    if t.reduce:
+                        s_off = off
+                        off += t.hi - t.lo
+                        groups.setdefault((t.lo, t.hi), []).append(s_off)
+                    recvs.append(_Post(ci, p, t.peer, t.lo, t.hi,
+                                       (i * sched.streams + t.stream) % TAG_STEPS, s_off))
+                need = max(need, off - base)
+                steps.append(_StepPlan(i, tuple(sends), tuple(recvs),
+                                       tuple((lo, hi, tuple(o)) for (lo, hi), o in groups.items())))
+            if steps:
+                lanes.append(tuple(steps))
+            base += need
+        self.lanes: tuple[tuple[_StepPlan, ...], ...] = tuple(lanes)
+        self.nsteps = len(sched.steps)
+        self.scratch_elems = base
         self._pool: list[np.ndarray] = []
 
     def take_scratch(self, dtype: np.dtype) -> np.ndarray:
@@ -102,7 +127,12 @@ class Plan:
 
 
 class Run:
-    """One execution of a Plan on one buffer; advance with :meth:`test`, finish with :meth:`wait`."""
+    """One execution of a Plan on one buffer; advance with :meth:`test`, finish with :meth:`wait`.
+
+    Every lane of the plan keeps its own position and outstanding requests. ``step`` is the
+    first schedule step that some lane has not completed (what a lockstep executor would be
+    in); ``progress`` counts completed lane steps and grows whenever anything completes.
+    """
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int, label: str,
                  finish: Callable[[], None] | None = None):
@@ -112,13 +142,38 @@ class Run:
         self.tag_base = tag_base
         self.label = label
         self.finish = finish
-        self.step = 0
-        self.reqs: list[MPI.Request] | None = None
+        nlanes = len(plan.lanes)
+        self.pos = [0] * nlanes
+        self.lane_reqs: list[list[MPI.Request] | None] = [None] * nlanes
+        self.progress = 0
         self.done = False
         self.scratch = plan.take_scratch(buf.dtype) if plan.scratch_elems else None
 
-    def _post(self) -> None:
-        sp = self.plan.steps[self.step]
+    @property
+    def step(self) -> int:
+        """The lowest schedule step not yet completed by every lane (``nsteps`` when done)."""
+        return min((lane[p].index for lane, p in zip(self.plan.lanes, self.pos, strict=True)
+                    if p < len(lane)), default=self.plan.nsteps)
+
+    @property
+    def reqs(self) -> list[MPI.Request]:
+        """Every request this run has outstanding."""
+        return [r for rs in self.lane_reqs if rs for r in rs]
+
+    def sends_left(self) -> bool:
+        """Whether this rank still has a send it has not posted."""
+        for lane, p, rs in zip(self.plan.lanes, self.pos, self.lane_reqs, strict=True):
+            first = p + (1 if rs is not None else 0)
+            if any(sp.sends for sp in lane[first:]):
+                return True
+        return False
+
+    def posting_step(self, lane: int) -> int:
+        """The schedule step lane ``lane`` posts next."""
+        return self.plan.lanes[lane][self.pos[lane]].index
+
+    def _post(self, lane: int) -> None:
+        sp = self.plan.lanes[lane][self.pos[lane]]
         comms = self.plan.comms
         buf, scratch = self.buf, self.scratch
         reqs = []
@@ -131,10 +186,10 @@ class Run:
         for p in sp.sends:
             tag = self.tag_base + p.tag
             reqs.append(comms[p.comm].Isend([buf[p.lo:p.hi], MPI.BYTE], p.peer, tag))
-        self.reqs = reqs
+        self.lane_reqs[lane] = reqs
 
-    def _complete_step(self) -> None:
-        sp = self.plan.steps[self.step]
+    def _complete_step(self, lane: int) -> None:
+        sp = self.plan.lanes[lane][self.pos[lane]]
         buf, scratch = self.buf, self.scratch
         for lo, hi, offs in sp.reduces:
             n = hi - lo
@@ -143,20 +198,31 @@ class Run:
                 kernels.reduce_into(buf[lo:hi], srcs[0], self.kop)
             else:
                 kernels.reduce_many_into(buf[lo:hi], srcs, self.kop)
-        self.reqs = None
-        self.step += 1
+        self.lane_reqs[lane] = None
+        self.pos[lane] += 1
+        self.progress += 1
 
     def test(self) -> bool:
         """Advance as far as possible without blocking; True once the allreduce is complete."""
         if self.done:
             return True
-        nsteps = len(self.plan.steps)
-        while self.step < nsteps:
-            if self.reqs is None:
-                self._post()
-            if not MPI.Request.Testall(self.reqs):
-                return False
-            self._complete_step()
+        lanes = self.plan.lanes
+        finished = True
+        # Post every lane's next step before testing any, so all lanes' transfers are in
+        # flight together; then let each lane run ahead as far as its own data allows.
+        for i, lane in enumerate(lanes):
+            if self.pos[i] < len(lane) and self.lane_reqs[i] is None:
+                self._post(i)
+        for i, lane in enumerate(lanes):
+            while self.pos[i] < len(lane):
+                if self.lane_reqs[i] is None:
+                    self._post(i)
+                if not MPI.Request.Testall(self.lane_reqs[i]):
+                    finished = False
+                    break
+                self._complete_step(i)
+        if not finished:
+            return False
         self._finalise()
         return True
 
@@ -169,17 +235,21 @@ class Run:
         self.done = True
 
     def pending(self) -> str:
-        if self.reqs is None:
+        waiting = []
+        for lane, p, rs in zip(self.plan.lanes, self.pos, self.lane_reqs, strict=True):
+            if rs is None:
+                continue
+            sp = lane[p]
+            posts = [("recv from", q) for q in sp.recvs] + [("send to", q) for q in sp.sends]
+            waiting += [f"step {sp.index + 1}: {kind} rank {q.world_peer} [{q.lo}:{q.hi})"
+                        for (kind, q), r in zip(posts, rs, strict=True)
+                        if r != MPI.REQUEST_NULL and not r.Test()]
+        if not waiting:
             return "nothing"
-        sp = self.plan.steps[self.step]
-        posts = [("recv from", p) for p in sp.recvs] + [("send to", p) for p in sp.sends]
-        waiting = [f"{kind} rank {p.world_peer} [{p.lo}:{p.hi})"
-                   for (kind, p), r in zip(posts, self.reqs, strict=True)
-                   if r != MPI.REQUEST_NULL and not r.Test()]
         return ", ".join(waiting[:8]) + (" ..." if len(waiting) > 8 else "")
 
     def cancel(self) -> None:
-        for r in self.reqs or ():
+        for r in self.reqs:
             if r != MPI.REQUEST_NULL:
                 try:
                     r.Cancel()
@@ -187,7 +257,7 @@ class Run:
                     pass
 
     def describe_timeout(self, timeout: float) -> str:
-        msg = (f"{self.label}: step {self.step + 1} of {len(self.plan.steps)} made no progress "
+        msg = (f"{self.label}: step {self.step + 1} of {self.plan.nsteps} made no progress "
                f"in {timeout:g} s; waiting for: {self.pending()}")
         self.cancel()
         return msg

@@ -306,9 +306,16 @@ class FaultTolerantCommunicator(Communicator):
         self._events = 0
         hang = _env_float("BMLMPI_HANG_TIMEOUT", hang_timeout, DEFAULT_HANG_TIMEOUT)
         period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8))
-        self._hb = Heartbeat(self._share_token(), self.rank, period, hang)
+        try:
+            token = self._share_token()
+        except MPI.Exception as exc:
+            raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
+                                      f"failed while the communicator was being built: "
+                                      f"{exc.Get_error_string()}") from exc
+        self._hb = Heartbeat(token, self.rank, period, hang)
         self._hb.watch(self._members)
         _LIVE.append(self)
+        self._settle_construction()
 
     # -- construction helpers ---------------------------------------------------------------
     def _split_levels(self) -> list[MPI.Comm]:
@@ -321,6 +328,24 @@ class FaultTolerantCommunicator(Communicator):
                  lambda t: f"bmlmpi fault-tolerant communicator: rank 0's token did not arrive "
                            f"within {t:g} s")
         return token.tobytes().hex()
+
+    def _settle_construction(self) -> None:
+        """End construction with an agreement, so no rank leaves the constructor before every
+        rank has finished the collectives above: otherwise a rank that dies just after its
+        constructor (before its first call) could take a message a slower rank still needs
+        with it, and that rank would fail inside the constructor. ULFM's agreement completes
+        among the survivors even when ranks die in it; a death reported here is recovered
+        from like any other, at the first call."""
+        flag = np.array([1], dtype=np.intc)
+        try:
+            req = self._comm.Iagree(flag)
+            wait_for(req.Test, self.timeout,
+                     lambda t: f"bmlmpi fault-tolerant communicator: construction did not "
+                               f"complete on every rank within {t:g} s")
+        except MPI.Exception as exc:
+            if not is_failure(exc, self._comm):
+                raise
+            self._note_failure(exc)
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -457,7 +482,7 @@ class FaultTolerantCommunicator(Communicator):
                 run = call.run
                 if run is None or call.ok:
                     continue
-                before = run.step
+                before = run.progress
                 try:
                     call.ok = run.test()
                 except MPI.Exception as exc:
@@ -465,7 +490,7 @@ class FaultTolerantCommunicator(Communicator):
                         raise
                     self._note_failure(exc)
                     break
-                if call.ok or run.step != before:
+                if call.ok or run.progress != before:
                     self._events += 1
         while self._pending:
             head = self._pending[0]
@@ -635,7 +660,7 @@ class FaultTolerantCommunicator(Communicator):
                 f"it. End ranks with bmlmpi.ft.finish() or bmlmpi.ft.install_exit_handlers().")
 
     def _progress_mark(self) -> tuple:
-        return (self._events, tuple(c.run.step if isinstance(c.run, Run) else -1
+        return (self._events, tuple(c.run.progress if c.run is not None else -1
                                     for c in self._pending))
 
     def _wait_call(self, call: _Call) -> None:

@@ -92,6 +92,36 @@ class Schedule:
         return sum(t.n for s in self.steps for t in s.recvs)
 
 
+def streams_are_independent(sched: Schedule) -> bool:
+    """True when the element ranges each stream of ``sched`` touches on this rank (sent,
+    received or reduced into, over all steps) are disjoint from every other stream's.
+
+    Then a stream's transfers read and write only that stream's data, so an executor may run
+    each stream through its own steps at its own pace (one stream's step s+1 while another is
+    still in step s) and every message still carries the value the lockstep order gives it:
+    matching is by (step, stream) tag, and no other stream can change the data in between.
+    """
+    if sched.streams <= 1:
+        return True
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for st in sched.steps:
+        for t in (*st.sends, *st.recvs):
+            spans.setdefault(t.stream, []).append((t.lo, t.hi))
+    merged = []
+    for stream, ranges in spans.items():
+        ranges.sort()
+        lo, hi = ranges[0]
+        for a, b in ranges[1:]:
+            if a > hi:
+                merged.append((lo, hi, stream))
+                lo, hi = a, b
+            else:
+                hi = max(hi, b)
+        merged.append((lo, hi, stream))
+    merged.sort()
+    return all(merged[i][1] <= merged[i + 1][0] for i in range(len(merged) - 1))
+
+
 def check_arguments(rank: int, size: int, count: int, segments: int = 1) -> None:
     """The checks every schedule function makes of its arguments, with the same messages."""
     if size < 1 or not 0 <= rank < size:

@@ -83,16 +83,15 @@ def rank_side(spec: dict) -> int:
     armed: dict = {}
     real_post = execute.Run._post
 
-    def post(run: execute.Run) -> None:
+    def post(run: execute.Run, lane: int) -> None:
         if armed and armed["when"] == "post":
-            steps = run.plan.sched.steps
-            target = int(armed["step_frac"] * len(steps))
-            if run.step == target:
+            nsteps = run.plan.nsteps
+            target = int(armed["step_frac"] * nsteps)
+            if run.posting_step(lane) >= target:
                 emit(group=gi, trial=armed["trial"], victim=me, t_kill=time.time(),
-                     step=target, nsteps=len(steps),
-                     must_exclude=any(st.sends for st in steps[target:]))
+                     step=target, nsteps=nsteps, must_exclude=run.sends_left())
                 die(armed["how"])
-        real_post(run)
+        real_post(run, lane)
 
     execute.Run._post = post
 
@@ -138,10 +137,11 @@ def rank_side(spec: dict) -> int:
                 if run.step >= target:
                     break
                 req.Test()
-            steps = run.plan.sched.steps if isinstance(run, execute.Run) else ()
-            step = run.step if steps else -1  # it may have gone past the target
+            is_run = isinstance(run, execute.Run)
+            step = run.step if is_run else -1  # it may have gone past the target
             emit(group=gi, trial=ti, victim=me, t_kill=time.time(), step=step,
-                 nsteps=len(steps), must_exclude=any(st.sends for st in steps[step + 1:]))
+                 nsteps=run.plan.nsteps if is_run else 0,
+                 must_exclude=is_run and run.sends_left())
             die(trial["how"])
         req.Wait()
         t_done = time.time()

@@ -82,15 +82,13 @@ class StepHook:
         real_post = execute.Run._post
         hook = self
 
-        def post(run: execute.Run) -> None:
+        def post(run: execute.Run, lane: int) -> None:
             k = hook.armed
-            if k is not None and k["when"] == "post" and run.step == k["step"]:
-                steps = run.plan.sched.steps
+            if k is not None and k["when"] == "post" and run.posting_step(lane) >= k["step"]:
                 emit(victim=hook.report["rank"], group=hook.report["group"], call=k["call"],
-                     must_exclude=any(st.sends for st in steps[k["step"]:]),
-                     schedule=run.plan.sched.algorithm)
+                     must_exclude=run.sends_left(), schedule=run.plan.sched.algorithm)
                 die(k["how"])
-            real_post(run)
+            real_post(run, lane)
 
         execute.Run._post = post
 
@@ -170,10 +168,10 @@ def main() -> int:
                 req.Test()
             # the run may have gone past the step (several steps can complete in one test):
             # what it has not posted yet is what the survivors will miss
-            steps = run.plan.sched.steps if isinstance(run, execute.Run) else None
-            emit(victim=me, group=gi, call=call, schedule=None if steps is None else
-                 run.plan.sched.algorithm,
-                 must_exclude=bool(steps) and any(st.sends for st in steps[run.step + 1:]))
+            is_run = isinstance(run, execute.Run)
+            emit(victim=me, group=gi, call=call,
+                 schedule=run.plan.sched.algorithm if is_run else None,
+                 must_exclude=is_run and run.sends_left())
             die(k["how"])
         try:
             for req in reversed(reqs):  # any order: every Wait advances every call
