@@ -113,27 +113,37 @@ def test_recovery_schedules_under_random_interleavings(dead):
         simulate(scheds, seed, live)
 
 
-def test_bml_gets_one_lane_per_pipeline_with_its_own_scratch():
-    for s in bml_schedules(9, 1800, (3, 3)):
+def test_ring_gets_one_lane_per_segment_with_its_own_scratch():
+    for s in ring_schedules(5, 4000, segments=4):
         plan = plan_of(s)
-        assert len(plan.lanes) == 2
+        assert len(plan.lanes) == 4
         regions = []
         for lane in plan.lanes:
             streams = {t.stream for sp in lane for t in s.steps[sp.index].sends
-                       if any(t.lo == p.lo for p in sp.sends)}
+                       if any((t.lo, t.hi) == (p.lo, p.hi) for p in sp.sends)}
             assert len(streams) == 1
             offs = [o for sp in lane for _, _, os in sp.reduces for o in os]
             lens = [hi - lo for sp in lane for lo, hi, os in sp.reduces for _ in os]
             regions.append((min(offs), max(o + n for o, n in zip(offs, lens, strict=True))))
         regions.sort()
-        assert regions[0][1] <= regions[1][0], regions
-        assert plan.scratch_elems >= regions[1][1]
+        for a, b in zip(regions, regions[1:], strict=False):
+            assert a[1] <= b[0], regions
+        assert plan.scratch_elems >= regions[-1][1]
         # every transfer of the schedule is in exactly one lane
         posted = sorted((sp.index, p.world_peer, p.lo, p.hi) for lane in plan.lanes
                         for sp in lane for p in sp.sends)
         listed = sorted((i, t.peer, t.lo, t.hi) for i, st in enumerate(s.steps)
                         for t in st.sends)
         assert posted == listed
+
+
+def test_bml_pipelines_stay_in_step():
+    # independent data, but each step puts the pipelines on different levels (NICs)
+    for s in bml_schedules(9, 1800, (3, 3)):
+        assert streams_are_independent(s)
+        plan = plan_of(s)
+        assert len(plan.lanes) == 1
+        assert [sp.index for sp in plan.lanes[0]] == list(range(len(s.steps)))
 
 
 def test_overlapping_streams_run_in_lockstep():
