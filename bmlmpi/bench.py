@@ -7,7 +7,7 @@ one timed call per iteration followed by a barrier; per-rank average, then avera
 and maximum over ranks. ``-f`` adds Min/Max/Iterations, ``-c`` a Validation column (Pass/Fail,
 checked on every rank against position-dependent data). One table per algorithm
 (``--algorithms bml,native``; all algorithms are measured at each size before the next size,
-so they share the machine's conditions). ``--busbw`` adds nccl-tests style bandwidths
+so they share the machine's conditions, and ``--blocks B`` interleaves them within a size). ``--busbw`` adds nccl-tests style bandwidths
 (algbw = bytes/time, busbw = algbw·2(N−1)/N). ``--csv``/``--json`` save every row with the
 machine, rank count and library versions; a ratio-to-native table closes the output when
 native is among the algorithms.
@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-c", "--validation", action="store_true", help="check every result")
     p.add_argument("--algorithms", default="bml,native",
                    help="comma list, or 'all' (implemented: %s)" % ",".join(implemented()))
+    p.add_argument("--blocks", type=int, default=1,
+                   help="cut each size's timed iterations into this many blocks, taken by "
+                        "every algorithm in turn (default 1: OSU's order)")
     p.add_argument("--topology", help="BCube shape for bml, e.g. 3x3 (default BMLMPI_BCUBE)")
     p.add_argument("--busbw", action="store_true", help="add algbw/busbw columns (GB/s)")
     p.add_argument("--csv", help="write every row to this CSV file")
@@ -64,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = p.parse_args(argv)
     args.min_size, args.max_size = _parse_range(args.message_size)
+    if args.blocks < 1:
+        p.error(f"--blocks must be at least 1, got {args.blocks}")
     if args.min_size < 1 or args.max_size < args.min_size:
         p.error(f"bad message size range {args.message_size!r}")
     names = implemented() if args.algorithms == "all" else args.algorithms.split(",")
@@ -126,39 +131,69 @@ def _expected(n: int, size: int) -> np.ndarray:
     return ((np.arange(n) % 64) * size + size * (size - 1) // 2).astype(np.float32)
 
 
-def measure(ctx: Communicator, algorithm: str, nbytes: int, iters: int, skip: int,
-            validate: bool) -> dict[str, Any]:
+def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,
+            validate: bool, blocks: int = 1) -> list[dict[str, Any]]:
+    """Time every algorithm at one size; one row per algorithm.
+
+    Each algorithm first runs its ``skip`` warm-up iterations, then the ``iters`` timed ones
+    are cut into ``blocks`` blocks taken in turn (block 1 of every algorithm, then block 2,
+    ...), so a drift in the machine's load during the size hits all algorithms alike. With
+    ``blocks=1`` that is OSU's order. ``avg_us`` is the mean over all timed iterations (OSU's
+    number); ``median_block_us`` the median of the per-block means, which one disturbed block
+    cannot move.
+    """
     comm = ctx.comm
     n = max(1, nbytes // 4)
     send = np.empty(n, dtype=np.float32)
     recv = np.empty(n, dtype=np.float32)
     _fill(send, comm.Get_rank())
-    ok = True
-    timer = 0.0
-    for i in range(iters + skip):
-        t0 = MPI.Wtime()
-        ctx._start(send, recv, MPI.SUM, algorithm).Wait()
-        t1 = MPI.Wtime()
-        if i >= skip:
-            timer += t1 - t0
-        if validate and i in (0, iters + skip - 1):
-            ok &= bool(np.array_equal(recv, _expected(n, comm.Get_size())))
-        comm.Barrier()
-    latency = timer * 1e6 / max(iters, 1)
-    lat = np.array([latency])
-    mn, mx, sm = np.empty(1), np.empty(1), np.empty(1)
-    comm.Allreduce(lat, mn, MPI.MIN)
-    comm.Allreduce(lat, mx, MPI.MAX)
-    comm.Allreduce(lat, sm, MPI.SUM)
-    passed = comm.allreduce(ok, op=MPI.LAND)
+    expected = _expected(n, comm.Get_size()) if validate else None
+    blocks = max(1, min(blocks, iters)) if iters else 1
+    bounds = [iters * b // blocks for b in range(blocks + 1)]
+    ok = {a: True for a in algorithms}
+    times: dict[str, list[float]] = {a: [] for a in algorithms}
+
+    def run(algorithm: str, count: int, timed: bool, check: bool) -> None:
+        for i in range(count):
+            t0 = MPI.Wtime()
+            ctx._start(send, recv, MPI.SUM, algorithm).Wait()
+            t1 = MPI.Wtime()
+            if timed:
+                times[algorithm].append(t1 - t0)
+            if check and i in (0, count - 1):
+                ok[algorithm] &= bool(np.array_equal(recv, expected))
+            comm.Barrier()
+
+    for a in algorithms:
+        run(a, skip, False, validate)
+    for b in range(blocks):
+        for a in algorithms:
+            run(a, bounds[b + 1] - bounds[b], True, validate)
     size = comm.Get_size()
-    avg = float(sm[0]) / size
-    algbw = (n * 4) / (avg * 1e-6) / 1e9 if avg > 0 else 0.0
-    return {"algorithm": algorithm, "size": n * 4, "avg_us": avg, "min_us": float(mn[0]),
-            "max_us": float(mx[0]), "iterations": iters,
+    rows = []
+    for a in algorithms:
+        t = times[a]
+        block_means = [float(np.mean(t[bounds[b]:bounds[b + 1]])) * 1e6
+                       for b in range(blocks) if bounds[b + 1] > bounds[b]]
+        mine = np.array([sum(t) * 1e6 / max(iters, 1),
+                         float(np.median(block_means)) if block_means else 0.0])
+        mn, mx, sm = np.empty(2), np.empty(2), np.empty(2)
+        comm.Allreduce(mine, mn, MPI.MIN)
+        comm.Allreduce(mine, mx, MPI.MAX)
+        comm.Allreduce(mine, sm, MPI.SUM)
+        passed = comm.allreduce(ok[a], op=MPI.LAND)
+        avg = float(sm[0]) / size
+        algbw = (n * 4) / (avg * 1e-6) / 1e9 if avg > 0 else 0.0
+        rows.append({
+            "algorithm": a, "size": n * 4, "avg_us": avg, "min_us": float(mn[0]),
+            "max_us": float(mx[0]), "iterations": iters, "blocks": blocks,
+            "median_block_us": float(sm[1]) / size,
             "validation": ("Pass" if passed else "Fail") if validate else "",
-            "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (size - 1) / size if size > 1
-            else 0.0}
+            "algbw_GBps": algbw,
+            "busbw_GBps": algbw * 2 * (size - 1) / size if size > 1 else 0.0})
+        if a == "auto":
+            rows[-1]["chose"] = ctx._auto(n, send.itemsize)
+    return rows
 
 
 def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
@@ -213,21 +248,22 @@ def run(args: argparse.Namespace) -> int:
         return 3
     ctx = Communicator(world, topology=args.topology)
     info = machine_info(world)
-    todo = [(s, a) for s in sizes(args.min_size, args.max_size) for a in args.algorithm_list]
+    todo = sizes(args.min_size, args.max_size)
     bar = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(todo), file=sys.stderr, unit="case", leave=False,
-                   desc="bmlmpi-bench")
+        bar = tqdm(total=len(todo) * len(args.algorithm_list), file=sys.stderr, unit="case",
+                   leave=False, desc="bmlmpi-bench")
     rows = []
-    for nbytes, algo in todo:
+    for nbytes in todo:
         large = nbytes > LARGE_MESSAGE
         iters = args.iterations if args.iterations is not None else (100 if large else 1000)
         skip = args.warmup if args.warmup is not None else (10 if large else 100)
-        rows.append(measure(ctx, algo, nbytes, iters, skip, args.validation))
+        rows += measure(ctx, args.algorithm_list, nbytes, iters, skip, args.validation,
+                        args.blocks)
         if bar is not None:
-            bar.set_postfix_str(f"{algo} {nbytes} B")
-            bar.update()
+            bar.set_postfix_str(f"{nbytes} B")
+            bar.update(len(args.algorithm_list))
     if bar is not None:
         bar.close()
     failed = any(r["validation"] == "Fail" for r in rows)
@@ -240,7 +276,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if args.csv:
             with open(args.csv, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=[*rows[0].keys(), *info.keys()])
+                keys = list(dict.fromkeys(k for r in rows for k in r))
+                w = csv.DictWriter(f, fieldnames=[*keys, *info.keys()])
                 w.writeheader()
                 for r in rows:
                     w.writerow({**r, **info})

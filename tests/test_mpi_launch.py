@@ -36,3 +36,29 @@ def test_mpi_suite(n):
     tail = (res.stdout + res.stderr)[-6000:]
     assert res.returncode == 0, f"{n} ranks: exit {res.returncode}\n{tail}"
     assert " passed" in res.stdout, tail
+
+
+def test_sweep_prints_osu_tables_and_validates(tmp_path):
+    csv_path = tmp_path / "sweep.csv"
+    res = run_ranks(3, ["-m", "bmlmpi.bench", "-m", "4:65536", "-f", "-c", "--busbw",
+                        "--algorithms", "all", "--blocks", "3", "-i", "12", "-x", "2",
+                        "--csv", str(csv_path), "--expect-size", "3", "--no-progress"],
+                    timeout=600)
+    out = res.stdout
+    assert res.returncode == 0, (out + res.stderr)[-4000:]
+    tables = out.split("# Latency ratio")[0].split("# OSU MPI Allreduce Latency Test")[1:]
+    assert len(tables) == 6, out
+    for table in tables:
+        rows = [line.split() for line in table.splitlines() if line[:1].isdigit()]
+        assert [int(r[0]) for r in rows] == [4 << i for i in range(15)], table
+        assert all(r[-1] == "Pass" and r[4] == "12" for r in rows), table
+    assert "# Size" in out and "Avg Latency(us)" in out and "Busbw(GB/s)" in out
+    assert "# Latency ratio to native" in out
+    import csv
+    with open(csv_path) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 * 15
+    chosen = {r["chose"] for r in rows if r["algorithm"] == "auto"}
+    assert chosen and chosen <= {"bml", "ring", "tree", "multitree", "native"}, chosen
+    assert all(r["blocks"] == "3" and float(r["median_block_us"]) > 0 for r in rows)
+    assert {r["ranks"] for r in rows} == {"3"} and {r["oversubscribed"] for r in rows} == {"True"}
