@@ -30,7 +30,7 @@ from .topology import Network, server_ns
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("BML_TESTBED_VENV", "/tmp/venv-testbed"))
-PACKAGES = ["mpich", "mpi4py", "numpy", "numba", "tqdm", "matplotlib"]
+PACKAGES = ["mpich", "mpi4py", "numpy", "numba", "tqdm", "matplotlib", "pytest", "pytest-mpi"]
 
 MPI_ENV = {
     "MPIR_CVAR_NOLOCAL": "1",
