@@ -171,6 +171,22 @@ def test_ring_tree_multitree_native_and_a_hung_rank_n4():
     run_and_check(groups, hang_timeout=3)
 
 
+def test_ring_n4_at_every_step():
+    # 4 ranks: 6 ring steps; a different victim and way of dying at each
+    hows = ["kill", "raise", "exit", "kill", "raise", "exit"]
+    groups = [group(4, "ring", calls=3, op=("avg" if s % 2 else "sum"), count=4001,
+                    kills=(kill(1, s % 4, "post", s, hows[s]),)) for s in range(6)]
+    run_and_check(groups)
+
+
+def test_tree_and_multitree_n4_at_every_step():
+    # 4 ranks: depth 2, so 4 tree steps (2 reduce, 2 broadcast) for both
+    hows = ["kill", "raise", "exit", "kill"]
+    groups = [group(4, algo, calls=3, kills=(kill(1, (s + i) % 4, "post", s, hows[s]),))
+              for i, algo in enumerate(("tree", "multitree")) for s in range(4)]
+    run_and_check(groups)
+
+
 def test_ring_n9_and_tree_n8():
     groups = [
         # a death before the very first call, then one during a ring step

@@ -179,6 +179,12 @@ def main() -> int:
         except ft.FaultToleranceError as exc:
             emit(survivor=me, group=gi, error=str(exc))
             ft.finish(0, timeout=5)
+        k = hook.armed
+        if k is not None and k["when"] == "post":
+            # this rank had nothing left to post at or after the armed step: it dies having
+            # sent everything, right after the call
+            emit(victim=me, group=gi, call=call, must_exclude=False, schedule=None)
+            die(k["how"])
         hook.armed = None
         run = reqs[0]._call.run
         schedule = run.plan.sched.algorithm if isinstance(run, execute.Run) else "native"
