@@ -16,7 +16,14 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   times to steps · (α + step_overhead) + messages · msg_overhead, where steps and messages
   are what the cost model counts for those schedules;
 * ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
-* ``native``: ``MPI_Iallreduce`` at 8 B, 64 KiB, 1 MiB and 4 MiB.
+* ``native``: ``MPI_Iallreduce`` at 8 B, 64 KiB, 1 MiB, 4 MiB and 16 MiB;
+* ``corrections``: bml, ring and (up to ``AUTO_TREE_MAX_RANKS`` ranks) the single and multi
+  tree, each run by the executor at 64 KiB, 1 MiB and 4 MiB, in rounds interleaved with the
+  native allreduce of the same size; each time divided by the model's price of the same
+  schedule with the parameters above. The model alone misjudged this
+  machine by up to 1.8× (multi-tree at 4 oversubscribed ranks, bml against native at 9): it
+  prices link time and per-step overheads, not several ranks sharing a core. ``auto`` scales
+  each modelled time by the factor interpolated at its size.
 
 Each timing is a median over a few repetitions, and the slowest rank's (an allreduce ends
 when its slowest rank does), agreed with a non-blocking MAX allreduce before anything is
@@ -46,17 +53,20 @@ import numpy as np
 from mpi4py import MPI
 
 from .execute import Plan, Run, timeout_from_env, wait_for
-from .model.choose import Calibration
+from .model.choose import Calibration, estimate
 from .model.cost import price_symmetric
 from .model.network import SharedMemoryNode
 from .schedules.types import Schedule
 
-FORMAT = 1
+FORMAT = 2
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
-NATIVE_BYTES = (8, 64 << 10, 1 << 20, 4 << 20)
+NATIVE_BYTES = (8, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+CORRECTED = ("bml", "ring", "tree", "multitree")
+CORRECTION_BYTES = (64 << 10, 1 << 20, 4 << 20)  # a subset of NATIVE_BYTES
 _HOST_BYTES = 64
-_VEC = 6 + 2 * len(NATIVE_BYTES)  # cache broadcast: flag, 5 parameters, native points
+# cache broadcast: flag, 5 parameters, native points, one slot per (algorithm, size) factor
+_VEC = 6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
 
 
 def cache_dir() -> Path:
@@ -162,6 +172,39 @@ def _native_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> floa
     return float(np.median(times))
 
 
+def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], reps: int,
+                       timeout: float) -> list[float]:
+    """Seconds of native ``MPI_Iallreduce`` and of each named schedule, for ``nbytes`` of
+    float64, measured in ``reps`` rounds that take every candidate in turn (so a change in
+    the machine's load hits all alike) after one untimed run each; this rank's medians."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = max(nbytes // 8, 1)
+    send = np.ones(n, dtype=np.float64)
+    recv = np.empty_like(send)
+    plans = [Plan(_schedule(a, rank, size, nbytes), [comm], lambda level, peer: (0, peer))
+             for a in names]
+    bufs = [np.ones(p.sched.count, dtype=np.float64) for p in plans]
+
+    def once(i: int, call: int) -> float:
+        _barrier(comm, timeout, "between calibration runs")
+        start = time.perf_counter()
+        if i == 0:
+            _wait([comm.Iallreduce(send, recv, op=MPI.SUM)], timeout, "native allreduce")
+        else:
+            run = Run(plans[i - 1], bufs[i - 1], "sum", (call % 4) * 4096,
+                      f"calibrate {names[i - 1]}")
+            wait_for(run.test, timeout, run.describe_timeout)
+        return time.perf_counter() - start
+
+    times: list[list[float]] = [[] for _ in range(len(names) + 1)]
+    for i in range(len(times)):
+        once(i, 0)  # allocation, first touch, kernel compilation
+    for r in range(reps):
+        for i in range(len(times)):
+            times[i].append(once(i, r + 1))
+    return [float(np.median(t)) for t in times]
+
+
 def _overhead_schedules(size: int) -> list[Callable[[int], Schedule]]:
     """Builders (rank -> Schedule) of tiny ring, P2P-PS and BML allreduces: many steps of two
     messages, two steps of 2(N−1) messages, and in between."""
@@ -201,10 +244,11 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
     phases: dict[str, float] = {}
     raw: list[float] = []
 
-    def phase(name: str, fn: Callable[[], float]) -> None:
+    def phase(name: str, fn: Callable[[], float | list[float]]) -> None:
         _barrier(comm, timeout, f"before calibration phase {name!r}")
         t0 = time.perf_counter()
-        raw.append(fn())
+        got = fn()
+        raw.extend(got if isinstance(got, list) else [got])
         phases[name] = round(time.perf_counter() - t0, 4)
 
     phase("small exchange", lambda: _exchange_time(comm, SMALL_BYTES, 10, timeout))
@@ -212,9 +256,14 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
     for i, build in enumerate(scheds):
         phase(f"executor {i}", lambda b=build: _run_schedule(comm, b(rank), 5, timeout))
     phase("reduce", lambda: _reduce_time(LARGE_BYTES, 3))
+    names = _corrected_algorithms(size)
     for nbytes in NATIVE_BYTES:
-        phase(f"native {nbytes}", lambda n=nbytes: _native_time(
-            comm, n, 5 if n < (1 << 20) else 3, timeout))
+        reps = 5 if nbytes < (1 << 20) else 3
+        if names and nbytes in CORRECTION_BYTES:
+            phase(f"native and {','.join(names)} {nbytes}", lambda n=nbytes, r=reps:
+                  _interleaved_times(comm, n, names, r + 2, timeout))
+        else:
+            phase(f"native {nbytes}", lambda n=nbytes, r=reps: _native_time(comm, n, r, timeout))
     worst = _allreduce_max(comm, raw, timeout)
     small, large = float(worst[0]), float(worst[1])
     alpha = small
@@ -229,11 +278,39 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
     step_overhead, msg_overhead = fit_overheads(alpha, runs)
     at = 2 + len(scheds)
     gamma = float(worst[at]) / LARGE_BYTES
-    native = tuple(zip(NATIVE_BYTES, (float(x) for x in worst[at + 1:]), strict=True))
+    native, measured_runs, i = [], [], at + 1
+    for nbytes in NATIVE_BYTES:
+        native.append((nbytes, float(worst[i])))
+        i += 1
+        if names and nbytes in CORRECTION_BYTES:
+            measured_runs += [(a, nbytes, float(worst[i + j])) for j, a in enumerate(names)]
+            i += len(names)
+    base = Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
+                       msg_overhead=msg_overhead, gamma=gamma, native=tuple(native))
+    fixes = []
+    for name, nbytes, seconds in measured_runs:
+        modelled = estimate([name], nbytes // 8, 8, size, calib=base, corrected=False)[name]
+        if modelled > 0 and seconds > 0:
+            fixes.append((name, nbytes, seconds / modelled))
     return Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
                        msg_overhead=msg_overhead, gamma=gamma, native=native,
+                       corrections=tuple(fixes),
                        meta={"size": size, "seconds": round(time.perf_counter() - started, 3),
                              "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+
+
+def _corrected_algorithms(size: int) -> list[str]:
+    from .select import AUTO_TREE_MAX_RANKS
+    if size < 2:
+        return []
+    return [a for a in CORRECTED if a in ("bml", "ring") or size <= AUTO_TREE_MAX_RANKS]
+
+
+def _schedule(name: str, rank: int, size: int, nbytes: int) -> Schedule:
+    """The schedule ``auto`` would run for ``nbytes`` of float64 (the builders the model
+    prices: bml on the default shape, ring segmented, trees from a flat link matrix)."""
+    from .model.choose import BUILDERS
+    return BUILDERS[name](rank, size, max(nbytes // 8, 1), 8, None, None)
 
 
 # -- the cache ---------------------------------------------------------------------------------
@@ -280,6 +357,10 @@ def _write_cache(path: Path, key: str, calib: Calibration, host: str, mpi: str) 
         warnings.warn(f"bmlmpi.calibrate: cannot write the cache {path}: {exc}", stacklevel=3)
 
 
+_FIX_AT = 6 + 2 * len(NATIVE_BYTES)
+_FIX_SLOTS = [(a, b) for a in CORRECTED for b in CORRECTION_BYTES]
+
+
 def _pack(calib: Calibration | None) -> np.ndarray:
     vec = np.zeros(_VEC, dtype=np.float64)
     if calib is not None and len(calib.native) <= len(NATIVE_BYTES):
@@ -287,6 +368,9 @@ def _pack(calib: Calibration | None) -> np.ndarray:
                    calib.gamma)
         for i, (b, s) in enumerate(calib.native):
             vec[6 + 2 * i:8 + 2 * i] = (b, s)
+        for a, b, f in calib.corrections:
+            if (a, b) in _FIX_SLOTS:
+                vec[_FIX_AT + _FIX_SLOTS.index((a, b))] = f
     return vec
 
 
@@ -295,7 +379,10 @@ def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
         return None
     native = tuple((int(vec[6 + 2 * i]), float(vec[7 + 2 * i]))
                    for i in range(len(NATIVE_BYTES)) if vec[6 + 2 * i] > 0)
-    return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta)
+    fixes = tuple((a, b, float(vec[_FIX_AT + i])) for i, (a, b) in enumerate(_FIX_SLOTS)
+                  if vec[_FIX_AT + i] > 0)
+    return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta,
+                       corrections=fixes)
 
 
 def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
@@ -321,7 +408,8 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
         measured = measure(work, timeout)
         calib = Calibration(measured.alpha, measured.beta, measured.step_overhead,
                             measured.msg_overhead, measured.gamma, measured.native,
-                            meta={**meta, **measured.meta, "source": "measured"})
+                            meta={**meta, **measured.meta, "source": "measured"},
+                            corrections=measured.corrections)
         if work.Get_rank() == 0:
             _write_cache(path, key, calib, host, mpi)
         return calib
@@ -371,6 +459,9 @@ def main(argv: Sequence[str] | None = None,
             f"step_overhead={calib.step_overhead * 1e6:.2f} us  "
             f"msg_overhead={calib.msg_overhead * 1e6:.2f} us  gamma={calib.gamma * 1e9:.4f} ns/B")
     printer("native: " + ", ".join(f"{b} B {s * 1e6:.1f} us" for b, s in calib.native))
+    if calib.corrections:
+        printer("measured / model: " + ", ".join(f"{a} {b} B {f:.2f}"
+                                                  for a, b, f in calib.corrections))
     if "phases" in calib.meta:
         printer("phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in calib.meta["phases"].items()))
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()]

@@ -46,6 +46,10 @@ class Calibration:
     gamma: float = 0.0
     native: tuple[tuple[int, float], ...] = ()
     meta: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    #: (algorithm, bytes, measured ÷ modelled seconds) of bmlmpi's own schedules run by the
+    #: executor on the calibrated ranks: what the α-β model misses on this machine (cores
+    #: shared by several ranks, cache effects, the kernels), applied by :meth:`correction`.
+    corrections: tuple[tuple[str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "step_overhead", "msg_overhead", "gamma"):
@@ -56,6 +60,25 @@ class Calibration:
         if any(s < 0 or not math.isfinite(s) for _, s in pts):
             raise ValueError(f"calibration native times must be finite and >= 0: {pts}")
         object.__setattr__(self, "native", pts)
+        fixes = tuple(sorted((str(a), int(b), float(f)) for a, b, f in self.corrections))
+        if any(not (math.isfinite(f) and f > 0) or b <= 0 for _, b, f in fixes):
+            raise ValueError(f"calibration corrections must be positive and finite: {fixes}")
+        object.__setattr__(self, "corrections", fixes)
+
+    def correction(self, algorithm: str, nbytes: int) -> float:
+        """The factor on ``algorithm``'s modelled time at ``nbytes``: interpolated linearly in
+        log2(bytes) between the measured sizes, the nearest measured factor outside them, and
+        1 when the algorithm was not measured."""
+        pts = [(math.log2(b), f) for a, b, f in self.corrections if a == algorithm]
+        if not pts:
+            return 1.0
+        x = math.log2(max(nbytes, 1))
+        if x <= pts[0][0]:
+            return pts[0][1]
+        for (x0, f0), (x1, f1) in zip(pts, pts[1:], strict=False):
+            if x <= x1:
+                return f0 + (f1 - f0) * (x - x0) / (x1 - x0)
+        return pts[-1][1]
 
     def native_seconds(self, nbytes: int) -> float | None:
         """The native allreduce's time for ``nbytes``, interpolated linearly between measured
@@ -74,6 +97,7 @@ class Calibration:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["native"] = [list(p) for p in self.native]
+        d["corrections"] = [list(c) for c in self.corrections]
         return d
 
     @classmethod
@@ -83,7 +107,9 @@ class Calibration:
                    msg_overhead=float(d.get("msg_overhead", 0.0)),
                    gamma=float(d.get("gamma", 0.0)),
                    native=tuple((int(b), float(s)) for b, s in d.get("native", ())),
-                   meta=dict(d.get("meta", {})))
+                   meta=dict(d.get("meta", {})),
+                   corrections=tuple((str(a), int(b), float(f))
+                                     for a, b, f in d.get("corrections", ())))
 
 
 # -- the schedules each algorithm name runs ------------------------------------------------------
@@ -190,17 +216,21 @@ def _params(calib: Calibration | None, alpha: float | None, beta: float | None) 
         return Calibration(alpha=calib.alpha if alpha is None else alpha,
                            beta=calib.beta if beta is None else beta,
                            step_overhead=calib.step_overhead, msg_overhead=calib.msg_overhead,
-                           gamma=calib.gamma, native=calib.native, meta=calib.meta)
+                           gamma=calib.gamma, native=calib.native, meta=calib.meta,
+                           corrections=calib.corrections)
     return calib
 
 
 def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
              topology: Network | None = None, alpha: float | None = None,
              beta: float | None = None, *, calib: Calibration | None = None,
-             shape: Any = None, builders: Mapping[str, Builder] | None = None
-             ) -> dict[str, float]:
+             shape: Any = None, builders: Mapping[str, Builder] | None = None,
+             corrected: bool = True) -> dict[str, float]:
     """Predicted seconds of each algorithm (``native`` only when the calibration measured it;
-    ``auto`` is skipped). Arguments as :func:`choose`."""
+    ``auto`` is skipped). Arguments as :func:`choose`; ``corrected=False`` leaves out the
+    calibration's measured corrections (they apply only on the default network, the
+    calibrated machine itself)."""
+    corrected_off = not corrected
     if count < 0 or itemsize <= 0 or size < 1:
         raise ValueError(f"need count >= 0, itemsize > 0, size >= 1; got {count}, {itemsize}, "
                          f"{size}")
@@ -221,8 +251,12 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
             cost = algorithm_cost(name, count, itemsize, size, network, builders=builders)
         else:
             cost = _cached_cost(name, count, itemsize, size, network, shape_key)
-        out[name] = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
-                                 msg_overhead=p.msg_overhead, gamma=p.gamma)
+        seconds = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
+                               msg_overhead=p.msg_overhead, gamma=p.gamma)
+        if topology is None and not corrected_off:
+            # the calibrated machine itself: scale by what its runs measured against the model
+            seconds *= p.correction(name, count * itemsize)
+        out[name] = seconds
     return out
 
 

@@ -256,9 +256,51 @@ def test_fit_overheads_recovers_synthetic_terms():
     assert o_msg == 0 and o_step == pytest.approx(15e-6 - alpha)
 
 
+def test_corrections_interpolate_in_log_size_and_scale_the_model():
+    fixes = (("multitree", 1 << 20, 4.0), ("multitree", 64 << 10, 2.0), ("bml", 1 << 16, 0.5))
+    c = Calibration(alpha=10e-6, beta=1e-10, native=((8, 5e-6), (1 << 20, 1e-3)),
+                    corrections=fixes)
+    assert c.correction("multitree", 1024) == 2.0                    # below: nearest
+    assert c.correction("multitree", 1 << 18) == pytest.approx(3.0)  # halfway in log2
+    assert c.correction("multitree", 1 << 30) == 4.0                 # above: nearest
+    assert c.correction("ring", 1 << 20) == 1.0                      # not measured
+    plain = Calibration(alpha=10e-6, beta=1e-10, native=c.native)
+    for count in (1 << 14, 1 << 16, 1 << 20):
+        with_fix = estimate(["multitree", "bml", "ring"], count, 4, 4, calib=c)
+        without = estimate(["multitree", "bml", "ring"], count, 4, 4, calib=plain)
+        for name in with_fix:
+            assert with_fix[name] == pytest.approx(
+                without[name] * c.correction(name, count * 4)), (name, count)
+        assert estimate(["multitree"], count, 4, 4, calib=c, corrected=False) == \
+            pytest.approx({"multitree": without["multitree"]})
+    # a corrected model changes the choice: here the measured factor rules multitree out
+    t = estimate(["multitree", "ring"], 1 << 20, 4, 4, calib=plain)
+    assert t["multitree"] < 4 * t["ring"]
+    slow = Calibration(alpha=10e-6, beta=1e-10, corrections=(("multitree", 1 << 22, 1e3),))
+    assert choose(["multitree", "ring"], 1 << 20, 4, 4, calib=slow) == "ring"
+    # explicit topologies are other machines: no correction
+    net = SharedMemoryNode(4)
+    assert estimate(["multitree"], 1 << 20, 4, 4, net, calib=slow) == \
+        pytest.approx(estimate(["multitree"], 1 << 20, 4, 4, net, calib=plain))
+    with pytest.raises(ValueError, match="corrections"):
+        Calibration(alpha=0, beta=0, corrections=(("bml", 8, 0.0),))
+
+
+def test_calibration_broadcast_vector_round_trip():
+    from bmlmpi.calibrate import CORRECTED, CORRECTION_BYTES, _pack, _unpack
+    fixes = tuple((a, b, 1.0 + i / 10) for i, (a, b) in
+                  enumerate((a, b) for a in CORRECTED for b in CORRECTION_BYTES))
+    c = Calibration(alpha=1e-6, beta=2e-10, step_overhead=3e-6, msg_overhead=1e-6,
+                    gamma=1e-11, native=((8, 1e-6), (1 << 20, 1e-3)), corrections=fixes)
+    back = _unpack(_pack(c), {})
+    assert back == c and back.corrections == c.corrections
+    assert _unpack(_pack(None), {}) is None
+
+
 def test_cache_round_trip(tmp_path):
     path = tmp_path / "calib-h-mpi.json"
-    c = Calibration(alpha=1e-6, beta=2e-10, step_overhead=3e-6, native=((8, 1e-6),))
+    c = Calibration(alpha=1e-6, beta=2e-10, step_overhead=3e-6, native=((8, 1e-6),),
+                    corrections=(("ring", 65536, 1.25),))
     assert _read_cache(path, "ranks=4,nodes=1") is None
     _write_cache(path, "ranks=4,nodes=1", c, "h", "mpi")
     _write_cache(path, "ranks=2,nodes=1", Calibration(alpha=1.0, beta=1.0), "h", "mpi")
