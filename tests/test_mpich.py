@@ -21,15 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def mpich_venv() -> str | None:
     """None when the MPICH venv is ready, else why not."""
-    try:
-        mpi.check()
-    except (RuntimeError, OSError, subprocess.SubprocessError):
-        if os.environ.get("BML_TESTBED_SETUP", "1") == "0":
-            return "no MPICH venv and BML_TESTBED_SETUP=0 (python -m perf.testbed setup)"
-        try:
-            mpi.setup(timeout=600)
-        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-            return f"could not create the MPICH venv: {exc}"
+    why = mpi.ensure(os.environ.get("BML_TESTBED_SETUP", "1") != "0")
+    if why:
+        return why
     has_pytest = subprocess.run([str(mpi.venv_python()), "-c", "import pytest_mpi"],
                                 capture_output=True, timeout=60).returncode == 0
     if not has_pytest:  # a venv made before pytest joined its packages

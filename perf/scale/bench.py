@@ -68,10 +68,9 @@ def render(rows: list[dict]) -> str:
         "rank puts on the whole class).",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python "
-        f"{platform.python_version()}, {platform.system()}. **Shared machine**: other "
-        f"engineers' jobs were running (load average {load[0]:.1f} / {load[1]:.1f} / "
-        f"{load[2]:.1f} on {os.cpu_count()} CPUs when this ran), so times are noisy upper "
-        "bounds; memory figures are exact.",
+        f"{platform.python_version()}, {platform.system()}; load average {load[0]:.1f} / "
+        f"{load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} CPUs when this ran (a load near "
+        "or above the CPU count makes the times upper bounds); memory figures are exact.",
         "",
         "| BCube | servers | steps | transfers (one rank) | build, median (max) | peak alloc "
         "| kept | peak / transfer | price by symmetry | GST | 2(N−1)/(kN) |",

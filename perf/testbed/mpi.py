@@ -62,6 +62,21 @@ def setup(force: bool = False, timeout: float = 900.0) -> str:
     return check()
 
 
+def ensure(allow_setup: bool = True) -> str | None:
+    """None when the MPICH venv is ready (made now, as ``setup`` would, if it is missing and
+    ``allow_setup``), else why it is not. For tests, which skip with the reason."""
+    try:
+        check()
+    except (RuntimeError, OSError, subprocess.SubprocessError):
+        if not allow_setup:
+            return "no MPICH venv and BML_TESTBED_SETUP=0 (python -m perf.testbed setup)"
+        try:
+            setup(timeout=600)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            return f"could not create the MPICH venv: {exc}"
+    return None
+
+
 def check(timeout: float = 60.0) -> str:
     """The MPI library that mpi4py loads in the venv; raises unless it is MPICH and the venv
     imports this checkout's bmlmpi (kernels included) the way the ranks will."""
