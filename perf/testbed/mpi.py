@@ -82,15 +82,20 @@ def check(timeout: float = 60.0) -> str:
     imports this checkout's bmlmpi (kernels included) the way the ranks will."""
     if not venv_python().exists():
         raise RuntimeError(f"no venv at {VENV}: run 'python -m perf.testbed setup'")
+    # bmlmpi.kernels comes from the editable install's mapping (kernels/ is not inside
+    # bmlmpi/), so a venv made for another checkout imports that checkout's kernels even
+    # when bmlmpi itself comes from here: check both.
     probe = ("from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0]); "
-             "import bmlmpi, bmlmpi.kernels; print(bmlmpi.__file__)")
+             "import bmlmpi, bmlmpi.kernels; print(bmlmpi.__file__); "
+             "print(bmlmpi.kernels.__file__)")
     out = subprocess.run([str(venv_python()), "-c", probe], capture_output=True, text=True,
                          timeout=timeout, cwd=REPO, env=environment())
     lines = out.stdout.strip().splitlines()
     version = lines[0] if lines else ""
     if "MPICH" not in version:
         raise RuntimeError(f"mpi4py in {VENV} does not load MPICH: {version or out.stderr}")
-    if out.returncode != 0 or len(lines) < 2 or not lines[1].startswith(str(REPO)):
+    if out.returncode != 0 or len(lines) < 3 or not all(
+            line.startswith(str(REPO)) for line in lines[1:3]):
         raise RuntimeError(f"{VENV} does not import bmlmpi from {REPO} "
                            f"(python -m perf.testbed setup --force): {out.stderr[-500:]}")
     return version
