@@ -27,7 +27,6 @@ from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 
 
-
 class ArgumentMismatch(ValueError):
     """Ranks called the same allreduce with different counts, dtypes, ops or algorithms."""
 

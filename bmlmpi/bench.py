@@ -7,10 +7,10 @@ one timed call per iteration followed by a barrier; per-rank average, then avera
 and maximum over ranks. ``-f`` adds Min/Max/Iterations, ``-c`` a Validation column (Pass/Fail,
 checked on every rank against position-dependent data). One table per algorithm
 (``--algorithms bml,native``; all algorithms are measured at each size before the next size,
-so they share the machine's conditions, and ``--blocks B`` interleaves them within a size). ``--busbw`` adds nccl-tests style bandwidths
-(algbw = bytes/time, busbw = algbw·2(N−1)/N). ``--csv``/``--json`` save every row with the
-machine, rank count and library versions; a ratio-to-native table closes the output when
-native is among the algorithms.
+so they share the machine's conditions, and ``--blocks B`` interleaves them within a size).
+``--busbw`` adds nccl-tests style bandwidths (algbw = bytes/time, busbw = algbw·2(N−1)/N).
+``--csv``/``--json`` save every row with the machine, rank count and library versions; a
+ratio-to-native table closes the output when native is among the algorithms.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-f", "--full", action="store_true", help="print min/max and iterations")
     p.add_argument("-c", "--validation", action="store_true", help="check every result")
     p.add_argument("--algorithms", default="bml,native",
-                   help="comma list, or 'all' (implemented: %s)" % ",".join(implemented()))
+                   help=f"comma list, or 'all' (implemented: {','.join(implemented())})")
     p.add_argument("--blocks", type=int, default=1,
                    help="cut each size's timed iterations into this many blocks, taken by "
                         "every algorithm in turn (default 1: OSU's order)")
@@ -100,7 +100,7 @@ def machine_info(comm: MPI.Comm) -> dict[str, Any]:
         "ranks": comm.Get_size(),
         "oversubscribed": comm.Get_size() > cores,
         "mpi_library": MPI.Get_library_version().replace("\0", "").strip().splitlines()[0],
-        "mpi_standard": "%d.%d" % MPI.Get_version(),
+        "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "mpi4py": __import__("mpi4py").__version__,
         "numpy": np.__version__,
         "numba": numba.__version__,
@@ -202,24 +202,23 @@ def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
              f"# Ranks: {info['ranks']}{' (oversubscribed)' if info['oversubscribed'] else ''}"
              f"; MPI: {info['mpi_library']}",
              "# Datatype: MPI_FLOAT."]
-    head = "%-10s%*s" % ("# Size", FIELD, "Avg Latency(us)")
+    # OSU's layout: the size left-aligned in 10 columns, every other field right-aligned
+    head = f"{'# Size':<10}{'Avg Latency(us)':>{FIELD}}"
     if args.full:
-        head += "%*s%*s%*s" % (FIELD, "Min Latency(us)", FIELD, "Max Latency(us)", 12,
-                                "Iterations")
+        head += f"{'Min Latency(us)':>{FIELD}}{'Max Latency(us)':>{FIELD}}{'Iterations':>12}"
     if args.busbw:
-        head += "%*s%*s" % (FIELD, "Algbw(GB/s)", FIELD, "Busbw(GB/s)")
+        head += f"{'Algbw(GB/s)':>{FIELD}}{'Busbw(GB/s)':>{FIELD}}"
     if args.validation:
-        head += "%*s" % (12, "Validation")
+        head += f"{'Validation':>12}"
     lines.append(head)
     for r in rows:
-        line = "%-10d%*.2f" % (r["size"], FIELD, r["avg_us"])
+        line = f"{r['size']:<10d}{r['avg_us']:>{FIELD}.2f}"
         if args.full:
-            line += "%*.2f%*.2f%*d" % (FIELD, r["min_us"], FIELD, r["max_us"], 12,
-                                        r["iterations"])
+            line += f"{r['min_us']:>{FIELD}.2f}{r['max_us']:>{FIELD}.2f}{r['iterations']:>12d}"
         if args.busbw:
-            line += "%*.3f%*.3f" % (FIELD, r["algbw_GBps"], FIELD, r["busbw_GBps"])
+            line += f"{r['algbw_GBps']:>{FIELD}.3f}{r['busbw_GBps']:>{FIELD}.3f}"
         if args.validation:
-            line += "%*s" % (12, r["validation"])
+            line += f"{r['validation']:>12}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -229,11 +228,11 @@ def ratio_table(rows: list[dict], names: list[str]) -> str:
     by = {(r["algorithm"], r["size"]): r for r in rows}
     sizes_ = sorted({r["size"] for r in rows})
     lines = ["# Latency ratio to native MPI_Allreduce (same run; < 1 is faster than native)",
-             "%-10s" % "# Size" + "".join("%*s" % (FIELD, n) for n in others)]
+             f"{'# Size':<10}" + "".join(f"{n:>{FIELD}}" for n in others)]
     for s in sizes_:
         nat = by[("native", s)]["avg_us"]
-        lines.append("%-10d" % s + "".join(
-            "%*.3f" % (FIELD, by[(n, s)]["avg_us"] / nat if nat > 0 else float("nan"))
+        lines.append(f"{s:<10d}" + "".join(
+            f"{by[(n, s)]['avg_us'] / nat if nat > 0 else float('nan'):>{FIELD}.3f}"
             for n in others))
     return "\n".join(lines)
 

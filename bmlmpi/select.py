@@ -65,7 +65,8 @@ def candidates(count: int, size: int) -> list[str]:
 
 
 def choose(count: int, itemsize: int, size: int, calib=None, shape=None) -> str:
-    """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size`` ranks."""
+    """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size``
+    ranks."""
     env = env_algorithm()
     if env and env != "auto":
         return env

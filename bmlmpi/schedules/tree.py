@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from ..topology.trees import Tree
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
 
+
 def _add_tree(sends: list[list[Transfer]], recvs: list[list[Recv]], rank: int, tree: Tree,
               lo: int, hi: int, segments: int, stream: int, bcast_start: int) -> None:
     """Append ``rank``'s transfers for reducing ``[lo, hi)`` over ``tree`` (starting at step 0)
