@@ -63,7 +63,7 @@ def _placed_on_levels(sched: Schedule) -> bool:
 
     Such a schedule gives the streams of one step different levels on purpose (on BCube, k
     pipelines on k NICs); a stream that ran ahead would share a level with another and halve
-    both (measured on the emulated BCube(3,2): 2.10 s per 32 MiB against 1.69 s in step), so
+    both (measured on the emulated BCube(3,2): 2.10 s per 32 MiB against 1.66 s in step), so
     its streams stay in step."""
     return any(t.level >= 0 for st in sched.steps for t in (*st.sends, *st.recvs))
 
