@@ -18,7 +18,7 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
 * ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
 * ``native``: ``MPI_Iallreduce`` at 8 B, 64 KiB, 1 MiB, 4 MiB and 16 MiB;
 * ``corrections``: bml, ring and (up to ``AUTO_TREE_MAX_RANKS`` ranks) the single and multi
-  tree, each run by the executor at 64 KiB, 1 MiB and 4 MiB, in rounds interleaved with the
+  tree, each run by the executor at 64 KiB, 1, 4 and 16 MiB, in rounds interleaved with the
   native allreduce of the same size; each time divided by the model's price of the same
   schedule with the parameters above. The model alone misjudged this
   machine by up to 1.8× (multi-tree at 4 oversubscribed ranks, bml against native at 9): it
@@ -63,7 +63,7 @@ SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
 CORRECTED = ("bml", "ring", "tree", "multitree")
-CORRECTION_BYTES = (64 << 10, 1 << 20, 4 << 20)  # a subset of NATIVE_BYTES
+CORRECTION_BYTES = (64 << 10, 1 << 20, 4 << 20, 16 << 20)  # a subset of NATIVE_BYTES
 _HOST_BYTES = 64
 # cache broadcast: flag, 5 parameters, native points, one slot per (algorithm, size) factor
 _VEC = 6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
@@ -435,6 +435,7 @@ def main(argv: Sequence[str] | None = None,
     import argparse
 
     from .model.choose import estimate
+    from .select import prefer_native
 
     ap = argparse.ArgumentParser(prog="python -m bmlmpi.calibrate",
                                  description="Measure (or read) the cost-model calibration "
@@ -470,7 +471,7 @@ def main(argv: Sequence[str] | None = None,
     while nbytes <= args.max_bytes:
         count = nbytes // args.itemsize
         t = estimate(names, count, args.itemsize, size, calib=calib)
-        best = min(t, key=lambda n: (t[n], names.index(n)))
+        best = prefer_native(t)
         printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
                                             for n in names) + f"  {best}")
         nbytes *= 4
