@@ -3,7 +3,8 @@
 :func:`calibrate` is collective: every rank of ``comm`` calls it together, every wait has a
 deadline (a missing rank raises :class:`~bmlmpi.execute.DeadlineExceeded`, never hangs), and
 every rank returns the same :class:`~bmlmpi.model.Calibration`, so that every rank's
-:func:`bmlmpi.model.choose` reaches the same decision. It takes well under 2 s.
+:func:`bmlmpi.model.choose` reaches the same decision. It took 0.5–3 s on the 2-core
+development machine (2 to 12 ranks), most of it in the 16 MiB runs.
 
 What is measured, on a private duplicate of ``comm``, all ranks at once (ranks paired
 2i ↔ 2i+1; with an odd size the last rank sits out the pair phases):
@@ -20,10 +21,10 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
 * ``corrections``: bml, ring and (up to ``AUTO_TREE_MAX_RANKS`` ranks) the single and multi
   tree, each run by the executor at 64 KiB, 1, 4 and 16 MiB, in rounds interleaved with the
   native allreduce of the same size; each time divided by the model's price of the same
-  schedule with the parameters above. The model alone misjudged this
-  machine by up to 1.8× (multi-tree at 4 oversubscribed ranks, bml against native at 9): it
-  prices link time and per-step overheads, not several ranks sharing a core. ``auto`` scales
-  each modelled time by the factor interpolated at its size.
+  schedule with the parameters above. On the development machine these factors ranged from
+  0.24 (single tree, 9 ranks) to 2.16 (bml, 9 ranks, 1 MiB): the model prices link time and
+  per-step overheads, not several ranks sharing a core. ``auto`` scales each modelled time by
+  the factor interpolated at its size.
 
 Each timing is a median over a few repetitions, and the slowest rank's (an allreduce ends
 when its slowest rank does), agreed with a non-blocking MAX allreduce before anything is
@@ -132,9 +133,14 @@ def _exchange_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> fl
     return float(np.median(times))
 
 
+def _flat_plan(sched: Schedule, comm: MPI.Comm) -> Plan:
+    """``sched`` compiled to run every transfer, of any level, on ``comm`` itself."""
+    return Plan(sched, [comm], lambda level, peer: (0, peer))
+
+
 def _run_schedule(comm: MPI.Comm, sched: Schedule, reps: int, timeout: float) -> float:
     """Seconds per execution of ``sched`` by bmlmpi's executor (median of ``reps``)."""
-    plan = Plan(sched, [comm], lambda level, peer: (0, peer))
+    plan = _flat_plan(sched, comm)
     buf = np.ones(sched.count, dtype=np.float64)
     times = []
     for i in range(reps + 1):
@@ -181,8 +187,7 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], reps: 
     n = max(nbytes // 8, 1)
     send = np.ones(n, dtype=np.float64)
     recv = np.empty_like(send)
-    plans = [Plan(_schedule(a, rank, size, nbytes), [comm], lambda level, peer: (0, peer))
-             for a in names]
+    plans = [_flat_plan(_schedule(a, rank, size, nbytes), comm) for a in names]
     bufs = [np.ones(p.sched.count, dtype=np.float64) for p in plans]
 
     def once(i: int, call: int) -> float:
@@ -434,7 +439,6 @@ def main(argv: Sequence[str] | None = None,
          printer: Callable[[str], None] = print) -> int:
     import argparse
 
-    from .model.choose import estimate
     from .select import prefer_native
 
     ap = argparse.ArgumentParser(prog="python -m bmlmpi.calibrate",

@@ -90,8 +90,7 @@ def prefer_native(times: dict[str, float], margin: float = NATIVE_MARGIN) -> str
     """The cheapest of the predicted ``times``, except that native is kept unless a schedule
     is predicted at least ``margin`` times faster: native's time is measured directly, a
     schedule's is a model scaled by a few noisy runs, and a near-tie is not worth the risk."""
-    order = list(times)
-    best = min(order, key=lambda n: (times[n], order.index(n)))
+    best = min(times, key=times.__getitem__)  # ties: the earlier candidate
     if best != "native" and "native" in times and times["native"] <= margin * times[best]:
         return "native"
     return best

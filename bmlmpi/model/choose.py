@@ -230,7 +230,6 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
     ``auto`` is skipped). Arguments as :func:`choose`; ``corrected=False`` leaves out the
     calibration's measured corrections (they apply only on the default network, the
     calibrated machine itself)."""
-    corrected_off = not corrected
     if count < 0 or itemsize <= 0 or size < 1:
         raise ValueError(f"need count >= 0, itemsize > 0, size >= 1; got {count}, {itemsize}, "
                          f"{size}")
@@ -253,7 +252,7 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
             cost = _cached_cost(name, count, itemsize, size, network, shape_key)
         seconds = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
                                msg_overhead=p.msg_overhead, gamma=p.gamma)
-        if topology is None and not corrected_off:
+        if topology is None and corrected:
             # the calibrated machine itself: scale by what its runs measured against the model
             seconds *= p.correction(name, count * itemsize)
         out[name] = seconds
