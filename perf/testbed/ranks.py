@@ -3,6 +3,8 @@
     python -m perf.testbed.ranks check --kind bcube --shape 3x3 --bytes 4194304 --algorithm bml
     python -m perf.testbed.ranks bench --kind bcube --shape 3x3 --bytes 33554432 --reps 5 \
         --algorithms bml,native --json out.json
+    python -m perf.testbed.ranks steps --kind bcube --shape 3x3 --bytes 33554432 --reps 2 \
+        --algorithm bml
 
 ``check``: (1) each rank exchanges a block with every 1-hop neighbour, one level at a time, and
 reads its own NIC counters around each level, which proves the kernel routes send each level's
@@ -10,6 +12,9 @@ traffic out of that level's NIC; (2) one allreduce of position-dependent data, c
 with the expected sum, with the NIC counters around it.
 ``bench``: per algorithm, warm-up calls, then timed repetitions (each a barrier, the call, and the
 slowest rank's time), with the NIC counters around the timed calls.
+``steps``: where one call's time goes: after a warm-up, ``--reps`` calls of ``--algorithm``, each
+rank timing (from a common barrier) when every schedule step was posted, when its transfers
+completed and when its reductions were done; rank 0 prints every rank's timeline.
 
 Each rank reads its counters from /sys/class/net, which ``ip netns exec`` mounts for the
 rank's own namespace. Rank 0 prints one line ``RESULT <json>`` (and writes ``--json``).
@@ -156,9 +161,47 @@ def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
             "results": results}
 
 
+def steps(args: argparse.Namespace, comm: MPI.Comm) -> dict:
+    from bmlmpi import execute
+
+    events: list[tuple[str, int, float]] = []
+    real_post, real_complete = execute.Run._post, execute.Run._complete_step
+
+    def post(run: execute.Run, lane: int) -> None:
+        events.append(("posted", run.posting_step(lane), time.perf_counter()))
+        real_post(run, lane)
+
+    def complete(run: execute.Run, lane: int) -> None:
+        step = run.posting_step(lane)
+        events.append(("transferred", step, time.perf_counter()))
+        real_complete(run, lane)
+        events.append(("reduced", step, time.perf_counter()))
+
+    count = args.bytes // 4
+    send, recv = rank_data(count, comm.Get_rank()), np.zeros(count, dtype=np.float32)
+    run = Allreducer(comm, args.kind, args.shape)
+    run(args.algorithm, send, recv)  # warm-up: connections, compilation
+    execute.Run._post, execute.Run._complete_step = post, complete
+    calls = []
+    try:
+        for _ in range(args.reps):
+            events.clear()
+            comm.Barrier()
+            t0 = time.perf_counter()
+            run(args.algorithm, send, recv)
+            mine = [(kind, step, round(t - t0, 4)) for kind, step, t in events]
+            calls.append(comm.gather(mine, root=0))
+    finally:
+        execute.Run._post, execute.Run._complete_step = real_post, real_complete
+    ok = comm.allreduce(bool(np.array_equal(recv, expected_sum(count, comm.Get_size()))),
+                        op=MPI.LAND)
+    return {"mode": "steps", "algorithm": args.algorithm, "bytes": args.bytes, "correct": ok,
+            "calls": calls}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.testbed.ranks")
-    p.add_argument("mode", choices=["check", "bench"])
+    p.add_argument("mode", choices=["check", "bench", "steps"])
     p.add_argument("--kind", choices=["bcube", "fattree"], required=True)
     p.add_argument("--shape", required=True)
     p.add_argument("--bytes", type=int, default=4 << 20)
@@ -170,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
-    out = (check if args.mode == "check" else bench)(args, comm)
+    out = {"check": check, "bench": bench, "steps": steps}[args.mode](args, comm)
     if comm.Get_rank() == 0:
         text = json.dumps(out)
         if args.json:
