@@ -144,6 +144,19 @@ def test_smoke_bml_allreduce_on_bcube_3x3(bcube_3x3):
             assert share[lv] * nbytes <= sent <= 1.1 * share[lv] * nbytes, (rank, lv, sent)
     flow = report["conservation"]
     assert flow["balanced"] and flow["servers_tx"] > 9 * sum(share) * nbytes
+    # the per-step timeline: every rank posts, completes and reduces each of the 4 steps
+    proc = run_cli("run", "--timeout", "90", "--", "python", "-m", "perf.testbed.ranks",
+                   "steps", "--kind", "bcube", "--shape", "3x3", "--bytes", str(nbytes),
+                   "--reps", "1", "--algorithm", "bml", timeout=120)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-2000:]
+    steps = json.loads(line[0][len("RESULT "):])
+    assert steps["correct"] and len(steps["calls"]) == 1 and len(steps["calls"][0]) == 9
+    for timeline in steps["calls"][0]:
+        kinds = [(kind, step) for kind, step, _ in timeline]
+        assert kinds == [(k, s) for s in range(4) for k in ("posted", "transferred", "reduced")]
+        times = [t for _, _, t in timeline]
+        assert times == sorted(times)
 
 
 @pytest.mark.parametrize("kind,name,radices", [("bcube", "bml", (3, 3)),
