@@ -1,0 +1,25 @@
+"""Runs the multi-rank GPU allreduce tests (tests/mpi/test_device_allreduce_mpi.py) under
+mpiexec, where cupy sees a CUDA device; skipped otherwise. Ranks share the device."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bmlmpi.kernels import gpu  # noqa: E402
+from test_mpi_launch import run_ranks  # noqa: E402
+
+pytest.importorskip("cupy")
+if not gpu.gpu_available():
+    pytest.skip("no CUDA device visible to cupy", allow_module_level=True)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_device_allreduce_under_mpiexec(n):
+    res = run_ranks(n, ["-m", "pytest", "--with-mpi", "-q", "-rs", "-p", "no:cacheprovider",
+                        "--color=no", "tests/mpi/test_device_allreduce_mpi.py"], timeout=900)
+    tail = (res.stdout + res.stderr)[-6000:]
+    assert res.returncode == 0, f"{n} ranks: exit {res.returncode}\n{tail}"
+    assert " passed" in res.stdout, tail
+    assert "no CUDA device" not in res.stdout, tail
