@@ -87,6 +87,17 @@ def test_bml_nic_shares(radices):
         assert shares == pytest.approx([2 * (n - 1) / (k * n)] * k)
 
 
+def test_link_settings_are_checked_before_building():
+    from perf.testbed import netns
+    if Path("/proc/sys/net/ipv4/tcp_available_congestion_control").exists():
+        with pytest.raises(ValueError, match="not available"):
+            netns.check_link_settings("no-such-cc", 1500)
+    for bad in (40, 70000):
+        with pytest.raises(ValueError, match="MTU"):
+            netns.check_link_settings(netns.DEFAULT_CC, bad)
+    netns.check_link_settings(netns.DEFAULT_CC, 9000)
+
+
 # -- the smoke cycle on real namespaces -------------------------------------------------------
 def run_cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "perf.testbed", *args], cwd=REPO,
@@ -130,6 +141,7 @@ def bcube_3x3():
 
 def test_smoke_bml_allreduce_on_bcube_3x3(bcube_3x3):
     assert bcube_3x3["servers"] == 9 and bcube_3x3["switches"] == 6
+    assert (bcube_3x3["cc"], bcube_3x3["mtu"]) == ("reno", 1500)
     nbytes = 4 << 20
     proc = run_cli("check", "--algorithm", "bml", "--bytes", str(nbytes), "--timeout", "90",
                        timeout=120)

@@ -33,8 +33,8 @@ def cmd_setup(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     with netns.lock():
-        net = netns.up(args.kind, args.shape, args.rate)
-    print(json.dumps({**net.describe(), "rate": args.rate}))
+        net = netns.up(args.kind, args.shape, args.rate, cc=args.cc, mtu=args.mtu)
+    print(json.dumps({**net.describe(), "rate": args.rate, "cc": args.cc, "mtu": args.mtu}))
     return 0
 
 
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("shape", help="BCube radices level 0 first ('3x3', '2x2x2'); "
                                  "Fat-Tree: server count or the BCube shape of its twin")
     s.add_argument("--rate", default="200mbit", help="link rate, each direction (tc units)")
+    netns.link_options(s)
     s.set_defaults(func=cmd_up)
     s = sub.add_parser("down", help="remove every bml- namespace and what runs in it")
     s.add_argument("--force", action="store_true",

@@ -8,7 +8,9 @@ Runs :mod:`perf.testbed.ranks` ``check`` over the namespaces and judges it:
   most ``BALANCE`` times it, MPI and TCP headers included), so NICs of equal radix carry equal
   shares within 10%;
 - the network is closed (addresses and routes in 198.18.0.0/15, no interface in the host's
-  namespace) and every byte the servers sent entered a switch port, and vice versa.
+  namespace) and every byte the servers sent entered a switch port, and vice versa;
+- every server runs the congestion control and every NIC, port and bridge the MTU that ``up``
+  was given.
 """
 
 from __future__ import annotations
@@ -27,6 +29,22 @@ def parse_result(stdout: str) -> dict:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     raise RuntimeError(f"the ranks printed no RESULT line; output:\n{stdout[-4000:]}")
+
+
+def link_settings(net, st: dict) -> list[str]:
+    """Differences between the congestion control and MTUs in place and those asked for."""
+    problems = []
+    want_cc, want_mtu = st.get("cc", netns.DEFAULT_CC), st.get("mtu", netns.DEFAULT_MTU)
+    for ns in net.namespaces():
+        cc = netns.sh(["ip", "netns", "exec", ns, "cat",
+                       "/proc/sys/net/ipv4/tcp_congestion_control"]).stdout.strip()
+        if cc != want_cc:
+            problems.append(f"{ns}: congestion control {cc}, not {want_cc}")
+    for ns in [*net.namespaces(), netns.SWITCH_NS]:
+        for link in json.loads(netns.sh(["ip", "-n", ns, "-j", "link", "show"]).stdout):
+            if link["ifname"] != "lo" and link.get("mtu") != want_mtu:
+                problems.append(f"{ns} {link['ifname']}: MTU {link.get('mtu')}, not {want_mtu}")
+    return problems
 
 
 def check(algorithm: str = "bml", nbytes: int = 4 << 20, *, timeout: float = 120.0,
@@ -73,6 +91,7 @@ def check(algorithm: str = "bml", nbytes: int = 4 << 20, *, timeout: float = 120
                                     f"{[round(x, 3) for x in ratios]}")
     closed = counters.isolation(net)
     problems += closed["problems"]
+    problems += link_settings(net, st)
     flow = counters.conservation(net, job)
     if not flow["balanced"]:
         problems.append(f"bytes not conserved between servers and switch ports: {flow}")

@@ -1,16 +1,16 @@
 """BML on an emulated BCube against the best algorithm on its one-NIC Fat-Tree twin.
 
-    python -m perf.testbed experiment --rates 100mbit,200mbit --bytes 33554432 --reps 5
+    python -m perf.testbed experiment --rates 100mbit,200mbit --bytes 32M,64M --reps 5
 
 For each link rate and each topology (default BCube 3x3 and the 9-server Fat-Tree), the testbed is
-built, ``perf.testbed.ranks bench`` times every algorithm (warm-up calls, then ``--reps`` timed
-calls, each the slowest rank's time after a barrier), every rank reads its NIC counters around the
-timed calls, and the testbed is torn down (also on error or Ctrl-C). Saved in ``--out``
-(default perf/testbed/results/): ``<name>.json`` (everything, with machine and library
+built, ``perf.testbed.ranks bench`` times every algorithm at every size (warm-up calls, then
+``--reps`` timed calls, each the slowest rank's time after a barrier), every rank reads its NIC
+counters around the timed calls, and the testbed is torn down (also on error or Ctrl-C). Saved
+in ``--out`` (default perf/testbed/results/): ``<name>.json`` (everything, with machine and library
 versions), ``<name>.csv`` (one row per rate, topology and algorithm) and ``<name>.png``.
 
-Judged (printed, and saved under "targets"), per rate: the median time of bml on BCube against
-the fastest median on the Fat-Tree (target ≤ 0.6; theory 0.5), against its theory
+Judged (printed, and saved under "targets"), per rate and size: the median time of bml on BCube
+against the fastest median on the Fat-Tree (target ≤ 0.6; theory 0.5), against its theory
 2(N-1)/(kN)·P/R (target ≤ 1.25), how evenly each server's NICs carried bml's bytes (≤ 1.10),
 and whether every byte stayed on the testbed's links.
 """
@@ -74,33 +74,51 @@ def jobs(algorithms: str) -> list[tuple[str, str, dict[str, str]]]:
     return out
 
 
+def parse_sizes(text: str) -> list[int]:
+    """``32M,64M`` or byte counts: the allreduce sizes, each a multiple of 4 (float32)."""
+    from bmlmpi.kernels.bench import parse_size
+
+    sizes = [parse_size(item) for item in text.split(",")]
+    for size in sizes:
+        if size < 4 or size % 4:
+            raise argparse.ArgumentTypeError(f"size {size} must be a positive multiple of 4")
+    return sizes
+
+
 def run_topology(kind: str, shape: str, rate: str, args: argparse.Namespace) -> dict:
     net = build(kind, shape)
     rate_bps = netns.parse_rate(rate)
-    worst = one_nic_seconds(args.bytes, rate_bps, net.servers)
     rows, runs = [], []
-    with netns.testbed(kind, shape, rate):
-        for label, algs, env in jobs(args.algorithms):
-            timeout = 120 + (args.reps + args.warmup) * len(algs.split(",")) * 6 * worst
-            before = counters.settled_snapshot()
-            t0 = time.monotonic()
-            proc = mpi.run(net, ["python", "-m", "perf.testbed.ranks", "bench", "--kind", kind,
-                                 "--shape", net.shape, "--bytes", str(args.bytes),
-                                 "--reps", str(args.reps), "--warmup", str(args.warmup),
-                                 "--algorithms", algs], timeout=timeout, env=env)
-            wall = time.monotonic() - t0
-            if proc.returncode != 0:
-                raise RuntimeError(f"{kind} {shape} at {rate} ({label}): mpiexec exited "
-                                   f"{proc.returncode}:\n{proc.stdout[-4000:]}")
-            job = counters.delta(before, counters.settled_snapshot())
-            runs.append({"kind": kind, "shape": net.shape, "rate": rate, "job": label,
-                         "env": env, "wall_s": wall,
-                         "conservation": counters.conservation(net, job),
-                         "isolation": counters.isolation(net)})
-            for res in parse_result(proc.stdout)["results"]:
-                name = label if env else res["algorithm"]
-                rows.append(_row(net, kind, rate, rate_bps, name, res, args))
+    with netns.testbed(kind, shape, rate, cc=args.cc, mtu=args.mtu):
+        for nbytes in args.bytes:
+            worst = one_nic_seconds(nbytes, rate_bps, net.servers)
+            for label, algs, env in jobs(args.algorithms):
+                timeout = 120 + (args.reps + args.warmup) * len(algs.split(",")) * 6 * worst
+                runs.append(_bench(net, kind, rate, nbytes, label, algs, env, timeout, args))
+                for res in runs[-1].pop("results"):
+                    name = label if env else res["algorithm"]
+                    rows.append(_row(net, kind, rate, rate_bps, nbytes, name, res, args))
     return {"rows": rows, "runs": runs}
+
+
+def _bench(net, kind: str, rate: str, nbytes: int, label: str, algs: str, env: dict,
+           timeout: float, args: argparse.Namespace) -> dict:
+    before = counters.settled_snapshot()
+    t0 = time.monotonic()
+    proc = mpi.run(net, ["python", "-m", "perf.testbed.ranks", "bench", "--kind", kind,
+                         "--shape", net.shape, "--bytes", str(nbytes),
+                         "--reps", str(args.reps), "--warmup", str(args.warmup),
+                         "--algorithms", algs], timeout=timeout, env=env)
+    wall = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} {net.shape} at {rate}, {nbytes} bytes ({label}): mpiexec "
+                           f"exited {proc.returncode}:\n{proc.stdout[-4000:]}")
+    job = counters.delta(before, counters.settled_snapshot())
+    return {"kind": kind, "shape": net.shape, "rate": rate, "bytes": nbytes, "cc": args.cc,
+            "mtu": args.mtu, "job": label, "env": env, "wall_s": wall,
+            "conservation": counters.conservation(net, job),
+            "isolation": counters.isolation(net),
+            "results": parse_result(proc.stdout)["results"]}
 
 
 def model_seconds(kind: str, name: str, nbytes: int, rate_bps: float,
@@ -124,18 +142,19 @@ def model_seconds(kind: str, name: str, nbytes: int, rate_bps: float,
     return price_symmetric(sched, network).seconds(4, 0.0, 8.0 / rate_bps)
 
 
-def _row(net, kind: str, rate: str, rate_bps: float, name: str, res: dict,
+def _row(net, kind: str, rate: str, rate_bps: float, nbytes: int, name: str, res: dict,
          args: argparse.Namespace) -> dict:
     row = {"rate": rate, "rate_bps": rate_bps, "topology": kind, "shape": net.shape,
-           "servers": net.servers, "nics": net.nics, "algorithm": name, "bytes": args.bytes}
+           "servers": net.servers, "nics": net.nics, "algorithm": name, "bytes": nbytes,
+           "cc": args.cc, "mtu": args.mtu}
     if "skipped" in res:
         return {**row, "skipped": res["skipped"]}
     times = res["seconds"]
-    theory = predicted_seconds(kind, name, args.bytes, rate_bps, net.radices)
+    theory = predicted_seconds(kind, name, nbytes, rate_bps, net.radices)
     median = statistics.median(times)
     return {**row, "reps": len(times), "seconds": times, "median_s": median,
             "min_s": min(times), "max_s": max(times), "theory_s": theory,
-            "model_s": model_seconds(kind, name, args.bytes, rate_bps, tuple(net.radices)),
+            "model_s": model_seconds(kind, name, nbytes, rate_bps, tuple(net.radices)),
             "vs_theory": median / theory if theory else None, "correct": res["correct"],
             # user+system CPU of all ranks per call (kernel softirq work on the links excluded):
             # next to 2 cores × the call's time it shows how close the CPU is to the limit.
@@ -163,8 +182,9 @@ def _per_nic(net, name: str, nics_by_rank: list[dict], reps: int) -> dict:
 
 def judge(rows: list[dict], radices: tuple[int, ...]) -> list[dict]:
     out = []
-    for rate in sorted({r["rate"] for r in rows}, key=netns.parse_rate):
-        done = [r for r in rows if r["rate"] == rate and "median_s" in r]
+    points = sorted({(netns.parse_rate(r["rate"]), r["bytes"], r["rate"]) for r in rows})
+    for _, nbytes, rate in points:
+        done = [r for r in rows if r["rate"] == rate and r["bytes"] == nbytes and "median_s" in r]
         bml = next((r for r in done if r["topology"] == "bcube" and r["algorithm"] == "bml"),
                    None)
         fat = [r for r in done if r["topology"] == "fattree"]
@@ -173,7 +193,7 @@ def judge(rows: list[dict], radices: tuple[int, ...]) -> list[dict]:
         best = min(fat, key=lambda r: r["median_s"])
         ratio = bml["median_s"] / best["median_s"]
         k, n = len(radices), math.prod(radices)
-        out.append({"rate": rate, "bml_bcube_s": bml["median_s"],
+        out.append({"rate": rate, "bytes": nbytes, "bml_bcube_s": bml["median_s"],
                     "best_fattree": best["algorithm"], "best_fattree_s": best["median_s"],
                     "ratio": ratio, "ratio_theory": 1 / k, "ratio_ok": ratio <= TARGET_RATIO,
                     "bml_vs_theory": bml["vs_theory"],
@@ -211,12 +231,13 @@ def write(results: dict, out: Path, name: str) -> list[Path]:
 
 
 def table(results: dict) -> str:
-    lines = ["| rate | topology | algorithm | median s | min–max s | theory s | ×theory | "
-             "NIC tx MB/call | NIC spread | rank CPU s/call |", "|" + "---|" * 10]
+    lines = ["| rate | MiB | topology | algorithm | median s | min–max s | theory s | ×theory | "
+             "NIC tx MB/call | NIC spread | rank CPU s/call |", "|" + "---|" * 11]
     for r in results["rows"]:
+        mib = f"{r['bytes'] / 2**20:g}"
         if "skipped" in r:
-            lines.append(f"| {r['rate']} | {r['topology']} {r['shape']} | {r['algorithm']} | "
-                         f"skipped | | | | | | |")
+            lines.append(f"| {r['rate']} | {mib} | {r['topology']} {r['shape']} | "
+                         f"{r['algorithm']} | skipped | | | | | | |")
             continue
         theory = f"{r['theory_s']:.2f}" if r["theory_s"] else "—"
         vs = f"{r['vs_theory']:.2f}" if r["vs_theory"] else "—"
@@ -224,13 +245,15 @@ def table(results: dict) -> str:
         spread = f"{r['nic_spread']:.3f}" if r["nic_spread"] else "—"
         cpu = r.get("rank_cpu_s_per_call")
         cpu = f"{cpu:.2f}" if cpu is not None else "—"
-        lines.append(f"| {r['rate']} | {r['topology']} {r['shape']} | {r['algorithm']} | "
-                     f"{r['median_s']:.2f} | {r['min_s']:.2f}–{r['max_s']:.2f} | {theory} | "
+        lines.append(f"| {r['rate']} | {mib} | {r['topology']} {r['shape']} | "
+                     f"{r['algorithm']} | {r['median_s']:.2f} | "
+                     f"{r['min_s']:.2f}–{r['max_s']:.2f} | {theory} | "
                      f"{vs} | {nics} | {spread} | {cpu} |")
-    lines += ["", "| rate | bml BCube s | best Fat-Tree | ratio (target ≤ 0.6, theory "
-              "1/k) | bml ×theory (≤ 1.25) | NIC spread (≤ 1.10) |", "|" + "---|" * 6]
+    lines += ["", "| rate | MiB | bml BCube s | best Fat-Tree | ratio (target ≤ 0.6, theory "
+              "1/k) | bml ×theory (≤ 1.25) | NIC spread (≤ 1.10) |", "|" + "---|" * 7]
     for t in results["targets"]:
-        lines.append(f"| {t['rate']} | {t['bml_bcube_s']:.2f} | {t['best_fattree']} "
+        lines.append(f"| {t['rate']} | {t['bytes'] / 2**20:g} | {t['bml_bcube_s']:.2f} | "
+                     f"{t['best_fattree']} "
                      f"{t['best_fattree_s']:.2f} s | {t['ratio']:.3f} "
                      f"{'ok' if t['ratio_ok'] else 'MISSED'} | {t['bml_vs_theory']:.3f} "
                      f"{'ok' if t['theory_ok'] else 'MISSED'} | {t['nic_spread']:.3f} "
@@ -244,16 +267,19 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rates", default="100mbit,200mbit")
     p.add_argument("--shape", default="3x3", help="the BCube; its twin has as many servers")
-    p.add_argument("--bytes", type=int, default=32 << 20)
+    p.add_argument("--bytes", type=parse_sizes, default=[32 << 20, 64 << 20],
+                   help="allreduce sizes, comma list (default 32M,64M: the sweep's large "
+                        "sizes)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--algorithms", default="bml,ring,native,native-ring",
                    help="bmlmpi algorithms, native, native-<MPICH algorithm>")
+    netns.link_options(p)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="bcube_vs_fattree")
     args = p.parse_args(argv)
-    if args.reps < 1 or args.bytes < 4:
-        p.error("need --reps >= 1 and --bytes >= 4")
+    if args.reps < 1:
+        p.error("need --reps >= 1")
     mpi.check()
     bcube = build("bcube", args.shape)
     results = {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},

@@ -9,6 +9,15 @@ both directions (server→switch on the server's NIC, switch→server on the bri
 is at least 256 KiB: with a smaller bucket the qdisc wakes so often that the CPU, not the token
 rate, sets the throughput. The kernel has no netem, so links have bandwidth but no added delay.
 
+TCP congestion control: every server namespace is set to :data:`DEFAULT_CC` (``reno``) unless
+told otherwise. A new namespace otherwise inherits the host's default, which on this machine is
+``bbr``, and BBR cannot fill these links when flows share them: it caps the bytes in flight near
+2 × bandwidth × minimum RTT, the minimum RTT over a veth is tens of microseconds, so a flow
+whose queue is shared with another flow (every NIC during a BML step) is held far below its
+share (measured at 200 Mbit/s: BML on BCube 3x3 1.63 s with bbr, 1.28 s with reno; bmlmpi's
+ring on the Fat-Tree twin, one flow per link, 2.59 s and 2.50 s). ``cubic``, Linux's usual
+default, is listed as available but refused inside a namespace on this kernel (EIO).
+
 Everything is named with the prefix ``bml-`` so :func:`down` removes leftovers of any earlier run
 by name, including processes still running inside those namespaces.
 """
@@ -31,6 +40,8 @@ STATE_FILE = Path("/run") / f"{PREFIX}testbed.json"
 LOCK_FILE = Path("/run") / f"{PREFIX}testbed.lock"
 CMD_TIMEOUT = 30.0
 MIN_BURST = 256 * 1024
+DEFAULT_CC = "reno"
+DEFAULT_MTU = 1500
 
 
 class TestbedError(RuntimeError):
@@ -119,15 +130,37 @@ def existing_namespaces() -> list[str]:
             if line.strip() and line.split()[0].startswith(PREFIX)]
 
 
-def up(kind: str, shape: str, rate: str) -> Network:
+def check_link_settings(cc: str, mtu: int) -> None:
+    """Rejects a congestion control the kernel does not offer and an MTU veth cannot take."""
+    avail = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+    offered = avail.read_text().split() if avail.exists() else []
+    if offered and cc not in offered:
+        raise ValueError(f"congestion control {cc!r} is not available here "
+                         f"(available: {' '.join(offered)})")
+    if not 68 <= mtu <= 65535:
+        raise ValueError(f"MTU {mtu} out of range (68-65535)")
+
+
+def link_options(parser) -> None:
+    """The ``--cc`` and ``--mtu`` options of every command that builds a testbed."""
+    parser.add_argument("--cc", default=DEFAULT_CC,
+                        help=f"TCP congestion control in every server (default {DEFAULT_CC}; "
+                             f"see perf/testbed/README.md for why not the host's default)")
+    parser.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                        help=f"MTU of every NIC, port and bridge (default {DEFAULT_MTU})")
+
+
+def up(kind: str, shape: str, rate: str, *, cc: str = DEFAULT_CC,
+       mtu: int = DEFAULT_MTU) -> Network:
     """Builds the network (after removing any leftover); on any failure removes it again."""
     net = build(kind, shape)
     parse_rate(rate)
+    check_link_settings(cc, mtu)
     down()
     try:
-        _create(net, rate)
+        _create(net, rate, cc, mtu)
         STATE_FILE.write_text(json.dumps({**net.describe(), "rate": rate,
-                                          "rate_bps": parse_rate(rate),
+                                          "rate_bps": parse_rate(rate), "cc": cc, "mtu": mtu,
                                           "created": time.time()}))
     except BaseException:
         down()
@@ -135,22 +168,28 @@ def up(kind: str, shape: str, rate: str) -> Network:
     return net
 
 
-def _create(net: Network, rate: str) -> None:
+def _create(net: Network, rate: str, cc: str, mtu: int) -> None:
     quiet = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"}
     ip_batch(None, [f"netns add {ns}" for ns in [SWITCH_NS, *net.namespaces()]])
     ns_sysctl(SWITCH_NS, quiet)
     for ns in net.namespaces():
         # Forwarding carries 2-hop paths; rp_filter off because a reply may arrive on a NIC other
         # than the one holding the address it was sent to (the weak host model).
-        ns_sysctl(ns, {**quiet, "net.ipv4.ip_forward": "1" if net.kind == "bcube" else "0",
-                       "net.ipv4.conf.all.rp_filter": "0",
-                       "net.ipv4.conf.default.rp_filter": "0"})
+        try:
+            ns_sysctl(ns, {**quiet, "net.ipv4.ip_forward": "1" if net.kind == "bcube" else "0",
+                           "net.ipv4.conf.all.rp_filter": "0",
+                           "net.ipv4.conf.default.rp_filter": "0",
+                           "net.ipv4.tcp_congestion_control": cc})
+        except TestbedError as exc:
+            raise TestbedError(f"could not set up {ns} (congestion control {cc!r} refused "
+                               f"inside a namespace?): {exc}") from exc
     sw = [f"link add {b} type bridge stp_state 0" for b in net.bridges]
     sw += [f"link set {b} up" for b in net.bridges]
     ip_batch(SWITCH_NS, sw)
-    ip_batch(None, [f"link add name {ln.nic} netns {server_ns(ln.server)} type veth "
-                    f"peer name {ln.port} netns {SWITCH_NS}" for ln in net.links])
-    ip_batch(SWITCH_NS, [f"link set {ln.port} master {ln.bridge} up" for ln in net.links])
+    ip_batch(None, [f"link add name {ln.nic} mtu {mtu} netns {server_ns(ln.server)} type veth "
+                    f"peer name {ln.port} mtu {mtu} netns {SWITCH_NS}" for ln in net.links])
+    ip_batch(SWITCH_NS, [f"link set {ln.port} master {ln.bridge} up" for ln in net.links]
+             + [f"link set {b} mtu {mtu}" for b in net.bridges])
     tc_batch(SWITCH_NS, [shaper(ln.port, rate) for ln in net.links])
     for r, ns in enumerate(net.namespaces()):
         mine = [ln for ln in net.links if ln.server == r]
@@ -222,11 +261,12 @@ def current() -> Network:
 
 
 @contextmanager
-def testbed(kind: str, shape: str, rate: str) -> Iterator[Network]:
+def testbed(kind: str, shape: str, rate: str, *, cc: str = DEFAULT_CC,
+            mtu: int = DEFAULT_MTU) -> Iterator[Network]:
     """A network that is removed on leaving the block, also on error or Ctrl-C; the testbed
     lock is held throughout."""
     with lock():
-        net = up(kind, shape, rate)
+        net = up(kind, shape, rate, cc=cc, mtu=mtu)
         try:
             yield net
         finally:

@@ -19,14 +19,15 @@ def plot(results: dict, png: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [r for r in results["rows"] if "median_s" in r]
-    rates = [rate for _, rate in sorted({(r["rate_bps"], r["rate"]) for r in rows})]
+    # one group of bars per (rate, size); older results have one size for all rows
+    groups = sorted({(r["rate_bps"], r["bytes"], r["rate"]) for r in rows})
     series = sorted({(r["topology"], r["shape"], r["algorithm"]) for r in rows})
     width = 0.8 / max(len(series), 1)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(groups)), 4.5))
     for i, (topo, shape, alg) in enumerate(series):
-        for j, rate in enumerate(rates):
-            r = next((x for x in rows if x["rate"] == rate and x["topology"] == topo
-                      and x["algorithm"] == alg), None)
+        for j, (_, nbytes, rate) in enumerate(groups):
+            r = next((x for x in rows if x["rate"] == rate and x["bytes"] == nbytes
+                      and x["topology"] == topo and x["algorithm"] == alg), None)
             if r is None:
                 continue
             x = j + (i - (len(series) - 1) / 2) * width
@@ -36,12 +37,13 @@ def plot(results: dict, png: Path) -> None:
                    capsize=3)
             if r.get("theory_s"):
                 ax.hlines(r["theory_s"], x - width / 2, x + width / 2, colors="black")
-    ax.set_xticks(range(len(rates)), [f"{r}" for r in rates])
-    ax.set_xlabel("link rate (each direction)")
+    ax.set_xticks(range(len(groups)), [f"{rate}\n{nbytes / 2**20:g} MiB"
+                                        for _, nbytes, rate in groups])
+    ax.set_xlabel("link rate (each direction) and allreduce size")
     ax.set_ylabel("allreduce time, s (median of reps)")
-    mib = rows[0]["bytes"] / 2**20 if rows else 0
-    ax.set_title(f"{mib:.0f} MiB allreduce, emulated BCube vs one-NIC Fat-Tree "
-                 f"(black: bandwidth theory)", fontsize=10)
+    ax.set_yscale("log")
+    ax.set_title("allreduce on the emulated BCube vs its one-NIC Fat-Tree twin "
+                 "(black: bandwidth theory)", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
