@@ -10,7 +10,10 @@ checked on every rank against position-dependent data). One table per algorithm
 so they share the machine's conditions, and ``--blocks B`` interleaves them within a size).
 ``--busbw`` adds nccl-tests style bandwidths (algbw = bytes/time, busbw = algbw·2(N−1)/N).
 ``--csv``/``--json`` save every row with the machine, rank count and library versions; a
-ratio-to-native table closes the output when native is among the algorithms.
+ratio-to-native table closes the output when native is among the algorithms. ``-d cuda``
+(OSU's flag) puts both buffers on the GPU as cupy arrays; every algorithm, native included,
+then goes through bmlmpi's device-array path (staging through pinned host memory), so the
+times include the copies to and from the device.
 """
 
 from __future__ import annotations
@@ -56,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--blocks", type=int, default=1,
                    help="cut each size's timed iterations into this many blocks, taken by "
                         "every algorithm in turn (default 1: OSU's order)")
+    p.add_argument("-d", "--device", choices=["host", "cuda"], default="host",
+                   help="where the buffers live (cuda: cupy arrays on the current GPU)")
     p.add_argument("--topology", help="BCube shape for bml, e.g. 3x3 (default BMLMPI_BCUBE)")
     p.add_argument("--busbw", action="store_true", help="add algbw/busbw columns (GB/s)")
     p.add_argument("--csv", help="write every row to this CSV file")
@@ -131,8 +136,22 @@ def _expected(n: int, size: int) -> np.ndarray:
     return ((np.arange(n) % 64) * size + size * (size - 1) // 2).astype(np.float32)
 
 
+def device_buffers(device: str):
+    """(to_device, to_host) for ``device``: identity for host, cupy copies for cuda."""
+    if device == "host":
+        return (lambda a: a), (lambda a: a)
+    from .kernels import gpu
+
+    if not gpu.gpu_available():
+        raise SystemExit("bmlmpi-bench: -d cuda needs cupy and a CUDA device "
+                         "(pip install 'bmlmpi[gpu]')")
+    import cupy
+
+    return cupy.asarray, cupy.asnumpy
+
+
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,
-            validate: bool, blocks: int = 1) -> list[dict[str, Any]]:
+            validate: bool, blocks: int = 1, device: str = "host") -> list[dict[str, Any]]:
     """Time every algorithm at one size; one row per algorithm.
 
     Each algorithm first runs its ``skip`` warm-up iterations, then the ``iters`` timed ones
@@ -144,9 +163,10 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
     """
     comm = ctx.comm
     n = max(1, nbytes // 4)
-    send = np.empty(n, dtype=np.float32)
-    recv = np.empty(n, dtype=np.float32)
-    _fill(send, comm.Get_rank())
+    to_device, to_host = device_buffers(device)
+    host_send = np.empty(n, dtype=np.float32)
+    _fill(host_send, comm.Get_rank())
+    send, recv = to_device(host_send), to_device(np.empty(n, dtype=np.float32))
     expected = _expected(n, comm.Get_size()) if validate else None
     blocks = max(1, min(blocks, iters)) if iters else 1
     bounds = [iters * b // blocks for b in range(blocks + 1)]
@@ -161,7 +181,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             if timed:
                 times[algorithm].append(t1 - t0)
             if check and i in (0, count - 1):
-                ok[algorithm] &= bool(np.array_equal(recv, expected))
+                ok[algorithm] &= bool(np.array_equal(to_host(recv), expected))
             comm.Barrier()
 
     for a in algorithms:
@@ -189,6 +209,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             "max_us": float(mx[0]), "iterations": iters, "blocks": blocks,
             "median_block_us": float(sm[1]) / size,
             "validation": ("Pass" if passed else "Fail") if validate else "",
+            "device": device,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * 2 * (size - 1) / size if size > 1 else 0.0})
         if a == "auto":
@@ -202,6 +223,9 @@ def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
              f"# Ranks: {info['ranks']}{' (oversubscribed)' if info['oversubscribed'] else ''}"
              f"; MPI: {info['mpi_library']}",
              "# Datatype: MPI_FLOAT."]
+    if rows and rows[0].get("device", "host") != "host":
+        lines.append(f"# Buffers on device: {rows[0]['device']} (staged through pinned host "
+                     f"memory; times include the copies)")
     # OSU's layout: the size left-aligned in 10 columns, every other field right-aligned
     head = f"{'# Size':<10}{'Avg Latency(us)':>{FIELD}}"
     if args.full:
@@ -259,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
         iters = args.iterations if args.iterations is not None else (100 if large else 1000)
         skip = args.warmup if args.warmup is not None else (10 if large else 100)
         rows += measure(ctx, args.algorithm_list, nbytes, iters, skip, args.validation,
-                        args.blocks)
+                        args.blocks, args.device)
         if bar is not None:
             bar.set_postfix_str(f"{nbytes} B")
             bar.update(len(args.algorithm_list))

@@ -11,12 +11,12 @@ rate, sets the throughput. The kernel has no netem, so links have bandwidth but 
 
 TCP congestion control: every server namespace is set to :data:`DEFAULT_CC` (``reno``) unless
 told otherwise. A new namespace otherwise inherits the host's default, which on this machine is
-``bbr``, and BBR cannot fill these links when flows share them: it caps the bytes in flight near
-2 × bandwidth × minimum RTT, the minimum RTT over a veth is tens of microseconds, so a flow
-whose queue is shared with another flow (every NIC during a BML step) is held far below its
-share (measured at 200 Mbit/s: BML on BCube 3x3 1.63 s with bbr, 1.28 s with reno; bmlmpi's
-ring on the Fat-Tree twin, one flow per link, 2.59 s and 2.50 s). ``cubic``, Linux's usual
-default, is listed as available but refused inside a namespace on this kernel (EIO).
+``bbr``, and BBR leaves these links partly idle when flows share a queue, as every NIC does
+during a BML step (our reading: BBR bounds its data in flight by its bandwidth estimate times
+the smallest RTT it has seen, tens of microseconds over a veth; measured at 200 Mbit/s: BML on
+BCube 3x3 1.63 s with bbr, 1.28 s with reno; bmlmpi's ring on the Fat-Tree twin, one flow per
+link, 2.59 s and 2.50 s). ``cubic``, Linux's usual default, is listed as available but refused
+inside a namespace on this kernel (EIO).
 
 Everything is named with the prefix ``bml-`` so :func:`down` removes leftovers of any earlier run
 by name, including processes still running inside those namespaces.

@@ -23,3 +23,18 @@ def test_device_allreduce_under_mpiexec(n):
     assert res.returncode == 0, f"{n} ranks: exit {res.returncode}\n{tail}"
     assert " passed" in res.stdout, tail
     assert "no CUDA device" not in res.stdout, tail
+
+
+def test_sweep_with_device_buffers():
+    """``bmlmpi-bench -d cuda``: every algorithm on cupy buffers, validated, OSU tables."""
+    res = run_ranks(2, ["-m", "bmlmpi.bench", "-d", "cuda", "-m", "4:1048576", "-c", "-f",
+                        "--algorithms", "all", "-i", "20", "-x", "2", "--no-progress"],
+                    timeout=600)
+    out = res.stdout
+    assert res.returncode == 0, (out + res.stderr)[-4000:]
+    tables = out.split("# Latency ratio")[0].split("# OSU MPI Allreduce Latency Test")[1:]
+    assert len(tables) == 6, out
+    for table in tables:
+        assert "# Buffers on device: cuda" in table, table
+        rows = [line.split() for line in table.splitlines() if line[:1].isdigit()]
+        assert len(rows) == 19 and all(r[-1] == "Pass" for r in rows), table

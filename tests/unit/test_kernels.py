@@ -586,3 +586,15 @@ def test_bench_writes_results_for_every_backend(tmp_path, capsys):
     assert "| 16 KiB |" in out_md.read_text()
     with pytest.raises(SystemExit):
         bench.main(["--backends", "fortran"])
+
+
+def test_sweep_device_option_without_a_gpu_says_so():
+    if gpu.gpu_available():
+        pytest.skip("a GPU is visible here")
+    from bmlmpi import bench
+
+    to_device, to_host = bench.device_buffers("host")
+    a = np.arange(3.0)
+    assert to_device(a) is a and to_host(a) is a
+    with pytest.raises(SystemExit, match="-d cuda needs cupy"):
+        bench.device_buffers("cuda")
