@@ -217,6 +217,23 @@ def test_stage_send_and_recv(monkeypatch):
     np.testing.assert_array_equal(cupy.asnumpy(big), [1] * 10 + [9] * 6)
 
 
+def test_staging_reuses_pinned_memory_but_never_shares_it(monkeypatch):
+    monkeypatch.setenv("BMLMPI_CUDA_AWARE", "0")
+    a, b = cupy.arange(100, dtype=cupy.float32), cupy.zeros(100, cupy.float32)
+    first, second = gpu.stage(a, b), gpu.stage(a, b)  # two calls in flight at once
+    ptrs = {x.ctypes.data for st in (first, second) for x in (st.host_send, st.host_recv)}
+    assert len(ptrs) == 4
+    second.host_recv[...] = 3
+    first.host_recv[...] = 2
+    first.finish()
+    second.finish()
+    np.testing.assert_array_equal(cupy.asnumpy(b), np.full(100, 3))
+    again = gpu.stage(a, b)
+    assert {again.host_send.ctypes.data, again.host_recv.ctypes.data} <= ptrs
+    np.testing.assert_array_equal(again.host_send, np.arange(100))
+    again.finish()
+
+
 def test_stage_keeps_device_buffers_with_cuda_aware_mpi(monkeypatch):
     monkeypatch.setenv("BMLMPI_CUDA_AWARE", "1")
     send, recv = cupy.ones(4), cupy.zeros(4)
