@@ -29,6 +29,15 @@ def run_ranks(n: int, args: list[str], timeout: int = LAUNCH_TIMEOUT,
         pytest.fail(f"mpiexec -n {n} did not finish within {timeout} s:\n{out!r}")
 
 
+def sweep_tables(res: subprocess.CompletedProcess) -> list[tuple[str, list[list[str]]]]:
+    """The sweep's OSU tables, checked to have finished well: (header, rows of fields)."""
+    out = res.stdout
+    assert res.returncode == 0, (out + res.stderr)[-4000:]
+    tables = out.split("# Latency ratio")[0].split("# OSU MPI Allreduce Latency Test")[1:]
+    return [(t, [line.split() for line in t.splitlines() if line[:1].isdigit()])
+            for t in tables]
+
+
 @pytest.mark.parametrize("n", RANKS)
 def test_mpi_suite(n):
     res = run_ranks(n, ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider",
@@ -45,11 +54,9 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
                         "--csv", str(csv_path), "--expect-size", "3", "--no-progress"],
                     timeout=600)
     out = res.stdout
-    assert res.returncode == 0, (out + res.stderr)[-4000:]
-    tables = out.split("# Latency ratio")[0].split("# OSU MPI Allreduce Latency Test")[1:]
+    tables = sweep_tables(res)
     assert len(tables) == 6, out
-    for table in tables:
-        rows = [line.split() for line in table.splitlines() if line[:1].isdigit()]
+    for table, rows in tables:
         assert [int(r[0]) for r in rows] == [4 << i for i in range(15)], table
         assert all(r[-1] == "Pass" and r[4] == "12" for r in rows), table
     assert "# Size" in out and "Avg Latency(us)" in out and "Busbw(GB/s)" in out

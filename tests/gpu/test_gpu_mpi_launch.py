@@ -8,7 +8,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bmlmpi.kernels import gpu  # noqa: E402
-from test_mpi_launch import run_ranks  # noqa: E402
+from test_mpi_launch import run_ranks, sweep_tables  # noqa: E402
 
 pytest.importorskip("cupy")
 if not gpu.gpu_available():
@@ -30,11 +30,8 @@ def test_sweep_with_device_buffers():
     res = run_ranks(2, ["-m", "bmlmpi.bench", "-d", "cuda", "-m", "4:1048576", "-c", "-f",
                         "--algorithms", "all", "-i", "20", "-x", "2", "--no-progress"],
                     timeout=600)
-    out = res.stdout
-    assert res.returncode == 0, (out + res.stderr)[-4000:]
-    tables = out.split("# Latency ratio")[0].split("# OSU MPI Allreduce Latency Test")[1:]
-    assert len(tables) == 6, out
-    for table in tables:
+    tables = sweep_tables(res)
+    assert len(tables) == 6, res.stdout
+    for table, rows in tables:
         assert "# Buffers on device: cuda" in table, table
-        rows = [line.split() for line in table.splitlines() if line[:1].isdigit()]
         assert len(rows) == 19 and all(r[-1] == "Pass" for r in rows), table
