@@ -43,6 +43,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .. import config
 from .dispatch import NUMBA_DTYPES, PARALLEL_MIN_BYTES
 
 NAME = "numba"
@@ -223,16 +224,6 @@ _LOCAL_RANKS_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_W
                     "PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE")
 
 
-def _positive_int(name: str, text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"{name} must be a positive integer, got {text!r}")
-    return n
-
-
 def _local_ranks() -> int:
     for name in _LOCAL_RANKS_ENV:
         text = os.environ.get(name, "").strip()
@@ -242,10 +233,8 @@ def _local_ranks() -> int:
 
 
 def _default_threads() -> int:
-    env = os.environ.get("BMLMPI_KERNEL_THREADS", "").strip()
-    if env:
-        n = _positive_int("BMLMPI_KERNEL_THREADS", env)
-    else:
+    n = config.get("BMLMPI_KERNEL_THREADS")
+    if n is None:
         try:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):
