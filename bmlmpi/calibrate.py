@@ -73,7 +73,7 @@ _VEC = 6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
 
 def cache_dir() -> Path:
     """Where calibrations (and, under ``numba/``, compiled kernels) are cached."""
-    return config.get("BMLMPI_CACHE_DIR") or Path.home() / ".cache" / "bmlmpi"
+    return config.cache_dir()
 
 
 def _slug(text: str) -> str:

@@ -205,6 +205,11 @@ def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
     return bool(text(name, env))
 
 
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The base of bmlmpi's disk caches (calibrations, compiled kernels)."""
+    return get("BMLMPI_CACHE_DIR", env) or Path.home() / ".cache" / "bmlmpi"
+
+
 def markdown_table() -> str:
     """The README's environment table."""
     rows = ["| variable | meaning | default |", "| --- | --- | --- |"]

@@ -2,8 +2,8 @@
 
 Importing this module imports numba (about half a second) but compiles nothing: each kernel is
 compiled on its first call for the array types it meets (a fraction of a second to a few
-seconds) and cached on disk (``cache=True``), so later processes load it in milliseconds.
-:func:`warmup` compiles ahead of time.
+seconds) and cached on disk under the user's cache directory (:mod:`.numba_cache`), so later
+processes load it in milliseconds. :func:`warmup` compiles ahead of time.
 
 The op is a runtime argument rather than a compile-time constant: the branch on it sits
 outside the element loop after LLVM unswitches it, so each loop still vectorises, and one
@@ -45,6 +45,7 @@ from numba.extending import intrinsic, overload
 
 from .. import config
 from .dispatch import NUMBA_DTYPES, PARALLEL_MIN_BYTES
+from .numba_cache import cached
 
 NAME = "numba"
 
@@ -56,6 +57,12 @@ SUPPORTED = NUMBA_DTYPES
 _HALF = np.dtype(np.float16)
 
 _forced_form: bool | None = None
+
+
+def kernel(**flags):
+    """``njit`` for a kernel: releases the GIL, cached on disk under the user's cache directory
+    (:mod:`.numba_cache`; numba's ``cache=True`` would write into the installed package)."""
+    return lambda func: cached(njit(nogil=True, **flags)(func))
 
 
 # -- element operations ------------------------------------------------------------------------
@@ -137,73 +144,73 @@ def _many_half_at(dst, srcs, op, i):
     dst[i] = _float_to_half(acc)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _pair_1(dst, src, op):
     for i in range(dst.size):
         _pair_at(dst, src, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _pair_n(dst, src, op):
     for i in prange(dst.size):
         _pair_at(dst, src, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _many_1(dst, srcs, op):
     for i in range(dst.size):
         _many_at(dst, srcs, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _many_n(dst, srcs, op):
     for i in prange(dst.size):
         _many_at(dst, srcs, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _pair_half_1(dst, src, op):
     for i in range(dst.size):
         _pair_half_at(dst, src, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _pair_half_n(dst, src, op):
     for i in prange(dst.size):
         _pair_half_at(dst, src, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _many_half_1(dst, srcs, op):
     for i in range(dst.size):
         _many_half_at(dst, srcs, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _many_half_n(dst, srcs, op):
     for i in prange(dst.size):
         _many_half_at(dst, srcs, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _divide_1(dst, n):
     for i in range(dst.size):
         dst[i] = dst[i] / n
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _divide_n(dst, n):
     for i in prange(dst.size):
         dst[i] = dst[i] / n
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _divide_half_1(dst, n):
     for i in range(dst.size):
         dst[i] = _float_to_half(_half_to_float(dst[i]) / n)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _divide_half_n(dst, n):
     for i in prange(dst.size):
         dst[i] = _float_to_half(_half_to_float(dst[i]) / n)
