@@ -201,10 +201,6 @@ def get(name: str, env: Mapping[str, str] | None = None) -> Any:
         raise ConfigError(f"{name}={raw!r}: {exc}") from None
 
 
-def is_set(name: str, env: Mapping[str, str] | None = None) -> bool:
-    return bool(text(name, env))
-
-
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """The base of bmlmpi's disk caches (calibrations, compiled kernels)."""
     return get("BMLMPI_CACHE_DIR", env) or Path.home() / ".cache" / "bmlmpi"

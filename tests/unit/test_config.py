@@ -221,7 +221,7 @@ def _direct_reads(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def _config_reads(tree: ast.AST) -> set[str]:
-    """Names passed to ``config.get``/``config.text``/``config.is_set``/``config.variable``."""
+    """Names passed to ``config.get``/``config.text``/``config.variable``."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
