@@ -13,14 +13,13 @@ with that communicator.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, kernels, registry, select
+from . import buffers, config, kernels, registry, select
 from .buffers import BufferSpecError
 from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
@@ -107,7 +106,7 @@ def _signature_hash(parts: tuple) -> int:
 def _validation_enabled(value: bool | None) -> bool:
     if value is not None:
         return value
-    return os.environ.get("BMLMPI_VALIDATE", "1").strip().lower() not in ("0", "false", "no")
+    return config.get("BMLMPI_VALIDATE")
 
 
 class Communicator:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import __version__
+from . import __version__, config
 from .api import Communicator
 from .select import algorithms as implemented
 
@@ -66,7 +66,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--csv", help="write every row to this CSV file")
     p.add_argument("--json", help="write rows and run metadata to this JSON file")
     p.add_argument("--expect-size", type=int,
-                   default=int(os.environ.get("BMLMPI_EXPECT_SIZE", "0")) or None,
+                   default=config.get("BMLMPI_EXPECT_SIZE"),
                    help="fail unless the MPI world has exactly this many ranks "
                         "(catches a launcher that started N one-rank worlds)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

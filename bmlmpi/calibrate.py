@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .execute import Plan, Run, timeout_from_env, wait_for
 from .model.choose import Calibration, estimate
 from .model.cost import price_symmetric
@@ -71,8 +72,8 @@ _VEC = 6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("BMLMPI_CACHE_DIR", "").strip()
-    return Path(env) if env else Path.home() / ".cache" / "bmlmpi"
+    """Where calibrations (and, under ``numba/``, compiled kernels) are cached."""
+    return config.cache_dir()
 
 
 def _slug(text: str) -> str:
@@ -402,8 +403,7 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
         host, mpi, nodes = hosts[0], mpi_library(), len(set(hosts))
         key = _entry_key(size, nodes)
         path = cache_path(host, mpi)
-        fresh = not use_cache or os.environ.get("BMLMPI_RECALIBRATE", "").strip() not in (
-            "", "0")
+        fresh = not use_cache or config.get("BMLMPI_RECALIBRATE")
         meta = {"host": host, "mpi": mpi, "ranks": size, "nodes": nodes, "cache": str(path)}
         vec = _pack(None if fresh or work.Get_rank() != 0 else _read_cache(path, key))
         _wait([work.Ibcast(vec, root=0)], timeout, "sharing the cached calibration")

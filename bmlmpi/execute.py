@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import kernels
+from . import config, kernels
 from .ops import kernel_op
 from .schedules.types import Schedule, streams_are_independent
 
-DEFAULT_TIMEOUT = 120.0
+DEFAULT_TIMEOUT: float = config.variable("BMLMPI_TIMEOUT").default
 TAG_STEPS = 4096  # tag slots per call: (step·streams + stream) folded modulo this
 
 
@@ -30,8 +30,7 @@ def timeout_from_env(value: float | None = None) -> float:
     """The deadline in seconds: explicit, else ``BMLMPI_TIMEOUT``, else 120 s."""
     if value is not None:
         return float(value)
-    env = os.environ.get("BMLMPI_TIMEOUT")
-    return float(env) if env else DEFAULT_TIMEOUT
+    return config.get("BMLMPI_TIMEOUT")
 
 
 class DeadlineExceeded(TimeoutError):
@@ -275,7 +274,7 @@ class Run:
 
 
 def _spin_seconds() -> float:
-    return float(os.environ.get("BMLMPI_SPIN", "0.05"))
+    return config.get("BMLMPI_SPIN")
 
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],

@@ -23,9 +23,11 @@ import shutil
 import subprocess
 import sys
 
+from . import config
+
 
 def find_mpiexec() -> str:
-    env = os.environ.get("BMLMPI_MPIEXEC")
+    env = config.get("BMLMPI_MPIEXEC")
     if env:
         return env
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")

@@ -19,11 +19,11 @@ machine stands in: native below 64 KiB, bml from there (``BMLMPI_AUTO_BML_BYTES`
 
 from __future__ import annotations
 
-import os
+from . import config
 
 IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "native")
 SCHEDULED = ("bml", "ring", "tree", "multitree")
-DEFAULT_BML_BYTES = 64 * 1024
+DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 #: ``auto`` leaves native only for a schedule predicted at least this much faster (measured
 #: on the development machine: the picks that a 10 % margin turns back to native were all
 #: near-ties the sweep measured in native's favour).
@@ -44,18 +44,17 @@ def check_algorithm(name: str) -> str:
 
 
 def env_algorithm() -> str | None:
-    env = os.environ.get("BMLMPI_ALGORITHM", "").strip()
-    return check_algorithm(env) if env else None
+    env = config.get("BMLMPI_ALGORITHM")
+    if env is None:
+        return None
+    try:
+        return check_algorithm(env)
+    except ValueError as exc:
+        raise config.ConfigError(f"BMLMPI_ALGORITHM={env!r}: {exc}") from None
 
 
 def tree_array_bound() -> int | None:
-    env = os.environ.get("BMLMPI_TREE_ARRAY_BOUND", "").strip()
-    if not env:
-        return None
-    bound = int(env)
-    if bound < 0:
-        raise ValueError(f"BMLMPI_TREE_ARRAY_BOUND must be >= 0, got {bound}")
-    return bound
+    return config.get("BMLMPI_TREE_ARRAY_BOUND")
 
 
 def candidates(count: int, size: int) -> list[str]:
@@ -78,7 +77,7 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None) -> str:
     if size == 1 or count == 0:
         return "bml"
     if calib is None:
-        threshold = int(os.environ.get("BMLMPI_AUTO_BML_BYTES", DEFAULT_BML_BYTES))
+        threshold = config.get("BMLMPI_AUTO_BML_BYTES")
         return "bml" if count * itemsize >= threshold else "native"
     from .model import estimate
 
@@ -100,4 +99,4 @@ def calibration_wanted(algorithm: str) -> bool:
     env = env_algorithm()
     if algorithm != "auto" or (env and env != "auto"):
         return False
-    return os.environ.get("BMLMPI_CALIBRATE", "1").strip().lower() not in ("0", "no", "false")
+    return config.get("BMLMPI_CALIBRATE")

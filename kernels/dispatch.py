@@ -30,13 +30,13 @@ If numba cannot be imported, ``auto`` quietly uses numpy; ``BMLMPI_KERNEL=numba`
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from .. import config
 from . import gpu, numpy_backend
 
 OPS = ("sum", "prod", "min", "max")
@@ -54,7 +54,7 @@ NUMBA_DTYPES = frozenset(np.dtype(t) for t in (
     np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
     np.float16, np.float32, np.float64, np.complex64, np.complex128))
 
-MODES = ("auto", "numpy", "numba")
+MODES = config.KERNEL_MODES
 _HALF = np.dtype(np.float16)
 _KINDS = "iufc"
 _mode: str | None = None
@@ -86,7 +86,7 @@ def kernel_mode() -> str:
     """The CPU back end choice: ``BMLMPI_KERNEL`` read on first use, or :func:`set_kernel_mode`."""
     global _mode
     if _mode is None:
-        _mode = _parse_mode(os.environ.get("BMLMPI_KERNEL", ""))
+        _mode = config.get("BMLMPI_KERNEL")
     return _mode
 
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .. import config
 
 # DLPack device types that are CUDA device memory (kDLCUDA, kDLCUDAManaged).
 _DLPACK_CUDA_DEVICES = (2, 13)
@@ -107,14 +108,8 @@ def empty_like(array: Any):
 
 def cuda_aware_mpi() -> bool:
     """Whether MPI accepts device pointers; ``BMLMPI_CUDA_AWARE=0|1`` overrides detection."""
-    env = os.environ.get("BMLMPI_CUDA_AWARE", "").strip().lower()
-    if env in ("1", "true", "yes", "on"):
-        return True
-    if env in ("0", "false", "no", "off"):
-        return False
-    if env:
-        raise ValueError(f"BMLMPI_CUDA_AWARE must be 0 or 1, got {env!r}")
-    return _detect_cuda_aware()
+    forced = config.get("BMLMPI_CUDA_AWARE")
+    return _detect_cuda_aware() if forced is None else forced
 
 
 @functools.cache

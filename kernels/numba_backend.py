@@ -2,8 +2,8 @@
 
 Importing this module imports numba (about half a second) but compiles nothing: each kernel is
 compiled on its first call for the array types it meets (a fraction of a second to a few
-seconds) and cached on disk (``cache=True``), so later processes load it in milliseconds.
-:func:`warmup` compiles ahead of time.
+seconds) and cached on disk under the user's cache directory (:mod:`.numba_cache`), so later
+processes load it in milliseconds. :func:`warmup` compiles ahead of time.
 
 The op is a runtime argument rather than a compile-time constant: the branch on it sits
 outside the element loop after LLVM unswitches it, so each loop still vectorises, and one
@@ -43,7 +43,9 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
+from .. import config
 from .dispatch import NUMBA_DTYPES, PARALLEL_MIN_BYTES
+from .numba_cache import cached
 
 NAME = "numba"
 
@@ -55,6 +57,12 @@ SUPPORTED = NUMBA_DTYPES
 _HALF = np.dtype(np.float16)
 
 _forced_form: bool | None = None
+
+
+def kernel(**flags):
+    """``njit`` for a kernel: releases the GIL, cached on disk under the user's cache directory
+    (:mod:`.numba_cache`; numba's ``cache=True`` would write into the installed package)."""
+    return lambda func: cached(njit(nogil=True, **flags)(func))
 
 
 # -- element operations ------------------------------------------------------------------------
@@ -136,73 +144,73 @@ def _many_half_at(dst, srcs, op, i):
     dst[i] = _float_to_half(acc)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _pair_1(dst, src, op):
     for i in range(dst.size):
         _pair_at(dst, src, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _pair_n(dst, src, op):
     for i in prange(dst.size):
         _pair_at(dst, src, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _many_1(dst, srcs, op):
     for i in range(dst.size):
         _many_at(dst, srcs, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _many_n(dst, srcs, op):
     for i in prange(dst.size):
         _many_at(dst, srcs, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _pair_half_1(dst, src, op):
     for i in range(dst.size):
         _pair_half_at(dst, src, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _pair_half_n(dst, src, op):
     for i in prange(dst.size):
         _pair_half_at(dst, src, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _many_half_1(dst, srcs, op):
     for i in range(dst.size):
         _many_half_at(dst, srcs, op, i)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _many_half_n(dst, srcs, op):
     for i in prange(dst.size):
         _many_half_at(dst, srcs, op, i)
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _divide_1(dst, n):
     for i in range(dst.size):
         dst[i] = dst[i] / n
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _divide_n(dst, n):
     for i in prange(dst.size):
         dst[i] = dst[i] / n
 
 
-@njit(cache=True, nogil=True)
+@kernel()
 def _divide_half_1(dst, n):
     for i in range(dst.size):
         dst[i] = _float_to_half(_half_to_float(dst[i]) / n)
 
 
-@njit(parallel=True, cache=True, nogil=True)
+@kernel(parallel=True)
 def _divide_half_n(dst, n):
     for i in prange(dst.size):
         dst[i] = _float_to_half(_half_to_float(dst[i]) / n)
@@ -223,16 +231,6 @@ _LOCAL_RANKS_ENV = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "MV2_COMM_W
                     "PMI_LOCAL_SIZE", "PALS_LOCAL_SIZE")
 
 
-def _positive_int(name: str, text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"{name} must be a positive integer, got {text!r}")
-    return n
-
-
 def _local_ranks() -> int:
     for name in _LOCAL_RANKS_ENV:
         text = os.environ.get(name, "").strip()
@@ -242,10 +240,8 @@ def _local_ranks() -> int:
 
 
 def _default_threads() -> int:
-    env = os.environ.get("BMLMPI_KERNEL_THREADS", "").strip()
-    if env:
-        n = _positive_int("BMLMPI_KERNEL_THREADS", env)
-    else:
+    n = config.get("BMLMPI_KERNEL_THREADS")
+    if n is None:
         try:
             cpus = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):

@@ -16,9 +16,10 @@ fan-out low; users with real BCube hardware name their shape (``BMLMPI_BCUBE=4x4
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from .. import config
 
 Shape = tuple[int, ...]
 
@@ -62,7 +63,7 @@ def resolve_shape(n: int, shape: str | Sequence[int] | None = None) -> Shape:
     """The shape to use for ``n`` ranks: explicit, else ``BMLMPI_BCUBE``, else the default."""
     source = "topology"
     if shape is None:
-        env = os.environ.get("BMLMPI_BCUBE", "").strip()
+        env = config.get("BMLMPI_BCUBE")
         if env:
             shape, source = env, "BMLMPI_BCUBE"
     if shape is None:

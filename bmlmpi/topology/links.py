@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from .bcube import BCube
 
 _P3_16XLARGE = (
@@ -253,8 +254,7 @@ def load_links(path: str | os.PathLike[str]) -> np.ndarray:
 
 def links_from_env(env: Mapping[str, str] | None = None) -> np.ndarray | None:
     """The matrix named by ``BMLMPI_LINKS`` (a preset name or a file path), or None if unset."""
-    env = os.environ if env is None else env
-    value = env.get("BMLMPI_LINKS", "").strip()
+    value = config.get("BMLMPI_LINKS", env)
     if not value:
         return None
     if value.lower() in PRESETS:

@@ -69,7 +69,6 @@ Determinism: no clocks, no global random state; ties are broken by a permutation
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -77,6 +76,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from .links import is_connected, validate_links
 
 EXACT_LIMIT = 8
@@ -87,7 +87,7 @@ ATTEMPTS_BASE = 32
 MAX_LINK_CLASSES = 8
 SPLIT_SEARCH_COST = 4
 ATTEMPTS_PER_NODE = 4
-DEFAULT_PENALTY = 0.7
+DEFAULT_PENALTY: float = config.variable("BMLMPI_TREE_LINK_PENALTY").default
 _EPS = 1e-9
 
 Edge = tuple[int, int, int]  # (child, parent, step)
@@ -599,20 +599,10 @@ def _build(w: np.ndarray, root: int, seed: int) -> Tree:
 def link_penalty(penalty: float | None = None, env: Mapping[str, str] | None = None) -> float:
     """The link-usage penalty: ``penalty`` if given, else ``BMLMPI_TREE_LINK_PENALTY``, else
     0.7. Must lie in (0, 1]."""
-    source = "penalty"
     if penalty is None:
-        env = os.environ if env is None else env
-        text = env.get("BMLMPI_TREE_LINK_PENALTY", "").strip()
-        if text:
-            source = "BMLMPI_TREE_LINK_PENALTY"
-            try:
-                penalty = float(text)
-            except ValueError:
-                raise ValueError(f"BMLMPI_TREE_LINK_PENALTY={text!r} is not a number") from None
-        else:
-            penalty = DEFAULT_PENALTY
+        return config.get("BMLMPI_TREE_LINK_PENALTY", env)  # its parser checks the range
     if not (0 < penalty <= 1) or math.isnan(penalty):
-        raise ValueError(f"{source} must be in (0, 1], got {penalty}")
+        raise ValueError(f"penalty must be in (0, 1], got {penalty}")
     return float(penalty)
 
 

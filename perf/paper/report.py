@@ -1,13 +1,17 @@
 """Reproduce the BML paper's analysis from bmlmpi's own schedules, priced by the cost model.
 
     python perf/paper/report.py            # writes perf/paper/REPORT.md and, with matplotlib
-                                           # (the ``plot`` extra), perf/paper/*.png
+                                           # (the ``plot`` extra), redraws perf/paper/*.png
 
 Every number in the report is computed here from the schedules the executor runs
 (:mod:`bmlmpi.schedules`) priced on link graphs (:mod:`bmlmpi.model`); the paper's values are
 the formulas and statements of its text, printed beside ours. Sources:
 ``shared/seeds/000_c269322a980f2064.txt`` (the paper), ``001_7fe0ff36a62447ab.txt`` (slide
 notes carrying Table II), ``003_c9eea3ecac030166.txt`` (the MXNet tree proposal).
+
+The text is deterministic and does not depend on matplotlib: its Plots section names the
+committed PNGs (:data:`PLOTS`) whether or not this run could redraw them, and
+``tests/unit/test_paper_report.py`` holds the committed REPORT.md equal to :func:`report_text`.
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ RING_MAX = 1024         # a ring schedule has 2(N-1) steps: skip it beyond this
 P3_BETA = 1 / 25e9      # seconds per byte over one NVLink
 P3_ALPHA = 10e-6        # assumed per-step latency (a peer copy's launch and completion)
 P3_OVERHEADS = (0.0, 5e-6, 20e-6, 100e-6)   # assumed per-message costs to show
+
+#: The plots :func:`plots` draws, in the report's order; committed beside REPORT.md.
+PLOTS = ("fig5.png", "table2.png", "trees_p3.png")
 
 
 def frac(x: F | float, digits: int = 4) -> str:
@@ -202,6 +209,7 @@ def recovery() -> dict | None:
 # -- plots ----------------------------------------------------------------------------------------
 
 def plots(t2: list[dict], f5: list[dict], mx: dict) -> list[str]:
+    """Draw :data:`PLOTS` into this folder; the names drawn (none without matplotlib)."""
     try:
         import matplotlib
         import matplotlib.ticker
@@ -275,8 +283,7 @@ def plots(t2: list[dict], f5: list[dict], mx: dict) -> list[str]:
 
 # -- the Markdown -----------------------------------------------------------------------------
 
-def render(t2: list[dict], wt: dict, f5: list[dict], mx: dict, rec: dict | None,
-           pngs: list[str]) -> str:
+def render(t2: list[dict], wt: dict, f5: list[dict], mx: dict, rec: dict | None) -> str:
     L: list[str] = []
     add = L.append
     add("# The BML paper's analysis, from bmlmpi's schedules")
@@ -494,13 +501,23 @@ def render(t2: list[dict], wt: dict, f5: list[dict], mx: dict, rec: dict | None,
         else:
             add("Matches the slides.")
         add("")
-    if pngs:
-        add("## Plots")
+    add("## Plots")
+    add("")
+    for p in PLOTS:
+        add(f"![{p}]({p})")
         add("")
-        for p in pngs:
-            add(f"![{p}]({p})")
-            add("")
     return "\n".join(L).rstrip() + "\n"
+
+
+def compute() -> dict:
+    """Everything the report shows, computed (a few seconds)."""
+    return {"t2": table_ii(), "wt": walkthrough(), "f5": fig5(), "mx": mxnet_trees(),
+            "rec": recovery()}
+
+
+def report_text(results: dict | None = None) -> str:
+    """REPORT.md's text: the same with or without matplotlib, run after run."""
+    return render(**(compute() if results is None else results))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -509,19 +526,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    t2 = table_ii()
-    wt = walkthrough()
-    f5 = fig5()
-    mx = mxnet_trees()
-    rec = recovery()
-    pngs = [] if args.no_plots else plots(t2, f5, mx)
-    text = render(t2, wt, f5, mx, rec, pngs)
+    results = compute()
+    text = report_text(results)
     args.out.write_text(text)
     print(text)
     print(f"(computed in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    if not pngs and not args.no_plots:
-        print("(no plots: matplotlib is not installed; pip install 'bmlmpi[plot]')",
-              file=sys.stderr)
+    if not args.no_plots:
+        drawn = plots(results["t2"], results["f5"], results["mx"])
+        if drawn and tuple(drawn) != PLOTS:
+            raise RuntimeError(f"drew {drawn}, but the report names {PLOTS}")
+        if not drawn:
+            print("(plots not redrawn: matplotlib is not installed, pip install "
+                  "'bmlmpi[plot]'; the report names the committed ones)", file=sys.stderr)
     return 0
 
 

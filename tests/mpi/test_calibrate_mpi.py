@@ -20,6 +20,16 @@ def test_calibrate_agrees_on_every_rank_and_caches(tmp_path_factory, monkeypatch
     assert all(c == first for c in comm.allgather(first))
     again = calibrate(comm, timeout=60)
     assert again.meta["source"] == "cache" and again == first
+    # BMLMPI_RECALIBRATE is a boolean like every other: "false"/"off" keep the cache
+    for text in ("false", "off", "No", "0"):
+        monkeypatch.setenv("BMLMPI_RECALIBRATE", text)
+        assert calibrate(comm, timeout=60).meta["source"] == "cache", text
+    monkeypatch.setenv("BMLMPI_RECALIBRATE", "maybe")
+    with pytest.raises(ValueError, match="BMLMPI_RECALIBRATE='maybe'"):
+        calibrate(comm, timeout=60)   # every rank reads it before anything is shared
+    monkeypatch.setenv("BMLMPI_RECALIBRATE", "on")
+    assert calibrate(comm, timeout=60).meta["source"] == "measured"
+    monkeypatch.delenv("BMLMPI_RECALIBRATE")
     names = ["bml", "ring", "ps", "native"]
     for count in (1, 1000, 1 << 20):
         picks = comm.allgather(choose(names, count, 4, comm.size, calib=again))

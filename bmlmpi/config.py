@@ -1,0 +1,233 @@
+"""Every ``BMLMPI_*`` environment variable the library reads, declared once.
+
+Each :class:`Variable` gives the name, the type, the value when unset, what it means and the
+parser that turns its text into that value; :func:`get` is the only place the library reads
+them (``mpi4py.rc`` plays this part for mpi4py). A variable is read when it is needed, not at
+import, so a value set in ``os.environ`` before the call counts.
+
+Rules shared by all variables: surrounding whitespace is ignored, and an empty value is the
+same as an unset one (the default). Booleans take ``1/0``, ``true/false``, ``yes/no`` and
+``on/off`` in any case. Text the parser refuses raises :class:`ConfigError` (a ``ValueError``)
+naming the variable and the value, never a silent fallback to the default.
+
+The README's environment table is :func:`markdown_table` (a test holds them equal). The
+scripts in ``jobs/`` and the test suite have variables of their own (``BMLMPI_RANKS``,
+``BMLMPI_SLURM_TESTS``, ...), documented where they are used; they are not library settings.
+
+This module imports nothing from bmlmpi, so any module (``bmlmpi.kernels`` included) may
+import it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+#: The CPU kernel back ends ``BMLMPI_KERNEL`` may name (``kernels.dispatch`` uses this list).
+KERNEL_MODES = ("auto", "numpy", "numba")
+
+
+class ConfigError(ValueError):
+    """A ``BMLMPI_*`` variable holds text its parser does not accept."""
+
+
+# -- parsers: text (stripped, non-empty) -> value; ValueError says what was expected --------
+
+def parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def _number(text: str, kind: type) -> Any:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError("not an integer" if kind is int else "not a number") from None
+    if isinstance(value, float) and math.isnan(value):
+        raise ValueError("not a number (NaN)")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = _number(text, float)
+    # No infinity: every wait keeps a deadline.
+    if value <= 0 or math.isinf(value):
+        raise ValueError("expected a finite number of seconds > 0")
+    return value
+
+
+def _seconds_or_zero(text: str) -> float:
+    value = _number(text, float)
+    if value < 0 or math.isinf(value):
+        raise ValueError("expected a finite number of seconds >= 0")
+    return value
+
+
+def _penalty(text: str) -> float:
+    value = _number(text, float)
+    if not 0 < value <= 1:
+        raise ValueError("expected a number in (0, 1]")
+    return value
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = _number(text, int)
+        if value < minimum:
+            raise ValueError(f"expected an integer >= {minimum}")
+        return value
+    return parse
+
+
+def _word(text: str) -> str:
+    return text.strip().lower()
+
+
+def _kernel_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"expected one of {', '.join(KERNEL_MODES)}")
+    return mode
+
+
+def _text(text: str) -> str:
+    return text.strip()
+
+
+def _path(text: str) -> Path:
+    return Path(text.strip()).expanduser()
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: ``parse`` turns its non-empty text into a value of ``kind``;
+    unset or empty it is ``default`` (None: derived where it is used, as ``default_text``
+    says)."""
+
+    name: str
+    kind: str
+    default: Any
+    default_text: str
+    meaning: str
+    parse: Callable[[str], Any]
+
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in (
+    Variable("BMLMPI_ALGORITHM", "algorithm", None, "the `auto` rule",
+             "algorithm used where `auto` was asked for (`bml`, `ring`, `tree`, `multitree`, "
+             "`native`)", _word),
+    Variable("BMLMPI_BCUBE", "shape", None, "prime factors of N, ascending",
+             "BCube shape, level 0 first: `3x3` = BCube(3,2), `2x2x3` for 12 ranks", _text),
+    Variable("BMLMPI_TIMEOUT", "seconds", 120.0, "120",
+             "seconds a wait may go without progress", _positive_seconds),
+    Variable("BMLMPI_VALIDATE", "boolean", True, "on",
+             "off: skip the first-call agreement check", parse_bool),
+    Variable("BMLMPI_LINKS", "preset or file", None, "from MPI placement",
+             "link-weight matrix for the trees: a preset (`p3.16xlarge`/`dgx1`), or a file "
+             "(JSON, whitespace matrix, `nvidia-smi topo -m` text)", _text),
+    Variable("BMLMPI_TREE_LINK_PENALTY", "number", 0.7, "0.7",
+             "factor in (0, 1] on a link's weight each time a multi-tree uses it", _penalty),
+    Variable("BMLMPI_TREE_ARRAY_BOUND", "elements", None, "unset: the model decides",
+             "elements: `auto` considers the single tree at or below it, the multi-tree above",
+             _count(0)),
+    Variable("BMLMPI_CALIBRATE", "boolean", True, "on",
+             "off: `auto` uses the fixed rule below instead of the calibrated model",
+             parse_bool),
+    Variable("BMLMPI_RECALIBRATE", "boolean", False, "off",
+             "on: measure the calibration afresh instead of reading the cache", parse_bool),
+    Variable("BMLMPI_CACHE_DIR", "directory", None, "`~/.cache/bmlmpi`",
+             "where calibrations (per host, MPI library, rank count) and compiled kernels "
+             "(`numba/`) are cached", _path),
+    Variable("BMLMPI_AUTO_BML_BYTES", "bytes", 64 * 1024, "65536",
+             "fixed rule without calibration: native below this many bytes, bml from it",
+             _count(0)),
+    Variable("BMLMPI_SPIN", "seconds", 0.05, "0.05",
+             "seconds a wait polls continuously (yielding the core) before it sleeps between "
+             "polls", _seconds_or_zero),
+    Variable("BMLMPI_KERNEL", "back end", "auto", "auto",
+             "CPU reduction back end: `auto`, `numpy` or `numba`", _kernel_mode),
+    Variable("BMLMPI_KERNEL_THREADS", "count", None, "CPUs / ranks on the node",
+             "threads per numba kernel call", _count(1)),
+    Variable("BMLMPI_CUDA_AWARE", "boolean", None, "detected",
+             "whether MPI takes device pointers (overrides the detection)", parse_bool),
+    Variable("BMLMPI_HANG_TIMEOUT", "seconds", 30.0, "30",
+             "fault-tolerant communicator: heartbeat age at which a peer is fenced",
+             _positive_seconds),
+    Variable("BMLMPI_HEARTBEAT", "seconds", None, "min(0.25, hang timeout / 8)",
+             "fault-tolerant communicator: heartbeat period", _positive_seconds),
+    Variable("BMLMPI_ULFM", "boolean", False, "off",
+             "on: assume the MPI library has ULFM instead of checking", parse_bool),
+    Variable("BMLMPI_MPIEXEC", "program", None, "beside Python, else on PATH",
+             "the `mpiexec` that `bmlmpi-run` starts", _text),
+    Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",
+             "`bmlmpi-bench` fails unless the MPI world has this many ranks", _count(1)),
+)}
+
+
+def variable(name: str) -> Variable:
+    try:
+        return VARIABLES[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a declared bmlmpi variable") from None
+
+
+def text(name: str, env: Mapping[str, str] | None = None) -> str:
+    """The variable's text, stripped ("" when unset)."""
+    variable(name)
+    return (os.environ if env is None else env).get(name, "").strip()
+
+
+def get(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The value of ``name`` in ``env`` (default ``os.environ``): parsed, or the default when
+    unset or empty; :class:`ConfigError` when the text does not parse."""
+    var = variable(name)
+    raw = text(name, env)
+    if not raw:
+        return var.default
+    try:
+        return var.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}={raw!r}: {exc}") from None
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The base of bmlmpi's disk caches (calibrations, compiled kernels)."""
+    return get("BMLMPI_CACHE_DIR", env) or Path.home() / ".cache" / "bmlmpi"
+
+
+def markdown_table() -> str:
+    """The README's environment table."""
+    rows = ["| variable | meaning | default |", "| --- | --- | --- |"]
+    rows += [f"| `{v.name}` | {v.meaning} | {v.default_text} |" for v in VARIABLES.values()]
+    return "\n".join(rows) + "\n"
+
+
+def describe(env: Mapping[str, str] | None = None) -> str:
+    """Each variable's current value and where it comes from (``python -m bmlmpi.config``)."""
+    lines = []
+    for v in VARIABLES.values():
+        raw = text(v.name, env)
+        if not raw:
+            lines.append(f"{v.name} = {v.default_text.replace('`', '')} (default)")
+            continue
+        try:
+            value: Any = get(v.name, env)
+        except ConfigError as exc:
+            value = f"ERROR: {exc}"
+        lines.append(f"{v.name} = {value} (set: {raw!r})")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(describe())

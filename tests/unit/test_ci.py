@@ -1,0 +1,31 @@
+"""CI (.ci/run) runs the README's two commands verbatim, in order, in one clone."""
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## The two commands\n", 1)[1].split("\n## ", 1)[0]
+    return [block.strip() for block in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+def test_ci_runs_the_readme_commands_in_order():
+    commands = readme_commands()
+    assert len(commands) == 2 and all("\n" not in c for c in commands)
+    install_and_sweep, tests = commands
+    assert ".venv/bin/pip install . " in install_and_sweep and "bmlmpi-bench" in install_and_sweep
+    assert ".venv/bin/pip install -e '.[test]'" in tests and tests.endswith("-m pytest")
+    res = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--print"], capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == commands
+
+
+def test_readme_says_what_ci_does():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`.ci/run` runs these two commands, verbatim" in readme
+    assert "in this order, in one clone" in readme
