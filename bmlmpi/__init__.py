@@ -25,6 +25,7 @@ _EXPORTS = {
     "FaultToleranceError": "ft",
     "FaultToleranceUnavailable": "ft",
     "Iallreduce": "api",
+    "IntercommunicatorError": "api",
     "RankMasked": "ft",
     "RemoteArgumentError": "api",
     "Request": "api",

@@ -34,6 +34,16 @@ class RemoteArgumentError(ValueError):
     """Another rank rejected its arguments; this rank's call fails with it instead of hanging."""
 
 
+class IntercommunicatorError(ValueError):
+    """bmlmpi reduces over intracommunicators only; an intercommunicator is refused.
+
+    Raised by ``Communicator(intercomm)`` and by ``Allreduce``/``Iallreduce`` with
+    ``comm=intercomm`` on every rank, decided locally (``comm.Is_inter()``) before any
+    communication, so no rank waits on another. ``intercomm.Allreduce`` (mpi4py) gives each
+    group the reduction of the other group's data; call it directly for that.
+    """
+
+
 class Request:
     """The handle of a non-blocking allreduce (``Test``/``Wait``, as an ``MPI.Request``).
 
@@ -122,6 +132,11 @@ class Communicator:
     def __new__(cls, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                 topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
                 **kwargs: Any):
+        if comm != MPI.COMM_NULL and comm.Is_inter():
+            raise IntercommunicatorError(
+                "bmlmpi reduces over intracommunicators only; for an intercommunicator use "
+                "mpi4py's intercomm.Allreduce (each group receives the reduction of the other "
+                "group's data), or Merge() it into an intracommunicator first")
         if fault_tolerant and cls is Communicator:
             from .ft import FaultTolerantCommunicator
             return super().__new__(FaultTolerantCommunicator)

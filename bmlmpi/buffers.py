@@ -1,14 +1,21 @@
 """Normalising mpi4py-style buffer specifications to flat numpy views.
 
-Accepted forms, as mpi4py accepts them: ``buf``, ``[buf, datatype]``, ``[buf, count,
-datatype]``, ``[buf, (count, displ), datatype]``, where ``buf`` is a numpy array, anything with
-the buffer protocol, or an object exposing ``__array__``/DLPack on the CPU (torch tensors), and
-``datatype`` an ``MPI.Datatype`` or a numpy type code. Device (GPU) arrays are recognised
-by ``__cuda_array_interface__``.
+Accepted forms, as mpi4py 4.1 accepts them: ``buf``, ``[buf, datatype]``, ``[buf, count,
+datatype]``, ``[buf, (count, displ), datatype]``, ``[buf, count, displ, datatype]``, where
+``buf`` is a numpy array, anything with the buffer protocol (``bytearray``, ``array.array``,
+``memoryview``), a DLPack exporter on the CPU (the 1.0 protocol or the older one without
+``max_version``), or an object with ``__array__``; ``buf`` may be ``None`` when the count is 0.
+``datatype`` is an ``MPI.Datatype`` or a numpy type code. Arrays may be C- or Fortran-contiguous;
+their elements are taken in memory order, as MPI takes them.
+
+Device (GPU) arrays are recognised by :func:`is_device_array`, the one test shared with the
+kernels (``__cuda_array_interface__`` or a CUDA DLPack device); they are staged before they
+reach :func:`resolve`.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +23,103 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
+from .kernels.gpu import is_device_array
+
+__all__ = ["BufferSpecError", "Spec", "is_device_array", "refused_datatype", "resolve"]
+
 
 class BufferSpecError(ValueError):
     """A send or receive buffer bmlmpi cannot use."""
 
 
-def is_device_array(obj: Any) -> bool:
-    return hasattr(obj, "__cuda_array_interface__")
+_LOGICAL = ("a logical type: MPI reduces it with logical operations (LAND, LOR), "
+            "not SUM/PROD/MIN/MAX")
+_CHARACTER = "a character type, not a number"
+# Predefined MPI datatypes that mpi4py.util.dtlib maps to a numpy dtype but whose meaning in a
+# reduction differs from that dtype's arithmetic: bmlmpi refuses them (README, conformance).
+_REFUSED_NAMES = {
+    **dict.fromkeys(("BOOL", "C_BOOL", "CXX_BOOL", "F_BOOL", "LOGICAL", "LOGICAL1",
+                     "LOGICAL2", "LOGICAL4", "LOGICAL8"), _LOGICAL),
+    **dict.fromkeys(("CHAR", "CHARACTER", "WCHAR"), _CHARACTER),
+    "PACKED": "packed bytes, not a number",
+    # Fortran REAL*16 is IEEE quadruple precision to the MPI library, while numpy's float128
+    # (which dtlib maps it to) is the C long double: on x86 an 80-bit extended format.
+    "REAL16": "Fortran REAL*16 (IEEE quadruple precision in the MPI library) is not numpy's "
+              "float128 (the C long double); use MPI.LONG_DOUBLE for numpy's long double",
+    "COMPLEX32": "Fortran COMPLEX*32 (IEEE quadruple precision in the MPI library) is not "
+                 "numpy's complex256 (the C long double); use MPI.C_LONG_DOUBLE_COMPLEX",
+}
+_REFUSED = [(getattr(MPI, name), why) for name, why in _REFUSED_NAMES.items()
+            if getattr(MPI, name, MPI.DATATYPE_NULL) != MPI.DATATYPE_NULL]
+
+
+def refused_datatype(datatype: MPI.Datatype) -> str | None:
+    """Why bmlmpi refuses a predefined MPI datatype (``"MPI_NAME: reason"``), or None."""
+    for handle, why in _REFUSED:
+        if datatype == handle:
+            return f"{datatype.Get_name() or 'this datatype'}: {why}"
+    return None
+
+
+class _Capsule:
+    """Hands numpy a DLPack capsule already taken from its exporter."""
+
+    def __init__(self, capsule: Any, device: tuple[int, int]):
+        self._capsule = capsule
+        self._device = device
+
+    def __dlpack__(self, **_: Any) -> Any:
+        return self._capsule
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._device
+
+
+def _long_double_hint(obj: Any, message: str) -> str:
+    dtype = getattr(obj, "dtype", None)
+    named = "longdouble" in message or "long double" in message
+    try:
+        long = dtype is not None and np.dtype(dtype) in (np.longdouble, np.clongdouble)
+    except TypeError:
+        long = False
+    if named or long:
+        return ("; numpy's long double types (longdouble, clongdouble) cannot travel over "
+                "DLPack: pass the numpy array itself (the buffer protocol carries them)")
+    return ""
+
+
+def _writable_alias(arr: np.ndarray) -> np.ndarray:
+    """A writable view of a contiguous array's memory that keeps ``arr`` (its owner) alive."""
+    memory = (ctypes.c_char * arr.nbytes).from_address(arr.ctypes.data)
+    memory.owner = arr  # the exporter's memory lives as long as the import does
+    order = "C" if arr.flags.c_contiguous else "F"
+    return np.ndarray(arr.shape, arr.dtype, buffer=memory, order=order)
+
+
+def _from_dlpack(obj: Any, what: str) -> np.ndarray:
+    """Import a CPU DLPack exporter as mpi4py 4.1 does: ask for a 1.0 (versioned) capsule and
+    fall back to the older protocol when ``__dlpack__`` takes no ``max_version``.
+
+    A versioned capsule says whether its memory is read-only. An older capsule cannot say, and
+    numpy marks every such import read-only; mpi4py treats it as writable and so does bmlmpi
+    (the exporter's memory is written in place, as mpi4py's Allreduce writes it).
+    """
+    try:
+        device = tuple(obj.__dlpack_device__())
+        try:
+            capsule, legacy = obj.__dlpack__(max_version=(1, 0), copy=False), False
+        except TypeError:
+            capsule, legacy = obj.__dlpack__(), True
+        arr = np.from_dlpack(_Capsule(capsule, device))
+    except (TypeError, ValueError, RuntimeError, BufferError) as exc:
+        raise BufferSpecError(f"{what}: {type(obj).__name__} could not be taken over DLPack: "
+                              f"{exc}{_long_double_hint(obj, str(exc))}") from exc
+    if legacy and not arr.flags.writeable:
+        if not arr.size:
+            return np.empty_like(arr)  # no memory to write: any writable empty array will do
+        if arr.flags.c_contiguous or arr.flags.f_contiguous:
+            arr = _writable_alias(arr)
+    return arr
 
 
 def _as_ndarray(obj: Any, what: str) -> np.ndarray:
@@ -32,25 +129,52 @@ def _as_ndarray(obj: Any, what: str) -> np.ndarray:
         return np.asarray(memoryview(obj))
     except TypeError:
         pass
-    if hasattr(obj, "__dlpack__"):
-        try:
-            return np.from_dlpack(obj)
-        except (TypeError, RuntimeError, BufferError):
-            pass
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return _from_dlpack(obj, what)
     if hasattr(obj, "__array__"):
         return np.asarray(obj)
     raise BufferSpecError(f"{what}: {type(obj).__name__} is not a buffer (need a numpy array, "
                        f"the buffer protocol, DLPack or __cuda_array_interface__)")
 
 
-def _to_dtype(datatype: Any) -> np.dtype:
+def _to_dtype(datatype: Any, what: str) -> np.dtype:
     if isinstance(datatype, MPI.Datatype):
+        why = refused_datatype(datatype)
+        if why is not None:
+            raise BufferSpecError(f"{what}: bmlmpi does not reduce {why}")
         try:
-            return dtlib.to_numpy_dtype(datatype)
+            dtype = dtlib.to_numpy_dtype(datatype)
         except (ValueError, KeyError) as exc:
-            raise BufferSpecError(f"MPI datatype {datatype.Get_name()} has no numpy "
+            raise BufferSpecError(f"{what}: MPI datatype {datatype.Get_name()} has no numpy "
                                f"equivalent") from exc
-    return np.dtype(datatype)
+    else:
+        try:
+            dtype = np.dtype(datatype)
+        except TypeError as exc:
+            raise BufferSpecError(f"{what}: {datatype!r} is not a datatype") from exc
+    if dtype.itemsize == 0:
+        raise BufferSpecError(f"{what}: datatype {dtype} has no size")
+    return dtype
+
+
+def _split_spec(spec: Any, what: str) -> tuple[Any, Any, Any, Any]:
+    """(buf, count, displ, datatype) of any spec form; None where the form leaves it out."""
+    if not isinstance(spec, (list, tuple)):
+        return spec, None, None, None
+    if len(spec) == 2:
+        buf, datatype = spec
+        return buf, None, None, datatype
+    if len(spec) == 3:
+        buf, cnt, datatype = spec
+        if isinstance(cnt, (list, tuple)):
+            count, displ = cnt
+            return buf, count, displ, datatype
+        return buf, cnt, None, datatype
+    if len(spec) == 4:
+        return spec[0], spec[1], spec[2], spec[3]
+    raise BufferSpecError(f"{what}: a buffer spec is [buf, datatype], [buf, count, datatype], "
+                          f"[buf, (count, displ), datatype] or [buf, count, displ, datatype], "
+                          f"got {len(spec)} items")
 
 
 @dataclass
@@ -63,33 +187,28 @@ class Spec:
 
 
 def resolve(spec: Any, what: str) -> Spec:
-    """Resolve a (host) buffer spec to a flat contiguous ndarray view.
+    """Resolve a (host) buffer spec to a flat contiguous ndarray view in memory order.
 
-    Non-contiguous arrays are refused with a clear error rather than silently copied, so a
-    receive buffer is always written where the caller expects.
+    Arrays neither C- nor Fortran-contiguous are refused with a clear error rather than
+    silently copied, so a receive buffer is always written where the caller expects.
     """
-    count = displ = None
-    datatype = None
-    buf = spec
-    if isinstance(spec, (list, tuple)):
-        if len(spec) == 2:
-            buf, datatype = spec
-        elif len(spec) == 3:
-            buf, cnt, datatype = spec
-            if isinstance(cnt, (list, tuple)):
-                count, displ = cnt
-            else:
-                count = cnt
-        else:
-            raise BufferSpecError(f"{what}: a buffer spec is [buf, datatype] or "
-                               f"[buf, count, datatype], got {len(spec)} items")
+    buf, count, displ, datatype = _split_spec(spec, what)
+    if buf is None:
+        # mpi4py's zero-count spec: no memory, only a datatype
+        if count not in (None, 0):
+            raise BufferSpecError(f"{what}: buffer is None but count is {count}")
+        dtype = np.dtype(np.uint8) if datatype is None else _to_dtype(datatype, what)
+        return Spec(owner=None, flat=np.empty(0, dtype), count=0)
     arr = _as_ndarray(buf, what)
-    if arr.size and not arr.flags.c_contiguous:
-        raise BufferSpecError(f"{what}: array is not C-contiguous; pass np.ascontiguousarray(a) "
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+    elif arr.flags.f_contiguous:
+        flat = arr.reshape(-1, order="F")  # a view: Fortran order is this array's memory order
+    else:
+        raise BufferSpecError(f"{what}: array is not contiguous; pass np.ascontiguousarray(a) "
                            f"(a non-contiguous receive buffer cannot be filled in place)")
-    flat = arr.reshape(-1)
     if datatype is not None:
-        dtype = _to_dtype(datatype)
+        dtype = _to_dtype(datatype, what)
         if flat.dtype != dtype:
             nbytes = flat.nbytes
             if nbytes % dtype.itemsize:
