@@ -8,8 +8,9 @@ skipped with its reason where none is found), then the sweep (``bmlmpi.bench``) 
 ``native`` (mpi4py's blocking ``comm.Allreduce`` on COMM_WORLD), ``passthrough`` (bmlmpi's
 algorithm ``native``), ``auto`` and every schedule, interleaved in blocks at each size, then
 the C loop again; at N = 2 also the memory floor of a 64 MiB allreduce (``memfloor.py``). Every
-number in the table is a median of block means (the C loop: the mean of its two runs'
-medians, one before and one after the Python rows). Small sizes (<= 8 KiB) take OSU's 1000
+number in the table is a median of block means (the C loop, which cannot be interleaved with
+the Python rows: the lower of its two runs' medians, one before and one after them; both are
+in the CSV). Small sizes (<= 8 KiB) take OSU's 1000
 iterations (100 warm-up), larger ones ``--large-iters`` (3 warm-up). The load average is
 recorded at the start and the end; ``auto`` calibrates afresh into a private cache.
 
@@ -111,8 +112,38 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
                 data["memfloor"] = json.loads((out / "memfloor-n2.json").read_text())
         run["loadavg_end"] = loadavg()
         data["runs"][str(n)] = run
+        # saved after every rank count, so an interrupted run keeps what it measured
+        (out / "same-run.json").write_text(json.dumps({**data, "finished": "(running)",
+                                                       "loadavg_end": loadavg()}, indent=1))
     data["loadavg_end"] = loadavg()
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return data
+
+
+def assemble(out: Path, ranks: list[int]) -> dict:
+    """The run's data rebuilt from the files each step saved (``bench-n*-*.json``,
+    ``c-n*-*.txt``, ``memfloor-n2.json``): for a run that was interrupted before it wrote
+    ``same-run.json``. Load averages come from the sweep's own machine records."""
+    data: dict = {"argv": ["(assembled from saved files)"], "runs": {}}
+    for n in ranks:
+        parts = [json.loads(f.read_text()) for f in
+                 (out / f"bench-n{n}-small.json", out / f"bench-n{n}-large.json") if f.exists()]
+        if not parts:
+            continue
+        run = {"rows": [r for p_ in parts for r in p_["rows"]], "machine": parts[-1]["machine"],
+               "loadavg_start": parts[0]["machine"].get("loadavg_start", "?"),
+               "loadavg_end": parts[-1]["machine"].get("loadavg_end", "?")}
+        for when in ("before", "after"):
+            f = out / f"c-n{n}-{when}.txt"
+            run[f"c_{when}"] = cref.parse(f.read_text()) if f.exists() else []
+        data["runs"][str(n)] = run
+    first, last = data["runs"][str(min(map(int, data["runs"])))], \
+        data["runs"][str(max(map(int, data["runs"])))]
+    data.update(started=first["machine"]["date"], finished=last["machine"]["date"],
+                loadavg_start=first["loadavg_start"], loadavg_end=last["loadavg_end"],
+                c_loop="built with the MPI wheel's mpicc" if first["c_before"] else "skipped")
+    if (out / "memfloor-n2.json").exists():
+        data["memfloor"] = json.loads((out / "memfloor-n2.json").read_text())
     return data
 
 
@@ -129,14 +160,18 @@ def table(data: dict) -> tuple[list[dict], dict[int, dict[int, dict[str, float]]
             flat.append({"ranks": n, "size": r["size"], "row": r["algorithm"],
                          "call": r.get("call", ""), "median_us": r["median_block_us"],
                          "avg_us": r["avg_us"], "chose": r.get("chose", "")})
-        c_runs = [{c["size"]: c for c in run.get(k, [])} for k in ("c_before", "c_after")]
+        c_runs = {k: {c["size"]: c for c in run.get(k, [])} for k in ("c_before", "c_after")}
         for size in cells:
-            got = [c[size]["median_block_us"] for c in c_runs if size in c]
+            got = [c[size]["median_block_us"] for c in c_runs.values() if size in c]
             if got:
-                cells[size]["C"] = sum(got) / len(got)
-                flat.append({"ranks": n, "size": size, "row": "C MPI_Allreduce loop",
-                             "call": "C MPI_Allreduce (perf/baseline/allreduce_loop.c)",
-                             "median_us": cells[size]["C"], "avg_us": "", "chose": ""})
+                # the less disturbed of the two runs: load only ever adds time
+                cells[size]["C"] = min(got)
+            for k, c in c_runs.items():
+                if size in c:
+                    flat.append({"ranks": n, "size": size, "row": f"C loop ({k[2:]})",
+                                 "call": "C MPI_Allreduce (perf/baseline/allreduce_loop.c)",
+                                 "median_us": c[size]["median_block_us"],
+                                 "avg_us": c[size]["avg_us"], "chose": ""})
         grid[n] = cells
     return flat, grid
 
@@ -257,11 +292,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--summarise-only", action="store_true",
                    help="rebuild the CSV and markdown from same-run.json")
+    p.add_argument("--assemble", action="store_true",
+                   help="rebuild same-run.json from the per-step files of an interrupted run")
     args = p.parse_args(argv)
     args.ranks = [int(x) for x in args.ranks.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.summarise_only:
+    if args.assemble:
+        data = assemble(out, args.ranks)
+        (out / "same-run.json").write_text(json.dumps(data, indent=1))
+    elif args.summarise_only:
         data = json.loads((out / "same-run.json").read_text())
     else:
         data = measure(args, out)
