@@ -10,9 +10,9 @@ algorithm ``native``), ``auto`` and every schedule, interleaved in blocks at eac
 the C loop again; at N = 2 also the memory floor of a 64 MiB allreduce (``memfloor.py``). Every
 number in the table is a median of block means (the C loop, which cannot be interleaved with
 the Python rows: the lower of its two runs' medians, one before and one after them; both are
-in the CSV). Small sizes (<= 8 KiB) take OSU's 1000
-iterations (100 warm-up), larger ones ``--large-iters`` (3 warm-up). The load average is
-recorded at the start and the end; ``auto`` calibrates afresh into a private cache.
+in the CSV). Small sizes (<= 8 KiB) take OSU's 1000 iterations (100 warm-up;
+``--small-iters``), larger ones ``--large-iters`` (3 warm-up). The load average is recorded
+at the start and the end; ``auto`` calibrates afresh into a private cache.
 
 Writes ``same-run.json`` (everything, machine and versions included), ``same-run.csv`` (one
 row per rank count, size and row) and ``same-run.md`` (the tables and the issue's targets).
@@ -62,8 +62,9 @@ def bench(n: int, lo: int, hi: int, out: Path, extra: list[str], blocks: int, ti
 def c_loop(binary: Path | None, n: int, args: argparse.Namespace, out: Path) -> list[dict]:
     if binary is None:
         return []
-    text, rows = cref.run(binary, n, args.min, args.max, 1000, 100, args.large_iters, 3,
-                          args.blocks, timeout=args.timeout)
+    text, rows = cref.run(binary, n, args.min, args.max, args.small_iters,
+                          max(args.small_iters // 10, 1), args.large_iters, 3, args.blocks,
+                          timeout=args.timeout)
     out.write_text(text)
     print(text, flush=True)
     return rows
@@ -90,7 +91,8 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
         rows, machine = [], None
         if args.min <= SMALL_MAX:
             got = bench(n, args.min, min(SMALL_MAX, args.max), out / f"bench-n{n}-small.json",
-                        [], args.blocks, args.timeout, env)
+                        ["-i", str(args.small_iters), "-x", str(max(args.small_iters // 10, 1))],
+                        args.blocks, args.timeout, env)
             rows += got["rows"]
             machine = got["machine"]
         if args.max > SMALL_MAX:
@@ -285,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", default="2,4,9")
     p.add_argument("--min", type=int, default=8)
     p.add_argument("--max", type=int, default=64 << 20)
+    p.add_argument("--small-iters", type=int, default=1000,
+                   help="iterations up to 8 KiB (OSU's 1000; a tenth as warm-up)")
     p.add_argument("--large-iters", type=int, default=20)
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--floor-bytes", type=int, default=64 << 20)

@@ -9,7 +9,9 @@ at once, rank 0 reporting:
 1. **Wall time per call** (``time.perf_counter``, no profiler): the median over blocks of
    calls of mpi4py's ``comm.Allreduce``, ``bmlmpi.Allreduce(algorithm=...)`` and
    ``Communicator.Allreduce`` at 8 B, and of each schedule at 64 KiB, 1 MiB and 4 MiB.
-2. **cProfile of the same calls**, each function's own time (``tottime``) per call, grouped
+2. **cProfile of the same calls**, each function's own CPU time (``tottime`` with
+   ``time.process_time`` as the profiler's clock, so that time slices lost to other processes
+   on a loaded machine are not charged to the function running when they came) per call, grouped
    into the phases of a call: entry, buffer resolution, signature check, plan lookup
    (auto's choice, the plan cache), post (MPI's I-calls, the Run's set-up), wait/progress
    (Test/Testall, the poll loop, yields), reduction (the kernels), finish, the copy of
@@ -102,12 +104,28 @@ def blocked_median(call, comm: MPI.Comm, calls: int, blocks: int = 5) -> float:
     return worst
 
 
+def cpu_per_call(call, calls: int, blocks: int = 5) -> tuple[float, float]:
+    """(wall, CPU) seconds per call, medians over ``blocks`` blocks, this rank alone."""
+    for _ in range(max(calls // 10, 2)):
+        call()
+    wall, cpu = [], []
+    for _ in range(blocks):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            call()
+        wall.append((time.perf_counter() - t0) / calls)
+        cpu.append((time.process_time() - c0) / calls)
+    return float(np.median(wall)), float(np.median(cpu))
+
+
 def profile(call, comm: MPI.Comm, calls: int) -> dict:
     """Per call µs of each phase and of the 12 costliest functions (own time), under cProfile."""
     for _ in range(max(calls // 10, 2)):
         call()
     comm.Barrier()
-    prof = cProfile.Profile()
+    # CPU time, not wall time: on a loaded machine a function preempted mid-way would be
+    # charged for the other processes' time slices.
+    prof = cProfile.Profile(time.process_time)
     prof.enable()
     for _ in range(calls):
         call()
@@ -171,7 +189,29 @@ def measure(args: argparse.Namespace) -> dict:
         "bmlmpi.Allreduce bml": lambda: bmlmpi.Allreduce(small_s, small_r, MPI.SUM, comm=comm,
                                                          algorithm="bml"),
     }
-    out: dict = {"call_path_8B": {}, "executor": {}, "timeline": {}}
+    out: dict = {"self_8B": {}, "call_path_8B": {}, "executor": {}, "timeline": {}}
+    # The same calls on COMM_SELF: no peer to wait for, so what remains is the call's own
+    # cost (Python, plus MPI's self-copy), which a loaded machine disturbs far less.
+    me = MPI.COMM_SELF
+    me_ctx = bmlmpi.Communicator(me)
+    me_quiet = bmlmpi.Communicator(me, algorithm="native", validate=False)
+    selfs = {
+        "mpi4py comm.Allreduce": lambda: me.Allreduce(small_s, small_r, MPI.SUM),
+        "mpi4py comm.Iallreduce + Wait": lambda: me.Iallreduce(small_s, small_r,
+                                                               MPI.SUM).Wait(),
+        "bmlmpi.Allreduce native (pass-through)": lambda: bmlmpi.Allreduce(
+            small_s, small_r, MPI.SUM, comm=me, algorithm="native"),
+        "Communicator(algorithm='native').Allreduce": lambda: me_quiet.Allreduce(
+            small_s, small_r, MPI.SUM),
+        "Communicator.Allreduce auto (1 rank: no steps)": lambda: me_ctx.Allreduce(
+            small_s, small_r, MPI.SUM),
+    }
+    for name, call in selfs.items():
+        wall, cpu = cpu_per_call(call, args.calls * 5)
+        out["self_8B"][name] = {"wall_us": round(wall * 1e6, 3), "cpu_us": round(cpu * 1e6, 3),
+                                **profile(call, me, args.calls)}
+    me_ctx.Free()
+    me_quiet.Free()
     for name, call in paths.items():
         wall = blocked_median(call, comm, args.calls)
         prof = profile(call, comm, args.calls)
@@ -212,9 +252,26 @@ def markdown(res: dict) -> str:
              f"{m['mpi']}; {m['date']}; load average {m['loadavg_start']} at the start, "
              f"{m['loadavg_end']} at the end (a shared, loaded machine). `auto` chose "
              f"`{m['auto chose 8 B']}` at 8 B.", "",
-             "## The drop-in at 8 B: wall time and cProfile own time per call (µs)", "",
-             "| call | wall | profiled total | " + " | ".join(PHASES) + " |",
-             "|---|" + "---:|" * (2 + len(PHASES))]
+             "## One call's own cost at 8 B, on COMM_SELF (no peer to wait for), µs", "",
+             "Wall and CPU time per call (medians of blocks, no profiler), then cProfile's "
+             "own CPU time per phase (the profiler's clock costs ~0.5 µs per function call, "
+             "so the phases add up to more than the call: rank them, do not add them).", "",
+             "| call | wall | CPU | profiled | " + " | ".join(PHASES) + " |",
+             "|---|" + "---:|" * (3 + len(PHASES))]
+    for name, r in res["self_8B"].items():
+        lines.append(f"| {name} | {r['wall_us']:.2f} | {r['cpu_us']:.2f} | "
+                     f"{r['total_us']:.1f} | " +
+                     " | ".join(f"{r['phases_us'][p]:.2f}" for p in PHASES) + " |")
+    for name in ("Communicator(algorithm='native').Allreduce",
+                 "bmlmpi.Allreduce native (pass-through)"):
+        lines += ["", f"Costliest functions of `{name}` on COMM_SELF (own CPU µs per call, "
+                      f"calls per call, phase):", ""]
+        lines += [f"- {f['function']}: {f['us_per_call']:.2f} µs, ×{f['calls_per_call']:g}, "
+                  f"{f['phase']}" for f in res["self_8B"][name]["top"][:10]]
+    lines += ["", "## The drop-in at 8 B between ranks: wall time and cProfile own CPU time "
+              "per call (µs)", "",
+              "| call | wall | profiled total | " + " | ".join(PHASES) + " |",
+              "|---|" + "---:|" * (2 + len(PHASES))]
     for name, r in res["call_path_8B"].items():
         lines.append(f"| {name} | {r['wall_us']:.2f} | {r['total_us']:.1f} | " +
                      " | ".join(f"{r['phases_us'][p]:.2f}" for p in PHASES) + " |")
@@ -223,7 +280,7 @@ def markdown(res: dict) -> str:
                       f"call, phase):", ""]
         lines += [f"- {f['function']}: {f['us_per_call']:.2f} µs, ×{f['calls_per_call']:g}, "
                   f"{f['phase']}" for f in res["call_path_8B"][name]["top"][:10]]
-    lines += ["", "## The executor: per call µs by phase (cProfile own time)", "",
+    lines += ["", "## The executor: per call µs by phase (cProfile own CPU time)", "",
               "| call | wall | profiled total | " + " | ".join(PHASES) + " |",
               "|---|" + "---:|" * (2 + len(PHASES))]
     for name, r in res["executor"].items():
