@@ -300,8 +300,11 @@ def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
              f"; MPI: {info['mpi_library']}",
              "# Datatype: MPI_FLOAT."]
     if rows and rows[0].get("device", "host") != "host":
-        lines.append(f"# Buffers on device: {rows[0]['device']} (staged through pinned host "
-                     f"memory; times include the copies)")
+        how = ("copied to and from host arrays around comm.Allreduce, as user code must with "
+               "an MPI that is not CUDA-aware" if algo == BASELINE
+               else "staged through pinned host memory")
+        lines.append(f"# Buffers on device: {rows[0]['device']} ({how}; times include the "
+                     f"copies)")
     # OSU's layout: the size left-aligned in 10 columns, every other field right-aligned
     head = f"{'# Size':<10}{'Avg Latency(us)':>{FIELD}}"
     if args.full:

@@ -122,3 +122,23 @@ def test_same_run_summary_states_rows_and_targets():
     assert "| 8 B |" in text and "(not oversubscribed)" in text
     assert "worst auto / best (native included) 1.50" in text
     assert "0.40× native's speed" in text  # 1.0 / min(bml 3.0, ring 2.5)
+
+
+class _DeviceArray(np.ndarray):
+    """A host array standing in for a cupy array: ``set`` copies a host array into it."""
+
+    def set(self, host):
+        self[...] = host
+
+
+def test_native_row_on_device_buffers_stages_like_user_code(monkeypatch):
+    # what user code does with an MPI that is not CUDA-aware: to host, comm.Allreduce, back
+    monkeypatch.setattr(bench, "device_buffers", lambda device: (np.array, np.array))
+    comm, ctx = Recorder(MPI.COMM_SELF), Recorder()
+    send = np.arange(4, dtype=np.float32).view(_DeviceArray)
+    recv = np.zeros(4, dtype=np.float32).view(_DeviceArray)
+    bench.timed_call("native", ctx, comm, send, recv, device="cuda")()
+    assert [c[0] for c in comm.calls] == ["Allreduce"]
+    host_send = comm.calls[0][1][0]
+    assert type(host_send) is np.ndarray and host_send is not send
+    assert np.array_equal(recv, send) and ctx.calls == []
