@@ -8,12 +8,21 @@ and maximum over ranks. ``-f`` adds Min/Max/Iterations, ``-c`` a Validation colu
 checked on every rank against position-dependent data). One table per algorithm
 (``--algorithms bml,native``; all algorithms are measured at each size before the next size,
 so they share the machine's conditions, and ``--blocks B`` interleaves them within a size).
+
+The baseline row ``native`` is the MPI library's ``MPI_Allreduce`` exactly as user code calls
+it: mpi4py's blocking ``comm.Allreduce(sendbuf, recvbuf, MPI.SUM)`` on the user's communicator
+(here ``MPI.COMM_WORLD``), no bmlmpi code on the path. bmlmpi's own pass-through (its
+algorithm ``native``: ``MPI_Iallreduce`` on bmlmpi's duplicate communicator, completed by
+bmlmpi's polling ``Wait``) is the row ``passthrough``; ``auto`` is the public
+``Communicator.Allreduce``; every schedule goes through the same call with its algorithm named.
 ``--busbw`` adds nccl-tests style bandwidths (algbw = bytes/time, busbw = algbw·2(N−1)/N).
-``--csv``/``--json`` save every row with the machine, rank count and library versions; a
-ratio-to-native table closes the output when native is among the algorithms. ``-d cuda``
-(OSU's flag) puts both buffers on the GPU as cupy arrays; every algorithm, native included,
-then goes through bmlmpi's device-array path (staging through pinned host memory), so the
-times include the copies to and from the device.
+``--csv``/``--json`` save every row with the machine, rank count, library versions and the
+load average at the start and the end of the run; a ratio-to-native table closes the output
+when native is among the algorithms. ``-d cuda`` (OSU's flag) puts both buffers on the GPU as
+cupy arrays; every bmlmpi row (``passthrough`` included) then goes through bmlmpi's
+device-array path (staging through pinned host memory), and ``native`` does what user code
+must do with an MPI that is not CUDA-aware (the embedded wheel): copy to a host array, call
+``comm.Allreduce``, copy back; so every time includes the copies to and from the device.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,6 +46,29 @@ from .select import algorithms as implemented
 
 LARGE_MESSAGE = 8192
 FIELD = 18
+#: The sweep's row names beyond bmlmpi's algorithms. ``native`` is the baseline (mpi4py's
+#: blocking ``comm.Allreduce`` on the user's communicator); ``passthrough`` is bmlmpi's
+#: algorithm ``native`` (its ``MPI_Iallreduce`` on its duplicate, polled).
+BASELINE = "native"
+PASSTHROUGH = "passthrough"
+#: What each row times, saved in the CSV/JSON column ``call``.
+CALLS = {BASELINE: "mpi4py comm.Allreduce (blocking, user's communicator)",
+         PASSTHROUGH: "bmlmpi algorithm 'native' (MPI_Iallreduce on bmlmpi's duplicate, "
+                      "polled Wait)",
+         "auto": "bmlmpi Communicator.Allreduce (algorithm 'auto')"}
+
+
+def sweep_names() -> list[str]:
+    """The rows the sweep can time: bmlmpi's algorithms (its ``native`` renamed
+    ``passthrough``), then the baseline ``native``."""
+    return [a for a in implemented() if a != "native"] + [PASSTHROUGH, BASELINE]
+
+
+def bmlmpi_algorithm(name: str) -> str | None:
+    """The bmlmpi algorithm a sweep row runs (None for the baseline, which runs none)."""
+    if name == BASELINE:
+        return None
+    return "native" if name == PASSTHROUGH else name
 
 
 def _parse_range(text: str) -> tuple[int, int]:
@@ -55,7 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-f", "--full", action="store_true", help="print min/max and iterations")
     p.add_argument("-c", "--validation", action="store_true", help="check every result")
     p.add_argument("--algorithms", default="bml,native",
-                   help=f"comma list, or 'all' (implemented: {','.join(implemented())})")
+                   help=f"comma list, or 'all' ({','.join(sweep_names())}); 'native' is "
+                        f"mpi4py's blocking comm.Allreduce, 'passthrough' bmlmpi's "
+                        f"algorithm 'native'")
     p.add_argument("--blocks", type=int, default=1,
                    help="cut each size's timed iterations into this many blocks, taken by "
                         "every algorithm in turn (default 1: OSU's order)")
@@ -76,11 +111,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--blocks must be at least 1, got {args.blocks}")
     if args.min_size < 1 or args.max_size < args.min_size:
         p.error(f"bad message size range {args.message_size!r}")
-    names = implemented() if args.algorithms == "all" else args.algorithms.split(",")
+    names = sweep_names() if args.algorithms == "all" else args.algorithms.split(",")
     names = [n.strip().lower() for n in names if n.strip()]
     for n in names:
-        if n not in implemented():
-            p.error(f"unknown algorithm {n!r}; implemented: {', '.join(implemented())}")
+        if n not in sweep_names():
+            p.error(f"unknown algorithm {n!r}; the sweep times: {', '.join(sweep_names())}")
     args.algorithm_list = names
     return args
 
@@ -112,7 +147,16 @@ def machine_info(comm: MPI.Comm) -> dict[str, Any]:
         "python": platform.python_version(),
         "bmlmpi": __version__,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "loadavg_start": loadavg(),
     }
+
+
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages, as ``uptime`` prints them ('' where unknown)."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return ""
 
 
 def _cpu_model() -> str:
@@ -150,9 +194,37 @@ def device_buffers(device: str):
     return cupy.asarray, cupy.asnumpy
 
 
+def timed_call(name: str, ctx: Communicator, comm: MPI.Comm, send: Any, recv: Any,
+               device: str = "host") -> Callable[[], None]:
+    """The call one iteration of row ``name`` times, as user code makes it.
+
+    ``native``: ``comm.Allreduce(send, recv, MPI.SUM)`` on the user's ``comm``, blocking,
+    nothing of bmlmpi on the path (on a device, staged through host arrays as user code with
+    a non-CUDA-aware MPI must). ``auto``: ``ctx.Allreduce`` when ``ctx``'s algorithm is auto
+    (the public call). Every other row: the same call with its bmlmpi algorithm named
+    (``passthrough`` = bmlmpi's ``native``).
+    """
+    if name == BASELINE:
+        if device == "host":
+            return lambda: comm.Allreduce(send, recv, MPI.SUM)
+        _, to_host = device_buffers(device)
+        host_recv = np.empty(recv.shape, dtype=recv.dtype)
+
+        def staged() -> None:
+            comm.Allreduce(to_host(send), host_recv, MPI.SUM)
+            recv.set(host_recv)
+        return staged
+    algorithm = bmlmpi_algorithm(name)
+    if algorithm == "auto" and ctx.algorithm == "auto":
+        return lambda: ctx.Allreduce(send, recv, MPI.SUM)
+    return lambda: ctx._start(send, recv, MPI.SUM, algorithm).Wait()
+
+
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,
-            validate: bool, blocks: int = 1, device: str = "host") -> list[dict[str, Any]]:
-    """Time every algorithm at one size; one row per algorithm.
+            validate: bool, blocks: int = 1, device: str = "host",
+            comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
+    """Time every algorithm at one size; one row per algorithm (:func:`timed_call`: the
+    baseline ``native`` runs on ``comm``, the user's communicator, default COMM_WORLD).
 
     Each algorithm first runs its ``skip`` warm-up iterations, then the ``iters`` timed ones
     are cut into ``blocks`` blocks taken in turn (block 1 of every algorithm, then block 2,
@@ -161,6 +233,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
     number); ``median_block_us`` the median of the per-block means, which one disturbed block
     cannot move.
     """
+    user_comm = MPI.COMM_WORLD if comm is None else comm
     comm = ctx.comm
     n = max(1, nbytes // 4)
     to_device, to_host = device_buffers(device)
@@ -172,11 +245,13 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
     bounds = [iters * b // blocks for b in range(blocks + 1)]
     ok = {a: True for a in algorithms}
     times: dict[str, list[float]] = {a: [] for a in algorithms}
+    calls = {a: timed_call(a, ctx, user_comm, send, recv, device) for a in algorithms}
 
     def run(algorithm: str, count: int, timed: bool, check: bool) -> None:
+        call = calls[algorithm]
         for i in range(count):
             t0 = MPI.Wtime()
-            ctx._start(send, recv, MPI.SUM, algorithm).Wait()
+            call()
             t1 = MPI.Wtime()
             if timed:
                 times[algorithm].append(t1 - t0)
@@ -205,7 +280,8 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
         avg = float(sm[0]) / size
         algbw = (n * 4) / (avg * 1e-6) / 1e9 if avg > 0 else 0.0
         rows.append({
-            "algorithm": a, "size": n * 4, "avg_us": avg, "min_us": float(mn[0]),
+            "algorithm": a, "call": CALLS.get(a, f"bmlmpi algorithm {a!r}"),
+            "size": n * 4, "avg_us": avg, "min_us": float(mn[0]),
             "max_us": float(mx[0]), "iterations": iters, "blocks": blocks,
             "median_block_us": float(sm[1]) / size,
             "validation": ("Pass" if passed else "Fail") if validate else "",
@@ -224,8 +300,11 @@ def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
              f"; MPI: {info['mpi_library']}",
              "# Datatype: MPI_FLOAT."]
     if rows and rows[0].get("device", "host") != "host":
-        lines.append(f"# Buffers on device: {rows[0]['device']} (staged through pinned host "
-                     f"memory; times include the copies)")
+        how = ("copied to and from host arrays around comm.Allreduce, as user code must with "
+               "an MPI that is not CUDA-aware" if algo == BASELINE
+               else "staged through pinned host memory")
+        lines.append(f"# Buffers on device: {rows[0]['device']} ({how}; times include the "
+                     f"copies)")
     # OSU's layout: the size left-aligned in 10 columns, every other field right-aligned
     head = f"{'# Size':<10}{'Avg Latency(us)':>{FIELD}}"
     if args.full:
@@ -251,7 +330,8 @@ def ratio_table(rows: list[dict], names: list[str]) -> str:
     others = [n for n in names if n != "native"]
     by = {(r["algorithm"], r["size"]): r for r in rows}
     sizes_ = sorted({r["size"] for r in rows})
-    lines = ["# Latency ratio to native MPI_Allreduce (same run; < 1 is faster than native)",
+    lines = ["# Latency ratio to native MPI_Allreduce (mpi4py comm.Allreduce, blocking; same "
+             "run; < 1 is faster than native)",
              f"{'# Size':<10}" + "".join(f"{n:>{FIELD}}" for n in others)]
     for s in sizes_:
         nat = by[("native", s)]["avg_us"]
@@ -283,12 +363,13 @@ def run(args: argparse.Namespace) -> int:
         iters = args.iterations if args.iterations is not None else (100 if large else 1000)
         skip = args.warmup if args.warmup is not None else (10 if large else 100)
         rows += measure(ctx, args.algorithm_list, nbytes, iters, skip, args.validation,
-                        args.blocks, args.device)
+                        args.blocks, args.device, comm=world)
         if bar is not None:
             bar.set_postfix_str(f"{nbytes} B")
             bar.update(len(args.algorithm_list))
     if bar is not None:
         bar.close()
+    info["loadavg_end"] = loadavg()
     failed = any(r["validation"] == "Fail" for r in rows)
     if rank == 0:
         for algo in args.algorithm_list:

@@ -17,7 +17,13 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   times to steps · (α + step_overhead) + messages · msg_overhead, where steps and messages
   are what the cost model counts for those schedules;
 * ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
-* ``native``: ``MPI_Iallreduce`` at 8 B, 64 KiB, 1 MiB, 4 MiB and 16 MiB;
+* ``native``: the MPI library's blocking ``MPI_Allreduce`` as user code calls it (mpi4py's
+  ``comm.Allreduce``) at 8 B, 64 KiB, 1 MiB, 4 MiB and 16 MiB — the real baseline, not
+  bmlmpi's polled ``MPI_Iallreduce`` pass-through (7× slower at 8 B on the development
+  machine, which made every schedule look better against it). A blocking call has no
+  deadline of its own, so each one follows a barrier that has one: once every rank has
+  passed it, all are in the same phase and make the same call; only a rank that dies inside
+  that one call (microseconds to milliseconds) can still hold the others;
 * ``corrections``: bml, ring and (up to ``AUTO_TREE_MAX_RANKS`` ranks) the single and multi
   tree, each run by the executor at 64 KiB, 1, 4 and 16 MiB, in rounds interleaved with the
   native allreduce of the same size; each time divided by the model's price of the same
@@ -60,7 +66,8 @@ from .model.cost import price_symmetric
 from .model.network import SharedMemoryNode
 from .schedules.types import Schedule
 
-FORMAT = 2
+#: 3: ``native`` is the blocking MPI_Allreduce (format 2 timed the polled pass-through).
+FORMAT = 3
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -167,23 +174,29 @@ def _reduce_time(nbytes: int, reps: int) -> float:
     return float(np.median(times))
 
 
+def _native_once(comm: MPI.Comm, send: np.ndarray, recv: np.ndarray, timeout: float) -> float:
+    """Seconds of one blocking ``comm.Allreduce`` (the MPI library's own, as user code calls
+    it), after a barrier with a deadline so that a missing rank raises instead of hanging."""
+    _barrier(comm, timeout, "before a native allreduce")
+    start = time.perf_counter()
+    comm.Allreduce(send, recv, op=MPI.SUM)
+    return time.perf_counter() - start
+
+
 def _native_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> float:
+    """Seconds of the native blocking allreduce of ``nbytes`` (median of ``reps``)."""
     send = np.ones(max(nbytes // 8, 1), dtype=np.float64)
     recv = np.empty_like(send)
-    _wait([comm.Iallreduce(send, recv, op=MPI.SUM)], timeout, "native allreduce")
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        _wait([comm.Iallreduce(send, recv, op=MPI.SUM)], timeout, "native allreduce")
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    _native_once(comm, send, recv, timeout)  # first touch, the MPI's own setup
+    return float(np.median([_native_once(comm, send, recv, timeout) for _ in range(reps)]))
 
 
 def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], reps: int,
                        timeout: float) -> list[float]:
-    """Seconds of native ``MPI_Iallreduce`` and of each named schedule, for ``nbytes`` of
-    float64, measured in ``reps`` rounds that take every candidate in turn (so a change in
-    the machine's load hits all alike) after one untimed run each; this rank's medians."""
+    """Seconds of the native blocking ``MPI_Allreduce`` and of each named schedule, for
+    ``nbytes`` of float64, measured in ``reps`` rounds that take every candidate in turn (so a
+    change in the machine's load hits all alike) after one untimed run each; this rank's
+    medians."""
     rank, size = comm.Get_rank(), comm.Get_size()
     n = max(nbytes // 8, 1)
     send = np.ones(n, dtype=np.float64)
@@ -192,14 +205,13 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], reps: 
     bufs = [np.ones(p.sched.count, dtype=np.float64) for p in plans]
 
     def once(i: int, call: int) -> float:
+        if i == 0:
+            return _native_once(comm, send, recv, timeout)
         _barrier(comm, timeout, "between calibration runs")
         start = time.perf_counter()
-        if i == 0:
-            _wait([comm.Iallreduce(send, recv, op=MPI.SUM)], timeout, "native allreduce")
-        else:
-            run = Run(plans[i - 1], bufs[i - 1], "sum", (call % 4) * 4096,
-                      f"calibrate {names[i - 1]}")
-            wait_for(run.test, timeout, run.describe_timeout)
+        run = Run(plans[i - 1], bufs[i - 1], "sum", (call % 4) * 4096,
+                  f"calibrate {names[i - 1]}")
+        wait_for(run.test, timeout, run.describe_timeout)
         return time.perf_counter() - start
 
     times: list[list[float]] = [[] for _ in range(len(names) + 1)]

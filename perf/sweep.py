@@ -2,6 +2,10 @@
 
     python perf/sweep.py --ranks 2,4,9 --max 67108864 --out perf/results
 
+``native`` is the MPI library's ``MPI_Allreduce`` as user code calls it (mpi4py's blocking
+``comm.Allreduce``); ``passthrough`` is bmlmpi's algorithm ``native`` (see bmlmpi/bench.py).
+``python -m perf.baseline`` adds the C loop and the memory floor to the same comparison.
+
 Runs ``bmlmpi-run -n N python -m bmlmpi.bench`` per rank count, small sizes (≤ 8 KiB) with
 OSU's default iterations and larger ones with fewer (``--large-iters``), saves the JSON of
 each run (rows + machine, MPI, versions, oversubscription) and writes ``summary.md`` with the

@@ -1,0 +1,144 @@
+"""The sweep's baseline is the MPI library's blocking allreduce, as user code calls it.
+
+No ranks: the sweep's choice of call per row is checked with recording stand-ins for the
+communicator and bmlmpi's Communicator; calibration's native timing on COMM_SELF through a
+recording wrapper; the same-run summary on synthetic rows.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from bmlmpi import bench, calibrate
+from bmlmpi.execute import DeadlineExceeded
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:  # perf/ is not an installed package
+    sys.path.insert(0, str(REPO))
+
+
+class Recorder:
+    """Records every method called on it; delegates to ``inner`` when there is one."""
+
+    def __init__(self, inner=None, algorithm="auto"):
+        self.inner, self.calls, self.algorithm = inner, [], algorithm
+
+    def __getattr__(self, name):
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            if self.inner is not None:
+                return getattr(self.inner, name)(*args, **kwargs)
+            return Recorder()  # a request whose Wait() is recorded on a fresh recorder
+        return call
+
+
+def test_sweep_rows_name_the_baseline_and_the_passthrough():
+    names = bench.sweep_names()
+    assert names[-2:] == ["passthrough", "native"]
+    assert {"auto", "bml", "ring", "tree", "multitree"} <= set(names)
+    assert bench.parse_args(["--algorithms", "all"]).algorithm_list == names
+    assert bench.bmlmpi_algorithm("native") is None
+    assert bench.bmlmpi_algorithm("passthrough") == "native"
+    assert bench.bmlmpi_algorithm("ring") == "ring"
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--algorithms", "bml,fastest"])
+
+
+def test_native_row_is_the_blocking_mpi4py_call_on_the_users_comm():
+    comm, ctx = Recorder(), Recorder()
+    send, recv = np.ones(4, np.float32), np.empty(4, np.float32)
+    bench.timed_call("native", ctx, comm, send, recv)()
+    assert [c[0] for c in comm.calls] == ["Allreduce"]
+    name, args, _ = comm.calls[0]
+    assert args[0] is send and args[1] is recv and args[2] == MPI.SUM
+    assert ctx.calls == []  # nothing of bmlmpi on the path
+
+
+def test_bmlmpi_rows_go_through_bmlmpi():
+    send, recv = np.ones(4, np.float32), np.empty(4, np.float32)
+    for row, expect in (("passthrough", ("_start", "native")), ("bml", ("_start", "bml")),
+                        ("auto", ("Allreduce", None))):
+        comm, ctx = Recorder(), Recorder()
+        bench.timed_call(row, ctx, comm, send, recv)()
+        assert comm.calls == [], row
+        name, args, _ = ctx.calls[0]
+        assert name == expect[0], row
+        if expect[1] is not None:
+            assert args[3] == expect[1], row
+
+
+def test_machine_info_records_the_load_average():
+    info = bench.machine_info(MPI.COMM_SELF)
+    assert len(info["loadavg_start"].split()) == 3
+
+
+def test_calibration_times_the_blocking_allreduce_after_a_deadline_barrier():
+    comm = Recorder(MPI.COMM_SELF)
+    seconds = calibrate._native_time(comm, 64, 3, timeout=10)
+    assert seconds >= 0
+    names = [c[0] for c in comm.calls]
+    assert "Iallreduce" not in names
+    assert names == ["Ibarrier", "Allreduce"] * 4  # one untimed, three timed
+
+
+def test_calibration_native_never_blocks_without_every_rank(monkeypatch):
+    comm = Recorder(MPI.COMM_SELF)
+    stuck = MPI.COMM_SELF.Irecv(np.empty(1), source=0, tag=99)  # never completes
+    monkeypatch.setattr(comm, "Ibarrier", lambda: stuck, raising=False)
+    with pytest.raises(DeadlineExceeded):
+        calibrate._native_time(comm, 64, 3, timeout=0.2)
+    assert comm.calls == []  # the blocking call was never made
+    stuck.Cancel()
+    stuck.Wait()
+
+
+def test_same_run_summary_states_rows_and_targets():
+    from perf.baseline.__main__ import markdown, table
+
+    rows = []
+    for size in (8, 65536):
+        for a, t in (("native", 1.0), ("passthrough", 9.0), ("auto", 1.5), ("bml", 3.0),
+                     ("ring", 2.5), ("tree", 4.0), ("multitree", 5.0)):
+            rows.append({"algorithm": a, "size": size, "median_block_us": t * size ** 0.5,
+                         "avg_us": t, "call": a, **({"chose": "native"} if a == "auto"
+                                                    else {})})
+    c = [{"size": s, "median_block_us": 0.2 * s ** 0.5, "avg_us": 1.0} for s in (8, 65536)]
+    slow = [{**r, "median_block_us": 2 * r["median_block_us"]} for r in c]
+    machine = {"cores": 2, "oversubscribed": False}
+    data = {"runs": {"2": {"rows": rows, "machine": machine, "c_before": slow, "c_after": c,
+                           "loadavg_start": "1 1 1", "loadavg_end": "2 2 2"}},
+            "started": "s", "finished": "f", "loadavg_start": "1 1 1", "loadavg_end": "2 2 2",
+            "c_loop": "built"}
+    flat, grid = table(data)
+    assert grid[2][8]["C"] == pytest.approx(0.2 * 8 ** 0.5)
+    assert {r["row"] for r in flat} >= {"native", "passthrough", "C loop (before)",
+                                        "C loop (after)"}
+    text = markdown(data)
+    assert "| 8 B |" in text and "(not oversubscribed)" in text
+    assert "worst auto / best (native included) 1.50" in text
+    assert "0.40× native's speed" in text  # 1.0 / min(bml 3.0, ring 2.5)
+
+
+class _DeviceArray(np.ndarray):
+    """A host array standing in for a cupy array: ``set`` copies a host array into it."""
+
+    def set(self, host):
+        self[...] = host
+
+
+def test_native_row_on_device_buffers_stages_like_user_code(monkeypatch):
+    # what user code does with an MPI that is not CUDA-aware: to host, comm.Allreduce, back
+    monkeypatch.setattr(bench, "device_buffers", lambda device: (np.array, np.array))
+    comm, ctx = Recorder(MPI.COMM_SELF), Recorder()
+    send = np.arange(4, dtype=np.float32).view(_DeviceArray)
+    recv = np.zeros(4, dtype=np.float32).view(_DeviceArray)
+    bench.timed_call("native", ctx, comm, send, recv, device="cuda")()
+    assert [c[0] for c in comm.calls] == ["Allreduce"]
+    host_send = comm.calls[0][1][0]
+    assert type(host_send) is np.ndarray and host_send is not send
+    assert np.array_equal(recv, send) and ctx.calls == []
