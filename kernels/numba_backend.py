@@ -18,7 +18,7 @@ dispatcher sends it to numpy.
 
 Every kernel has a one-thread form and a parallel (``prange``) form; a call takes the parallel
 form when this process uses several threads and ``dst`` holds at least
-``dispatch.PARALLEL_MIN_BYTES`` (1 MiB). Both forms give the same bits (element-wise, nothing
+``limits.PARALLEL_MIN_BYTES`` (1 MiB). Both forms give the same bits (element-wise, nothing
 reassociated). Kernels release the GIL (``nogil=True``) so a progress thread can reduce while
 Python runs.
 
@@ -43,7 +43,7 @@ from llvmlite import ir
 from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
-from .dispatch import NUMBA_DTYPES, PARALLEL_MIN_BYTES
+from .limits import NUMBA_DTYPES, PARALLEL_MIN_BYTES
 
 NAME = "numba"
 
