@@ -33,6 +33,10 @@ _EXPORTS = {
     "rescaled_batch": "rescale",
 }
 
+#: Modules a name needs besides its own: ``Communicator(fault_tolerant=True)`` builds the
+#: subclass that :mod:`bmlmpi.ft` registers (api does not import ft, which extends it).
+_ALSO_LOADS = {"Communicator": ("ft",)}
+
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
@@ -42,6 +46,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'bmlmpi' has no attribute {name!r}")
     try:
         value = getattr(importlib.import_module(f".{module}", __name__), name)
+        for extra in _ALSO_LOADS.get(name, ()):
+            importlib.import_module(f".{extra}", __name__)
     except ModuleNotFoundError as exc:
         if exc.name == "bmlmpi.kernels":
             raise ImportError(

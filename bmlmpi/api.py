@@ -13,7 +13,9 @@ with that communicator.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,8 +23,10 @@ from mpi4py import MPI
 
 from . import buffers, config, kernels, registry, select
 from .buffers import BufferSpecError
-from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for
+from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_request
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
+from .schedules import catalog
+from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 
 
@@ -44,51 +48,67 @@ class IntercommunicatorError(ValueError):
     """
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedCall:
+    """One allreduce call after its arguments were checked: what every launch consumes."""
+
+    algorithm: str               # resolved for this call ("auto" already decided)
+    op: str                      # bmlmpi's op name (sum, prod, min, max, avg)
+    src: np.ndarray | None       # the input, or None for in place (it is already in ``out``)
+    out: np.ndarray              # the result, ``count`` elements (a host view when staged)
+    staging: Any                 # device buffers staged through host memory, else None
+    requested: str               # the algorithm asked for ("auto" stays "auto")
+
+    def finish(self, size: int) -> None:
+        """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
+        and a staged device result is copied back."""
+        if self.op == "avg":
+            kernels.scale_avg(self.out, size)
+        if self.staging is not None:
+            self.staging.finish()
+
+
 class Request:
     """The handle of a non-blocking allreduce (``Test``/``Wait``, as an ``MPI.Request``).
 
     bmlmpi has no progress thread: an allreduce advances while the caller is inside ``Test``
     or ``Wait`` of any of its communicator's requests. Each of those calls advances every
     outstanding allreduce of the communicator, oldest first, so ranks may wait on their
-    requests in any order without deadlocking each other.
+    requests in any order without deadlocking each other. The handle holds only the calls
+    its communicator gave it for this allreduce.
     """
 
-    def __init__(self, owner: Communicator, run: Run | _NativeRun):
-        self._owner = owner
+    def __init__(self, test: Callable[[], bool], wait: Callable[[], None],
+                 run: Callable[[], Run | NativeRun | None]):
+        self._test = test
+        self._wait = wait
         self._run = run
-        self._done = False
 
-    def _poll(self) -> bool:
-        if not self._done:
-            self._done = self._run.test()
-        return self._done
+    @property
+    def run(self) -> Run | NativeRun | None:
+        """The exchange this allreduce runs now (a schedule :class:`~bmlmpi.execute.Run`, or
+        the native ``MPI_Iallreduce``), for instrumentation; after a fault-tolerant recovery,
+        the latest attempt's; None while no attempt is running."""
+        return self._run()
 
     def Test(self) -> bool:
-        self._owner._progress()
-        return self._done
+        """Advance the communicator's allreduces; True once this one is complete."""
+        return self._test()
 
     def Wait(self) -> None:
-        if self._done:
-            return
-        owner = self._owner
-        try:
-            wait_for(lambda: (owner._progress(), self._done)[1], owner.timeout,
-                     self._run.describe_timeout, progress=owner._progress_mark)
-        except BaseException:
-            # An abandoned allreduce must not be polled by later calls.
-            if self in owner._active:
-                owner._active.remove(self)
-            raise
+        """Return once this allreduce is complete; DeadlineExceeded after ``timeout`` s
+        without progress (the allreduce is then abandoned)."""
+        self._wait()
 
     # mpi4py spells these in lower case for the pickle-based API; accept both.
     test = Test
     wait = Wait
 
 
-class _NativeRun:
+class NativeRun:
     """A native ``MPI_Iallreduce`` seen through the same interface as a schedule Run."""
 
-    def __init__(self, req: MPI.Request, finish, rank: int):
+    def __init__(self, req: MPI.Request, finish: Callable[[], None] | None, rank: int):
         self.req = req
         self.finish = finish
         self.rank = rank
@@ -96,7 +116,8 @@ class _NativeRun:
 
     def test(self) -> bool:
         if self.step == 0 and self.req.Test():
-            self.finish()
+            if self.finish is not None:
+                self.finish()
             self.step = 1
         return self.step == 1
 
@@ -104,8 +125,27 @@ class _NativeRun:
     def progress(self) -> int:
         return self.step
 
+    @property
+    def reqs(self) -> list[MPI.Request]:
+        return [self.req]
+
     def describe_timeout(self, timeout: float) -> str:
         return f"native MPI_Iallreduce (rank {self.rank}) made no progress in {timeout:g} s"
+
+
+class _Outstanding:
+    """A started allreduce of the plain communicator, polled until its run completes."""
+
+    __slots__ = ("run", "done")
+
+    def __init__(self, run: Run | NativeRun):
+        self.run = run
+        self.done = False
+
+    def poll(self) -> bool:
+        if not self.done:
+            self.done = self.run.test()
+        return self.done
 
 
 def _signature_hash(parts: tuple) -> int:
@@ -129,6 +169,17 @@ class Communicator:
     the first call of each signature that all ranks agree (``BMLMPI_VALIDATE``, default on).
     """
 
+    #: The subclass ``fault_tolerant=True`` builds. It registers itself when its module is
+    #: imported (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``
+    #: in :mod:`bmlmpi.ft`, which ``bmlmpi.Communicator`` loads), so this module never
+    #: imports it.
+    _variants: dict[str, type[Communicator]] = {}
+
+    def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if variant is not None:
+            Communicator._variants[variant] = cls
+
     def __new__(cls, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                 topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
                 **kwargs: Any):
@@ -138,8 +189,11 @@ class Communicator:
                 "mpi4py's intercomm.Allreduce (each group receives the reduction of the other "
                 "group's data), or Merge() it into an intracommunicator first")
         if fault_tolerant and cls is Communicator:
-            from .ft import FaultTolerantCommunicator
-            return super().__new__(FaultTolerantCommunicator)
+            variant = Communicator._variants.get("fault_tolerant")
+            if variant is None:
+                raise RuntimeError("fault_tolerant=True needs bmlmpi.ft: use "
+                                   "bmlmpi.Communicator (which loads it) or import bmlmpi.ft")
+            return super().__new__(variant)
         return super().__new__(cls)
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
@@ -155,15 +209,13 @@ class Communicator:
         # DeadlineExceeded instead of a hang, and once it completes all ranks are present, so
         # the blocking Splits right after it cannot wait on an absent rank.
         self._comm, req = comm.Idup()
-        wait_for(req.Test, self.timeout,
-                 lambda t: f"bmlmpi.Communicator: not every rank of the communicator joined "
-                           f"its creation within {t:g} s")
+        wait_request(req, self.timeout, "bmlmpi.Communicator: not every rank of the "
+                                        "communicator joined its creation")
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
         self._levels = self._split_levels()
         self._links = self._find_links()
-        self._tree_cache: dict[str, Any] = {}
         self._choices: dict[tuple[int, int], str] = {}
         self.calibration = None
         if select.calibration_wanted(self.algorithm):
@@ -172,7 +224,7 @@ class Communicator:
         self._plans: dict[tuple, Plan] = {}
         self._validated: set[int] = set()
         self._calls = 0
-        self._active: list[Request] = []
+        self._active: list[_Outstanding] = []
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
 
@@ -220,17 +272,23 @@ class Communicator:
         return out
 
     # -- internals ------------------------------------------------------------------------
+    # -- the launch path: prepare, agree, launch, progress --------------------------------
+    # One engine for both communicators. A subclass overrides only what differs: how a
+    # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
+    # what an MPI failure means (_failure_noted, _is_failure).
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        error: Exception | None = None
         try:
-            prep = self._prepare(sendbuf, recvbuf, op, algorithm)
+            call = self._prepare(sendbuf, recvbuf, op, algorithm)
         except (ValueError, TypeError, BufferError) as exc:
-            error, prep = exc, None
-        self._validate(prep, error)
-        assert prep is not None
-        return self._launch(*prep)
+            # the others learn of it in their argument check (RemoteArgumentError); the
+            # check raises it here
+            with self._failure_noted():
+                self._validate(None, exc)
+            raise
+        return self._submit(call)
 
-    def _prepare(self, sendbuf, recvbuf, op, algorithm):
+    def _prepare(self, sendbuf, recvbuf, op, algorithm) -> PreparedCall:
+        requested = algorithm
         name = op_name(op)
         if recvbuf is None or recvbuf is MPI.IN_PLACE:
             raise BufferSpecError("recvbuf must be a buffer (sendbuf may be MPI.IN_PLACE)")
@@ -266,26 +324,24 @@ class Communicator:
             if not (src.__array_interface__["data"][0] == out.__array_interface__["data"][0]):
                 raise BufferSpecError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
             src = None  # the same memory: an in-place call spelled with two names
-        return algorithm, name, src, out, staging
+        return PreparedCall(algorithm, name, src, out, staging, requested)
 
-    def _validate(self, prep, error: Exception | None) -> None:
+    def _validate(self, call: PreparedCall | None, error: Exception | None) -> None:
         """Agree across ranks that the call is well-formed; raise on every rank if not."""
         if not self.validate or self.size == 1:
             if error is not None:
                 raise error
             return
         sig, h = None, 0
-        if prep is not None:
-            algorithm, name, _, out, _ = prep
-            sig = (out.size, out.dtype.str, name, algorithm, self.shape)
+        if call is not None:
+            sig = (call.out.size, call.out.dtype.str, call.op, call.algorithm, self.shape)
             h = _signature_hash(sig)
             if error is None and h in self._validated:
                 return
         vec = np.array([h, -h, 1 if error else 0, self.rank if error else -1], dtype=np.int64)
         res = np.empty_like(vec)
-        req = self._comm.Iallreduce(vec, res, MPI.MAX)
-        wait_for(lambda: req.Test(), self.timeout,
-                 lambda t: f"bmlmpi argument check: other ranks did not join within {t:g} s")
+        wait_request(self._comm.Iallreduce(vec, res, MPI.MAX), self.timeout,
+                     "bmlmpi argument check: other ranks did not join")
         if error is not None:
             raise error
         if res[2]:
@@ -298,53 +354,101 @@ class Communicator:
             raise ArgumentMismatch(f"allreduce arguments differ across ranks: {lines}")
         self._validated.add(h)
 
-    def _launch(self, algorithm, name, src, out, staging) -> Request:
-        finish_steps = []
-        if name == "avg":
-            finish_steps.append(lambda: kernels.scale_avg(out, self.size))
-        if staging is not None:
-            finish_steps.append(staging.finish)
+    def _submit(self, call: PreparedCall) -> Request:
+        """Check the call across ranks, start it and hand back its request."""
+        self._validate(call, None)
+        label = f"bmlmpi {call.algorithm} allreduce (rank {self.rank}, call {self._calls + 1})"
+        entry = _Outstanding(self._launch(call, label, lambda: call.finish(self.size)))
+        if not entry.poll():
+            self._active.append(entry)
+        return Request(lambda: self._test(entry), lambda: self._wait(entry), lambda: entry.run)
 
-        def finish() -> None:
-            for f in finish_steps:
-                f()
-
-        if algorithm == "native":
-            return self._launch_native(name, src, out, finish)
-        if src is not None and out.size:
-            np.copyto(out, src)
-        plan = self._plan(algorithm, out.size, out.dtype, name)
+    def _launch(self, call: PreparedCall, label: str,
+                finish: Callable[[], None] | None) -> Run | NativeRun:
+        """Start ``call``'s exchange (native, or its schedule's plan) on this communicator;
+        ``finish`` runs when the exchange completes."""
+        if call.algorithm == "native":
+            return self._launch_native(call, finish)
+        out = call.out
+        if call.src is not None and out.size:
+            np.copyto(out, call.src)
+        plan = self._plan(call.algorithm, out.size, out.dtype, call.op)
         tag_base = (self._calls * TAG_STEPS) % self._tag_mod
         self._calls += 1
-        label = f"bmlmpi {algorithm} allreduce (rank {self.rank}, call {self._calls})"
-        run = Run(plan, out, name, tag_base, label, finish)
-        return self._register(Request(self, run))
+        return Run(plan, out, call.op, tag_base, label, finish)
 
-    def _launch_native(self, name, src, out, finish) -> Request:
-        sbuf = MPI.IN_PLACE if src is None else src
+    def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
+        sbuf = MPI.IN_PLACE if call.src is None else call.src
         try:
-            req = self._comm.Iallreduce(sbuf, out, mpi_op(name))
+            req = self._comm.Iallreduce(sbuf, call.out, mpi_op(call.op))
         except (KeyError, ValueError, MPI.Exception) as exc:
-            raise TypeError(f"native MPI_Allreduce cannot reduce dtype {out.dtype} "
+            if isinstance(exc, MPI.Exception) and self._is_failure(exc):
+                raise
+            raise TypeError(f"native MPI_Allreduce cannot reduce dtype {call.out.dtype} "
                             f"with this MPI: {exc}") from exc
-        return self._register(Request(self, _NativeRun(req, finish, self.rank)))
+        return NativeRun(req, finish, self.rank)
 
-    def _register(self, request: Request) -> Request:
-        request._poll()
-        if not request._done:
-            self._active.append(request)
-        return request
+    def _plan(self, algorithm: str, count: int, dtype: np.dtype, op: str) -> Plan:
+        """The compiled plan of a signature (cached), its kernels compiled."""
+        key = (algorithm, count, dtype, op)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        plan = self._compile(algorithm, count, dtype.itemsize)
+        # Compile (or load from numba's cache) the kernels this plan calls now, outside any
+        # deadline: a first compile inside a step can take seconds on a loaded node.
+        fan_in = max((len(offs) for lane in plan.lanes for st in lane for _, _, offs in st.reduces),
+                     default=0)
+        if fan_in:
+            kernels.warmup([dtype], [kernel_op(op)], sources=sorted({1, fan_in}))
+        self._plans[key] = plan
+        return plan
+
+    def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
+        """This rank's schedule of ``algorithm`` over the current members."""
+        return catalog.schedule(algorithm, self.rank, self.size, count, itemsize, self.shape,
+                                self._links)
+
+    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
+        """The schedule bound to this communicator (BCube levels on their own communicators)."""
+        return registry.bind(self._schedule(algorithm, count, itemsize), self._comm,
+                             self._levels, self.shape)
+
+    @contextmanager
+    def _failure_noted(self) -> Iterator[None]:
+        """Where a fault-tolerant communicator notes an MPI failure instead of raising it."""
+        yield
+
+    def _is_failure(self, exc: MPI.Exception) -> bool:
+        """Whether ``exc`` reports a failed process (only ever so with fault tolerance)."""
+        return False
+
+    def _test(self, entry: _Outstanding) -> bool:
+        self._progress()
+        return entry.done
+
+    def _wait(self, entry: _Outstanding) -> None:
+        if entry.done:
+            return
+        try:
+            wait_for(lambda: (self._progress(), entry.done)[1], self.timeout,
+                     entry.run.describe_timeout, progress=self._progress_mark)
+        except BaseException:
+            # An abandoned allreduce must not be polled by later calls.
+            if entry in self._active:
+                self._active.remove(entry)
+            raise
 
     def _progress(self) -> None:
         """Advance every outstanding allreduce, oldest first; drop the finished ones."""
         if self._active:
-            for r in self._active:
-                r._poll()
-            self._active = [r for r in self._active if not r._done]
+            for e in self._active:
+                e.poll()
+            self._active = [e for e in self._active if not e.done]
 
     def _progress_mark(self) -> tuple[int, ...]:
         """Changes whenever any outstanding allreduce completes a step of any lane."""
-        return tuple(r._run.progress for r in self._active)
+        return tuple(e.run.progress for e in self._active)
 
     def _auto(self, count: int, itemsize: int) -> str:
         key = (count, itemsize)
@@ -373,17 +477,11 @@ class Communicator:
 
     def tree(self):
         """The single binary reduction tree rooted at rank 0 (built once, the same on all)."""
-        if "tree" not in self._tree_cache:
-            from .topology.trees import binary_tree
-            self._tree_cache["tree"] = binary_tree(self._links, 0)
-        return self._tree_cache["tree"]
+        return catalog.binary_tree_for(self.size, self._links)
 
     def trees(self):
         """One tree per root for the multi-tree allreduce, with the link-usage penalty."""
-        if "trees" not in self._tree_cache:
-            from .topology.trees import multi_trees
-            self._tree_cache["trees"] = multi_trees(self._links)
-        return self._tree_cache["trees"]
+        return catalog.multi_trees_for(self.size, self._links)
 
     def _split_levels(self) -> list[MPI.Comm]:
         """One communicator per BCube level: the ranks sharing all digits but that level's."""
@@ -394,22 +492,6 @@ class Communicator:
             c.Set_errhandler(MPI.ERRORS_RETURN)
             levels.append(c)
         return levels
-
-    def _plan(self, algorithm: str, count: int, dtype: np.dtype, op: str) -> Plan:
-        key = (algorithm, count, dtype, op)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        sched, comms, level_peer = registry.build(algorithm, self, count, dtype.itemsize)
-        plan = Plan(sched, comms, level_peer)
-        # Compile (or load from numba's cache) the kernels this plan calls now, outside any
-        # deadline: a first compile inside a step can take seconds on a loaded node.
-        fan_in = max((len(offs) for lane in plan.lanes for st in lane for _, _, offs in st.reduces),
-                     default=0)
-        if fan_in:
-            kernels.warmup([dtype], [kernel_op(op)], sources=sorted({1, fan_in}))
-        self._plans[key] = plan
-        return plan
 
 
 _KEYVAL = MPI.Comm.Create_keyval()

@@ -3,7 +3,7 @@
 :func:`calibrate` is collective: every rank of ``comm`` calls it together, every wait has a
 deadline (a missing rank raises :class:`~bmlmpi.execute.DeadlineExceeded`, never hangs), and
 every rank returns the same :class:`~bmlmpi.model.Calibration`, so that every rank's
-:func:`bmlmpi.model.choose` reaches the same decision. It took 0.5–3 s on the 2-core
+:func:`bmlmpi.select.choose` reaches the same decision. It took 0.5–3 s on the 2-core
 development machine (2 to 12 ranks), most of it in the 16 MiB runs.
 
 What is measured, on a private duplicate of ``comm``, all ranks at once (ranks paired
@@ -61,9 +61,10 @@ from mpi4py import MPI
 
 from . import config
 from .execute import Plan, Run, timeout_from_env, wait_for
-from .model.choose import Calibration, estimate
 from .model.cost import price_symmetric
+from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
+from .schedules import catalog
 from .schedules.types import Schedule
 
 #: 3: ``native`` is the blocking MPI_Allreduce (format 2 timed the polled pass-through).
@@ -141,14 +142,9 @@ def _exchange_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> fl
     return float(np.median(times))
 
 
-def _flat_plan(sched: Schedule, comm: MPI.Comm) -> Plan:
-    """``sched`` compiled to run every transfer, of any level, on ``comm`` itself."""
-    return Plan(sched, [comm], lambda level, peer: (0, peer))
-
-
 def _run_schedule(comm: MPI.Comm, sched: Schedule, reps: int, timeout: float) -> float:
     """Seconds per execution of ``sched`` by bmlmpi's executor (median of ``reps``)."""
-    plan = _flat_plan(sched, comm)
+    plan = Plan.flat(sched, comm)
     buf = np.ones(sched.count, dtype=np.float64)
     times = []
     for i in range(reps + 1):
@@ -201,7 +197,7 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], reps: 
     n = max(nbytes // 8, 1)
     send = np.ones(n, dtype=np.float64)
     recv = np.empty_like(send)
-    plans = [_flat_plan(_schedule(a, rank, size, nbytes), comm) for a in names]
+    plans = [Plan.flat(_schedule(a, rank, size, nbytes), comm) for a in names]
     bufs = [np.ones(p.sched.count, dtype=np.float64) for p in plans]
 
     def once(i: int, call: int) -> float:
@@ -327,8 +323,7 @@ def _corrected_algorithms(size: int) -> list[str]:
 def _schedule(name: str, rank: int, size: int, nbytes: int) -> Schedule:
     """The schedule ``auto`` would run for ``nbytes`` of float64 (the builders the model
     prices: bml on the default shape, ring segmented, trees from a flat link matrix)."""
-    from .model.choose import BUILDERS
-    return BUILDERS[name](rank, size, max(nbytes // 8, 1), 8, None, None)
+    return catalog.schedule(name, rank, size, max(nbytes // 8, 1), 8)
 
 
 # -- the cache ---------------------------------------------------------------------------------

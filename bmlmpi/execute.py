@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,6 +66,10 @@ def _placed_on_levels(sched: Schedule) -> bool:
     both (measured on the emulated BCube(3,2): 2.10 s per 32 MiB against 1.66 s in step), so
     its streams stay in step."""
     return any(t.level >= 0 for st in sched.steps for t in (*st.sends, *st.recvs))
+
+
+def _flat_peer(level: int, peer: int) -> tuple[int, int]:
+    return 0, peer
 
 
 class Plan:
@@ -125,6 +130,11 @@ class Plan:
         self.scratch_elems = base
         self._pool: list[np.ndarray] = []
 
+    @classmethod
+    def flat(cls, sched: Schedule, comm: MPI.Comm) -> Plan:
+        """``sched`` compiled to run every transfer, of any level, on ``comm`` itself."""
+        return cls(sched, [comm], _flat_peer)
+
     def take_scratch(self, dtype: np.dtype) -> np.ndarray:
         while self._pool:
             s = self._pool.pop()
@@ -134,6 +144,37 @@ class Plan:
 
     def give_scratch(self, s: np.ndarray) -> None:
         self._pool.append(s)
+
+
+class RunObserver:
+    """Watches the steps of every Run started while it is installed (:func:`observing`): for
+    measurements and failure injection, without replacing the executor's methods. Override
+    what you need; each is called with the run and the lane (``run.posting_step(lane)`` is
+    the schedule step concerned)."""
+
+    def post(self, run: Run, lane: int) -> None:
+        """Before the lane's next step posts its receives and sends."""
+
+    def received(self, run: Run, lane: int) -> None:
+        """Every transfer of the lane's step completed; its reductions come next."""
+
+    def complete(self, run: Run, lane: int) -> None:
+        """The lane's step is done (reductions applied)."""
+
+
+_observer: RunObserver | None = None
+
+
+@contextmanager
+def observing(observer: RunObserver) -> Iterator[RunObserver]:
+    """Install ``observer`` for the Runs started inside the block. Unobserved runs pay one
+    ``is None`` test per step."""
+    global _observer
+    previous, _observer = _observer, observer
+    try:
+        yield observer
+    finally:
+        _observer = previous
 
 
 class Run:
@@ -158,6 +199,7 @@ class Run:
         self.progress = 0
         self.done = False
         self.scratch = plan.take_scratch(buf.dtype) if plan.scratch_elems else None
+        self.observer = _observer
 
     @property
     def step(self) -> int:
@@ -183,6 +225,8 @@ class Run:
         return self.plan.lanes[lane][self.pos[lane]].index
 
     def _post(self, lane: int) -> None:
+        if self.observer is not None:
+            self.observer.post(self, lane)
         sp = self.plan.lanes[lane][self.pos[lane]]
         comms = self.plan.comms
         buf, scratch = self.buf, self.scratch
@@ -199,6 +243,9 @@ class Run:
         self.lane_reqs[lane] = reqs
 
     def _complete_step(self, lane: int) -> None:
+        observer = self.observer
+        if observer is not None:
+            observer.received(self, lane)
         sp = self.plan.lanes[lane][self.pos[lane]]
         buf, scratch = self.buf, self.scratch
         for lo, hi, offs in sp.reduces:
@@ -208,6 +255,8 @@ class Run:
                 kernels.reduce_into(buf[lo:hi], srcs[0], self.kop)
             else:
                 kernels.reduce_many_into(buf[lo:hi], srcs, self.kop)
+        if observer is not None:
+            observer.complete(self, lane)
         self.lane_reqs[lane] = None
         self.pos[lane] += 1
         self.progress += 1
@@ -271,6 +320,12 @@ class Run:
                f"in {timeout:g} s; waiting for: {self.pending()}")
         self.cancel()
         return msg
+
+
+def wait_request(req: MPI.Request, timeout: float, what: str) -> None:
+    """Wait for one MPI request; after ``timeout`` s raise DeadlineExceeded saying
+    "``what`` within ``timeout`` s" (``what`` names what did not happen)."""
+    wait_for(req.Test, timeout, lambda t: f"{what} within {t:g} s")
 
 
 def _spin_seconds() -> float:

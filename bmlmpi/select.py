@@ -2,7 +2,7 @@
 
 The rule: ``BMLMPI_ALGORITHM`` (when set and not ``auto``) wins; one rank or an empty buffer
 has nothing to exchange (``bml``, which has no steps); otherwise the cost model
-(:func:`bmlmpi.model.choose`) prices every candidate's schedule on one shared-memory node with
+(:func:`bmlmpi.model.estimate`) prices every candidate's schedule on one shared-memory node with
 this machine's calibration (α, β, the Python executor's per-step and per-message overheads,
 the reduction cost and measured timings of the MPI library's blocking ``MPI_Allreduce`` as
 user code calls it — :mod:`bmlmpi.calibrate`, measured once per host, MPI library and rank

@@ -206,18 +206,33 @@ def bench_cpu(sizes: list[int], dtype: np.dtype, op: str, sources: int, backends
                     best_median = time_call(dispatch.reduce_many_into, (a, srcs, op), min_time,
                                             repeat)
                 results[backend] = (*best_median, moved)
-        line = [f"{human(nbytes):>9}"]
-        for name, (best, median, mv) in results.items():
-            gbps = mv / best / 1e9
-            frac = gbps * 1e9 / ref
-            rows.append({"kernel": name, "dtype": str(dtype), "op": op, "sources": sources,
-                         "bytes": nbytes, "bytes_moved": mv, "best_s": best, "median_s": median,
-                         "gb_per_s": gbps, "fraction_of_reference": frac})
-            line.append(f"{name}={gbps:7.1f} GB/s" + ("" if name.startswith("triad")
-                                                       else f" ({frac:4.0%})"))
-        log("  ".join(line))
+        log(_rows(rows, results, ref, dtype, op, sources, nbytes, None))
         del a, b, c, srcs
     return rows
+
+
+def _rows(rows: list[dict[str, Any]], results: dict[str, tuple[float, float, int]],
+          ref: float, dtype: np.dtype, op: str, sources: int, nbytes: int,
+          device: str | None) -> str:
+    """Append one row per kernel timed at ``nbytes`` (``results``: name -> best and median
+    seconds, bytes moved; ``ref``: the reference's bytes per second) and return the log line.
+    Host rows carry no ``device`` (it reads as cpu), GPU rows ``device="gpu"``; on the host the
+    triad, the reference itself, shows no fraction."""
+    line = [f"{human(nbytes):>9}"]
+    for name, (best, median, mv) in results.items():
+        gbps = mv / best / 1e9
+        frac = gbps * 1e9 / ref
+        row = {"kernel": name, "dtype": str(dtype), "op": op, "sources": sources,
+               "bytes": nbytes, "bytes_moved": mv, "best_s": best, "median_s": median,
+               "gb_per_s": gbps, "fraction_of_reference": frac}
+        if device is None:
+            line.append(f"{name}={gbps:7.1f} GB/s" + ("" if name.startswith("triad")
+                                                       else f" ({frac:4.0%})"))
+        else:
+            row["device"] = device
+            line.append(f"{name}={gbps:8.1f} GB/s ({frac:4.0%})")
+        rows.append(row)
+    return "  ".join(line)
 
 
 def bench_gpu(sizes: list[int], dtype: np.dtype, op: str, sources: int, min_time: float,
@@ -245,15 +260,7 @@ def bench_gpu(sizes: list[int], dtype: np.dtype, op: str, sources: int, min_time
         ref = 2 * nbytes / results["copy_cupy"][0]
         results["cupy"] = (*time_call(cupy_backend.reduce_many_into, (a, srcs, op), min_time,
                                       repeat, sync), (2 + sources) * nbytes)
-        line = [f"{human(nbytes):>9}"]
-        for kname, (best, median, mv) in results.items():
-            gbps = mv / best / 1e9
-            frac = gbps * 1e9 / ref
-            rows.append({"kernel": kname, "dtype": str(dtype), "op": op, "sources": sources,
-                         "bytes": nbytes, "bytes_moved": mv, "best_s": best, "median_s": median,
-                         "gb_per_s": gbps, "fraction_of_reference": frac, "device": "gpu"})
-            line.append(f"{kname}={gbps:8.1f} GB/s ({frac:4.0%})")
-        log("  ".join(line))
+        log(_rows(rows, results, ref, dtype, op, sources, nbytes, "gpu"))
         del a, b, c, srcs
     return rows, info
 

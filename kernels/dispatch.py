@@ -38,21 +38,9 @@ import numpy as np
 
 from .. import config
 from . import gpu, numpy_backend
+from .limits import NUMBA_DTYPES, NUMBA_FUSED_MIN_BYTES, PARALLEL_MIN_BYTES
 
 OPS = ("sum", "prod", "min", "max")
-
-#: ``auto`` gives a fused call (two or more sources) on at least this many bytes to numba.
-NUMBA_FUSED_MIN_BYTES = 1 << 20
-
-#: Below this many bytes of ``dst`` a numba call runs on the calling thread alone: a fork-join
-#: costs microseconds (milliseconds when the cores are oversubscribed), and a second thread
-#: only pays once the call is long.
-PARALLEL_MIN_BYTES = 1 << 20
-
-#: dtypes with a numba kernel (kept here so that choosing does not import numba).
-NUMBA_DTYPES = frozenset(np.dtype(t) for t in (
-    np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
-    np.float16, np.float32, np.float64, np.complex64, np.complex128))
 
 MODES = config.KERNEL_MODES
 _HALF = np.dtype(np.float16)

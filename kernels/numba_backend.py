@@ -18,7 +18,7 @@ dispatcher sends it to numpy.
 
 Every kernel has a one-thread form and a parallel (``prange``) form; a call takes the parallel
 form when this process uses several threads and ``dst`` holds at least
-``dispatch.PARALLEL_MIN_BYTES`` (1 MiB). Both forms give the same bits (element-wise, nothing
+``limits.PARALLEL_MIN_BYTES`` (1 MiB). Both forms give the same bits (element-wise, nothing
 reassociated). Kernels release the GIL (``nogil=True``) so a progress thread can reduce while
 Python runs.
 
@@ -44,7 +44,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 
 from .. import config
-from .dispatch import NUMBA_DTYPES, PARALLEL_MIN_BYTES
+from .limits import NUMBA_DTYPES, PARALLEL_MIN_BYTES
 from .numba_cache import cached
 
 NAME = "numba"

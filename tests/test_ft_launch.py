@@ -246,3 +246,27 @@ def test_training_job_loses_a_rank_and_finishes(tmp_path):
     assert result["final_batch_per_rank"] in (42, 43)
     history = result["history"]
     assert history[-1]["ranks"] == 3 and history[-1]["loss"] < history[0]["loss"], history
+
+
+def test_fault_tolerant_path_warms_kernels_before_the_first_step():
+    """Every schedule run of the fault-tolerant communicator starts after the kernels of its
+    dtype and op were compiled: outside the step's deadline, as on the plain path."""
+    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "2", sys.executable,
+           "tests/ft/warmup_ranks.py", "ring", "bml", "tree"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                         timeout=LAUNCH_TIMEOUT, env=env)
+    tail = (res.stdout + res.stderr)[-4000:]
+    records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
+               if line.startswith("WARMUP-JSON ")]
+    assert res.returncode == 0 and len(records) == 2, tail
+    for rec in records:
+        assert rec["exact"], rec
+        runs = [i for i, e in enumerate(rec["events"]) if e[0] == "run"]
+        assert len(runs) == 3, rec
+        for i in runs:
+            _, dtype, op = rec["events"][i]
+            warmed = [e for e in rec["events"][:i]
+                      if e[0] == "warmup" and dtype in e[1] and op in e[2]]
+            assert warmed, f"rank {rec['rank']}: run {rec['events'][i]} before any warm-up " \
+                           f"of its kernels: {rec['events']}"

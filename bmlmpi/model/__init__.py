@@ -3,14 +3,16 @@
 * :mod:`.network` — BCube, Fat-Tree, one shared-memory node, link-weight matrices;
 * :mod:`.cost` — :func:`price` (all ranks' schedules) and :func:`price_symmetric` (one rank's,
   by symmetry): per step α + the busiest link's bytes / bandwidth, summed over steps;
-* :mod:`.choose` — :func:`choose`, the cheapest algorithm for a machine's :class:`Calibration`.
+* :mod:`.estimate` — :func:`estimate`, each algorithm's predicted time for a machine's
+  :class:`Calibration`, and :func:`cheapest` of them (``auto``'s decision is
+  :func:`bmlmpi.select.choose`).
 
 MPI-free; :mod:`bmlmpi.calibrate` measures a Calibration over MPI. ``python
 perf/paper/report.py`` reproduces the BML paper's analysis with it.
 """
 
-from .choose import Calibration, algorithm_cost, choose, crossover, estimate
 from .cost import Cost, StepCost, price, price_symmetric
+from .estimate import Calibration, algorithm_cost, cheapest, crossover, estimate
 from .network import (
     BCubeNetwork,
     FatTree,
@@ -22,6 +24,6 @@ from .network import (
 
 __all__ = [
     "BCubeNetwork", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork", "Network",
-    "SharedMemoryNode", "StepCost", "algorithm_cost", "choose", "crossover", "estimate",
+    "SharedMemoryNode", "StepCost", "algorithm_cost", "cheapest", "crossover", "estimate",
     "fat_tree_groups", "price", "price_symmetric",
 ]

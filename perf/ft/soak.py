@@ -81,19 +81,20 @@ def rank_side(spec: dict) -> int:
         return ((i * 7 + rank * 3 + tag) % 11 + rank * 1000 + tag * 100_000).astype(np.float64)
 
     armed: dict = {}
-    real_post = execute.Run._post
 
-    def post(run: execute.Run, lane: int) -> None:
-        if armed and armed["when"] == "post":
-            nsteps = run.plan.nsteps
-            target = int(armed["step_frac"] * nsteps)
-            if run.posting_step(lane) >= target:
-                emit(group=gi, trial=armed["trial"], victim=me, t_kill=time.time(),
-                     step=target, nsteps=nsteps, must_exclude=run.sends_left())
-                die(armed["how"])
-        real_post(run, lane)
+    class Killer(execute.RunObserver):
+        """Dies when the armed trial's run is about to post the armed step."""
 
-    execute.Run._post = post
+        def post(self, run: execute.Run, lane: int) -> None:
+            if armed and armed["when"] == "post":
+                nsteps = run.plan.nsteps
+                target = int(armed["step_frac"] * nsteps)
+                if run.posting_step(lane) >= target:
+                    emit(group=gi, trial=armed["trial"], victim=me, t_kill=time.time(),
+                         step=target, nsteps=nsteps, must_exclude=run.sends_left())
+                    die(armed["how"])
+
+    killer = Killer()
 
     def die(how: str) -> None:
         if how == "kill":
@@ -112,55 +113,56 @@ def rank_side(spec: dict) -> int:
 
     tag = 0
     members = list(range(gsize))
-    for ti, trial in enumerate(g["trials"]):
-        before = []
-        for _ in range(spec["healthy"]):
+    with execute.observing(killer):
+        for ti, trial in enumerate(g["trials"]):
+            before = []
+            for _ in range(spec["healthy"]):
+                tag += 1
+                before.append(timed(tag))
+            victim = members[trial["victim_index"] % len(members)]
             tag += 1
-            before.append(timed(tag))
-        victim = members[trial["victim_index"] % len(members)]
-        tag += 1
-        if victim == me:
-            armed.update(trial, trial=ti)
-            if trial["when"] == "before" or algorithm == "native" and trial["when"] == "post":
-                emit(group=gi, trial=ti, victim=me, t_kill=time.time(), step=-1, nsteps=0,
-                     must_exclude=True)
+            if victim == me:
+                armed.update(trial, trial=ti)
+                if trial["when"] == "before" or algorithm == "native" and trial["when"] == "post":
+                    emit(group=gi, trial=ti, victim=me, t_kill=time.time(), step=-1, nsteps=0,
+                         must_exclude=True)
+                    die(trial["how"])
+            x, out = data(me, tag), np.full(n, -1.0)
+            t0 = time.perf_counter()
+            req = comm.Iallreduce(x, out)
+            if victim == me and trial["when"] == "during":
+                while True:
+                    run = req.run
+                    if not isinstance(run, execute.Run):
+                        break
+                    target = int(trial["step_frac"] * run.plan.sched.nsteps)
+                    if run.step >= target:
+                        break
+                    req.Test()
+                is_run = isinstance(run, execute.Run)
+                step = run.step if is_run else -1  # it may have gone past the target
+                emit(group=gi, trial=ti, victim=me, t_kill=time.time(), step=step,
+                     nsteps=run.plan.nsteps if is_run else 0,
+                     must_exclude=is_run and run.sends_left())
                 die(trial["how"])
-        x, out = data(me, tag), np.full(n, -1.0)
-        t0 = time.perf_counter()
-        req = comm.Iallreduce(x, out)
-        if victim == me and trial["when"] == "during":
-            while True:
-                run = req._call.run
-                if not isinstance(run, execute.Run):
-                    break
-                target = int(trial["step_frac"] * run.plan.sched.nsteps)
-                if run.step >= target:
-                    break
-                req.Test()
-            is_run = isinstance(run, execute.Run)
-            step = run.step if is_run else -1  # it may have gone past the target
-            emit(group=gi, trial=ti, victim=me, t_kill=time.time(), step=step,
-                 nsteps=run.plan.nsteps if is_run else 0,
-                 must_exclude=is_run and run.sends_left())
-            die(trial["how"])
-        req.Wait()
-        t_done = time.time()
-        fail_call = time.perf_counter() - t0
-        alive = [m for m in members if m != victim]
-        want = sum(data(r, tag) for r in alive)
-        with_victim = want + data(victim, tag)
-        match = "exact" if np.array_equal(out, want) else \
-            "with-victim" if np.array_equal(out, with_victim) else "wrong"
-        after = []
-        for _ in range(spec["healthy"]):
-            tag += 1
-            after.append(timed(tag))
-        rec = next((r for r in reversed(comm.recoveries) if victim in r.lost), None)
-        emit(group=gi, trial=ti, survivor=me, match=match, size=comm.size, before=before,
-             fail_call=fail_call, after=after, t_done=t_done,
-             failed=list(comm.failed), recovery=None if rec is None else
-             {"noticed": rec.noticed, "agreed": rec.agreed, "shrunk": rec.shrunk})
-        members = alive
+            req.Wait()
+            t_done = time.time()
+            fail_call = time.perf_counter() - t0
+            alive = [m for m in members if m != victim]
+            want = sum(data(r, tag) for r in alive)
+            with_victim = want + data(victim, tag)
+            match = "exact" if np.array_equal(out, want) else \
+                "with-victim" if np.array_equal(out, with_victim) else "wrong"
+            after = []
+            for _ in range(spec["healthy"]):
+                tag += 1
+                after.append(timed(tag))
+            rec = next((r for r in reversed(comm.recoveries) if victim in r.lost), None)
+            emit(group=gi, trial=ti, survivor=me, match=match, size=comm.size, before=before,
+                 fail_call=fail_call, after=after, t_done=t_done,
+                 failed=list(comm.failed), recovery=None if rec is None else
+                 {"noticed": rec.noticed, "agreed": rec.agreed, "shrunk": rec.shrunk})
+            members = alive
     ft.finish(0)
     return 0
 

@@ -35,7 +35,7 @@ from bmlmpi.model import (
     price,
     price_symmetric,
 )
-from bmlmpi.model.choose import algorithm_cost
+from bmlmpi.model.estimate import algorithm_cost
 from bmlmpi.schedules.bml import bml_schedule, bml_schedules
 from bmlmpi.schedules.ps import ps_schedule, ps_schedules
 from bmlmpi.schedules.ring import ring_schedule, ring_schedules

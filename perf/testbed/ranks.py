@@ -165,25 +165,23 @@ def steps(args: argparse.Namespace, comm: MPI.Comm) -> dict:
     from bmlmpi import execute
 
     events: list[tuple[str, int, float]] = []
-    real_post, real_complete = execute.Run._post, execute.Run._complete_step
 
-    def post(run: execute.Run, lane: int) -> None:
-        events.append(("posted", run.posting_step(lane), time.perf_counter()))
-        real_post(run, lane)
+    class Timeline(execute.RunObserver):
+        def post(self, run: execute.Run, lane: int) -> None:
+            events.append(("posted", run.posting_step(lane), time.perf_counter()))
 
-    def complete(run: execute.Run, lane: int) -> None:
-        step = run.posting_step(lane)
-        events.append(("transferred", step, time.perf_counter()))
-        real_complete(run, lane)
-        events.append(("reduced", step, time.perf_counter()))
+        def received(self, run: execute.Run, lane: int) -> None:
+            events.append(("transferred", run.posting_step(lane), time.perf_counter()))
+
+        def complete(self, run: execute.Run, lane: int) -> None:
+            events.append(("reduced", run.posting_step(lane), time.perf_counter()))
 
     count = args.bytes // 4
     send, recv = rank_data(count, comm.Get_rank()), np.zeros(count, dtype=np.float32)
     run = Allreducer(comm, args.kind, args.shape)
     run(args.algorithm, send, recv)  # warm-up: connections, compilation
-    execute.Run._post, execute.Run._complete_step = post, complete
     calls = []
-    try:
+    with execute.observing(Timeline()):
         for _ in range(args.reps):
             events.clear()
             comm.Barrier()
@@ -191,8 +189,6 @@ def steps(args: argparse.Namespace, comm: MPI.Comm) -> dict:
             run(args.algorithm, send, recv)
             mine = [(kind, step, round(t - t0, 4)) for kind, step, t in events]
             calls.append(comm.gather(mine, root=0))
-    finally:
-        execute.Run._post, execute.Run._complete_step = real_post, real_complete
     ok = comm.allreduce(bool(np.array_equal(recv, expected_sum(count, comm.Get_size()))),
                         op=MPI.LAND)
     return {"mode": "steps", "algorithm": args.algorithm, "bytes": args.bytes, "correct": ok,

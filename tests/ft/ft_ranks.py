@@ -34,6 +34,7 @@ schedule run), or a survivor's error.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -79,18 +80,17 @@ class StepHook:
     def __init__(self) -> None:
         self.armed: dict | None = None
         self.report: dict = {}
-        real_post = execute.Run._post
         hook = self
 
-        def post(run: execute.Run, lane: int) -> None:
-            k = hook.armed
-            if k is not None and k["when"] == "post" and run.posting_step(lane) >= k["step"]:
-                emit(victim=hook.report["rank"], group=hook.report["group"], call=k["call"],
-                     must_exclude=run.sends_left(), schedule=run.plan.sched.algorithm)
-                die(k["how"])
-            real_post(run, lane)
+        class Killer(execute.RunObserver):
+            def post(self, run: execute.Run, lane: int) -> None:
+                k = hook.armed
+                if k is not None and k["when"] == "post" and run.posting_step(lane) >= k["step"]:
+                    emit(victim=hook.report["rank"], group=hook.report["group"], call=k["call"],
+                         must_exclude=run.sends_left(), schedule=run.plan.sched.algorithm)
+                    die(k["how"])
 
-        execute.Run._post = post
+        self.observer = Killer()
 
 
 def expected(n: int, ranks: list[int], call: int, op: str) -> np.ndarray:
@@ -126,6 +126,8 @@ def main() -> int:
         return 0
     me = comm.original_rank
     hook = StepHook()
+    # for the rest of the process, which ends in ft.finish
+    contextlib.ExitStack().enter_context(execute.observing(hook.observer))
     hook.report = {"rank": me, "group": gi}
     op_name = g.get("op", "sum")
     op = bmlmpi.AVG if op_name == "avg" else MPI.SUM
@@ -162,7 +164,7 @@ def main() -> int:
         if mine and mine[0]["when"] == "during":
             k, req = mine[0], reqs[0]
             while True:
-                run = req._call.run
+                run = req.run
                 if run is None or not isinstance(run, execute.Run) or run.step >= k["step"]:
                     break
                 req.Test()
@@ -186,7 +188,7 @@ def main() -> int:
             emit(victim=me, group=gi, call=call, must_exclude=False, schedule=None)
             die(k["how"])
         hook.armed = None
-        run = reqs[0]._call.run
+        run = reqs[0].run
         schedule = run.plan.sched.algorithm if isinstance(run, execute.Run) else "native"
         gone |= {k["rank"] for k in kills if k["when"] == "before"}
         in_call = sorted(k["rank"] for k in kills if k["when"] != "before")

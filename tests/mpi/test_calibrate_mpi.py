@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 from bmlmpi.calibrate import calibrate
-from bmlmpi.model import choose
+from bmlmpi.model import cheapest
 
 
 @pytest.mark.mpi
@@ -32,5 +32,5 @@ def test_calibrate_agrees_on_every_rank_and_caches(tmp_path_factory, monkeypatch
     monkeypatch.delenv("BMLMPI_RECALIBRATE")
     names = ["bml", "ring", "ps", "native"]
     for count in (1, 1000, 1 << 20):
-        picks = comm.allgather(choose(names, count, 4, comm.size, calib=again))
+        picks = comm.allgather(cheapest(names, count, 4, comm.size, calib=again))
         assert len(set(picks)) == 1

@@ -14,10 +14,7 @@ dispatch, gpu = kernels.dispatch, kernels.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = sorted([*(ROOT / "bmlmpi").rglob("*.py"), *(ROOT / "kernels").rglob("*.py")])
-# ft.py is being split into a package on another branch; the lead routes its reads
-# (BMLMPI_ULFM, BMLMPI_BCUBE, BMLMPI_HANG_TIMEOUT, BMLMPI_HEARTBEAT) through config at the
-# merge and removes this allow-list entry.
-ALLOWED_DIRECT_READS = {ROOT / "bmlmpi" / "config.py", ROOT / "bmlmpi" / "ft.py"}
+ALLOWED_DIRECT_READS = {ROOT / "bmlmpi" / "config.py"}
 
 BOOLEANS = [v.name for v in config.VARIABLES.values() if v.parse is config.parse_bool]
 TRUE_SPELLINGS = ["1", "true", "TRUE", "True", "yes", "YES", "on", "On", " on ", "\ttrue\n"]

@@ -1,4 +1,4 @@
-"""The cost model on cases worked by hand, the BML paper's numbers, and choose()."""
+"""The cost model on cases worked by hand, the BML paper's numbers, and cheapest()."""
 
 import math
 from fractions import Fraction as F
@@ -13,7 +13,7 @@ from bmlmpi.model import (
     LinkMatrixNetwork,
     SharedMemoryNode,
     algorithm_cost,
-    choose,
+    cheapest,
     crossover,
     estimate,
     fat_tree_groups,
@@ -204,7 +204,7 @@ def test_fat_tree_groups():
         fat_tree_groups(5)
 
 
-# -- calibration and choose ------------------------------------------------------------------------
+# -- calibration and cheapest --------------------------------------------------------------------
 
 def test_native_interpolation():
     c = Calibration(alpha=1e-6, beta=1e-9, native=((1000, 2.0), (10, 1.0), (100, 1.0)))
@@ -217,23 +217,23 @@ def test_native_interpolation():
         Calibration(alpha=-1.0, beta=0.0)
 
 
-def test_choose_follows_alpha_and_beta():
+def test_cheapest_follows_alpha_and_beta():
     names = ["ring", "bml", "ps", "tree"]
     # latency only: the fewest steps (ps: 2, bml on 2x2: 4, tree: 4, ring: 6)
-    assert choose(names, 1000, 4, 4, alpha=1e-3, beta=0.0) == "ps"
+    assert cheapest(names, 1000, 4, 4, alpha=1e-3, beta=0.0) == "ps"
     # bandwidth only: ring, bml and ps all move 2(N-1)/N of the buffer; tree moves it all
     t = estimate(names, 1 << 20, 4, 4, alpha=0.0, beta=1e-9)
     assert t["ring"] == pytest.approx(t["bml"]) == pytest.approx(t["ps"])
     assert t["tree"] > 2 * t["ring"]
-    assert choose(names, 1 << 20, 4, 4, alpha=0.0, beta=1e-9) == "ring"  # ties: first
+    assert cheapest(names, 1 << 20, 4, 4, alpha=0.0, beta=1e-9) == "ring"  # ties: first
 
 
-def test_choose_native_small_schedule_large():
+def test_cheapest_native_small_schedule_large():
     calib = Calibration(alpha=50e-6, beta=1e-9, native=((8, 10e-6), (1 << 20, 20e-3)))
-    assert choose(["bml", "native"], 2, 4, 4, calib=calib) == "native"
-    assert choose(["bml", "native"], 1 << 20, 4, 4, calib=calib) == "bml"
-    with pytest.raises(ValueError, match="nothing to choose"):
-        choose(["native"], 10, 4, 4, alpha=1e-6, beta=1e-9)
+    assert cheapest(["bml", "native"], 2, 4, 4, calib=calib) == "native"
+    assert cheapest(["bml", "native"], 1 << 20, 4, 4, calib=calib) == "bml"
+    with pytest.raises(ValueError, match="no estimate for any"):
+        cheapest(["native"], 10, 4, 4, alpha=1e-6, beta=1e-9)
 
 
 def test_crossover_single_vs_multi_tree():
@@ -277,7 +277,7 @@ def test_corrections_interpolate_in_log_size_and_scale_the_model():
     t = estimate(["multitree", "ring"], 1 << 20, 4, 4, calib=plain)
     assert t["multitree"] < 4 * t["ring"]
     slow = Calibration(alpha=10e-6, beta=1e-10, corrections=(("multitree", 1 << 22, 1e3),))
-    assert choose(["multitree", "ring"], 1 << 20, 4, 4, calib=slow) == "ring"
+    assert cheapest(["multitree", "ring"], 1 << 20, 4, 4, calib=slow) == "ring"
     # explicit topologies are other machines: no correction
     net = SharedMemoryNode(4)
     assert estimate(["multitree"], 1 << 20, 4, 4, net, calib=slow) == \

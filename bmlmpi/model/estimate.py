@@ -1,11 +1,12 @@
-"""Pick the cheapest algorithm for one allreduce from the cost model. MPI-free.
+"""Estimate each algorithm's time for one allreduce from the cost model. MPI-free.
 
-:func:`choose` prices every candidate's schedule — the same schedule functions the executor
+:func:`estimate` prices every candidate's schedule — the same schedule functions the executor
 runs — on a network (by default one machine's shared memory, :class:`SharedMemoryNode`) with a
 machine's :class:`Calibration` (α, β, the Python executor's overheads, the reduction cost γ and
 the native ``MPI_Allreduce`` timings, all measured by :mod:`bmlmpi.calibrate`) and returns the
-name with the lowest predicted time. ``native`` has no schedule: its time is interpolated from
-the calibration's measured (bytes, seconds) points.
+predicted seconds of each; :func:`cheapest` names the lowest. The decision ``auto`` takes
+from these estimates is :func:`bmlmpi.select.choose`. ``native`` has no schedule: its time is
+interpolated from the calibration's measured (bytes, seconds) points.
 
 Every input is the same on every rank (the calibration is agreed collectively), so every rank
 reaches the same choice without communicating.
@@ -19,8 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
+from ..schedules import catalog
 from ..schedules.types import Schedule
 from .cost import Cost, price, price_symmetric
 from .network import BCubeNetwork, FatTree, LinkMatrixNetwork, Network, SharedMemoryNode
@@ -112,51 +112,6 @@ class Calibration:
                                      for a, b, f in d.get("corrections", ())))
 
 
-# -- the schedules each algorithm name runs ------------------------------------------------------
-
-def _bml(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
-    from ..schedules.bml import bml_schedule
-    from ..topology.bcube import resolve_shape
-    return bml_schedule(rank, size, count, resolve_shape(size, shape))
-
-
-def _ring(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
-    from ..schedules.ring import ring_schedule, ring_segments
-    return ring_schedule(rank, size, count, ring_segments(count, itemsize, size))
-
-
-def _ps(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
-    from ..schedules.ps import ps_schedule
-    return ps_schedule(rank, size, count)
-
-
-@functools.lru_cache(maxsize=16)
-def _trees(size: int, links: bytes | None) -> tuple[Any, tuple[Any, ...]]:
-    from ..topology.links import flat_links
-    from ..topology.trees import binary_tree, multi_trees
-    w = flat_links(size) if links is None else np.frombuffer(links).reshape(size, size)
-    return binary_tree(w), multi_trees(w)
-
-
-def _tree(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Any) -> Schedule:
-    from ..schedules.tree import tree_schedule
-    return tree_schedule(rank, size, count, _trees(size, links)[0])
-
-
-def _multitree(rank: int, size: int, count: int, itemsize: int, shape: Any,
-               links: Any) -> Schedule:
-    from ..schedules.tree import multitree_schedule
-    return multitree_schedule(rank, size, count, _trees(size, links)[1])
-
-
-#: Default schedule of each algorithm name, ``(rank, size, count, itemsize, shape, links)``:
-#: bml on ``shape`` (resolved as bml resolves it), ring with :func:`ring_segments`, trees built
-#: from the network's link matrix (``links``: its float64 bytes) or, elsewhere, a flat one.
-BUILDERS: dict[str, Callable[..., Schedule]] = {
-    "bml": _bml, "ring": _ring, "ps": _ps, "tree": _tree, "multitree": _multitree,
-}
-
-
 def symmetric_on(name: str, network: Network) -> bool:
     """Whether ``name``'s schedule set is equivariant under ``network``'s symmetry, so that
     :func:`price_symmetric` prices it exactly from rank 0 (see :mod:`bmlmpi.model.cost`)."""
@@ -170,22 +125,20 @@ def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Net
                    shape: Any = None, builders: Mapping[str, Builder] | None = None) -> Cost:
     """Price algorithm ``name`` for ``count`` elements of ``itemsize`` bytes on ``network``."""
     custom = builders is not None and name in builders
-    build = builders[name] if custom else BUILDERS.get(name)
-    if build is None:
+    if not custom and name not in catalog.BUILDERS:
         raise ValueError(f"no schedule for algorithm {name!r}; known: "
-                         f"{', '.join(sorted(BUILDERS))}")
+                         f"{', '.join(sorted(catalog.BUILDERS))}")
     if network.size != size:
         raise ValueError(f"{network.name} has {network.size} ranks, not {size}")
     if shape is None and isinstance(network, BCubeNetwork):
         shape = network.cube.radices  # bml on BCube hardware follows its wiring
-    links = (network.weights.astype(np.float64).tobytes()
-             if isinstance(network, LinkMatrixNetwork) else None)
+    links = network.weights if isinstance(network, LinkMatrixNetwork) else None
     if custom:
         def make(r: int) -> Schedule:
-            return build(r, size, count, itemsize)
+            return builders[name](r, size, count, itemsize)
     else:
         def make(r: int) -> Schedule:
-            return build(r, size, count, itemsize, shape, links)
+            return catalog.schedule(name, r, size, count, itemsize, shape, links)
     if not custom and symmetric_on(name, network):
         first = make(0)
         # With fewer elements than pieces some ranges are empty, unevenly across ranks, and
@@ -210,7 +163,7 @@ def _cached_cost(name: str, count: int, itemsize: int, size: int, network: Netwo
 def _params(calib: Calibration | None, alpha: float | None, beta: float | None) -> Calibration:
     if calib is None:
         if alpha is None or beta is None:
-            raise ValueError("choose needs a Calibration or both alpha and beta")
+            raise ValueError("an estimate needs a Calibration or both alpha and beta")
         return Calibration(alpha=alpha, beta=beta)
     if alpha is not None or beta is not None:
         return Calibration(alpha=calib.alpha if alpha is None else alpha,
@@ -227,7 +180,7 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
              shape: Any = None, builders: Mapping[str, Builder] | None = None,
              corrected: bool = True) -> dict[str, float]:
     """Predicted seconds of each algorithm (``native`` only when the calibration measured it;
-    ``auto`` is skipped). Arguments as :func:`choose`; ``corrected=False`` leaves out the
+    ``auto`` is skipped). Arguments as :func:`cheapest`; ``corrected=False`` leaves out the
     calibration's measured corrections (they apply only on the default network, the
     calibrated machine itself)."""
     if count < 0 or itemsize <= 0 or size < 1:
@@ -259,10 +212,10 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
     return out
 
 
-def choose(algorithms: Iterable[str], count: int, itemsize: int, size: int,
-           topology: Network | None = None, alpha: float | None = None,
-           beta: float | None = None, *, calib: Calibration | None = None, shape: Any = None,
-           builders: Mapping[str, Builder] | None = None) -> str:
+def cheapest(algorithms: Iterable[str], count: int, itemsize: int, size: int,
+             topology: Network | None = None, alpha: float | None = None,
+             beta: float | None = None, *, calib: Calibration | None = None,
+             shape: Any = None, builders: Mapping[str, Builder] | None = None) -> str:
     """The algorithm among ``algorithms`` with the lowest predicted time for ``count``
     elements of ``itemsize`` bytes on ``size`` ranks.
 
@@ -275,7 +228,7 @@ def choose(algorithms: Iterable[str], count: int, itemsize: int, size: int,
     times = estimate(names, count, itemsize, size, topology, alpha, beta, calib=calib,
                      shape=shape, builders=builders)
     if not times:
-        raise ValueError(f"nothing to choose from {names} (native needs calibrated timings)")
+        raise ValueError(f"no estimate for any of {names} (native needs calibrated timings)")
     return min(times, key=lambda n: (times[n], names.index(n)))
 
 
@@ -303,5 +256,5 @@ def crossover(cheap_small: str, cheap_large: str, itemsize: int, size: int,
     return hi
 
 
-__all__ = ["BUILDERS", "Calibration", "algorithm_cost", "choose", "crossover", "estimate",
+__all__ = ["Calibration", "algorithm_cost", "cheapest", "crossover", "estimate",
            "symmetric_on"]

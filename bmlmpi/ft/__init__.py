@@ -1,0 +1,94 @@
+"""Failure-aware allreduce: the survivors finish the call and carry on (ULFM).
+
+``bmlmpi.Communicator(comm, fault_tolerant=True)`` builds a :class:`FaultTolerantCommunicator`.
+When ranks die before, during or between its allreduces, every survivor's call completes with
+the reduction over exactly the survivors' inputs (``AVG`` divides by their number), the same on
+all of them; afterwards ``size`` and ``rank`` describe the survivors, ``failed`` lists the
+original ranks lost, ``survivors`` the original ranks left, and ``on_failure(comm, lost)`` runs.
+Each public method's docstring states its failure contract.
+
+Mechanism (user-level failure mitigation, mpi4py ≥ 4 on Open MPI ≥ 5 started with
+``--with-ft ulfm``, i.e. ``bmlmpi-run --ft``), one module per job:
+
+1. **Run** (:mod:`.communicator`). An allreduce runs the plain communicator's launch path
+   (plan, kernel warm-up, schedule run or native ``MPI_Iallreduce``) on one private
+   communicator with ``ERRORS_RETURN``. Unlike the plain communicator there are no per-level
+   communicators: every transfer goes over this one, so revoking and shrinking touch exactly
+   one object (the schedule's ``level`` still says which BCube link a transfer stands for).
+   Each call keeps what it needs to run again: the send buffer, or a copy of the input for
+   ``MPI.IN_PLACE``.
+2. **Detect** (:mod:`.errors`). A request fails with ``ERR_PROC_FAILED``/
+   ``ERR_PROC_FAILED_PENDING`` (a peer died) or ``ERR_REVOKED`` (another survivor noticed
+   first). A hung peer never fails a request: the heartbeat (:mod:`bmlmpi.heartbeat`) fences it
+   with SIGKILL after ``hang_timeout`` seconds without a beat, and ULFM then reports it. The
+   detecting rank revokes the communicator so that every rank still waiting on anything stops.
+3. **Agree** (:mod:`.ledger`). A call commits on every survivor or on none: once its run has
+   completed locally or failed, each rank votes in ``MPI_Comm_iagree``, calls in the order they
+   were started.
+4. **Shrink and rebuild** (:mod:`.membership`). After a 0 vote the survivors shrink the
+   communicator, check that all committed the same calls, drop the cached plans (the tree
+   algorithms' link-weight matrix keeps the survivors' rows; the calibration of ``auto`` is
+   kept), call ``on_failure`` and start every uncommitted call again over the survivors.
+   Failures during the re-run repeat the cycle (successive failures).
+
+Re-partitioning (which schedule the survivors run, :func:`bmlmpi.schedules.catalog.
+bcube_preserving`, :mod:`bmlmpi.schedules.recovery`):
+
+* ``recovery="fresh"`` — the survivors run the requested algorithm (bml, ring, tree, native …)
+  as if the communicator had been built over them: bml on a fresh mixed-radix BCube of the
+  default factorisation of N−x, k·(N−x) pieces. Right for a flat network (shared memory, a
+  Fat-Tree), and the default when no BCube shape was given.
+* ``recovery="bcube"`` — bml keeps the original BCube addresses and routes around the dead
+  servers with auxiliary multi-hop steps (seed 001), so a server only ever talks to a server one
+  switch away. The default when the user gave a BCube shape (``topology=`` or
+  ``BMLMPI_BCUBE``). When the planner finds no such schedule (or the cube exceeds
+  ``MAX_PLANNED_SERVERS``) the fresh schedule is used instead. Other algorithms always run
+  fresh.
+
+Non-blocking calls (``Iallreduce``) work as on the plain communicator; a ``Test`` or ``Wait``
+that meets a failure performs the recovery (a collective over the survivors) before returning.
+
+Deadlines: every wait of this communicator polls non-blocking requests against ``timeout``
+(``BMLMPI_TIMEOUT``) seconds without progress and raises :class:`bmlmpi.DeadlineExceeded`;
+``hang_timeout`` (``BMLMPI_HANG_TIMEOUT``, default 30 s) is the heartbeat age that gets a peer
+fenced, ``heartbeat`` (``BMLMPI_HEARTBEAT``) the beat period. Fencing reaches ranks on this
+rank's host only (SIGKILL); a hung rank on another host surfaces at the deadline — fencing
+across hosts needs the launcher (:mod:`bmlmpi.heartbeat`).
+
+Without ULFM: on Open MPI started without ``--with-ft ulfm`` (it is then off: the environment
+lacks ``OMPI_MCA_mpi_ft_enable``) or on an MPI whose ``MPI_Comm_is_revoked`` is missing (the
+MPICH wheel), construction raises :class:`FaultToleranceUnavailable`. ``BMLMPI_ULFM=1`` skips
+the check (an Open MPI whose parameter file enables ULFM); where support cannot be told, waits
+end at the deadline.
+
+Process exit (:mod:`.exit`): :func:`install_exit_handlers` and :func:`finish` make a rank's end
+visible to the others and hang-free. A rank that still exits non-zero without them is noticed
+by the heartbeat (its process is gone but MPI never said so) and the survivors raise
+:class:`FaultToleranceError` instead of hanging.
+
+Mini-batch rescaling after failures: :func:`bmlmpi.rescaled_batch` (:mod:`bmlmpi.rescale`).
+"""
+
+from .communicator import (
+    DEFAULT_HANG_TIMEOUT,
+    RECOVERY_MODES,
+    FaultTolerantCommunicator,
+    FaultTolerantRequest,
+)
+from .errors import (
+    FAILURE_CLASSES,
+    FaultToleranceError,
+    FaultToleranceUnavailable,
+    RankMasked,
+    is_failure,
+    ulfm_support,
+)
+from .exit import finish, install_exit_handlers
+from .membership import RecoveryRecord
+
+__all__ = [
+    "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES", "FaultToleranceError",
+    "FaultToleranceUnavailable", "FaultTolerantCommunicator", "FaultTolerantRequest",
+    "RankMasked", "RecoveryRecord", "finish", "install_exit_handlers", "is_failure",
+    "ulfm_support",
+]

@@ -1,0 +1,334 @@
+"""The fault-tolerant communicator: the plain communicator's launch path, with calls kept in
+the ledger until every survivor commits them (:mod:`.ledger`) and recovery by shrinking
+(:mod:`.membership`). What it overrides of :class:`bmlmpi.Communicator`: schedules bind to
+one communicator (no level communicators, so revoking and shrinking touch exactly one
+object), recovery picks the BCube-preserving schedule where asked, and an MPI failure is
+noted for the agreement instead of raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import config
+from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
+from ..execute import DeadlineExceeded, Plan, wait_request
+from ..heartbeat import Heartbeat
+from ..schedules import catalog
+from .errors import (
+    FaultToleranceError,
+    FaultToleranceUnavailable,
+    RankMasked,
+    is_failure,
+    ulfm_support,
+)
+from .exit import LIVE
+from .ledger import Call, Ledger
+from .membership import Membership, RecoveryRecord
+
+DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
+RECOVERY_MODES = ("auto", "fresh", "bcube")
+
+
+def _env_float(name: str, value: float | None, default: float) -> float:
+    if value is not None:
+        return float(value)
+    env = config.get(name)
+    return default if env is None else float(env)
+
+
+class FaultTolerantRequest(Request):
+    """The handle of a fault-tolerant non-blocking allreduce (``Test``/``Wait``)."""
+
+    def Test(self) -> bool:
+        """Advance every outstanding call of the communicator; True once this call is
+        committed on every survivor (its recvbuf then holds the reduction over exactly the
+        survivors' inputs, the same on all of them).
+
+        Failure contract: a failure met here is recovered inside this call (a collective over
+        the survivors: every survivor must go on calling ``Test`` or ``Wait``), ``on_failure``
+        runs inside it, and the call is then re-run over the survivors; ``Test`` returns False
+        until that re-run commits. It raises only from a recovery that cannot complete:
+        :class:`FaultToleranceError` or :class:`bmlmpi.DeadlineExceeded`, after which this
+        call is committed on no rank that raised, and the communicator must not be used again.
+        """
+        return self._test()
+
+    def Wait(self) -> None:
+        """Return once this call is committed on every survivor (see :meth:`Test`).
+
+        Failure contract: failures are recovered inside, as in :meth:`Test`. Raises
+        :class:`bmlmpi.DeadlineExceeded` after ``timeout`` s without progress (a hung peer
+        the heartbeat could not fence, e.g. on another host, or an MPI that never reports a
+        failure) and :class:`FaultToleranceError` when the survivors cannot recover (a rank
+        gone without MPI noticing, survivors that committed different calls, a failed
+        shrink). After either, this call and every later one is uncommitted on this rank, its
+        recvbuf undefined, and the communicator must not be used again: end the rank with
+        :func:`bmlmpi.ft.finish`, whose bounded barrier the others meet.
+        """
+        self._wait()
+
+    test = Test
+    wait = Wait
+
+
+class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault_tolerant"):
+    """A :class:`bmlmpi.Communicator` whose allreduces survive the death of ranks.
+
+    Extra arguments: ``on_failure(comm, lost)`` — called on every survivor after each recovery
+    with the original ranks just lost; ``recovery`` — ``"auto"``, ``"fresh"`` or ``"bcube"``
+    (:mod:`bmlmpi.ft`); ``hang_timeout`` and ``heartbeat`` — seconds (:mod:`bmlmpi.ft`).
+    """
+
+    def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
+                 topology: str | Sequence[int] | None = None, fault_tolerant: bool = True, *,
+                 timeout: float | None = None, validate: bool | None = None,
+                 on_failure: Callable[[FaultTolerantCommunicator, tuple[int, ...]], None]
+                 | None = None,
+                 recovery: str = "auto", hang_timeout: float | None = None,
+                 heartbeat: float | None = None):
+        """Collective over ``comm``, like the plain communicator, plus a token for the
+        heartbeat and a closing agreement.
+
+        Failure contract: without ULFM, :class:`FaultToleranceUnavailable` on every rank
+        (nothing was built). A rank that fails during the collectives of construction makes
+        the others raise :class:`FaultToleranceError` (or :class:`bmlmpi.DeadlineExceeded`
+        when no rank reports it within ``timeout``); the communicator does not exist and the
+        caller should end the rank (:func:`bmlmpi.ft.finish`). A death reported only in the
+        closing agreement does not fail construction: every survivor returns, and the first
+        call recovers from it like from any other failure.
+        """
+        if recovery not in RECOVERY_MODES:
+            raise ValueError(f"recovery must be one of {RECOVERY_MODES}, got {recovery!r}")
+        if comm == MPI.COMM_NULL:
+            raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
+        support, why = ulfm_support(comm)
+        if support is False:
+            raise FaultToleranceUnavailable(f"bmlmpi.Communicator(fault_tolerant=True): {why}")
+        self.ulfm = support
+        explicit = topology is not None or config.is_set("BMLMPI_BCUBE")
+        try:
+            super().__init__(comm, algorithm, topology, timeout=timeout, validate=validate)
+        except MPI.Exception as exc:
+            raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
+                                      f"failed while the communicator was being built: "
+                                      f"{exc.Get_error_string()}") from exc
+        self.on_failure = on_failure
+        self.original_size = self.size
+        self.original_rank = self.rank
+        self.home_shape = self.shape
+        self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
+            else "fresh"
+        self.failed: tuple[int, ...] = ()
+        self.recoveries: list[RecoveryRecord] = []
+        self._members = list(range(self.size))   # original rank of each current rank
+        self._pending: list[Call] = []
+        self._seq = 0
+        self._committed = 0
+        self._broken = False
+        self._noticed: float | None = None
+        self._masked = False
+        self._events = 0
+        hang = _env_float("BMLMPI_HANG_TIMEOUT", hang_timeout, DEFAULT_HANG_TIMEOUT)
+        period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8))
+        try:
+            token = self._share_token()
+        except MPI.Exception as exc:
+            raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
+                                      f"failed while the communicator was being built: "
+                                      f"{exc.Get_error_string()}") from exc
+        self._hb = Heartbeat(token, self.rank, period, hang)
+        self._hb.watch(self._members)
+        LIVE.append(self)
+        self._settle_construction()
+
+    # -- construction helpers ---------------------------------------------------------------
+    def _split_levels(self) -> list[MPI.Comm]:
+        return []  # one communicator for every transfer (module docstring)
+
+    def _share_token(self) -> str:
+        token = np.frombuffer(os.urandom(8), dtype=np.uint8).copy()
+        wait_request(self._comm.Ibcast(token, root=0), self.timeout,
+                     "bmlmpi fault-tolerant communicator: rank 0's token did not arrive")
+        return token.tobytes().hex()
+
+    def _settle_construction(self) -> None:
+        """End construction with an agreement, so no rank leaves the constructor before every
+        rank has finished the collectives above: otherwise a rank that dies just after its
+        constructor (before its first call) could take a message a slower rank still needs
+        with it, and that rank would fail inside the constructor. ULFM's agreement completes
+        among the survivors even when ranks die in it; a death reported here is recovered
+        from like any other, at the first call."""
+        flag = np.array([1], dtype=np.intc)
+        try:
+            wait_request(self._comm.Iagree(flag), self.timeout,
+                         "bmlmpi fault-tolerant communicator: construction did not complete "
+                         "on every rank")
+        except MPI.Exception as exc:
+            if not is_failure(exc, self._comm):
+                raise
+            self._note_failure(exc)
+
+    # -- properties -------------------------------------------------------------------------
+    @property
+    def on_failure(self) -> Callable[[FaultTolerantCommunicator, tuple[int, ...]], None] | None:
+        """Called as ``on_failure(comm, lost)`` on every survivor after each recovery (a
+        shrink or a mask), with the original ranks just lost, before the uncommitted calls
+        run again; ``size``, ``rank`` and ``survivors`` already describe the survivors.
+
+        Contract: it runs inside the ``Allreduce``/``Test``/``Wait`` that met the failure and
+        must not start allreduces on this communicator (they would interleave with the
+        recovery); it may rescale mini-batches (:func:`bmlmpi.rescaled_batch`) or log. It must
+        not raise: an exception propagates out of that call on this rank only, which then
+        leaves the re-run, and the other survivors end at their deadline."""
+        return self._on_failure
+
+    @on_failure.setter
+    def on_failure(self, fn: Callable[[FaultTolerantCommunicator, tuple[int, ...]], None]
+                   | None) -> None:
+        self._on_failure = fn
+
+    @property
+    def survivors(self) -> tuple[int, ...]:
+        """The original ranks still taking part, in current rank order."""
+        return tuple(self._members)
+
+    @property
+    def masked(self) -> bool:
+        return self._masked
+
+    def __repr__(self) -> str:
+        return (f"bmlmpi.FaultTolerantCommunicator(size={self.size}/{self.original_size}, "
+                f"rank={self.rank}, failed={list(self.failed)}, algorithm={self.algorithm!r}, "
+                f"recovery={self.recovery!r})")
+
+    def Free(self) -> None:
+        self._hb.close()
+        if self in LIVE:
+            LIVE.remove(self)
+        if not self._masked:
+            super().Free()
+
+    # -- the calls --------------------------------------------------------------------------
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+        """Reduce ``sendbuf`` over the survivors into ``recvbuf`` (``sendbuf`` may be
+        IN_PLACE).
+
+        Failure contract: returns on every survivor with the reduction over exactly the
+        inputs of the ranks that are members when the call commits, the same on all of them
+        (``AVG`` divides by their number). A call commits on every survivor or on none: when
+        ranks die during it, the survivors agree, shrink, run ``on_failure`` and run the call
+        again over themselves with the input restored (``IN_PLACE`` included). Bad arguments
+        raise on every rank (``ValueError``/``TypeError``; the others
+        :class:`bmlmpi.RemoteArgumentError` or :class:`bmlmpi.ArgumentMismatch`) with nothing
+        started, and the communicator stays usable. :class:`bmlmpi.DeadlineExceeded` and
+        :class:`FaultToleranceError` as :meth:`FaultTolerantRequest.Wait`: nothing committed
+        on this rank, the communicator must not be used again. :class:`RankMasked` on a rank
+        masked out by :meth:`mask_link`.
+        """
+        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+        """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned
+        :class:`FaultTolerantRequest`, whose docstrings state what a failure does.
+
+        Failure contract: calls commit in the order they were started. The input is kept
+        (``IN_PLACE``: copied) until the call commits, so that it can run again after a
+        failure; ``sendbuf`` and ``recvbuf`` must not be touched until then. Bad arguments
+        raise here as in :meth:`Allreduce`; a failure noticed while starting is not raised:
+        the ``Test``/``Wait`` that follows recovers from it.
+        """
+        return self._start(sendbuf, recvbuf, op, self.algorithm)
+
+    def _usable(self) -> None:
+        if self._masked:
+            raise RankMasked(f"original rank {self.original_rank} was masked out of this "
+                             f"fault-tolerant communicator")
+
+    def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
+        self._usable()
+        return super()._start(sendbuf, recvbuf, op, algorithm)
+
+    def _submit(self, prepared: PreparedCall) -> Request:
+        """Enter the call in the ledger and start its first attempt."""
+        self._seq += 1
+        call = Call(self._seq, prepared)
+        self._pending.append(call)
+        with self._hb.watching():
+            try:
+                self._attempt(call)
+                self._advance()
+            except (ArgumentMismatch, RemoteArgumentError):
+                self._pending.remove(call)
+                raise
+        return FaultTolerantRequest(lambda: self._test_call(call),
+                                    lambda: self._wait_call(call), lambda: call.run)
+
+    def _attempt(self, call: Call) -> None:
+        """Start (or restart) ``call`` over the current members; a failure is only noted here,
+        the agreement decides."""
+        call.run = None
+        call.ok = False
+        call.vote = call.agree = None
+        call.size = self.size
+        call.attempts += 1
+        if call.saved is not None:
+            np.copyto(call.out, call.saved)
+        if self._broken:
+            return
+        algorithm = call.algorithm
+        if algorithm == "auto":
+            algorithm = self._auto(call.out.size, call.out.dtype.itemsize)
+        prepared = dataclasses.replace(call.prepared, algorithm=algorithm)
+        label = (f"bmlmpi fault-tolerant {algorithm} allreduce (rank {self.rank} of "
+                 f"{self.size}, call {call.seq}, attempt {call.attempts})")
+        with self._failure_noted():
+            self._validate(prepared, None)
+            call.run = self._launch(prepared, label, None)
+
+    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
+        """After failures with ``recovery="bcube"``, bml keeps the original BCube addresses
+        (peers are original ranks); otherwise the requested algorithm over the current
+        members. Every transfer runs on the one communicator."""
+        if self.recovery == "bcube":
+            sched = catalog.bcube_preserving(algorithm, self._members[self.rank],
+                                             self.home_shape, self.failed, count)
+            if sched is not None:
+                current = {orig: cur for cur, orig in enumerate(self._members)}
+                return Plan(sched, [self._comm], lambda level, peer: (0, current[peer]))
+        return Plan.flat(self._schedule(algorithm, count, itemsize), self._comm)
+
+    @contextlib.contextmanager
+    def _failure_noted(self) -> Iterator[None]:
+        """An MPI failure here is noted (and the communicator revoked), not raised: the
+        agreement on the call decides."""
+        with self._hb.watching():
+            try:
+                yield
+            except MPI.Exception as exc:
+                if not is_failure(exc, self._comm):
+                    raise
+                self._note_failure(exc)
+
+    def _is_failure(self, exc: MPI.Exception) -> bool:
+        return is_failure(exc, self._comm)
+
+    def close(self, timeout: float) -> None:
+        """Meet the other survivors in a barrier bounded by ``timeout`` (a peer dying in it is
+        ignored), then stop this rank's heartbeat: how :func:`bmlmpi.ft.finish` ends."""
+        if self._masked or self._comm == MPI.COMM_NULL:
+            return
+        with self._hb.watching():
+            try:
+                wait_request(self._comm.Ibarrier(), timeout, "final barrier")
+            except (MPI.Exception, DeadlineExceeded, FaultToleranceError):
+                pass  # a peer died at the end: nothing is left to agree on
+        with contextlib.suppress(Exception):
+            self._hb.close()

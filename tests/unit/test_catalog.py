@@ -1,0 +1,40 @@
+"""The schedule catalog: every name gives the schedule its module builds, verified, and the
+survivors' BCube-preserving schedule only where it applies."""
+
+from __future__ import annotations
+
+import pytest
+
+from bmlmpi.schedules import catalog
+from bmlmpi.schedules.bml import bml_schedule
+from bmlmpi.schedules.recovery import bcube_recovery_schedule
+from bmlmpi.schedules.ring import ring_schedule, ring_segments
+from bmlmpi.schedules.tree import tree_schedule
+from bmlmpi.schedules.verify import verify
+from bmlmpi.topology.links import preset
+from bmlmpi.topology.trees import binary_tree
+
+
+@pytest.mark.parametrize("name", sorted(catalog.BUILDERS))
+@pytest.mark.parametrize("size", [1, 2, 5, 8, 9])
+def test_every_schedule_of_the_catalog_verifies(name, size):
+    verify([catalog.schedule(name, r, size, 1001, 4) for r in range(size)])
+
+
+def test_the_catalog_builds_what_the_algorithm_modules_build():
+    assert catalog.schedule("bml", 4, 9, 100, 8, "3x3") == bml_schedule(4, 9, 100, (3, 3))
+    assert catalog.schedule("ring", 1, 4, 1 << 20, 4) == \
+        ring_schedule(1, 4, 1 << 20, ring_segments(1 << 20, 4, 4))
+    w = preset("p3.16xlarge")
+    assert catalog.schedule("tree", 3, 8, 100, 4, links=w) == \
+        tree_schedule(3, 8, 100, binary_tree(w, 0))
+    with pytest.raises(ValueError, match="no schedule"):
+        catalog.schedule("native", 0, 2, 10, 4)
+
+
+def test_bcube_preserving_only_for_bml_after_a_failure():
+    assert catalog.bcube_preserving("bml", 1, (3, 3), (0,), 100) == \
+        bcube_recovery_schedule(1, (3, 3), (0,), 100)
+    assert catalog.bcube_preserving("ring", 1, (3, 3), (0,), 100) is None
+    assert catalog.bcube_preserving("bml", 1, (3, 3), (), 100) is None
+    assert catalog.bcube_preserving("bml", 0, (2, 2), (1, 2), 100) is None  # none exists
