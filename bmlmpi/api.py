@@ -48,9 +48,10 @@ class IntercommunicatorError(ValueError):
     """
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PreparedCall:
-    """One allreduce call after its arguments were checked: what every launch consumes."""
+    """One allreduce call after its arguments were checked: what every launch consumes.
+    (Not frozen: a frozen dataclass costs half a microsecond more per call to build.)"""
 
     algorithm: str               # resolved for this call ("auto" already decided)
     op: str                      # bmlmpi's op name (sum, prod, min, max, avg)
@@ -74,31 +75,30 @@ class Request:
     bmlmpi has no progress thread: an allreduce advances while the caller is inside ``Test``
     or ``Wait`` of any of its communicator's requests. Each of those calls advances every
     outstanding allreduce of the communicator, oldest first, so ranks may wait on their
-    requests in any order without deadlocking each other. The handle holds only the calls
-    its communicator gave it for this allreduce.
+    requests in any order without deadlocking each other. The handle holds only its
+    communicator's record of this allreduce (``test()``, ``wait()``, ``run``).
     """
 
-    def __init__(self, test: Callable[[], bool], wait: Callable[[], None],
-                 run: Callable[[], Run | NativeRun | None]):
-        self._test = test
-        self._wait = wait
-        self._run = run
+    __slots__ = ("_call",)
+
+    def __init__(self, call: Any):
+        self._call = call
 
     @property
     def run(self) -> Run | NativeRun | None:
         """The exchange this allreduce runs now (a schedule :class:`~bmlmpi.execute.Run`, or
         the native ``MPI_Iallreduce``), for instrumentation; after a fault-tolerant recovery,
         the latest attempt's; None while no attempt is running."""
-        return self._run()
+        return self._call.run
 
     def Test(self) -> bool:
         """Advance the communicator's allreduces; True once this one is complete."""
-        return self._test()
+        return self._call.test()
 
     def Wait(self) -> None:
         """Return once this allreduce is complete; DeadlineExceeded after ``timeout`` s
         without progress (the allreduce is then abandoned)."""
-        self._wait()
+        self._call.wait()
 
     # mpi4py spells these in lower case for the pickle-based API; accept both.
     test = Test
@@ -134,11 +134,13 @@ class NativeRun:
 
 
 class _Outstanding:
-    """A started allreduce of the plain communicator, polled until its run completes."""
+    """A started allreduce of the plain communicator, polled until its run completes: the
+    communicator's record behind a :class:`Request`."""
 
-    __slots__ = ("run", "done")
+    __slots__ = ("owner", "run", "done")
 
-    def __init__(self, run: Run | NativeRun):
+    def __init__(self, owner: Communicator, run: Run | NativeRun):
+        self.owner = owner
         self.run = run
         self.done = False
 
@@ -146,6 +148,12 @@ class _Outstanding:
         if not self.done:
             self.done = self.run.test()
         return self.done
+
+    def test(self) -> bool:
+        return self.owner._test(self)
+
+    def wait(self) -> None:
+        self.owner._wait(self)
 
 
 def _signature_hash(parts: tuple) -> int:
@@ -358,10 +366,10 @@ class Communicator:
         """Check the call across ranks, start it and hand back its request."""
         self._validate(call, None)
         label = f"bmlmpi {call.algorithm} allreduce (rank {self.rank}, call {self._calls + 1})"
-        entry = _Outstanding(self._launch(call, label, lambda: call.finish(self.size)))
+        entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)))
         if not entry.poll():
             self._active.append(entry)
-        return Request(lambda: self._test(entry), lambda: self._wait(entry), lambda: entry.run)
+        return Request(entry)
 
     def _launch(self, call: PreparedCall, label: str,
                 finish: Callable[[], None] | None) -> Run | NativeRun:

@@ -47,6 +47,8 @@ def _env_float(name: str, value: float | None, default: float) -> float:
 class FaultTolerantRequest(Request):
     """The handle of a fault-tolerant non-blocking allreduce (``Test``/``Wait``)."""
 
+    __slots__ = ()
+
     def Test(self) -> bool:
         """Advance every outstanding call of the communicator; True once this call is
         committed on every survivor (its recvbuf then holds the reduction over exactly the
@@ -59,7 +61,7 @@ class FaultTolerantRequest(Request):
         :class:`FaultToleranceError` or :class:`bmlmpi.DeadlineExceeded`, after which this
         call is committed on no rank that raised, and the communicator must not be used again.
         """
-        return self._test()
+        return self._call.test()
 
     def Wait(self) -> None:
         """Return once this call is committed on every survivor (see :meth:`Test`).
@@ -73,7 +75,7 @@ class FaultTolerantRequest(Request):
         recvbuf undefined, and the communicator must not be used again: end the rank with
         :func:`bmlmpi.ft.finish`, whose bounded barrier the others meet.
         """
-        self._wait()
+        self._call.wait()
 
     test = Test
     wait = Wait
@@ -259,7 +261,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
     def _submit(self, prepared: PreparedCall) -> Request:
         """Enter the call in the ledger and start its first attempt."""
         self._seq += 1
-        call = Call(self._seq, prepared)
+        call = Call(self, self._seq, prepared)
         self._pending.append(call)
         with self._hb.watching():
             try:
@@ -268,8 +270,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
             except (ArgumentMismatch, RemoteArgumentError):
                 self._pending.remove(call)
                 raise
-        return FaultTolerantRequest(lambda: self._test_call(call),
-                                    lambda: self._wait_call(call), lambda: call.run)
+        return FaultTolerantRequest(call)
 
     def _attempt(self, call: Call) -> None:
         """Start (or restart) ``call`` over the current members; a failure is only noted here,

@@ -28,9 +28,11 @@ from .errors import is_failure
 
 
 class Call:
-    """One allreduce, tracked until every survivor has committed it."""
+    """One allreduce, tracked until every survivor has committed it: the communicator's
+    record behind a :class:`~bmlmpi.ft.communicator.FaultTolerantRequest`."""
 
-    def __init__(self, seq: int, prepared: PreparedCall):
+    def __init__(self, owner: Ledger, seq: int, prepared: PreparedCall):
+        self.owner = owner
         self.seq = seq
         self.algorithm = prepared.requested  # "auto" is resolved again for each attempt
         self.prepared = prepared
@@ -44,6 +46,12 @@ class Call:
         self.agree: MPI.Request | None = None
         self.committed = False
         self.attempts = 0
+
+    def test(self) -> bool:
+        return self.owner._test_call(self)
+
+    def wait(self) -> None:
+        self.owner._wait_call(self)
 
 
 class Ledger:
