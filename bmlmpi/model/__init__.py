@@ -13,6 +13,7 @@ from .choose import Calibration, algorithm_cost, choose, crossover, estimate
 from .cost import Cost, StepCost, price, price_symmetric
 from .network import (
     BCubeNetwork,
+    BCubeWithout,
     FatTree,
     LinkMatrixNetwork,
     Network,
@@ -21,7 +22,7 @@ from .network import (
 )
 
 __all__ = [
-    "BCubeNetwork", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork", "Network",
-    "SharedMemoryNode", "StepCost", "algorithm_cost", "choose", "crossover", "estimate",
+    "BCubeNetwork", "BCubeWithout", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork",
+    "Network", "SharedMemoryNode", "StepCost", "algorithm_cost", "choose", "crossover", "estimate",
     "fat_tree_groups", "price", "price_symmetric",
 ]

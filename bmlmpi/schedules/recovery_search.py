@@ -1,0 +1,397 @@
+"""Search for BCube-preserving recovery schedules: timed reduction trees (MPI-free).
+
+The problem (seed 001, server failure): BCube ``radices`` (N servers, k levels) has lost the
+servers in ``dead``; the S = N − x survivors keep their addresses and talk only to a live
+server one switch away. The buffer is cut into k·S pieces as :func:`recovery_pieces
+<bmlmpi.schedules.recovery.recovery_pieces>` cuts it (one per survivor per pipeline); with
+one piece as the unit, T_C = T_F/(k·S).
+
+The family searched. Every piece p, owned by o_p, is reduced along its own spanning tree of
+the survivors rooted at o_p, each edge one BCube hop between live servers. Every survivor
+v ≠ o_p sends its partial sum of p once, to its parent, in reduce step t_p(v) ∈ [0, T), after
+all its children: t_p(child) < t_p(v). The allgather replays each tree backwards, a parent
+copying the finished piece to v in step 2T−1−t_p(v). BML is the member whose trees fix one
+address digit per step in the pipeline's level order; seed 001's relays (the servers that
+carry dead [0,0]'s row share round it, its "auxiliary" 2-hop steps) are inner tree nodes off
+BML's paths, and its auxiliary steps are extra steps T > k. A member is one (parent, step)
+for every survivor in every piece: at most Π_v (deg(v)·T) timed trees per piece (deg: live
+neighbours), ((deg·T)^(S−1))^(k·S) in all — about 10^128 for BCube(3,2) without [0,0] at
+T = 4 (:func:`search_space_log10`); it is searched, not enumerated.
+
+Cost. The cost model's (:mod:`bmlmpi.model.cost`): a step costs its busiest directional NIC
+link (server, level, in or out), steps add up. The allgather step mirrors the reduce step
+(the same links, directions swapped), so an allreduce costs 2·Σ_t max-link(t), in T_C.
+
+The search. For each step count T from T_min (k, or more when some survivor is further than
+k hops from an owner) to T_min + k: a breadth-first tree per piece (BML's digit order
+preferred) and then simulated annealing over single moves — give one server of one piece a
+new parent and step, pushing its subtree's steps down when they collide — with the energy
+Σ_t max-link(t) + λ·Σ link load² (the squares break the plateaus of the max), a fixed
+iteration budget and a fixed-seed generator: the same result on every rank without
+communication, in well under a second per shape up to 27 servers on one core.
+:func:`bmlmpi.schedules.recovery.recovery_plan` prices every result (and the relay planner's
+schedule) with :func:`bmlmpi.model.price` on :class:`bmlmpi.model.BCubeWithout` and keeps the
+cheapest.
+
+Lower bounds (:func:`lower_bounds`, in T_C, M = k·S pieces, L = the survivors' NICs that still
+reach a live server, d_v those of survivor v):
+
+* any allreduce: every element needs ≥ 2(S−1) transfers (one-way gossip), so the busiest NIC
+  carries ≥ 2(S−1)·M/L; every survivor sends and receives every element at least once:
+  ≥ M/d_v; every element crosses every cut both ways: ≥ M/(NIC links across it);
+* this family: the reduce phase alone makes every survivor send each piece it does not own
+  once, ≥ (M−k)/d_v and ≥ S·(M−k)/L over all NICs; the pieces owned outside a group of
+  servers (all servers of one digit value, or one server) leave it through its NICs; the
+  allgather doubles the reduce phase's bound.
+
+Source: seed 001 (k·(N−x) pieces, auxiliary steps around a dead server, BCube(3,2) without
+[0,0] in 18·T_C = 9/8·T_F); the timed-tree family and its search are ours.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from ..topology.bcube import BCube, Shape
+
+#: Annealing schedule: start and end temperatures (in piece-times) and the weight of the
+#: squared loads, per link and step. Tuned on BCube(3,2), (4,2), (3,3), (2,2,3) with one and
+#: two dead servers.
+T_HOT, T_COLD, SQUARES = 1.0, 0.1, 20.0
+#: Annealing moves per (piece, survivor) pair, and the bounds on the total per step count.
+MOVES_PER_NODE, MIN_MOVES, MAX_MOVES = 10, 5_000, 50_000
+#: Sweeps of the greedy descent run before and after the annealing.
+DESCENT_SWEEPS = 20
+
+
+@dataclass(frozen=True)
+class TimedTrees:
+    """One member of the family: per piece, every non-owner's (server, parent, reduce step)."""
+
+    radices: Shape
+    dead: tuple[int, ...]
+    steps: int                                  # T, reduce steps (the allreduce has 2T)
+    pieces: tuple[tuple[int, int], ...]         # (pipeline, owner) per piece
+    edges: tuple[tuple[tuple[int, int, int], ...], ...]
+    step_loads: tuple[int, ...]                 # busiest link per reduce step, in pieces
+
+    @property
+    def cost(self) -> int:
+        """The allreduce's bandwidth cost in T_C (piece-times): reduce + mirrored allgather."""
+        return 2 * sum(self.step_loads)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Lower bounds in T_C: for any allreduce on the survivors' links, and for the family."""
+
+    any_schedule: Fraction
+    family: Fraction
+
+
+def live_neighbours(cube: BCube, live: frozenset[int], a: int) -> list[tuple[int, int]]:
+    """(server, level) of every live server one switch from ``a``, ascending."""
+    out = []
+    for lv in range(cube.levels):
+        for v in range(cube.radices[lv]):
+            b = cube.with_digit(a, lv, v)
+            if b != a and b in live:
+                out.append((b, lv))
+    return sorted(out)
+
+
+def _distances(cube: BCube, live: frozenset[int], src: int) -> dict[int, int]:
+    dist = {src: 0}
+    queue = deque([src])
+    while queue:
+        a = queue.popleft()
+        for b, _ in live_neighbours(cube, live, a):
+            if b not in dist:
+                dist[b] = dist[a] + 1
+                queue.append(b)
+    return dist
+
+
+def min_steps(radices: Shape, dead: Iterable[int]) -> int | None:
+    """The fewest reduce steps a tree can take: max(k, the largest survivor-to-survivor
+    distance); None when the dead servers cut the survivors apart."""
+    cube = BCube(tuple(radices))
+    live = frozenset(range(cube.size)) - frozenset(dead)
+    far = 0
+    for a in sorted(live):
+        dist = _distances(cube, live, a)
+        if len(dist) < len(live):
+            return None
+        far = max(far, *dist.values())
+    return max(cube.levels, far, 1)
+
+
+def _nics(cube: BCube, live: frozenset[int]) -> dict[int, set[int]]:
+    return {a: {lv for _, lv in live_neighbours(cube, live, a)} for a in live}
+
+
+def lower_bounds(radices: Shape, dead: Iterable[int]) -> Bounds:
+    """The lower bounds of the module docstring, in T_C = T_F/(k·S)."""
+    cube = BCube(tuple(radices))
+    k = cube.levels
+    live = frozenset(range(cube.size)) - frozenset(dead)
+    s = len(live)
+    if s < 2:
+        return Bounds(Fraction(0), Fraction(0))
+    m = k * s
+    nics = _nics(cube, live)
+    total = sum(len(v) for v in nics.values())
+    if total == 0 or any(not v for v in nics.values()):
+        raise ValueError("a survivor has no live neighbour: no allreduce over BCube links")
+    any_b = max(Fraction(2 * (s - 1) * m, total),
+                max(Fraction(m, len(v)) for v in nics.values()))
+    fam = max(Fraction(s * (m - k), total),
+              max(Fraction(m - k, len(v)) for v in nics.values()))
+    # groups: all live servers with digit l equal to c; the NICs of level l leave them
+    for lv in range(k):
+        for c in range(cube.radices[lv]):
+            group = {a for a in live if cube.digit(a, lv) == c}
+            if not group or group == live:
+                continue
+            out = sum(1 for a in group
+                      if any(b not in group for b, _ in live_neighbours(cube, live, a)))
+            into = sum(1 for a in live - group
+                       if any(b in group for b, _ in live_neighbours(cube, live, a)))
+            if out == 0 or into == 0:
+                raise ValueError("the dead servers cut the survivors apart")
+            any_b = max(any_b, Fraction(m, out), Fraction(m, into))
+            fam = max(fam, Fraction(k * (s - len(group)), out),
+                      Fraction(k * len(group), into))
+    return Bounds(any_b, 2 * fam)
+
+
+def search_space_log10(radices: Shape, dead: Iterable[int], steps: int) -> float:
+    """log10 of the family's size bound at ``steps`` reduce steps (module docstring)."""
+    cube = BCube(tuple(radices))
+    live = frozenset(range(cube.size)) - frozenset(dead)
+    per_piece = {o: sum(math.log10(len(live_neighbours(cube, live, v)) * steps)
+                        for v in live if v != o) for o in live}
+    return cube.levels * sum(per_piece.values())
+
+
+class _Annealer:
+    """The link loads of a set of timed trees, updated move by move (see the docstring)."""
+
+    def __init__(self, cube: BCube, live: frozenset[int], pieces: Sequence[tuple[int, int]],
+                 steps: int):
+        self.cube, self.live, self.pieces, self.steps = cube, live, pieces, steps
+        k, n = cube.levels, cube.size
+        self.k, self.n = k, n
+        self.nbrs = {a: live_neighbours(cube, live, a) for a in sorted(live)}
+        self.level = {(a, b): lv for a, bl in self.nbrs.items() for b, lv in bl}
+        links = 2 * n * k
+        self.load = [[0] * links for _ in range(steps)]
+        self.hist = [{0: links} for _ in range(steps)]
+        self.top = [0] * steps
+        self.phi = 0   # Σ over steps of the busiest link
+        self.psi = 0   # Σ over steps and links of load²
+        self.parent: list[dict[int, int]] = []
+        self.step: list[dict[int, int]] = []
+        self.children: list[dict[int, list[int]]] = []
+
+    def _bump(self, t: int, i: int, d: int) -> None:
+        row = self.load[t]
+        a = row[i]
+        b = a + d
+        row[i] = b
+        h = self.hist[t]
+        h[a] -= 1
+        h[b] = h.get(b, 0) + 1
+        self.psi += b * b - a * a
+        if b > self.top[t]:
+            self.phi += b - self.top[t]
+            self.top[t] = b
+        elif a == self.top[t] and h[a] == 0:
+            self.phi -= 1
+            self.top[t] = a - 1
+
+    def edge(self, v: int, u: int, t: int, d: int) -> None:
+        lv = self.level[(v, u)]
+        self._bump(t, v * self.k + lv, d)                       # v's level-lv uplink
+        self._bump(t, (self.n + u) * self.k + lv, d)            # u's level-lv downlink
+
+    def seed_trees(self) -> bool:
+        """Breadth-first trees, BML's digit order preferred, steps as in BML where the tree
+        allows, else as soon as possible; False when some tree needs more steps."""
+        cube, k, T = self.cube, self.k, self.steps
+        for e, o in self.pieces:
+            order = {(e + j) % k: j for j in range(k)}
+            dist = _distances(cube, self.live, o)
+            par: dict[int, int] = {}
+            for v in sorted(self.live - {o}):
+                closer = [(order[lv], b) for b, lv in self.nbrs[v] if dist[b] == dist[v] - 1]
+                par[v] = min(closer)[1]
+            kids: dict[int, list[int]] = {v: [] for v in self.live}
+            for v, u in sorted(par.items()):
+                kids[u].append(v)
+            when: dict[int, int] = {}
+            for v in sorted(par, key=lambda x: (-dist[x], x)):
+                lv = self.level[(v, par[v])]
+                when[v] = max([order[lv]] + [when[c] + 1 for c in kids[v]])
+            if max(when.values(), default=0) >= T:
+                for v in sorted(par, key=lambda x: (-dist[x], x)):
+                    when[v] = max([0] + [when[c] + 1 for c in kids[v]])
+                if max(when.values(), default=0) >= T:
+                    return False
+            self.parent.append(par)
+            self.step.append(when)
+            self.children.append(kids)
+            for v, u in par.items():
+                self.edge(v, u, when[v], 1)
+        return True
+
+    def descend(self, sweeps: int) -> None:
+        """Greedy descent: sweep the pieces and servers in order, moving each server to its
+        best (parent, step) within its children's and parent's steps while that lowers
+        (Σ max-link, Σ load²); stop after a sweep without a move or after ``sweeps``."""
+        last = self.steps - 1
+        for _ in range(sweeps):
+            moved = False
+            for p, (_, o) in enumerate(self.pieces):
+                par, when, kids = self.parent[p], self.step[p], self.children[p]
+                for v in sorted(par):
+                    u0, t0 = par[v], when[v]
+                    lo = max((when[c] + 1 for c in kids[v]), default=0)
+                    base = (self.phi, self.psi)
+                    self.edge(v, u0, t0, -1)
+                    best = None
+                    for u, _ in self.nbrs[v]:
+                        hi = last if u == o else when[u] - 1
+                        for t in range(lo, hi + 1):
+                            if u == u0 and t == t0:
+                                continue
+                            self.edge(v, u, t, 1)
+                            key = (self.phi, self.psi)
+                            self.edge(v, u, t, -1)
+                            if key < base and (best is None or key < best[0]):
+                                best = (key, u, t)
+                    if best is None:
+                        self.edge(v, u0, t0, 1)
+                        continue
+                    _, u, t = best
+                    self.edge(v, u, t, 1)
+                    par[v], when[v] = u, t
+                    kids[u0].remove(v)
+                    kids[u].append(v)
+                    moved = True
+            if not moved:
+                return
+
+    def anneal(self, moves: int, seed: int) -> None:
+        draw = random.Random(seed).random
+        lam = SQUARES / (2 * self.n * self.k * self.steps)
+        others = [sorted(self.live - {o}) for _, o in self.pieces]
+        best_phi = self.phi
+        best = self._snapshot()
+        last = self.steps - 1
+        for it in range(moves):
+            temp = T_HOT * (T_COLD / T_HOT) ** (it / moves)
+            p = int(draw() * len(self.pieces))
+            o = self.pieces[p][1]
+            par, when, kids = self.parent[p], self.step[p], self.children[p]
+            v = others[p][int(draw() * len(others[p]))]
+            u = self.nbrs[v][int(draw() * len(self.nbrs[v]))][0]
+            hi = last if u == o else when[u] - 1
+            if hi < 0 or self._descends(par, o, u, v):
+                continue
+            t = int(draw() * (hi + 1))
+            if u == par[v] and t == when[v]:
+                continue
+            change = [(v, par[v], when[v], u, t)]
+            pending = [(v, t)]
+            while pending:   # push the subtree's steps below the new one
+                y, ty = pending.pop()
+                for c in kids[y]:
+                    if when[c] >= ty:
+                        change.append((c, y, when[c], y, ty - 1))
+                        pending.append((c, ty - 1))
+            if any(tb < 0 for *_, tb in change):
+                continue
+            before = self.phi + lam * self.psi
+            for y, a, ta, _, _ in change:
+                self.edge(y, a, ta, -1)
+            for y, _, _, b, tb in change:
+                self.edge(y, b, tb, 1)
+            delta = self.phi + lam * self.psi - before
+            if delta <= 0 or draw() < math.exp(-delta / temp):
+                for y, _, _, _, tb in change:
+                    when[y] = tb
+                kids[par[v]].remove(v)
+                kids[u].append(v)
+                par[v] = u
+                if self.phi < best_phi:
+                    best_phi = self.phi
+                    best = self._snapshot()
+            else:
+                for y, _, _, b, tb in change:
+                    self.edge(y, b, tb, -1)
+                for y, a, ta, _, _ in change:
+                    self.edge(y, a, ta, 1)
+        if self.phi > best_phi:
+            self._restore(best)
+
+    @staticmethod
+    def _descends(par: dict[int, int], owner: int, u: int, v: int) -> bool:
+        while u != owner:
+            if u == v:
+                return True
+            u = par[u]
+        return False
+
+    def _snapshot(self) -> list[tuple[dict[int, int], dict[int, int]]]:
+        return [(dict(p), dict(w)) for p, w in zip(self.parent, self.step, strict=True)]
+
+    def _restore(self, snap: list[tuple[dict[int, int], dict[int, int]]]) -> None:
+        for p, (par, when) in enumerate(snap):
+            for v, u in self.parent[p].items():
+                self.edge(v, u, self.step[p][v], -1)
+            for v, u in par.items():
+                self.edge(v, u, when[v], 1)
+            kids: dict[int, list[int]] = {v: [] for v in self.live}
+            for v, u in sorted(par.items()):
+                kids[u].append(v)
+            self.parent[p], self.step[p], self.children[p] = par, when, kids
+
+
+def moves_for(pieces: int, survivors: int) -> int:
+    """The annealing budget for one step count: a fixed number of moves, never a time."""
+    return max(MIN_MOVES, min(MAX_MOVES, MOVES_PER_NODE * pieces * (survivors - 1)))
+
+
+def anneal_trees(radices: Shape, dead: Iterable[int], pieces: Sequence[tuple[int, int]],
+                 steps: int, moves: int | None = None, seed: int = 0) -> TimedTrees | None:
+    """The best timed trees the annealer finds with ``steps`` reduce steps for ``pieces``
+    ((pipeline, owner) each), or None when a tree cannot fit in ``steps``. Deterministic."""
+    shape = tuple(int(r) for r in radices)
+    cube = BCube(shape)
+    dead_t = tuple(sorted(frozenset(int(d) for d in dead)))
+    live = frozenset(range(cube.size)) - frozenset(dead_t)
+    if steps < 1 or len(live) < 2:
+        return None
+    ann = _Annealer(cube, live, pieces, steps)
+    if not ann.seed_trees():
+        return None
+    budget = moves_for(len(pieces), len(live)) if moves is None else moves
+    # the generator's seed names the problem: the same draws on every rank and every run
+    problem = zlib.crc32(repr((shape, dead_t, steps, tuple(pieces))).encode())
+    ann.descend(DESCENT_SWEEPS)
+    ann.anneal(budget, seed * 2**32 + problem)
+    ann.descend(DESCENT_SWEEPS)
+    edges = tuple(tuple((v, par[v], when[v]) for v in sorted(par))
+                  for par, when in zip(ann.parent, ann.step, strict=True))
+    return TimedTrees(shape, dead_t, steps, tuple(pieces), edges, tuple(ann.top))
+
+
+__all__ = ["Bounds", "TimedTrees", "anneal_trees", "live_neighbours", "lower_bounds",
+           "min_steps", "moves_for", "search_space_log10"]
