@@ -80,9 +80,11 @@ from .types import Recv, Schedule, Step, Transfer, balanced_bounds
 #: work (measured on the 2-core development machine: 16x16 in about 1.5 s, 32x32 in 35 s).
 MAX_PLANNED_SERVERS = 256
 #: Largest BCube whose timed trees are searched (:mod:`.recovery_search`); above it the
-#: relay planner's schedule runs. The search costs about 0.3 s for 9 servers and a few seconds
-#: for 27 (measured on the loaded 2-core development machine).
-MAX_SEARCHED_SERVERS = 64
+#: relay planner's schedule runs. Measured on the shared 2-core development machine at load
+#: averages of 40–50: 0.3 s for 9 servers, 1–2 s for 27, 4–8 s for 32, 10–20 s for 64.
+MAX_SEARCHED_SERVERS = 32
+#: Step counts searched: T_min … T_min + this (more never paid on the cubes of the report).
+EXTRA_STEPS = 1
 
 
 class RecoveryError(ValueError):
@@ -463,7 +465,7 @@ def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
     if first is not None and n <= MAX_SEARCHED_SERVERS:
         pieces = [(e, o) for e, ps in enumerate(recovery_pieces(shape, dead_set, unit))
                   for o, _, _ in ps]
-        for steps in range(first, first + k + 1):
+        for steps in range(first, first + EXTRA_STEPS + 1):
             trees = anneal_trees(shape, dead_set, pieces, steps)
             if trees is None:
                 continue

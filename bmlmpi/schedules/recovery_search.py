@@ -23,15 +23,19 @@ link (server, level, in or out), steps add up. The allgather step mirrors the re
 (the same links, directions swapped), so an allreduce costs 2·Σ_t max-link(t), in T_C.
 
 The search. For each step count T from T_min (k, or more when some survivor is further than
-k hops from an owner) to T_min + k: a breadth-first tree per piece (BML's digit order
-preferred) and then simulated annealing over single moves — give one server of one piece a
-new parent and step, pushing its subtree's steps down when they collide — with the energy
-Σ_t max-link(t) + λ·Σ link load² (the squares break the plateaus of the max), a fixed
-iteration budget and a fixed-seed generator: the same result on every rank without
-communication, in well under a second per shape up to 27 servers on one core.
+k hops from an owner) to T_min + ``EXTRA_STEPS`` (recovery.py): a breadth-first tree per piece
+(BML's digit order preferred, BML's steps where they fit), a greedy descent (every server of
+every piece moved to its best parent and step in turn, while the cost drops), simulated
+annealing over single moves (one server of one piece gets a new parent and step, its subtree's
+steps pushed down where they collide) and the descent again. Both minimise Σ_t max-link(t),
+ties broken by Σ link load² (which breaks the plateaus of the max). Fixed budgets (sweeps,
+moves: never a time) and a fixed-seed generator give the same result on every rank without
+communication; about a second per step count for 27 servers on a loaded core.
 :func:`bmlmpi.schedules.recovery.recovery_plan` prices every result (and the relay planner's
 schedule) with :func:`bmlmpi.model.price` on :class:`bmlmpi.model.BCubeWithout` and keeps the
-cheapest.
+cheapest. It is a heuristic: for BCube(3,2) without [0,0] it finds 16·T_C at T = 2, the
+family's optimum up to T = 3, but not the 14·T_C the family reaches at T = 4 (both optima by
+the exact MILP of ``perf/paper/recovery_milp.py``).
 
 Lower bounds (:func:`lower_bounds`, in T_C, M = k·S pieces, L = the survivors' NICs that still
 reach a live server, d_v those of survivor v):

@@ -298,8 +298,10 @@ def render_recovery(rec: dict) -> list[str]:
         f"needs 2(S−1) = {2 * (plan.survivors - 1)} transfers, and the survivors keep "
         f"{seed['nics']} working NICs, so the busiest carries at least "
         f"{2 * (plan.survivors - 1)}·{pieces}/{seed['nics']} = {frac(b.any_schedule)} pieces; "
-        f"the search {reached}. The slides list the steps' transfers but not their times, "
-        "so their 18 cannot be checked step by step.")
+        f"the search {reached} (`perf/paper/recovery_milp.py`, which needs scipy, solves "
+        "the family exactly for a given step count; its docstring records the optima). The "
+        "slides list the steps' transfers but not their times, so their 18 cannot be "
+        "checked step by step.")
     add("")
     add("The trees that run, per piece (owner; each survivor → its parent @ reduce step; "
         "the allgather step is 2T−1 minus it):")
