@@ -75,6 +75,7 @@ from ..topology.bcube import BCube, Shape, default_shape
 from .bml import bml_schedule
 from .recovery_search import Bounds, TimedTrees, anneal_trees, lower_bounds, min_steps
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds
+from .verify import ScheduleError, verify
 
 #: Largest BCube the BCube-preserving planner takes on: planning is O(k²·N·(N−x)) Python
 #: work (measured on the 2-core development machine: 16x16 in about 1.5 s, 32x32 in 35 s).
@@ -422,12 +423,13 @@ class RecoveryPlan:
     chosen: Candidate
     candidates: tuple[Candidate, ...]
     bounds: Bounds | None
+    #: Candidates the verifier refused (label, its message): never run; empty unless a bug.
+    rejected: tuple[tuple[str, str], ...] = ()
 
 
 def _candidate(label: str, per_rank: dict[int, list[Step]], n: int, unit: int, k: int,
                live: Sequence[int], network, trees: TimedTrees | None = None) -> Candidate:
     from ..model.cost import price  # the model imports schedule types only: no cycle
-    from .verify import verify
 
     scheds = [Schedule("bml-recovery", r, n, unit, tuple(per_rank[r]), streams=k,
                        participants=tuple(live)) for r in live]
@@ -441,7 +443,8 @@ def _candidate(label: str, per_rank: dict[int, list[Step]], n: int, unit: int, k
 def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
     """Price the relay planner's schedule and, up to :data:`MAX_SEARCHED_SERVERS`, the
     annealed timed trees of every step count (:mod:`.recovery_search`) on the BCube without
-    ``dead``, each with one element per piece, verify each, and choose the cheapest.
+    ``dead``, each with one element per piece, verify each (a candidate the verifier refuses
+    is dropped and listed in ``rejected``), and choose the cheapest.
     Deterministic and communication-free; cached per shape and dead set."""
     from ..model.network import BCubeWithout
 
@@ -455,10 +458,18 @@ def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
     unit = k * len(live)
     network = BCubeWithout(shape, dead_set)
     candidates: list[Candidate] = []
+    rejected: list[tuple[str, str]] = []
     relay_error: RecoveryError | None = None
+
+    def offer(label: str, per_rank: dict[int, list[Step]], trees: TimedTrees | None) -> None:
+        try:
+            candidates.append(_candidate(label, per_rank, n, unit, k, live, network, trees))
+        except ScheduleError as exc:  # proven wrong: never run it
+            rejected.append((label, str(exc)))
+
     try:
         per_rank, _ = _relay_plan(shape, dead_set, unit)
-        candidates.append(_candidate("relays", per_rank, n, unit, k, live, network))
+        offer("relays", per_rank, None)
     except RecoveryError as exc:
         relay_error = exc
     first = min_steps(shape, dead_set) if dead_set and len(live) > 1 else None
@@ -470,17 +481,17 @@ def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
             if trees is None:
                 continue
             per_rank = _assemble(_tree_moves(cube, trees, dead_set, unit), frozenset(live))
-            candidates.append(_candidate(f"trees T={steps}", per_rank, n, unit, k, live,
-                                         network, trees))
+            offer(f"trees T={steps}", per_rank, trees)
     if not candidates:
-        raise relay_error or RecoveryError("no recovery schedule")
+        raise relay_error or RecoveryError(f"no recovery schedule passed the verifier: "
+                                           f"{rejected}")
     chosen = min(candidates, key=lambda c: (c.t_c, c.nsteps))
     try:
         bounds = lower_bounds(shape, dead_set) if len(live) > 1 else None
     except ValueError:
         bounds = None
     return RecoveryPlan(shape, tuple(sorted(dead_set)), len(live), chosen, tuple(candidates),
-                        bounds)
+                        bounds, tuple(rejected))
 
 
 def candidate_schedules(candidate: Candidate, radices: Sequence[int], dead: Iterable[int],

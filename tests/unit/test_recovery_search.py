@@ -69,7 +69,7 @@ def test_every_candidate_verifies_and_the_choice_is_the_cheapest(case):
     live = live_of(shape, dead)
     plan = recovery_plan(shape, frozenset(dead))
     unit = k * len(live)
-    assert plan.survivors == len(live)
+    assert plan.survivors == len(live) and plan.rejected == ()
     assert [c.label for c in plan.candidates][0] == "relays"
     assert any(c.trees is not None for c in plan.candidates)
     for cand in plan.candidates:
@@ -177,3 +177,22 @@ def test_bcube_without_routes_round_the_dead_servers():
         BCubeWithout((2, 2), [4])
     assert not net.symmetric
     assert lower_bounds((3, 3), (0,)).any_schedule == Fraction(14)
+
+
+def test_a_candidate_the_verifier_refuses_never_runs(monkeypatch):
+    real = recovery._tree_moves
+
+    def lossy(*args):
+        return real(*args)[2:]   # one reduce and one allgather transfer missing
+
+    monkeypatch.setattr(recovery, "_tree_moves", lossy)
+    recovery.recovery_plan.cache_clear()
+    recovery._global_plan.cache_clear()
+    try:
+        plan = recovery_plan((3, 3), frozenset({0}))
+        assert plan.chosen.label == "relays"
+        assert [label for label, _ in plan.rejected] == ["trees T=2", "trees T=3"]
+        assert all("expected each live rank exactly once" in msg for _, msg in plan.rejected)
+    finally:
+        recovery.recovery_plan.cache_clear()
+        recovery._global_plan.cache_clear()
