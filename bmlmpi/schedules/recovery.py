@@ -73,7 +73,7 @@ from functools import lru_cache
 
 from ..topology.bcube import BCube, Shape, default_shape
 from .bml import bml_schedule
-from .recovery_search import Bounds, TimedTrees, anneal_trees, lower_bounds, min_steps
+from .recovery_search import Bounds, TimedTrees, lower_bounds, min_steps, search_trees
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds
 from .verify import ScheduleError, verify
 
@@ -81,8 +81,8 @@ from .verify import ScheduleError, verify
 #: work (measured on the 2-core development machine: 16x16 in about 1.5 s, 32x32 in 35 s).
 MAX_PLANNED_SERVERS = 256
 #: Largest BCube whose timed trees are searched (:mod:`.recovery_search`); above it the
-#: relay planner's schedule runs. Measured on the shared 2-core development machine at load
-#: averages of 40–50: 0.3 s for 9 servers, 1–2 s for 27, 4–8 s for 32, 10–20 s for 64.
+#: relay planner's schedule runs. Measured on the shared 2-core development machine (load
+#: average about 7): 0.7 s for 9 servers, 2.4 s for 27, 2–4 s for 32.
 MAX_SEARCHED_SERVERS = 32
 #: Step counts searched: T_min … T_min + this (more never paid on the cubes of the report).
 EXTRA_STEPS = 1
@@ -442,7 +442,7 @@ def _candidate(label: str, per_rank: dict[int, list[Step]], n: int, unit: int, k
 @lru_cache(maxsize=64)
 def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
     """Price the relay planner's schedule and, up to :data:`MAX_SEARCHED_SERVERS`, the
-    annealed timed trees of every step count (:mod:`.recovery_search`) on the BCube without
+    searched timed trees of every step count (:mod:`.recovery_search`) on the BCube without
     ``dead``, each with one element per piece, verify each (a candidate the verifier refuses
     is dropped and listed in ``rejected``), and choose the cheapest.
     Deterministic and communication-free; cached per shape and dead set."""
@@ -477,7 +477,7 @@ def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
         pieces = [(e, o) for e, ps in enumerate(recovery_pieces(shape, dead_set, unit))
                   for o, _, _ in ps]
         for steps in range(first, first + EXTRA_STEPS + 1):
-            trees = anneal_trees(shape, dead_set, pieces, steps)
+            trees = search_trees(shape, dead_set, pieces, steps)
             if trees is None:
                 continue
             per_rank = _assemble(_tree_moves(cube, trees, dead_set, unit), frozenset(live))

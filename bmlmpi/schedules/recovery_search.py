@@ -22,20 +22,20 @@ Cost. The cost model's (:mod:`bmlmpi.model.cost`): a step costs its busiest dire
 link (server, level, in or out), steps add up. The allgather step mirrors the reduce step
 (the same links, directions swapped), so an allreduce costs 2·Σ_t max-link(t), in T_C.
 
-The search. For each step count T from T_min (k, or more when some survivor is further than
-k hops from an owner) to T_min + ``EXTRA_STEPS`` (recovery.py): a breadth-first tree per piece
-(BML's digit order preferred, BML's steps where they fit), a greedy descent (every server of
-every piece moved to its best parent and step in turn, while the cost drops), simulated
-annealing over single moves (one server of one piece gets a new parent and step, its subtree's
-steps pushed down where they collide) and the descent again. Both minimise Σ_t max-link(t),
-ties broken by Σ link load² (which breaks the plateaus of the max). Fixed budgets (sweeps,
-moves: never a time) and a fixed-seed generator give the same result on every rank without
-communication; about a second per step count for 27 servers on a loaded core.
-:func:`bmlmpi.schedules.recovery.recovery_plan` prices every result (and the relay planner's
-schedule) with :func:`bmlmpi.model.price` on :class:`bmlmpi.model.BCubeWithout` and keeps the
-cheapest. It is a heuristic: for BCube(3,2) without [0,0] it finds 16·T_C at T = 2, the
-family's optimum up to T = 3, but not the 14·T_C the family reaches at T = 4 (both optima by
-the exact MILP of ``perf/paper/recovery_milp.py``).
+The search (:func:`search_trees`). For each step count T from T_min (k, or more when some
+survivor is further than k hops from an owner) to T_min + ``EXTRA_STEPS`` (recovery.py): a
+breadth-first tree per piece (BML's digit order preferred, BML's steps where they fit), then a
+greedy descent (every server of every piece moved in turn to its best parent and step, while
+the cost drops), then iterated descent: kick (a few random moves) and descend again, keeping
+the result when it is no worse, else going back to the best. The descent minimises
+Σ_t max-link(t), ties broken by Σ link load² (which breaks the plateaus of the max). Fixed
+budgets (sweeps, rounds: never a time) and a fixed-seed generator give the same result on
+every rank without communication; about a second per step count for 27 servers on a loaded
+core. :func:`bmlmpi.schedules.recovery.recovery_plan` prices every result (and the relay
+planner's schedule) with :func:`bmlmpi.model.price` on :class:`bmlmpi.model.BCubeWithout` and
+keeps the cheapest. It is a heuristic: for BCube(3,2) without [0,0] it finds 16·T_C at T = 2,
+the family's optimum up to T = 3, but not the 14·T_C the family reaches at T = 4 (both optima
+by the exact MILP of ``perf/paper/recovery_milp.py``).
 
 Lower bounds (:func:`lower_bounds`, in T_C, M = k·S pieces, L = the survivors' NICs that still
 reach a live server, d_v those of survivor v):
@@ -64,14 +64,11 @@ from fractions import Fraction
 
 from ..topology.bcube import BCube, Shape
 
-#: Annealing schedule: start and end temperatures (in piece-times) and the weight of the
-#: squared loads, per link and step. Tuned on BCube(3,2), (4,2), (3,3), (2,2,3) with one and
-#: two dead servers.
-T_HOT, T_COLD, SQUARES = 1.0, 0.1, 20.0
-#: Annealing moves per (piece, survivor) pair, and the bounds on the total per step count.
-MOVES_PER_NODE, MIN_MOVES, MAX_MOVES = 10, 5_000, 50_000
-#: Sweeps of the greedy descent run before and after the annealing.
-DESCENT_SWEEPS = 20
+#: Sweeps of one greedy descent at most; random moves per kick (tuned on the report's cubes).
+DESCENT_SWEEPS, KICK_MOVES = 20, 8
+#: Rounds of kick and descent per step count: about ROUND_WORK / (pieces · (survivors − 1)),
+#: within [MIN_ROUNDS, MAX_ROUNDS] — a fixed count, never a time.
+ROUND_WORK, MIN_ROUNDS, MAX_ROUNDS = 40_000, 10, 200
 
 
 @dataclass(frozen=True)
@@ -184,7 +181,7 @@ def search_space_log10(radices: Shape, dead: Iterable[int], steps: int) -> float
     return cube.levels * sum(per_piece.values())
 
 
-class _Annealer:
+class _TreeSet:
     """The link loads of a set of timed trees, updated move by move (see the docstring)."""
 
     def __init__(self, cube: BCube, live: frozenset[int], pieces: Sequence[tuple[int, int]],
@@ -292,58 +289,44 @@ class _Annealer:
             if not moved:
                 return
 
-    def anneal(self, moves: int, seed: int) -> None:
-        draw = random.Random(seed).random
-        lam = SQUARES / (2 * self.n * self.k * self.steps)
-        others = [sorted(self.live - {o}) for _, o in self.pieces]
-        best_phi = self.phi
-        best = self._snapshot()
+    def kick(self, draw: random.Random, moves: int) -> None:
+        """Perturb: ``moves`` random valid moves (a server of a piece to another parent and
+        step between its children's and its parent's), whatever they cost."""
         last = self.steps - 1
-        for it in range(moves):
-            temp = T_HOT * (T_COLD / T_HOT) ** (it / moves)
-            p = int(draw() * len(self.pieces))
+        done = tries = 0
+        while done < moves and tries < 100 * moves:
+            tries += 1
+            p = draw.randrange(len(self.pieces))
             o = self.pieces[p][1]
             par, when, kids = self.parent[p], self.step[p], self.children[p]
-            v = others[p][int(draw() * len(others[p]))]
-            u = self.nbrs[v][int(draw() * len(self.nbrs[v]))][0]
+            v = draw.choice(sorted(par))
+            u = draw.choice(self.nbrs[v])[0]
             hi = last if u == o else when[u] - 1
-            if hi < 0 or self._descends(par, o, u, v):
+            lo = max((when[c] + 1 for c in kids[v]), default=0)
+            if hi < lo or self._descends(par, o, u, v):
                 continue
-            t = int(draw() * (hi + 1))
-            if u == par[v] and t == when[v]:
-                continue
-            change = [(v, par[v], when[v], u, t)]
-            pending = [(v, t)]
-            while pending:   # push the subtree's steps below the new one
-                y, ty = pending.pop()
-                for c in kids[y]:
-                    if when[c] >= ty:
-                        change.append((c, y, when[c], y, ty - 1))
-                        pending.append((c, ty - 1))
-            if any(tb < 0 for *_, tb in change):
-                continue
-            before = self.phi + lam * self.psi
-            for y, a, ta, _, _ in change:
-                self.edge(y, a, ta, -1)
-            for y, _, _, b, tb in change:
-                self.edge(y, b, tb, 1)
-            delta = self.phi + lam * self.psi - before
-            if delta <= 0 or draw() < math.exp(-delta / temp):
-                for y, _, _, _, tb in change:
-                    when[y] = tb
-                kids[par[v]].remove(v)
-                kids[u].append(v)
-                par[v] = u
-                if self.phi < best_phi:
-                    best_phi = self.phi
-                    best = self._snapshot()
+            t = draw.randint(lo, hi)
+            self.edge(v, par[v], when[v], -1)
+            self.edge(v, u, t, 1)
+            kids[par[v]].remove(v)
+            kids[u].append(v)
+            par[v], when[v] = u, t
+            done += 1
+
+    def iterate(self, rounds: int, seed: int) -> None:
+        """Iterated descent: ``rounds`` times kick and descend, keeping the result when it is
+        no worse than the best so far, else going back to the best."""
+        draw = random.Random(seed)
+        best = (self.phi, self.psi)
+        snap = self._snapshot()
+        for _ in range(rounds):
+            self.kick(draw, KICK_MOVES)
+            self.descend(DESCENT_SWEEPS)
+            if (self.phi, self.psi) <= best:
+                best = (self.phi, self.psi)
+                snap = self._snapshot()
             else:
-                for y, _, _, b, tb in change:
-                    self.edge(y, b, tb, -1)
-                for y, a, ta, _, _ in change:
-                    self.edge(y, a, ta, 1)
-        if self.phi > best_phi:
-            self._restore(best)
+                self._restore(snap)
 
     @staticmethod
     def _descends(par: dict[int, int], owner: int, u: int, v: int) -> bool:
@@ -365,17 +348,18 @@ class _Annealer:
             kids: dict[int, list[int]] = {v: [] for v in self.live}
             for v, u in sorted(par.items()):
                 kids[u].append(v)
-            self.parent[p], self.step[p], self.children[p] = par, when, kids
+            # copies: the snapshot must survive the moves made after going back to it
+            self.parent[p], self.step[p], self.children[p] = dict(par), dict(when), kids
 
 
-def moves_for(pieces: int, survivors: int) -> int:
-    """The annealing budget for one step count: a fixed number of moves, never a time."""
-    return max(MIN_MOVES, min(MAX_MOVES, MOVES_PER_NODE * pieces * (survivors - 1)))
+def rounds_for(pieces: int, survivors: int) -> int:
+    """The search budget for one step count: a fixed number of rounds, never a time."""
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, ROUND_WORK // max(pieces * (survivors - 1), 1)))
 
 
-def anneal_trees(radices: Shape, dead: Iterable[int], pieces: Sequence[tuple[int, int]],
-                 steps: int, moves: int | None = None, seed: int = 0) -> TimedTrees | None:
-    """The best timed trees the annealer finds with ``steps`` reduce steps for ``pieces``
+def search_trees(radices: Shape, dead: Iterable[int], pieces: Sequence[tuple[int, int]],
+                 steps: int, rounds: int | None = None, seed: int = 0) -> TimedTrees | None:
+    """The best timed trees the search finds with ``steps`` reduce steps for ``pieces``
     ((pipeline, owner) each), or None when a tree cannot fit in ``steps``. Deterministic."""
     shape = tuple(int(r) for r in radices)
     cube = BCube(shape)
@@ -383,19 +367,18 @@ def anneal_trees(radices: Shape, dead: Iterable[int], pieces: Sequence[tuple[int
     live = frozenset(range(cube.size)) - frozenset(dead_t)
     if steps < 1 or len(live) < 2:
         return None
-    ann = _Annealer(cube, live, pieces, steps)
-    if not ann.seed_trees():
+    trees = _TreeSet(cube, live, pieces, steps)
+    if not trees.seed_trees():
         return None
-    budget = moves_for(len(pieces), len(live)) if moves is None else moves
+    budget = rounds_for(len(pieces), len(live)) if rounds is None else rounds
     # the generator's seed names the problem: the same draws on every rank and every run
     problem = zlib.crc32(repr((shape, dead_t, steps, tuple(pieces))).encode())
-    ann.descend(DESCENT_SWEEPS)
-    ann.anneal(budget, seed * 2**32 + problem)
-    ann.descend(DESCENT_SWEEPS)
+    trees.descend(DESCENT_SWEEPS)
+    trees.iterate(budget, seed * 2**32 + problem)
     edges = tuple(tuple((v, par[v], when[v]) for v in sorted(par))
-                  for par, when in zip(ann.parent, ann.step, strict=True))
-    return TimedTrees(shape, dead_t, steps, tuple(pieces), edges, tuple(ann.top))
+                  for par, when in zip(trees.parent, trees.step, strict=True))
+    return TimedTrees(shape, dead_t, steps, tuple(pieces), edges, tuple(trees.top))
 
 
-__all__ = ["Bounds", "TimedTrees", "anneal_trees", "live_neighbours", "lower_bounds",
-           "min_steps", "moves_for", "search_space_log10"]
+__all__ = ["Bounds", "TimedTrees", "live_neighbours", "lower_bounds", "min_steps",
+           "rounds_for", "search_space_log10", "search_trees"]

@@ -24,7 +24,7 @@ from bmlmpi.schedules.recovery import (
     recovery_pieces,
     recovery_plan,
 )
-from bmlmpi.schedules.recovery_search import anneal_trees, lower_bounds, min_steps
+from bmlmpi.schedules.recovery_search import lower_bounds, min_steps, search_trees
 from bmlmpi.schedules.verify import verify
 from bmlmpi.topology.bcube import BCube
 
@@ -92,7 +92,7 @@ def test_every_candidate_verifies_and_the_choice_is_the_cheapest(case):
     assert plan.chosen.t_c < relays.t_c   # the search beats the relay planner on every case
     if plan.chosen.trees is not None:
         trees = plan.chosen.trees
-        assert trees.cost == plan.chosen.t_c   # the annealer's own count agrees
+        assert trees.cost == plan.chosen.t_c   # the search's own count agrees
         assert trees.steps >= min_steps(shape, dead)
 
 
@@ -117,10 +117,10 @@ def test_the_search_is_deterministic_within_and_across_processes():
     live = live_of(shape, dead)
     pieces = [(e, o) for e, ps in enumerate(recovery_pieces(shape, dead, 2 * len(live)))
               for o, _, _ in ps]
-    a = anneal_trees(shape, dead, pieces, 3)
-    b = anneal_trees(shape, dead, pieces, 3)
+    a = search_trees(shape, dead, pieces, 3)
+    b = search_trees(shape, dead, pieces, 3)
     assert a == b
-    assert anneal_trees(shape, dead, pieces, 1) is None   # no tree is 1 step deep here
+    assert search_trees(shape, dead, pieces, 1) is None   # no tree is 1 step deep here
     here = {tag(c): schedule_hash(bcube_recovery_schedules(*c, 1001))
             for c in [((3, 3), (0,)), ((2, 2, 3), (0, 7))]}
     code = ("import hashlib;from bmlmpi.schedules.recovery import bcube_recovery_schedules as b;"
@@ -196,3 +196,13 @@ def test_a_candidate_the_verifier_refuses_never_runs(monkeypatch):
     finally:
         recovery.recovery_plan.cache_clear()
         recovery._global_plan.cache_clear()
+
+
+def test_a_longer_search_is_never_worse():
+    # the search keeps its best state; going back to it must not let later moves corrupt it
+    for shape, dead in [((4, 4), (0,)), ((3, 3), (0, 4))]:
+        unit = len(shape) * (math.prod(shape) - len(dead))
+        pieces = [(e, o) for e, ps in enumerate(recovery_pieces(shape, dead, unit))
+                  for o, _, _ in ps]
+        costs = [search_trees(shape, dead, pieces, 3, rounds=r).cost for r in (0, 20, 60, 140)]
+        assert costs == sorted(costs, reverse=True) and costs[-1] < costs[0], costs
