@@ -42,7 +42,8 @@ reach a live server, d_v those of survivor v):
 
 * any allreduce: every element needs ≥ 2(S−1) transfers (one-way gossip), so the busiest NIC
   carries ≥ 2(S−1)·M/L; every survivor sends and receives every element at least once:
-  ≥ M/d_v; every element crosses every cut both ways: ≥ M/(NIC links across it);
+  ≥ M/d_v; every element crosses both ways between the servers of one digit value and the
+  rest: ≥ M/(the level's NICs that cross, each way);
 * this family: the reduce phase alone makes every survivor send each piece it does not own
   once, ≥ (M−k)/d_v and ≥ S·(M−k)/L over all NICs; the pieces owned outside a group of
   servers (all servers of one digit value, or one server) leave it through its NICs; the
