@@ -15,6 +15,7 @@ from .cost import Cost, StepCost, price, price_symmetric
 from .estimate import Calibration, algorithm_cost, cheapest, crossover, estimate
 from .network import (
     BCubeNetwork,
+    BCubeWithout,
     FatTree,
     LinkMatrixNetwork,
     Network,
@@ -23,7 +24,8 @@ from .network import (
 )
 
 __all__ = [
-    "BCubeNetwork", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork", "Network",
-    "SharedMemoryNode", "StepCost", "algorithm_cost", "cheapest", "crossover", "estimate",
+    "BCubeNetwork", "BCubeWithout", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork",
+    "Network", "SharedMemoryNode", "StepCost", "algorithm_cost", "cheapest", "crossover",
+    "estimate",
     "fat_tree_groups", "price", "price_symmetric",
 ]

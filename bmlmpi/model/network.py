@@ -17,6 +17,9 @@ Networks:
   several digits are reached by relaying through servers (BCube is server-centric): the route
   fixes one differing digit per hop, the transfer's own level first when it names one, then
   the others in ascending level order. A 2-hop transfer therefore loads two NIC pairs.
+* :class:`BCubeWithout` — the same BCube with some servers dead and their links gone: a
+  transfer between survivors routes around them (shortest path through live servers); what
+  the recovery schedules of :mod:`bmlmpi.schedules.recovery` are priced on.
 * :class:`FatTree` — one NIC per server and a non-blocking core: a message uses the sender's
   uplink and the receiver's downlink only. The paper's Fat-Tree(k') (k'^3/4 servers) has the
   same cost at any k'; :func:`fat_tree_groups` gives its edge/pod hierarchy for BML-like
@@ -152,6 +155,65 @@ class BCubeNetwork(Network):
         return self.size
 
 
+class BCubeWithout(BCubeNetwork):
+    """A BCube whose ``dead`` servers are gone with their links: what the survivors have.
+
+    A transfer between two survivors takes BCube's own route when none of its relays is dead,
+    else the shortest path through live servers (breadth-first, lower addresses first, so the
+    route is deterministic). A transfer from or to a dead server, or between survivors the dead
+    servers cut apart, raises ``ValueError``. No symmetry: price with ``price``.
+    """
+
+    symmetric = False
+
+    def __init__(self, radices: str | Sequence[int], dead: Sequence[int] | frozenset[int],
+                 bandwidth: Bandwidth = 1):
+        super().__init__(radices, bandwidth)
+        self.dead = frozenset(int(d) for d in dead)
+        bad = sorted(d for d in self.dead if not 0 <= d < self.size)
+        if bad:
+            raise ValueError(f"{self.name}: dead servers {bad} outside [0, {self.size})")
+        self.name = f"{self.name} without {sorted(self.dead)}"
+
+    def _live_neighbours(self, a: int) -> list[tuple[int, int]]:
+        cube = self.cube
+        out = []
+        for lv in range(self.levels):
+            for v in range(cube.radices[lv]):
+                b = cube.with_digit(a, lv, v)
+                if b != a and b not in self.dead:
+                    out.append((b, lv))
+        return sorted(out)
+
+    def hops(self, src: int, dst: int, level: int = -1) -> list[tuple[int, int, int]]:
+        for r in (src, dst):
+            if r in self.dead:
+                raise ValueError(f"{self.name}: server {r} is dead")
+        direct = super().hops(src, dst, level)
+        if all(b not in self.dead for _, b, _ in direct):
+            return direct
+        prev: dict[int, tuple[int, int] | None] = {src: None}
+        frontier = [src]
+        while frontier and dst not in prev:
+            nxt = []
+            for a in frontier:
+                for b, lv in self._live_neighbours(a):
+                    if b not in prev:
+                        prev[b] = (a, lv)
+                        nxt.append(b)
+            frontier = nxt
+        if dst not in prev:
+            raise ValueError(f"{self.name}: servers {src} and {dst} are cut apart")
+        out, at = [], dst
+        while (step := prev[at]) is not None:
+            out.append((step[0], at, step[1]))
+            at = step[0]
+        return out[::-1]
+
+    def link_class(self, link: Link) -> Hashable:
+        raise NotImplementedError(f"{self.name} has no rank-transitive symmetry")
+
+
 class _PortNetwork(Network):
     """Every rank has one outgoing and one incoming port; optionally one shared link."""
 
@@ -249,6 +311,6 @@ class LinkMatrixNetwork(Network):
 
 
 __all__ = [
-    "SHARED_WEIGHTS", "WEIGHT_BANDWIDTH", "BCubeNetwork", "FatTree", "Link",
+    "SHARED_WEIGHTS", "WEIGHT_BANDWIDTH", "BCubeNetwork", "BCubeWithout", "FatTree", "Link",
     "LinkMatrixNetwork", "Network", "SharedMemoryNode", "fat_tree_groups",
 ]

@@ -11,10 +11,20 @@ pipelines, one piece per survivor per pipeline, balanced element ranges):
 * **BCube-preserving** (:func:`bcube_recovery_schedule`), after seed 001 (BML's fault tolerance):
   on real BCube hardware a server's links are fixed, so the survivors keep their addresses and
   only ever talk to a server one digit away (one switch). Dead servers leave holes in the level
-  groups; the work that would have passed through a hole goes around it through an auxiliary
-  2-hop step via a live server.
+  groups; the work that would have passed through a hole goes around it through live servers.
 
-The BCube-preserving algorithm. Pipeline e visits the levels in BML's rotated order
+Which BCube-preserving schedule runs (:func:`recovery_plan`, cached per shape and dead set,
+the same on every rank without communication): two families are priced with the cost model
+on the BCube without the dead servers (:class:`bmlmpi.model.BCubeWithout`, one element per
+piece), each candidate proven by the verifier, and the cheapest taken (ties: fewer steps):
+
+* the *relay planner* below (BML's trees with stand-ins and auxiliary relay routes);
+* *timed trees* (:mod:`.recovery_search`, up to :data:`MAX_SEARCHED_SERVERS` servers): every
+  piece reduced along its own searched spanning tree of the survivors, one step count per
+  candidate. BCube(3,2) without [0,0]: 16·T_C = T_F in BML's 4 steps, against the relay
+  planner's 20·T_C and seed 001's 18·T_C; the lower bound is 14·T_C (perf/paper/REPORT.md §5).
+
+The relay planner. Pipeline e visits the levels in BML's rotated order
 L = (l_0, …, l_{k−1}) = (e, e+1, …) mod k. Its slice is cut into N−x pieces, piece j owned by
 the j-th survivor in the order of the address digits (d_{l_0}, d_{l_1}, …), most significant
 first, as in BML; so pieces whose owners share a prefix are one contiguous range, and with no
@@ -45,10 +55,10 @@ Step layout: depth w of the reduce-scatter is a main step (every direct transfer
 hop of every route, as in BML) followed by auxiliary steps (the further hops); the allgather
 replays each route backwards with copies in mirrored steps. Steps that nothing uses are dropped.
 
-A stand-in or route that cannot be found (survivors cut off from each other, or more than two
-hops apart with every relay busy) raises :class:`RecoveryError`; the caller then falls back to the
-fresh schedule. Every set of up to two dead servers of BCube(3,2), BCube(2,3) and BCube(4,2)
-plans and verifies (tests/unit/test_recovery.py).
+When neither family has a schedule (survivors cut off from each other; for the relay planner
+also routes more than two hops long with every relay busy) :class:`RecoveryError` is raised and
+the caller falls back to the fresh schedule. Every set of up to two dead servers of BCube(3,2),
+BCube(2,3) and BCube(4,2) plans and verifies (tests/unit/test_recovery.py).
 """
 
 from __future__ import annotations
@@ -57,15 +67,25 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 
 from ..topology.bcube import BCube, Shape, default_shape
 from .bml import bml_schedule
+from .recovery_search import Bounds, TimedTrees, lower_bounds, min_steps, search_trees
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds
+from .verify import ScheduleError, verify
 
 #: Largest BCube the BCube-preserving planner takes on: planning is O(k²·N·(N−x)) Python
 #: work (measured on the 2-core development machine: 16x16 in about 1.5 s, 32x32 in 35 s).
 MAX_PLANNED_SERVERS = 256
+#: Largest BCube whose timed trees are searched (:mod:`.recovery_search`); above it the
+#: relay planner's schedule runs. Measured on the shared 2-core development machine (load
+#: average about 7): 0.7 s for 9 servers, 2.4 s for 27, 2–4 s for 32.
+MAX_SEARCHED_SERVERS = 32
+#: Step counts searched: T_min … T_min + this (more never paid on the cubes of the report).
+EXTRA_STEPS = 1
 
 
 class RecoveryError(ValueError):
@@ -298,8 +318,9 @@ def recovery_pieces(radices: Sequence[int], dead: Iterable[int], count: int
 
 
 @lru_cache(maxsize=32)
-def _global_plan(radices: Shape, dead: frozenset[int], count: int
-                 ) -> tuple[dict[int, list[Step]], int]:
+def _relay_plan(radices: Shape, dead: frozenset[int], count: int
+                ) -> tuple[dict[int, list[Step]], int]:
+    """The relay planner's per-rank steps (stand-ins and auxiliary routes, module docstring)."""
     cube = BCube(radices)
     n, k = cube.size, cube.levels
     live = frozenset(range(n)) - dead
@@ -356,6 +377,153 @@ def _assemble(moves: list[_Move], live: frozenset[int]) -> dict[int, list[Step]]
             for r in live}
 
 
+# -- the searched plan and the choice -----------------------------------------------------------
+
+def _tree_moves(cube: BCube, trees: TimedTrees, dead: frozenset[int], count: int
+                ) -> list[_Move]:
+    """The global transfers of timed trees: reduce step t, allgather step 2T−1−t."""
+    moves: list[_Move] = []
+    ranges = [(o, lo, hi) for pieces in recovery_pieces(cube.radices, dead, count)
+              for o, lo, hi in pieces]
+    for (e, owner), edges, (o, lo, hi) in zip(trees.pieces, trees.edges, ranges, strict=True):
+        if o != owner:
+            raise AssertionError(f"piece of {o} planned for {owner}")
+        if hi == lo:
+            continue
+        for v, u, t in edges:
+            lv = _differing_levels(cube, v, u)[0]
+            moves.append(((0, t, 0), v, u, lo, hi, e, lv, True))
+            moves.append(((1, -t, 0), u, v, lo, hi, e, lv, False))
+    return moves
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One schedule the choice priced: ``label``, its steps, and its bandwidth in T_C."""
+
+    label: str
+    nsteps: int
+    step_t_c: tuple[Fraction, ...]
+    trees: TimedTrees | None = None
+
+    @property
+    def t_c(self) -> Fraction:
+        return sum(self.step_t_c, Fraction(0))
+
+
+@dataclass(frozen=True)
+class RecoveryPlan:
+    """What the survivors run after ``dead`` failed on BCube ``radices``: the ``chosen``
+    candidate (cheapest on the cost model, then fewest steps), every candidate priced, and
+    the lower bounds — all in T_C = T_F/(k·S)."""
+
+    radices: Shape
+    dead: tuple[int, ...]
+    survivors: int
+    chosen: Candidate
+    candidates: tuple[Candidate, ...]
+    bounds: Bounds | None
+    #: Candidates the verifier refused (label, its message): never run; empty unless a bug.
+    rejected: tuple[tuple[str, str], ...] = ()
+
+
+def _candidate(label: str, per_rank: dict[int, list[Step]], n: int, unit: int, k: int,
+               live: Sequence[int], network, trees: TimedTrees | None = None) -> Candidate:
+    from ..model.cost import price  # the model imports schedule types only: no cycle
+
+    scheds = [Schedule("bml-recovery", r, n, unit, tuple(per_rank[r]), streams=k,
+                       participants=tuple(live)) for r in live]
+    verify(scheds, live=live)
+    cost = price(scheds, network)
+    per_step = tuple(Fraction(s.time) * k * len(live) / unit for s in cost.steps)
+    return Candidate(label, cost.nsteps, per_step, trees)
+
+
+@lru_cache(maxsize=64)
+def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
+    """Price the relay planner's schedule and, up to :data:`MAX_SEARCHED_SERVERS`, the
+    searched timed trees of every step count (:mod:`.recovery_search`) on the BCube without
+    ``dead``, each with one element per piece, verify each (a candidate the verifier refuses
+    is dropped and listed in ``rejected``), and choose the cheapest.
+    Deterministic and communication-free; cached per shape and dead set."""
+    from ..model.network import BCubeWithout
+
+    shape = tuple(int(r) for r in radices)
+    cube = BCube(shape)
+    n, k = cube.size, max(cube.levels, 1)
+    dead_set = frozenset(int(d) for d in dead)
+    live = sorted(frozenset(range(n)) - dead_set)
+    if not live:
+        raise RecoveryError("every server is dead")
+    unit = k * len(live)
+    network = BCubeWithout(shape, dead_set)
+    candidates: list[Candidate] = []
+    rejected: list[tuple[str, str]] = []
+    relay_error: RecoveryError | None = None
+
+    def offer(label: str, per_rank: dict[int, list[Step]], trees: TimedTrees | None) -> None:
+        try:
+            candidates.append(_candidate(label, per_rank, n, unit, k, live, network, trees))
+        except ScheduleError as exc:  # proven wrong: never run it
+            rejected.append((label, str(exc)))
+
+    try:
+        per_rank, _ = _relay_plan(shape, dead_set, unit)
+        offer("relays", per_rank, None)
+    except RecoveryError as exc:
+        relay_error = exc
+    first = min_steps(shape, dead_set) if dead_set and len(live) > 1 else None
+    if first is not None and n <= MAX_SEARCHED_SERVERS:
+        pieces = [(e, o) for e, ps in enumerate(recovery_pieces(shape, dead_set, unit))
+                  for o, _, _ in ps]
+        for steps in range(first, first + EXTRA_STEPS + 1):
+            trees = search_trees(shape, dead_set, pieces, steps)
+            if trees is None:
+                continue
+            per_rank = _assemble(_tree_moves(cube, trees, dead_set, unit), frozenset(live))
+            offer(f"trees T={steps}", per_rank, trees)
+    if not candidates:
+        raise relay_error or RecoveryError(f"no recovery schedule passed the verifier: "
+                                           f"{rejected}")
+    chosen = min(candidates, key=lambda c: (c.t_c, c.nsteps))
+    try:
+        bounds = lower_bounds(shape, dead_set) if len(live) > 1 else None
+    except ValueError:
+        bounds = None
+    return RecoveryPlan(shape, tuple(sorted(dead_set)), len(live), chosen, tuple(candidates),
+                        bounds, tuple(rejected))
+
+
+def candidate_schedules(candidate: Candidate, radices: Sequence[int], dead: Iterable[int],
+                        count: int) -> list[Schedule]:
+    """Every survivor's schedule of one priced candidate of :func:`recovery_plan`."""
+    shape = tuple(int(r) for r in radices)
+    dead_set = frozenset(int(d) for d in dead)
+    n, k = math.prod(shape), max(len(shape), 1)
+    live = sorted(frozenset(range(n)) - dead_set)
+    if candidate.trees is None:
+        per_rank, _ = _relay_plan(shape, dead_set, count)
+    else:
+        if (candidate.trees.radices, candidate.trees.dead) != (shape, tuple(sorted(dead_set))):
+            raise ValueError("candidate planned for another cube or dead set")
+        per_rank = _assemble(_tree_moves(BCube(shape), candidate.trees, dead_set, count),
+                             frozenset(live))
+    return [Schedule("bml-recovery", r, n, count, tuple(per_rank[r]), streams=k,
+                     participants=tuple(live)) for r in live]
+
+
+@lru_cache(maxsize=32)
+def _global_plan(radices: Shape, dead: frozenset[int], count: int
+                 ) -> tuple[dict[int, list[Step]], int, str]:
+    plan = recovery_plan(radices, dead)
+    live = frozenset(range(math.prod(radices))) - dead
+    if plan.chosen.trees is None:
+        per_rank, survivors = _relay_plan(radices, dead, count)
+        return per_rank, survivors, plan.chosen.label
+    moves = _tree_moves(BCube(radices), plan.chosen.trees, dead, count)
+    return _assemble(moves, live), len(live), plan.chosen.label
+
+
 def bcube_recovery_schedule(rank: int, radices: Sequence[int], dead: Iterable[int],
                             count: int) -> Schedule:
     """The schedule of survivor ``rank`` (its original address) on BCube ``radices`` without
@@ -371,13 +539,13 @@ def bcube_recovery_schedule(rank: int, radices: Sequence[int], dead: Iterable[in
         raise ValueError(f"rank {rank} is not a live server of the {n}-server BCube")
     if count < 0:
         raise ValueError(f"negative count {count}")
-    per_rank, survivors = _global_plan(shape, dead_set, count)
+    per_rank, survivors, label = _global_plan(shape, dead_set, count)
     k = max(cube.levels, 1)
     live = tuple(sorted(per_rank))
     return Schedule("bml-recovery", rank, n, count, tuple(per_rank[rank]), streams=k,
                     participants=live,
                     meta={"radices": shape, "dead": tuple(sorted(dead_set)),
-                          "pieces": cube.levels * survivors})
+                          "pieces": cube.levels * survivors, "plan": label})
 
 
 def bcube_recovery_schedules(radices: Sequence[int], dead: Iterable[int],

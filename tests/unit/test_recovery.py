@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from bmlmpi.model import BCubeNetwork, price
+from bmlmpi.model import BCubeNetwork, BCubeWithout, price
 from bmlmpi.rescale import rescaled_batch
 from bmlmpi.schedules.bml import bml_schedules
 from bmlmpi.schedules.recovery import (
@@ -14,10 +14,12 @@ from bmlmpi.schedules.recovery import (
     RecoveryError,
     bcube_recovery_schedule,
     bcube_recovery_schedules,
+    candidate_schedules,
     fresh_bml_schedule,
     fresh_shape,
     nic_piece_times,
     recovery_pieces,
+    recovery_plan,
 )
 from bmlmpi.schedules.verify import verify
 from bmlmpi.topology.bcube import BCube
@@ -105,33 +107,34 @@ def test_without_failures_it_is_bml(shape):
 def test_seed_example_bcube_3_2_without_server_0_0():
     """Seed 001: BCube(3,2) without [0,0], 2·8 = 16 pieces (T_C = T_F/16).
 
-    Per step, the busiest NIC (sent or received, per level) in piece-times:
-    * main step of depth 0 (row exchange of pipeline 0, column exchange of pipeline 1): a
-      server of a complete row/column sends the pieces of the other two columns/rows, 3 + 3
-      = 6, as in healthy BML;
-    * main step of depth 1: 2 pieces to its group, as in BML, plus on a stand-in's NIC the
-      first hop of the auxiliary transfer carrying dead [0,0]'s row share ([0,1] → [1,1] on
-      level 1): 3;
-    * the auxiliary step: the second hop ([1,1] → [1,0] on level 0): 1;
-    * the allgather mirrors it: 1, 3, 6.
-    20·T_C = 5/4·T_F, against the seed's 18·T_C = 9/8·T_F, which counts the 2-hop transfer as
-    one piece-time in a step of its own (forwarded through the relay); here the relay stores
-    and forwards, so its two hops are two steps and the first shares the main step's NIC.
+    The schedule that runs is the searched one (timed trees, tests/unit/test_recovery_search.py):
+    BML's 4 steps, the busiest NIC (sent or received, per level) carrying 4 pieces in each:
+    16·T_C = T_F, against the seed's 18·T_C = 9/8·T_F.
+
+    The relay planner's schedule, priced beside it, costs 20·T_C = 5/4·T_F: its depth-0 main
+    step is BML's (a server of a complete row/column sends the pieces of the other two, 3 + 3 =
+    6), the stand-in's NIC adds the first hop of the auxiliary transfer round dead [0,0] to the
+    depth-1 main step (3), the second hop is a step of its own (1), and the allgather mirrors it.
     """
     piece = 100
     scheds = bcube_recovery_schedules((3, 3), [0], 16 * piece)
     verify(scheds, live=list(range(1, 9)))
+    assert {s.meta["plan"] for s in scheds} == {"trees T=2"}
     per_step = nic_piece_times(scheds, piece)
-    assert per_step == [6, 3, 1, 1, 3, 6]
-    assert sum(per_step) == 20
-    # the auxiliary steps relay dead [0,0]'s share through a live server of another row
-    aux = [s.steps[2] for s in scheds]
-    relays = {s.rank for s, st in zip(scheds, aux, strict=True) if st.sends}
-    assert relays and 0 not in relays
-    # the cost model prices it the same way: 20/16 = 5/4 of T_F on BCube(3,2)
-    cost = price(scheds, BCubeNetwork("3x3"))
-    assert cost.t_f == Fraction(5, 4)
+    assert per_step == [4, 4, 4, 4]
+    # the cost model prices it the same way on the cube without [0,0]: 16/16 = T_F
+    cost = price(scheds, BCubeWithout("3x3", [0]))
+    assert cost.t_f == 1
     assert [x * 16 for x in cost.step_t_f()] == per_step
+    plan = recovery_plan((3, 3), frozenset({0}))
+    relays = next(c for c in plan.candidates if c.label == "relays")
+    assert relays.t_c == 20 and relays.nsteps == 6 and relays.t_c > plan.chosen.t_c
+    relay_scheds = candidate_schedules(relays, (3, 3), [0], 16 * piece)
+    verify(relay_scheds, live=list(range(1, 9)))
+    assert nic_piece_times(relay_scheds, piece) == [6, 3, 1, 1, 3, 6]
+    # the auxiliary step relays dead [0,0]'s share through a live server of another row
+    relays_at = {s.rank for s in relay_scheds if s.steps[2].sends}
+    assert relays_at and 0 not in relays_at
     # healthy BCube(3,2) BML for comparison: 16·T_C' = 8/9·T_F (T_C' = T_F/18)
     assert price(bml_schedules(9, 18 * piece, (3, 3)), BCubeNetwork("3x3")).t_f == \
         Fraction(8, 9)
