@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from mpi4py import MPI
 
 from .schedules.bml import bml_schedule
+from .schedules.hierarchical import hierarchical_schedule
 from .schedules.ring import ring_schedule, ring_segments
 from .schedules.tree import multitree_schedule, tree_schedule
 from .schedules.types import Schedule
@@ -60,11 +61,17 @@ def _multitree(ctx: Communicator, count: int, itemsize: int) -> Built:
     return multitree_schedule(ctx.rank, ctx.size, count, ctx.trees()), [ctx.comm], _flat
 
 
+def _hierarchical(ctx: Communicator, count: int, itemsize: int) -> Built:
+    # global peers on the flat communicator; levels only name the tier for the cost model
+    return hierarchical_schedule(ctx.rank, ctx.size, count, ctx.nodes()), [ctx.comm], _flat
+
+
 BUILDERS: dict[str, Callable[[Communicator, int, int], Built]] = {
     "bml": _bml,
     "ring": _ring,
     "tree": _tree,
     "multitree": _multitree,
+    "hierarchical": _hierarchical,
 }
 
 

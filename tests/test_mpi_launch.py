@@ -55,7 +55,7 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
                     timeout=600)
     out = res.stdout
     tables = sweep_tables(res)
-    assert len(tables) == 6, out
+    assert len(tables) == 7, out  # every name in bmlmpi.algorithms()
     for table, rows in tables:
         assert [int(r[0]) for r in rows] == [4 << i for i in range(15)], table
         assert all(r[-1] == "Pass" and r[4] == "12" for r in rows), table
@@ -64,7 +64,7 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
     import csv
     with open(csv_path) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 * 15
+    assert len(rows) == 7 * 15
     chosen = {r["chose"] for r in rows if r["algorithm"] == "auto"}
     assert chosen and chosen <= {"bml", "ring", "tree", "multitree", "native"}, chosen
     assert all(r["blocks"] == "3" and float(r["median_block_us"]) > 0 for r in rows)

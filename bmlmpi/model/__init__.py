@@ -17,11 +17,12 @@ from .network import (
     LinkMatrixNetwork,
     Network,
     SharedMemoryNode,
+    TwoTierNetwork,
     fat_tree_groups,
 )
 
 __all__ = [
     "BCubeNetwork", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork", "Network",
-    "SharedMemoryNode", "StepCost", "algorithm_cost", "choose", "crossover", "estimate",
-    "fat_tree_groups", "price", "price_symmetric",
+    "SharedMemoryNode", "StepCost", "TwoTierNetwork", "algorithm_cost", "choose", "crossover",
+    "estimate", "fat_tree_groups", "price", "price_symmetric",
 ]

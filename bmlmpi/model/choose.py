@@ -23,7 +23,14 @@ import numpy as np
 
 from ..schedules.types import Schedule
 from .cost import Cost, price, price_symmetric
-from .network import BCubeNetwork, FatTree, LinkMatrixNetwork, Network, SharedMemoryNode
+from .network import (
+    BCubeNetwork,
+    FatTree,
+    LinkMatrixNetwork,
+    Network,
+    SharedMemoryNode,
+    TwoTierNetwork,
+)
 
 Builder = Callable[[int, int, int, int], Schedule]  # (rank, size, count, itemsize) -> Schedule
 
@@ -149,11 +156,24 @@ def _multitree(rank: int, size: int, count: int, itemsize: int, shape: Any,
     return multitree_schedule(rank, size, count, _trees(size, links)[1])
 
 
+def _hierarchical(rank: int, size: int, count: int, itemsize: int, shape: Any,
+                  links: Any) -> Schedule:
+    from ..schedules.hierarchical import hierarchical_schedule
+    from ..topology.nodes import nodes_from_placement
+    if links is None:
+        raise ValueError("hierarchical needs to know which ranks share a node: price it on a "
+                         "TwoTierNetwork or a placement link matrix, or pass builders=")
+    nodes = nodes_from_placement(np.frombuffer(links).reshape(size, size))
+    return hierarchical_schedule(rank, size, count, nodes)
+
+
 #: Default schedule of each algorithm name, ``(rank, size, count, itemsize, shape, links)``:
 #: bml on ``shape`` (resolved as bml resolves it), ring with :func:`ring_segments`, trees built
-#: from the network's link matrix (``links``: its float64 bytes) or, elsewhere, a flat one.
+#: from the network's link matrix (``links``: its float64 bytes) or, elsewhere, a flat one;
+#: hierarchical over the nodes of a placement matrix (a TwoTierNetwork's or a link matrix's).
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "bml": _bml, "ring": _ring, "ps": _ps, "tree": _tree, "multitree": _multitree,
+    "hierarchical": _hierarchical,
 }
 
 
@@ -179,7 +199,7 @@ def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Net
     if shape is None and isinstance(network, BCubeNetwork):
         shape = network.cube.radices  # bml on BCube hardware follows its wiring
     links = (network.weights.astype(np.float64).tobytes()
-             if isinstance(network, LinkMatrixNetwork) else None)
+             if isinstance(network, LinkMatrixNetwork | TwoTierNetwork) else None)
     if custom:
         def make(r: int) -> Schedule:
             return build(r, size, count, itemsize)
