@@ -246,3 +246,19 @@ def test_auto_considers_hierarchical_only_with_shared_nodes():
                      builders=builders)
     assert pick == min(times, key=times.__getitem__)
     assert "hierarchical" in select.algorithms()
+
+
+@pytest.mark.parametrize("sizes", [(2, 2, 2, 2), (3, 3, 3), (4, 4), (3, 1, 2), (2,) * 11],
+                         ids=lambda s: "/".join(map(str, s)))
+def test_the_executors_plan_runs_it(sizes):
+    """Through the executor's Plan and tags, every rank simulated with MPI's matching rules
+    (the schedule annotates levels, so the plan runs it in lockstep, one lane)."""
+    from test_lanes import plan_of, simulate
+
+    nodes = TwoTierNetwork(sizes).nodes
+    n = nodes.size
+    for count in (0, 1, 7, 1001):
+        scheds = hierarchical_schedules(n, count, nodes)
+        assert all(len(plan_of(s).lanes) <= 1 for s in scheds)
+        for seed in range(2):
+            simulate(scheds, seed)
