@@ -6,6 +6,8 @@ construction), so the launcher's plain ``pytest tests/mpi`` at N = 1..12 runs it
 that are not a multiple of 2 skip the equal-node test and run the unequal-node one instead.
 """
 
+import os
+
 import numpy as np
 import pytest
 from conftest import ALL_DTYPES, OP_IDS, OPS, all_ranks_agree, rank_input, reference
@@ -106,3 +108,26 @@ def test_nodes_from_placement_and_auto_candidates(comm, monkeypatch):
     monkeypatch.setenv("BMLMPI_RANKS_PER_NODE", "zero")
     with pytest.raises(ValueError, match="BMLMPI_RANKS_PER_NODE"):
         bmlmpi.Communicator(comm, algorithm="hierarchical")
+
+
+@pytest.mark.mpi
+def test_nodes_when_links_name_devices(comm, monkeypatch):
+    """BMLMPI_LINKS describes devices, not nodes: the nodes still come from MPI placement."""
+    import json
+    import tempfile
+
+    from bmlmpi.topology.links import flat_links
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(flat_links(comm.size).tolist(), f)
+    monkeypatch.setenv("BMLMPI_LINKS", f.name)
+    monkeypatch.delenv("BMLMPI_RANKS_PER_NODE", raising=False)
+    try:
+        ctx = bmlmpi.Communicator(comm, algorithm="hierarchical")
+    finally:
+        os.unlink(f.name)
+    assert ctx.nodes().members == (tuple(range(comm.size)),)
+    failures = []
+    _check(ctx, comm, 1031, np.int32, MPI.SUM, False, failures, "links from a file")
+    ctx.Free()
+    all_ranks_agree(comm, failures)
