@@ -42,11 +42,12 @@ by r·k·M so that no range rounds):
 
 * local reduce-scatter and allgather: r−1 steps each, every rank sends count/r per step over
   its own port: 2·(r−1)/(r·b)·T_F;
-* inter-node, BML on the BCube of nodes (n_0…n_{k−1}): the r local ranks run the same BML
-  schedule on count/r, so in every step the level-l NIC carries r copies of one pipeline's
-  message, r·(count/r) = count in all per pipeline volume. Pipeline e's step w moves
-  (n_l − 1)/(n_{L_e[0]}·…·n_{L_e[w]})·count/k at level l = L_e[w]; the k pipelines use k
-  different NICs, so a step costs its largest pipeline and
+* inter-node, BML on the BCube of nodes (n_0…n_{k−1}): the r local ranks each run the same
+  BML schedule on a shard of count/r, so in every step the level-l NIC carries the same
+  pipeline's message from each of them — as much as one BML run on the whole buffer would
+  send. Pipeline e's step w moves (n_l − 1)/(n_{L_e[0]}·…·n_{L_e[w]})·count/k in all at
+  level l = L_e[w]; the k pipelines use k different NICs, so a step costs its largest
+  pipeline and
 
       G_BCube = 2 · Σ_{w<k} max_e (n_{L_e[w]} − 1) / (k · Π_{j≤w} n_{L_e[j]})  · T_F,
 
