@@ -414,13 +414,15 @@ class Communicator:
 
     def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
         """This rank's schedule of ``algorithm`` over the current members."""
+        nodes = self.nodes() if algorithm in catalog.TIERED else None
         return catalog.schedule(algorithm, self.rank, self.size, count, itemsize, self.shape,
-                                self._links)
+                                self._links, nodes=nodes)
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """The schedule bound to this communicator (BCube levels on their own communicators)."""
-        return registry.bind(self._schedule(algorithm, count, itemsize), self._comm,
-                             self._levels, self.shape)
+        levels = [] if algorithm in catalog.TIERED else self._levels
+        return registry.bind(self._schedule(algorithm, count, itemsize), self._comm, levels,
+                             self.shape)
 
     @contextmanager
     def _failure_noted(self) -> Iterator[None]:
@@ -462,21 +464,45 @@ class Communicator:
         key = (count, itemsize)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose(count, itemsize, self.size, self.calibration, self.shape)
+            choice = select.choose(count, itemsize, self.size, self.calibration, self.shape,
+                                   nodes=self._nodes_for_auto())
             self._choices[key] = choice
         return choice
 
     def _find_links(self) -> np.ndarray:
-        """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement."""
-        from .topology.links import links_from_env, links_from_placement
+        """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement.
 
+        Also fixes where :meth:`nodes` comes from: ``BMLMPI_RANKS_PER_NODE``, else the
+        placement matrix (the returned one, or a separate one when ``BMLMPI_LINKS`` names
+        devices)."""
+        from .topology.links import links_from_env, links_from_placement
+        from .topology.nodes import ranks_per_node_from_env
+
+        self._ranks_per_node = ranks_per_node_from_env()
+        self._placement = None  # None: the link matrix itself is the placement
         w = links_from_env()
         if w is None:
             return links_from_placement(self._comm)
+        if self._ranks_per_node is None:
+            self._placement = links_from_placement(self._comm)
         if w.shape != (self.size, self.size):
             raise ValueError(f"BMLMPI_LINKS describes {w.shape[0]} devices but the "
                              f"communicator has {self.size} ranks")
         return w
+
+    def nodes(self):
+        """Which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`):
+        ``BMLMPI_RANKS_PER_NODE`` consecutive ranks when set at construction, else MPI
+        placement."""
+        from .topology.nodes import resolve_nodes
+        placement = self._links if self._placement is None else self._placement
+        return resolve_nodes(self.size, placement, self._ranks_per_node)
+
+    def _nodes_for_auto(self):
+        try:
+            return self.nodes()
+        except ValueError:
+            return None  # nodes unknown (a stale placement after failures): no hierarchical
 
     @property
     def links(self) -> np.ndarray:

@@ -168,6 +168,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "fault-tolerant communicator: heartbeat period", _positive_seconds),
     Variable("BMLMPI_ULFM", "boolean", False, "off",
              "on: assume the MPI library has ULFM instead of checking", parse_bool),
+    Variable("BMLMPI_RANKS_PER_NODE", "ranks", None, "MPI placement",
+             "pretend nodes of this many consecutive ranks (hierarchical, and `auto`'s view of "
+             "nodes), read when a Communicator is built", _count(1)),
     Variable("BMLMPI_MPIEXEC", "program", None, "beside Python, else on PATH",
              "the `mpiexec` that `bmlmpi-run` starts", _text),
     Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",

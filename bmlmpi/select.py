@@ -10,6 +10,8 @@ count, cached on disk) and takes the cheapest, except that native stays unless a
 predicted ``NATIVE_MARGIN`` (5 %) faster: the most ``auto`` may then give away against the
 better of native and the best schedule is that margin, the issue's target for ``auto``.
 Every rank holds the same calibration, so every rank reaches the same choice without talking.
+``hierarchical`` is a candidate where more than one node holds more than one rank (real
+nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others.
 The tree candidates are offered up to ``AUTO_TREE_MAX_RANKS`` ranks (generating the multi-tree
 set costs seconds beyond that), and between the two trees the size bound
 ``BMLMPI_TREE_ARRAY_BOUND`` (elements) decides when it is set: single tree at or below it,
@@ -23,8 +25,8 @@ from __future__ import annotations
 
 from . import config
 
-IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "native")
-SCHEDULED = ("bml", "ring", "tree", "multitree")
+IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "hierarchical", "native")
+SCHEDULED = ("bml", "ring", "tree", "multitree", "hierarchical")
 DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 #: ``auto`` leaves native only for a schedule predicted at least this much faster: a near-tie
 #: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
@@ -61,8 +63,10 @@ def tree_array_bound() -> int | None:
     return config.get("BMLMPI_TREE_ARRAY_BOUND")
 
 
-def candidates(count: int, size: int) -> list[str]:
+def candidates(count: int, size: int, nodes=None) -> list[str]:
     names = ["bml", "ring"]
+    if nodes is not None and nodes.count > 1 and nodes.max_local > 1:
+        names.append("hierarchical")  # only where ranks share nodes: else it is bml or ring
     if size <= AUTO_TREE_MAX_RANKS:
         bound = tree_array_bound()
         if bound is None:
@@ -72,9 +76,9 @@ def candidates(count: int, size: int) -> list[str]:
     return names + ["native"]
 
 
-def choose(count: int, itemsize: int, size: int, calib=None, shape=None) -> str:
+def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None) -> str:
     """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size``
-    ranks."""
+    ranks (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`)."""
     env = env_algorithm()
     if env and env != "auto":
         return env
@@ -85,7 +89,12 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None) -> str:
         return "bml" if count * itemsize >= threshold else "native"
     from .model import estimate
 
-    times = estimate(candidates(count, size), count, itemsize, size, calib=calib, shape=shape)
+    names = candidates(count, size, nodes)
+    builders = None
+    if "hierarchical" in names:
+        from .schedules.hierarchical import hierarchical_schedule
+        builders = {"hierarchical": lambda r, n, c, i: hierarchical_schedule(r, n, c, nodes)}
+    times = estimate(names, count, itemsize, size, calib=calib, shape=shape, builders=builders)
     return prefer_native(times)
 
 

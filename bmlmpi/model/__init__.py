@@ -20,12 +20,12 @@ from .network import (
     LinkMatrixNetwork,
     Network,
     SharedMemoryNode,
+    TwoTierNetwork,
     fat_tree_groups,
 )
 
 __all__ = [
     "BCubeNetwork", "BCubeWithout", "Calibration", "Cost", "FatTree", "LinkMatrixNetwork",
-    "Network", "SharedMemoryNode", "StepCost", "algorithm_cost", "cheapest", "crossover",
-    "estimate",
-    "fat_tree_groups", "price", "price_symmetric",
+    "Network", "SharedMemoryNode", "StepCost", "TwoTierNetwork", "algorithm_cost", "cheapest",
+    "crossover", "estimate", "fat_tree_groups", "price", "price_symmetric",
 ]

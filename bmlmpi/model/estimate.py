@@ -23,7 +23,14 @@ from typing import Any
 from ..schedules import catalog
 from ..schedules.types import Schedule
 from .cost import Cost, price, price_symmetric
-from .network import BCubeNetwork, FatTree, LinkMatrixNetwork, Network, SharedMemoryNode
+from .network import (
+    BCubeNetwork,
+    FatTree,
+    LinkMatrixNetwork,
+    Network,
+    SharedMemoryNode,
+    TwoTierNetwork,
+)
 
 Builder = Callable[[int, int, int, int], Schedule]  # (rank, size, count, itemsize) -> Schedule
 
@@ -132,7 +139,7 @@ def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Net
         raise ValueError(f"{network.name} has {network.size} ranks, not {size}")
     if shape is None and isinstance(network, BCubeNetwork):
         shape = network.cube.radices  # bml on BCube hardware follows its wiring
-    links = network.weights if isinstance(network, LinkMatrixNetwork) else None
+    links = network.weights if isinstance(network, LinkMatrixNetwork | TwoTierNetwork) else None
     if custom:
         def make(r: int) -> Schedule:
             return builders[name](r, size, count, itemsize)

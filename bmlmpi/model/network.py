@@ -34,6 +34,17 @@ Networks:
   own link ``("link", i, j)``. A weight in ``shared`` (default {1}, PCIe) is not a private wire
   but a path through the host: it uses i's port ``("host-up", i)`` and j's ``("host-down", j)``,
   shared by all of i's and j's host-path transfers. Weight 0 means no path: routing raises.
+* :class:`TwoTierNetwork` — servers (nodes) holding several ranks each: inside a node every
+  rank has an outgoing and an incoming port ``("out", r)``/``("in", r)`` of bandwidth
+  ``intra`` (NVLink or shared memory, a multiple of the NIC's); between nodes the nodes' NICs,
+  bandwidth 1, either a BCube of nodes (one NIC per level per node, ``("up", g, l)`` /
+  ``("down", g, l)``, relaying through nodes as :class:`BCubeNetwork` does) or a Fat-Tree
+  (one NIC per node, ``("up", g)``/``("down", g)``). A message between nodes loads the NICs
+  of its path only (the NIC is the bottleneck; the copy to it is not modelled), so all ranks
+  of a node share its NICs. A transfer's ``level`` 0 means "inside the node"; level 1 + l
+  asks for the first hop at digit l of the BCube of nodes (hierarchical schedules, and flat
+  BML on a shape whose level 0 is the local rank, annotate so); a level that does not fit
+  the pair is ignored.
 
 Symmetry. :meth:`Network.link_class` names the orbit of a link under the network's
 translation symmetry (BCube: digit-wise addition; Fat-Tree and shared memory: any relabelling);
@@ -52,7 +63,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
-from ..topology.bcube import BCube, parse_shape
+from ..topology.bcube import BCube, default_shape, parse_shape
+from ..topology.nodes import Nodes
 
 Link = tuple
 Bandwidth = int | Fraction | float
@@ -263,6 +275,70 @@ class SharedMemoryNode(_PortNetwork):
         self.name = f"shared memory ({size} ranks)"
 
 
+class TwoTierNetwork(Network):
+    """Nodes of several ranks: fast intra-node ports, NICs between nodes (module docstring)."""
+
+    def __init__(self, nodes: Any, inter: str | Sequence[int] = "fat-tree",
+                 intra: Bandwidth = 10, nic: Bandwidth = 1):
+        """``nodes``: a :class:`~bmlmpi.topology.nodes.Nodes` or a list of node sizes (nodes
+        of consecutive ranks); ``inter``: ``"fat-tree"``, ``"bcube"`` (the BCube of the prime
+        factors of the node count) or the radices of the BCube of nodes; ``intra``/``nic``:
+        bandwidths of a rank's intra-node port and of one NIC."""
+        if not isinstance(nodes, Nodes):
+            sizes = [int(m) for m in nodes]
+            if not sizes or min(sizes) < 1:
+                raise ValueError(f"node sizes must be positive, got {sizes}")
+            starts = [sum(sizes[:g]) for g in range(len(sizes))]
+            nodes = Nodes(tuple(tuple(range(s, s + m)) for s, m in zip(starts, sizes,
+                                                                        strict=True)))
+        self.nodes = nodes
+        self.size = nodes.size
+        self.intra = _as_bandwidth(intra, "intra-node port")
+        self.nic = _as_bandwidth(nic, "NIC")
+        self._node_of = nodes.node_ids()
+        if isinstance(inter, str) and inter.lower() == "fat-tree":
+            self.cube: BCube | None = None
+            between = "Fat-Tree"
+        else:
+            radices = (default_shape(nodes.count) if isinstance(inter, str)
+                       and inter.lower() == "bcube" else parse_shape(inter))
+            self.cube = BCube(radices)
+            if self.cube.size != nodes.count:
+                raise ValueError(f"BCube of nodes {radices} has {self.cube.size} nodes, the "
+                                 f"network {nodes.count}")
+            between = f"BCube({'x'.join(map(str, radices)) or '1'})"
+        self.name = f"{nodes.describe()}, intra {self.intra}, {between} of nodes"
+
+    @property
+    def weights(self) -> Any:
+        """The placement link matrix (same node 2, other node 1) of the ranks."""
+        from ..topology.links import links_from_nodes
+        return links_from_nodes(self._node_of)
+
+    def route(self, src: int, dst: int, level: int = -1) -> tuple[Link, ...]:
+        self._pair(src, dst)
+        a, b = self._node_of[src], self._node_of[dst]
+        if a == b:
+            return (("out", src), ("in", dst))
+        if self.cube is None:
+            return (("up", a), ("down", b))
+        cube = self.cube
+        differ = [lv for lv in range(cube.levels) if cube.digit(a, lv) != cube.digit(b, lv)]
+        if level - 1 in differ:
+            differ.remove(level - 1)
+            differ.insert(0, level - 1)
+        links: list[Link] = []
+        at = a
+        for lv in differ:
+            nxt = cube.with_digit(at, lv, cube.digit(b, lv))
+            links += [("up", at, lv), ("down", nxt, lv)]
+            at = nxt
+        return tuple(links)
+
+    def bandwidth(self, link: Link) -> Bandwidth:
+        return self.intra if link[0] in ("out", "in") else self.nic
+
+
 def fat_tree_groups(ports: int) -> tuple[int, int, int]:
     """The hierarchy of the paper's Fat-Tree(k'), k' = ``ports``: (servers per edge switch,
     edge switches per pod, pods) = (k'/2, k'/2, k'), k'^3/4 servers in all. As radices it is
@@ -312,5 +388,5 @@ class LinkMatrixNetwork(Network):
 
 __all__ = [
     "SHARED_WEIGHTS", "WEIGHT_BANDWIDTH", "BCubeNetwork", "BCubeWithout", "FatTree", "Link",
-    "LinkMatrixNetwork", "Network", "SharedMemoryNode", "fat_tree_groups",
+    "LinkMatrixNetwork", "Network", "SharedMemoryNode", "TwoTierNetwork", "fat_tree_groups",
 ]

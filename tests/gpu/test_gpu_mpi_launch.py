@@ -31,7 +31,7 @@ def test_sweep_with_device_buffers():
                         "--algorithms", "all", "-i", "20", "-x", "2", "--no-progress"],
                     timeout=600)
     tables = sweep_tables(res)
-    assert len(tables) == 7, res.stdout  # auto, four schedules, passthrough, native
+    assert len(tables) == 8, res.stdout  # every name in bmlmpi.algorithms(), passthrough, native
     for table, rows in tables:
         assert "# Buffers on device: cuda" in table, table
         assert len(rows) == 19 and all(r[-1] == "Pass" for r in rows), table

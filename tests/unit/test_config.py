@@ -35,6 +35,7 @@ BAD_VALUES = {
     "BMLMPI_HANG_TIMEOUT": ["0", "-1", "soon", "inf"],
     "BMLMPI_HEARTBEAT": ["0", "-0.1", "x"],
     "BMLMPI_EXPECT_SIZE": ["0", "-3", "nine"],
+    "BMLMPI_RANKS_PER_NODE": ["0", "-2", "x", "1.5"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
              "BMLMPI_CACHE_DIR"}

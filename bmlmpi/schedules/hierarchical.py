@@ -1,0 +1,251 @@
+"""Hierarchical allreduce: reduce inside each node, BML (or ring) across nodes with every local
+rank on its own shard, gather inside each node.
+
+Sources: Horovod's hierarchical allreduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``: a local
+reduce-scatter, a cross-node allreduce of each shard by the local rank that holds it, a local
+allgather); BlueConnect (Cho et al., MLSys 2019: the same decomposition mapped onto each tier
+of the network, every tier busy at once); the MXNet tree-reduce proposal
+(``shared/seeds/003_c9eea3ecac030166.txt``: reduce inside the machine over its link matrix,
+then across machines); the inter-node step is BML on the BCube of nodes (seed 000, Wang et
+al., NeurIPS 2018).
+
+Algorithm. N ranks sit on M nodes (:class:`~bmlmpi.topology.nodes.Nodes`); node g holds m_g
+ranks, L = max m_g. The buffer is cut into L balanced shards; on node g shard j belongs to
+local rank j mod m_g (equal nodes: local rank j owns shard j).
+
+1. Local reduce-scatter, steps 0..L-2: a ring over the node's ranks. Chunk c of node g is the
+   union of the shards local rank c owns. In step t local rank i sends chunk (i−t−1) mod m_g
+   to local rank i+1 and reduce-receives chunk (i−t−2) mod m_g from i−1; after m_g−1 steps it
+   holds the node's sum of its own chunk. Nodes with fewer ranks idle in the last steps.
+2. Inter-node allreduce: for every shard j the M owners of shard j (one per node, in node
+   order) run an allreduce of that shard — BML on the mixed-radix BCube of nodes
+   (:func:`~bmlmpi.topology.bcube.default_shape` of M) when every prime factor of M is at most
+   :data:`MAX_BML_RADIX`, else ring (a large prime M has no useful BCube). All shards at
+   once: with equal nodes every local rank runs one of them, so every rank's link (every NIC
+   of the node) works in the same step. A rank of a smaller node owns several shards and
+   runs their allreduces side by side (correct, but that node's NICs carry more).
+3. Local allgather, L−1 steps: the reduce-scatter's ring backwards, copying.
+
+Transfers name global ranks of the flat communicator, so the executor runs the schedule over
+one communicator unchanged. Their ``level`` says which tier they use, as flat BML's does on a
+BCube whose level 0 is the local rank: 0 for intra-node transfers, 1 + l for BML transfers at
+level l of the BCube of nodes, 1 for ring transfers between nodes. The two-tier network of
+:mod:`bmlmpi.model.network` routes by node, the level only picks the first hop.
+
+Steps: 2(L−1) + 2k with BML across nodes (k = levels of the BCube of M nodes), 2(L−1) +
+2(M−1) with ring; 2(L−1) for one node (the local ring alone), none for one rank.
+
+Cost on a two-tier network (equal nodes of r ranks, M nodes; every rank has an intra-node port
+of bandwidth b, each node one NIC per BCube level — or one NIC on a Fat-Tree — of bandwidth
+1; T_F = the whole buffer over one NIC; messages between nodes load only NICs; count divisible
+by r·k·M so that no range rounds):
+
+* local reduce-scatter and allgather: r−1 steps each, every rank sends count/r per step over
+  its own port: 2·(r−1)/(r·b)·T_F;
+* inter-node, BML on the BCube of nodes (n_0…n_{k−1}): the r local ranks each run the same
+  BML schedule on a shard of count/r, so in every step the level-l NIC carries the same
+  pipeline's message from each of them — as much as one BML run on the whole buffer would
+  send. Pipeline e's step w moves (n_l − 1)/(n_{L_e[0]}·…·n_{L_e[w]})·count/k in all at
+  level l = L_e[w]; the k pipelines use k different NICs, so a step costs its largest
+  pipeline and
+
+      G_BCube = 2 · Σ_{w<k} max_e (n_{L_e[w]} − 1) / (k · Π_{j≤w} n_{L_e[j]})  · T_F,
+
+  which for equal radices (M = n^k) is 2·(M−1)/(k·M)·T_F, BML's own GST on M servers;
+* inter-node on a Fat-Tree (one NIC per node): everything a node sends shares its NIC, and a
+  node sends r · 2(M−1)/M · count/r per allreduce: G_FT = 2·(M−1)/M·T_F (BML and ring alike);
+* total: T_hier = 2·(r−1)/(r·b)·T_F + G, plus α per step.
+
+Against it (same network):
+
+* flat ring over all N = r·M ranks in rank order: 2(N−1) steps; each step every rank sends
+  count/N, one rank per node across the node boundary, so on a Fat-Tree every step costs
+  count/N over a NIC (b ≥ 1): 2·(N−1)/N·T_F — about as much bandwidth as hierarchical on a
+  Fat-Tree, but 2(N−1) steps instead of 2(r−1) + 2k. On a BCube of nodes the node-order
+  ring crosses one node digit per step except at carries, where it relays through another
+  node's idle NIC of the next level; no link carries two of its messages in a step, so the
+  price is the same 2·(N−1)/N·T_F (the unit test checks it on the tabulated shapes) and
+  the other levels' NICs stay idle;
+* flat BML over all N ranks on the BCube (r, n_0, …, n_{k−1}) whose level 0 is the local rank
+  (the best flat shape: its level 0 never leaves the node): k+1 pipelines of count/(k+1);
+  a pipeline at level 0 costs its volume / b, at node level l it costs r times its volume
+  (the r local ranks share the NIC; on a Fat-Tree all node levels of a step share one NIC and
+  add up), so
+
+      T_flat = 2 · Σ_{w≤k} max_e c_{L_e[w]} · (n_{L_e[w]} − 1) / ((k+1) · Π_{j≤w} n_{L_e[j]}) · T_F,
+
+  c_0 = 1/b, c_l = r (l ≥ 1). For r = 2, one node level (M nodes) and b → ∞: 3(M−1)/(2M) ·
+  2 = 3(M−1)/M·T_F — half as much again as hierarchical's 2(M−1)/M, because every node-level
+  pipeline of flat BML carries r ranks' pieces where hierarchical carries r shards of 1/r.
+
+:func:`theory_t_f` evaluates these formulas; ``tests/unit/test_hierarchical_schedule.py``
+checks them against the cost model, and ``perf/hierarchical/`` tabulates them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+
+from ..topology.bcube import default_shape, prime_factors
+from ..topology.nodes import Nodes
+from .bml import bml_schedule
+from .ring import ring_schedule
+from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
+
+#: The inter-node allreduce is BML while every prime factor of the node count is at most this
+#: (a BCube level of radix n costs n−1 messages per step); a larger prime factor means ring.
+MAX_BML_RADIX = 8
+INTER_ALGORITHMS = ("auto", "bml", "ring")
+
+
+def inter_algorithm(node_count: int, inter: str = "auto") -> str:
+    """Which allreduce runs between the nodes: ``bml`` or ``ring`` (see the module docstring)."""
+    if inter not in INTER_ALGORITHMS:
+        raise ValueError(f"inter-node algorithm must be one of {INTER_ALGORITHMS}, got {inter!r}")
+    if inter != "auto":
+        return inter
+    if node_count <= 1:
+        return "bml"
+    return "bml" if max(prime_factors(node_count)) <= MAX_BML_RADIX else "ring"
+
+
+def _chunk(shards: list[int], owner: int, m: int) -> list[tuple[int, int]]:
+    """The ranges of the shards local rank ``owner`` of an ``m``-rank node owns."""
+    return [(shards[j], shards[j + 1]) for j in range(owner, len(shards) - 1, m)]
+
+
+def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter: str = "auto",
+                          node_shape: Sequence[int] | None = None) -> Schedule:
+    """The hierarchical schedule of ``rank`` for ``count`` elements over ``nodes``.
+
+    ``inter``: ``bml``, ``ring`` or ``auto`` (:func:`inter_algorithm`); ``node_shape``: the
+    BCube of nodes BML runs on (default: the prime factors of the node count)."""
+    check_arguments(rank, size, count)
+    if nodes.size != size:
+        raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
+    n_nodes = nodes.count
+    across = inter_algorithm(n_nodes, inter)
+    shape = tuple(default_shape(n_nodes) if node_shape is None else node_shape)
+    if across == "bml" and math.prod(shape) != n_nodes:
+        raise ValueError(f"node shape {shape} has {math.prod(shape)} nodes, not {n_nodes}")
+    width = nodes.max_local
+    shards = balanced_bounds(0, count, width)
+    g, i = nodes.node_of(rank), nodes.local_rank(rank)
+    mine = nodes.members[g]
+    m = len(mine)
+    right, left = mine[(i + 1) % m], mine[(i - 1) % m]
+
+    steps: list[Step] = []
+    for t in range(width - 1):  # local reduce-scatter
+        if t >= m - 1:
+            steps.append(Step())
+            continue
+        out, into = _chunk(shards, (i - t - 1) % m, m), _chunk(shards, (i - t - 2) % m, m)
+        steps.append(Step(tuple(Transfer(right, lo, hi, level=0) for lo, hi in out),
+                          tuple(Recv(left, lo, hi, level=0, reduce=True) for lo, hi in into)))
+
+    sub_streams = len(shape) if across == "bml" else 1
+    inter_steps = 0
+    if n_nodes > 1:
+        inter_steps = 2 * len(shape) if across == "bml" else 2 * (n_nodes - 1)
+    sends: list[list[Transfer]] = [[] for _ in range(inter_steps)]
+    recvs: list[list[Recv]] = [[] for _ in range(inter_steps)]
+    if n_nodes > 1:
+        for j in range(i, width, m):  # the shards this rank carries across nodes
+            lo, hi = shards[j], shards[j + 1]
+            owners = [node[j % len(node)] for node in nodes.members]
+            sub = (bml_schedule(g, n_nodes, hi - lo, shape) if across == "bml"
+                   else ring_schedule(g, n_nodes, hi - lo))
+            for w, st in enumerate(sub.steps):
+                for t in st.sends:
+                    sends[w].append(Transfer(owners[t.peer], lo + t.lo, lo + t.hi,
+                                             stream=j * sub_streams + t.stream,
+                                             level=1 + max(t.level, 0)))
+                for t in st.recvs:
+                    recvs[w].append(Recv(owners[t.peer], lo + t.lo, lo + t.hi,
+                                         stream=j * sub_streams + t.stream,
+                                         level=1 + max(t.level, 0), reduce=t.reduce))
+    steps += [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
+
+    for t in range(width - 1):  # local allgather
+        if t >= m - 1:
+            steps.append(Step())
+            continue
+        out, into = _chunk(shards, (i - t) % m, m), _chunk(shards, (i - t - 1) % m, m)
+        steps.append(Step(tuple(Transfer(right, lo, hi, level=0) for lo, hi in out),
+                          tuple(Recv(left, lo, hi, level=0, reduce=False) for lo, hi in into)))
+    return Schedule("hierarchical", rank, size, count, compact(steps),
+                    streams=max(1, width * sub_streams),
+                    meta={"nodes": nodes.sizes, "inter": across,
+                          "node_shape": shape if across == "bml" else None})
+
+
+def hierarchical_schedules(size: int, count: int, nodes: Nodes, inter: str = "auto",
+                           node_shape: Sequence[int] | None = None) -> list[Schedule]:
+    """Every rank's schedule (for the verifier and the cost model)."""
+    return [hierarchical_schedule(r, size, count, nodes, inter, node_shape)
+            for r in range(size)]
+
+
+# -- the formulas of the module docstring, in units of T_F ------------------------------------
+
+def _bml_sum(radices: Sequence[int], weight: Sequence[Fraction], add_levels: Sequence[bool],
+             ) -> Fraction:
+    """Σ over reduce-scatter steps of the busiest link, doubled for the allgather: pipeline e
+    at level l in step w costs weight[l]·(n_l − 1)/(k·Π_{j≤w} n_{L_e[j]}); levels flagged in
+    ``add_levels`` share one link (a Fat-Tree NIC) and add up, the others are maxed."""
+    k = len(radices)
+    total = Fraction(0)
+    for w in range(k):
+        shared, best = Fraction(0), Fraction(0)
+        for e in range(k):
+            order = [(e + j) % k for j in range(k)]
+            lv = order[w]
+            vol = Fraction(radices[lv] - 1, k * math.prod(radices[x] for x in order[:w + 1]))
+            if add_levels[lv]:
+                shared += weight[lv] * vol
+            else:
+                best = max(best, weight[lv] * vol)
+        total += max(best, shared)
+    return 2 * total
+
+
+def theory_t_f(algorithm: str, node_count: int, ranks_per_node: int, intra: Fraction | int,
+               inter: str = "bcube") -> Fraction:
+    """The bandwidth term in T_F of ``algorithm`` (``hierarchical``, ``ring`` or ``bml`` —
+    flat BML on the shape whose level 0 is the local rank) on a two-tier network of
+    ``node_count`` equal nodes of ``ranks_per_node`` ranks, intra-node port bandwidth
+    ``intra`` and NICs of bandwidth 1, between nodes a BCube of ``default_shape(node_count)``
+    (``inter="bcube"``) or a Fat-Tree (``"fat-tree"``). Hierarchical with BML across nodes;
+    counts divisible by every piece count (no rounding)."""
+    r, big_m, b = ranks_per_node, node_count, Fraction(intra)
+    if inter not in ("bcube", "fat-tree"):
+        raise ValueError(f"inter must be 'bcube' or 'fat-tree', got {inter!r}")
+    fat = inter == "fat-tree"
+    radices = tuple(default_shape(big_m))
+    n = r * big_m
+    if algorithm == "hierarchical":
+        local = Fraction(2 * (r - 1), r) / b
+        if big_m == 1:
+            return local
+        if fat:
+            return local + Fraction(2 * (big_m - 1), big_m)
+        return local + _bml_sum(radices, [Fraction(1)] * len(radices), [False] * len(radices))
+    if algorithm == "ring":
+        if n == 1:
+            return Fraction(0)
+        if big_m == 1:
+            return Fraction(2 * (n - 1), n) / b
+        return Fraction(2 * (n - 1), n) * max(Fraction(1), 1 / b)
+    if algorithm == "bml":
+        flat = ((r,) if r > 1 else ()) + radices
+        weight = ([1 / b] if r > 1 else []) + [Fraction(r)] * len(radices)
+        shared = ([False] if r > 1 else []) + [fat] * len(radices)
+        return _bml_sum(flat, weight, shared) if flat else Fraction(0)
+    raise ValueError(f"no formula for {algorithm!r}")
+
+
+__all__ = ["INTER_ALGORITHMS", "MAX_BML_RADIX", "hierarchical_schedule",
+           "hierarchical_schedules", "inter_algorithm", "theory_t_f"]
