@@ -142,8 +142,12 @@ def greedy_front(compute: Sequence[float], transfer: Sequence[float], startup: f
         prev, covered = ends[-1], C[ends[-1]] - C[prev_start]
         slack = {x: startup + T[x] - T[prev] - covered for x in range(prev + 1, n + 1)}
         ok = [x for x, s in slack.items() if s >= 0]
-        # nothing covers the previous batch: the cut that misses by least (all the rest)
-        ends.append(min(ok, key=slack.__getitem__) if ok else max(slack, key=slack.__getitem__))
+        if not ok:
+            # the rest cannot cover the previous batch: it joins that batch (which keeps (5)
+            # for the batch before it, its communication only growing)
+            ends[-1] = n
+            break
+        ends.append(min(ok, key=slack.__getitem__))
     return tuple(ends)
 
 
@@ -166,6 +170,8 @@ def greedy_back(compute: Sequence[float], transfer: Sequence[float], startup: fl
         comm = startup + T[nxt] - T[cur]
         slack = {x: comm - (C[cur] - C[x]) for x in range(0, cur)}
         ok = [x for x, s in slack.items() if s >= 0]
+        # nothing is covered (one layer computes longer than the communication after it):
+        # the cut that misses by least; (5) fails there and the caller prices it as it runs
         cuts.append(min(ok, key=slack.__getitem__) if ok else max(slack, key=slack.__getitem__))
     return tuple(reversed(cuts[:-1]))
 
@@ -177,10 +183,13 @@ def all_batchings(n: int):
 
 
 def greedy_paper(compute: Sequence[float], transfer: Sequence[float], startup: float) -> Ends:
-    """The better of Algorithms 1 and 2 by the simulated time (Eq. 4 where (5) holds)."""
-    candidates = [greedy_front(compute, transfer, startup),
-                  greedy_back(compute, transfer, startup)]
-    return min(candidates, key=lambda e: pipeline_time(e, compute, transfer, startup))
+    """The better of Algorithms 1 and 2 by Eq. 4 among those satisfying (5); the single batch
+    (always feasible) when neither does."""
+    n = _check(compute, transfer)
+    candidates = [e for e in (greedy_front(compute, transfer, startup),
+                              greedy_back(compute, transfer, startup))
+                  if e and feasible(e, compute, transfer, startup)] or [(n,)]
+    return min(candidates, key=lambda e: paper_time(e, compute, transfer, startup))
 
 
 def exhaustive_paper(compute: Sequence[float], transfer: Sequence[float],
