@@ -3,9 +3,10 @@ and one iteration's timeline per rank (compute and allreduce intervals, overlap 
 
     python perf/buckets/plot.py perf/buckets/results 4
 
-Writes ``iteration-n<N>.png``, ``timeline-n<N>.png`` and ``summary-n<N>.json`` (per plan: median
-step seconds, buckets, overlap fraction per rank) into the results folder. The overlap fraction
-is the part of the allreduce time (union of the intervals) during which this rank computed.
+Reads ``interleaved-n<N>.json`` (perf/buckets/interleaved.py: every plan in one run). Writes
+``iteration-n<N>.png``, ``timeline-n<N>.png`` and ``summary-n<N>.json`` (per plan: median step
+seconds, buckets, overlap fraction per rank) into the results folder. The overlap fraction is the
+part of the allreduce time (union of the intervals) during which this rank computed.
 """
 
 from __future__ import annotations
@@ -44,18 +45,9 @@ def overlap_fraction(rank: dict) -> float:
 
 
 def load(folder: Path, n: int) -> list[dict]:
-    runs = []
-    fixed = json.loads((folder / f"fixed-n{n}.json").read_text())
-    for run in fixed["runs"]:
-        tl = json.loads((folder / f"timeline-n{n}-{run['plan']}.json").read_text())
-        runs.append({"label": run["plan"], "run": run, "timeline": tl})
-    for path in sorted(folder.glob(f"threshold-*-n{n}.json"),
-                       key=lambda p: int(p.name.split("-")[1])):
-        cap = int(path.name.split("-")[1])
-        run = json.loads(path.read_text())["runs"][0]
-        tl = json.loads((folder / f"timeline-n{n}-threshold-{cap}.json").read_text())
-        runs.append({"label": f"threshold {cap // 1024} KiB", "run": run, "timeline": tl})
-    return runs
+    d = json.loads((folder / f"interleaved-n{n}.json").read_text())
+    return [{"label": r["plan"], "run": r, "timeline": {"ranks": r["timeline"]}}
+            for r in d["plans"]]
 
 
 def main() -> int:
@@ -81,7 +73,8 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([s["plan"] for s in summary], [s["step_ms_median"] for s in summary])
     ax.set_ylabel("median iteration (ms)")
-    ax.set_title(f"train_buckets.py, {n} ranks, one oversubscribed loaded machine")
+    ax.set_title(f"train_buckets.py model, {n} ranks, 2 shared cores (oversubscribed, loaded)",
+                 fontsize=9)
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
     fig.savefig(folder / f"iteration-n{n}.png", dpi=110)
