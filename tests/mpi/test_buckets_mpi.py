@@ -80,7 +80,7 @@ def test_fused_equals_per_array_allreduce(comm, plan, mix, layout):
 
 def test_progress_while_caller_computes(comm):
     """A bucket completes while this thread runs numpy code without calling into bmlmpi."""
-    grads = [np.zeros(50_000) for _ in range(3)]
+    grads = [np.zeros(20_000) for _ in range(3)]
     b = bmlmpi.GradientBuckets(grads, comm=comm, plan="single")
     try:
         for it in range(2):
