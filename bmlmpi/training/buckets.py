@@ -51,12 +51,13 @@ over the survivors. ``revised`` lists the arrays whose result a ``wait(i)`` had 
 returned before such a re-reduction; ``failed`` the original ranks lost so far.
 
 Profiling (``plan="ibatch"`` without a ``profile``): the first iteration runs the ``single``
-plan as a warm-up; the second is profiled with the same plan: backward times from the gaps
+plan as a warm-up; the next three are profiled with the same plan: backward times from the gaps
 between ``mark_ready`` calls, forward times from the gaps between one ``wait(i)`` returning and
 the next ``wait(i+1)`` being called (so the caller should wait layer by layer in the forward
 pass; otherwise the forward times are taken as zero and only the backward overlap is planned).
-At the first ``mark_ready`` of the third iteration the ranks agree on the profile (the maximum
-over ranks, one allreduce) and switch to the iBatch plan; the startup and per-byte times come
+At the first ``mark_ready`` of the fifth iteration the ranks agree on the profile (each layer's
+median over the three iterations, then the maximum over ranks: one allreduce) and switch to the
+iBatch plan; the startup and per-byte times come
 from the cost model (:mod:`bmlmpi.training.costs`).
 """
 
@@ -75,7 +76,8 @@ from mpi4py import MPI
 from .ibatch import Batching, Profile
 from .plans import PLANS, make_plan, start_order
 
-PROFILE_WARMUP = 1      # iterations before the profiled one
+PROFILE_WARMUP = 1      # iterations before the profiled ones
+PROFILE_ITERATIONS = 3  # profiled iterations; each layer's median is kept (a loaded machine)
 
 
 class RegistrationMismatch(ValueError):
@@ -192,6 +194,7 @@ class GradientBuckets:
         self.nbytes = [a.nbytes for a in self.grads]
         self.plan_name = plan_name
         self._profile_given = profile
+        self._profiles: list[tuple[list[float], list[float]]] = []
         self._timeline: list[tuple[str, int, float, float]] = []
         self.record_timeline = False
         self._marks = [0.0] * len(self.grads)
@@ -322,8 +325,10 @@ class GradientBuckets:
                                f"for them first")
         self._iteration += 1
         if (self.plan_name == "ibatch" and self._profile_given is None
-                and self._iteration == PROFILE_WARMUP + 1):
-            self._replan(first, now)
+                and PROFILE_WARMUP < self._iteration <= PROFILE_WARMUP + PROFILE_ITERATIONS):
+            self._profiles.append(self._measured_profile(first, now))
+            if self._iteration == PROFILE_WARMUP + PROFILE_ITERATIONS:
+                self._replan()
         self._marked = [False] * len(self.grads)
         self._n_marked = 0
         self._wait_entry = [None] * len(self.grads)
@@ -544,10 +549,9 @@ class GradientBuckets:
                 forward[n - 1] = backward[n - 1] = top / 2
         return forward, backward
 
-    def _replan(self, first: int, now: float) -> None:
+    def _replan(self) -> None:
         from .costs import comm_cost
-        forward, backward = self._measured_profile(first, now)
-        vec = np.array(forward + backward, dtype=np.float64)
+        vec = np.median(np.array([f + b for f, b in self._profiles], dtype=np.float64), axis=0)
         agreed = np.empty_like(vec)
         with self._lock:
             self.comm.Allreduce(vec, agreed, MPI.MAX)

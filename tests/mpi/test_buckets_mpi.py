@@ -57,7 +57,8 @@ def test_fused_equals_per_array_allreduce(comm, plan, mix, layout):
     ref_comm = bmlmpi.Communicator(comm)
     b = made_buckets(plan, grads, c)
     try:
-        for it in range(4):   # iterations 0-1 profile, 2-3 run the profiled ibatch plan
+        # ibatch-profiled: iteration 0 warms up, 1-3 are profiled, 4-5 run the iBatch plan
+        for it in range(6 if plan == "ibatch-profiled" else 3):
             inputs = grads_input(SHAPES, dtypes, comm.rank, it)
             for i in reversed(range(len(grads))):     # the backward pass, last layer first
                 np.copyto(grads[i], inputs[i])
@@ -70,6 +71,8 @@ def test_fused_equals_per_array_allreduce(comm, plan, mix, layout):
                 assert want.dtype == grads[i].dtype
                 assert grads[i].tobytes() == want.tobytes(), (plan, it, i)
         b.wait()
+        if plan.startswith("ibatch"):
+            assert b.profile is not None and b.plan_name == "ibatch"
         covered = [i for first, end in b.buckets for i in range(first, end)]
         assert covered == list(range(len(grads)))
         if layout == "arena" and plan == "single":
