@@ -171,6 +171,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_RANKS_PER_NODE", "ranks", None, "MPI placement",
              "pretend nodes of this many consecutive ranks (hierarchical, and `auto`'s view of "
              "nodes), read when a Communicator is built", _count(1)),
+    Variable("BMLMPI_FUSION_BYTES", "bytes", 25 * 1024 * 1024, "26214400 (25 MiB)",
+             "the `threshold` plan's bucket cap of `GradientBuckets`, bytes", _count(1)),
     Variable("BMLMPI_MPIEXEC", "program", None, "beside Python, else on PATH",
              "the `mpiexec` that `bmlmpi-run` starts", _text),
     Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",

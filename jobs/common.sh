@@ -10,6 +10,7 @@
 #   BMLMPI_MPIRUN      the mpirun command line (default: bmlmpi-run if on PATH, else mpiexec)
 #   sweep: BMLMPI_ALGORITHMS, BMLMPI_SIZES, BMLMPI_ITERS, BMLMPI_WARMUP, BMLMPI_BENCH_ARGS
 #   train: BMLMPI_TRAIN_ARGS, BMLMPI_TRAIN_EPOCHS, BMLMPI_TRAIN_STEPS, BMLMPI_TRAIN_BATCH
+#   train-buckets: the train variables and BMLMPI_PLAN, BMLMPI_FUSION_BYTES
 
 BMLMPI_PYTHON=${BMLMPI_PYTHON:-python3}
 
@@ -152,4 +153,21 @@ bmlmpi_train() {
         --out "$out/train.json" "${extra[@]}"
     [[ -s $out/train.json ]] || die "the training wrote no $out/train.json"
     echo "bmlmpi job: training results in $out"
+}
+
+# The bucketed training job (train_buckets.py): plans in BMLMPI_PLAN (a comma list, e.g.
+# "layer,threshold,ibatch"; default threshold), the cap in BMLMPI_FUSION_BYTES, more options in
+# BMLMPI_TRAIN_ARGS; writes train-buckets.json and one timeline per plan to the output folder.
+bmlmpi_train_buckets() {
+    local ranks out
+    ranks=$(bmlmpi_ranks) || exit 2
+    out=$(bmlmpi_out_dir train-buckets) || exit 2
+    local extra=()
+    read -r -a extra <<< "${BMLMPI_TRAIN_ARGS:-}"
+    bmlmpi_check_world "$ranks"
+    bmlmpi_launch "$ranks" "$BMLMPI_PYTHON" -m mpi4py "$BMLMPI_JOBS_DIR/train_buckets.py" \
+        --plan "${BMLMPI_PLAN:-threshold}" --out "$out/train-buckets.json" \
+        --timeline "$out/timeline.json" "${extra[@]}"
+    [[ -s $out/train-buckets.json ]] || die "the training wrote no $out/train-buckets.json"
+    echo "bmlmpi job: bucketed training results in $out"
 }

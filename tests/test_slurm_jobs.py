@@ -173,6 +173,17 @@ def test_train_mpirun_script(tmp_path: Path) -> None:
 
 
 @needs_mpiexec
+def test_train_buckets_mpirun_script(tmp_path: Path) -> None:
+    out = tmp_path / "train-buckets"
+    done = run([str(JOBS / "train-buckets-mpirun.sh")], cwd=tmp_path, env=job_env(
+        BMLMPI_RANKS="2", BMLMPI_OUT=str(out), BMLMPI_PLAN="layer,ibatch",
+        BMLMPI_TRAIN_EPOCHS="1", BMLMPI_TRAIN_STEPS="6", BMLMPI_TRAIN_BATCH="8"), timeout=600)
+    result = ls.JobResult("train-buckets-mpirun", done.returncode, done.stdout, out)
+    ls.check_train_buckets_result(result, 2, ["layer", "ibatch"])
+    assert "check_world: 2 ranks" in done.stdout
+
+
+@needs_mpiexec
 def test_sweep_mpirun_script(tmp_path: Path) -> None:
     done = run([str(JOBS / "sweep-mpirun.sh")], cwd=tmp_path, env=job_env(
         BMLMPI_RANKS="2", BMLMPI_SIZES="4:1024", BMLMPI_ITERS="5", BMLMPI_WARMUP="1",
