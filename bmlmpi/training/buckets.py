@@ -58,7 +58,9 @@ pass; otherwise the forward times are taken as zero and only the backward overla
 At the first ``mark_ready`` of the fifth iteration the ranks agree on the profile (each layer's
 median over the three iterations, then the maximum over ranks: one allreduce) and switch to the
 iBatch plan; the startup and per-byte times come
-from the cost model (:mod:`bmlmpi.training.costs`).
+from the cost model or, with ``cost="measured"``, from allreduces timed on the communicator
+right then (:mod:`bmlmpi.training.costs`; the way to plan on a network the calibration cache
+does not describe, such as the emulated testbed).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .costs import COSTS
 from .ibatch import Batching, Profile
 from .plans import PLANS, make_plan, start_order
 
@@ -161,13 +164,17 @@ class GradientBuckets:
     ``fusion_bytes``: the threshold plan's cap (default ``BMLMPI_FUSION_BYTES``, 25 MiB).
     ``profile``: the ibatch plan's :class:`~bmlmpi.training.ibatch.Profile` (default: measured).
     ``fusion``: ``"auto"`` (in place where the arrays form one block, else copies) or
-    ``"copy"`` (always copies). ``timeout``: seconds a wait may go without a bucket completing.
+    ``"copy"`` (always copies). ``cost``: where the measured ibatch plan takes its startup and
+    per-byte times, ``"model"`` (the cost model) or ``"measured"`` (allreduces timed on ``comm``
+    during the re-plan: :mod:`bmlmpi.training.costs`). ``timeout``: seconds a wait may go
+    without a bucket completing.
     """
 
     def __init__(self, grads: Sequence[np.ndarray], comm: Any = None, op: Any = None,
                  plan: str | Batching = "threshold", *, fusion_bytes: int | None = None,
                  profile: Profile | None = None, fusion: str = "auto",
-                 timeout: float | None = None, poll_interval: float = 2e-4):
+                 timeout: float | None = None, poll_interval: float = 2e-4,
+                 cost: str = "model"):
         from .. import AVG, Communicator
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -179,6 +186,7 @@ class GradientBuckets:
         if fusion not in ("auto", "copy"):
             raise ValueError(f"fusion must be 'auto' or 'copy', got {fusion!r}")
         self._fusion = fusion
+        self.cost = cost   # checked in _check_arrays, so that every rank raises
         self.timeout = float(comm.timeout if timeout is None else timeout)
         self.poll_interval = poll_interval
         self.fault_tolerant = hasattr(comm, "failed")
@@ -221,6 +229,8 @@ class GradientBuckets:
             return "GradientBuckets needs at least one gradient array"
         if plan_name not in (*PLANS, "custom"):
             return f"unknown plan {plan_name!r}; plans: {', '.join(PLANS)}"
+        if self.cost not in COSTS:
+            return f"cost must be one of {', '.join(COSTS)}, got {self.cost!r}"
         for i, a in enumerate(self.grads):
             if not isinstance(a, np.ndarray):
                 return f"gradient {i} is a {type(a).__name__}, not a numpy array"
@@ -550,13 +560,15 @@ class GradientBuckets:
         return forward, backward
 
     def _replan(self) -> None:
-        from .costs import comm_cost
+        from .costs import comm_cost, measured_cost
         vec = np.median(np.array([f + b for f, b in self._profiles], dtype=np.float64), axis=0)
         agreed = np.empty_like(vec)
         with self._lock:
             self.comm.Allreduce(vec, agreed, MPI.MAX)
         n = len(self.grads)
-        startup, per_byte = comm_cost(self.comm, self.grads)
+        with self._lock:   # no bucket is in flight here: the timed calls run alone
+            startup, per_byte = (measured_cost if self.cost == "measured" else
+                                 comm_cost)(self.comm, self.grads)
         self.profile = Profile(tuple(agreed[:n]), tuple(agreed[n:]), tuple(self.nbytes),
                                startup, per_byte)
         self._install(make_plan("ibatch", self.nbytes, profile=self.profile))
