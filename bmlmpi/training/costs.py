@@ -16,7 +16,7 @@ T_s = (T_n − T_1)/(n − 1), the marginal cost of one more call in flight, and
 (T_1 − T_s)/bytes. Why marginal and not a lone one-element allreduce: bmlmpi progresses every
 call in flight together, so the latency of one call hides behind the transfer of the others.
 On the emulated BCube 3x3 at 100 Mbit/s (9 ranks on 2 cores) a lone one-element allreduce took
-about 12 ms, while 22 calls in flight cost less than one 3 MB call more (perf/buckets/README.md):
+about 12 ms, while 22 calls in flight cost at most 18 ms more than one (perf/buckets/README.md):
 a T_s of 12 ms made iBatch fuse the model into 2 buckets where one call per array was faster.
 Each time is a median of ``reps`` calls, the slowest rank's (an allreduce ends when its slowest
 rank does). Why a second way at all: the calibration cache is keyed by host, MPI library and

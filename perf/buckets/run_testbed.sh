@@ -14,6 +14,7 @@ cd "$root"
 py=${BMLMPI_PYTHON:-python3}          # runs perf.testbed (as root); the ranks use the venv's
 plot_py=${BMLMPI_PLOT_PYTHON:-$root/.venv/bin/python}
 rate=${RATE:-100mbit}
+suffix=${SUFFIX:-}                    # e.g. SUFFIX=-rep2 keeps an earlier run's files
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 BMLMPI_ALGORITHM=bml
 out=$here/results
 mkdir -p "$out"
@@ -29,7 +30,7 @@ one() {  # shape, batch per rank, rounds, name
   local shape=$1
   "$plot_py" "$here/plot.py" "$out" $(( ${shape%x*} * ${shape#*x} )) "$4"
 }
-one 2x2 900 8 tb-2x2-b900
-one 2x2 449 8 tb-2x2-b449
-one 3x3 199 6 tb-3x3-b199
-one 2x2 32 6 tb-2x2-b32
+one 2x2 900 8 "tb-2x2-b900$suffix"
+one 2x2 449 8 "tb-2x2-b449$suffix"
+one 3x3 199 6 "tb-3x3-b199$suffix"
+one 2x2 32 6 "tb-2x2-b32$suffix"
