@@ -37,7 +37,9 @@ of the same shape and dtype, in the same order, the same op and plan. A mismatch
 :class:`RegistrationMismatch` on every rank (the check is an allreduce of a hash, with the
 communicator's deadline), never a hang.
 
-Deadlines: ``wait`` raises :class:`bmlmpi.DeadlineExceeded` when no bucket completes for
+Deadlines: ``wait`` raises :class:`bmlmpi.DeadlineExceeded` when no bucket completes and no
+allreduce in flight advances a step (``Request.run.progress``, bmlmpi's own rule: a slow but
+progressing allreduce never times out, e.g. a 25 MiB bucket on a 100 Mbit/s link) for
 ``timeout`` seconds (default: the communicator's). An error in the progress thread (a failed
 allreduce) is raised by the next ``wait`` or ``mark_ready``.
 
@@ -152,6 +154,18 @@ class _Bucket:
     handed_out: bool = False
     start_time: float = 0.0
     requests: list[Any] = field(default_factory=list)
+    steps: int = 0         # _steps_done(requests) at the last poll
+
+
+def _steps_done(requests: list[Any]) -> int:
+    """Steps completed so far by these allreduces (``Request.run.progress``, which grows
+    whenever a step of the exchange completes; 0 while a request has no run, e.g. during a
+    fault-tolerant recovery, or for a communicator whose requests do not expose one)."""
+    total = 0
+    for r in requests:
+        run = getattr(r, "run", None)
+        total += int(getattr(run, "progress", 0) or 0) if run is not None else 0
+    return total
 
 
 class GradientBuckets:
@@ -194,6 +208,7 @@ class GradientBuckets:
         self._cond = threading.Condition()     # bucket state between the two threads
         self._error: BaseException | None = None
         self._completions = 0
+        self._steps = 0                        # step completions seen by the progress thread
         self._thread: threading.Thread | None = None
         self._stop = False
         plan_name = plan if isinstance(plan, str) else "custom"
@@ -386,6 +401,7 @@ class GradientBuckets:
                 reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g.buffer, self.op))
         with self._cond:
             bucket.requests = reqs
+            bucket.steps = 0
             self._cond.notify_all()
 
     def _finish(self, bucket: _Bucket) -> None:
@@ -439,18 +455,18 @@ class GradientBuckets:
     def _wait_until(self, predicate) -> None:
         with self._cond:
             last = time.monotonic()
-            seen = self._completions
+            seen = (self._completions, self._steps)
             while not predicate():
                 self._raise_error_locked()
                 self._cond.wait(0.05)
-                if self._completions != seen:
-                    seen, last = self._completions, time.monotonic()
+                if (self._completions, self._steps) != seen:
+                    seen, last = (self._completions, self._steps), time.monotonic()
                 elif time.monotonic() - last > self.timeout:
                     from .. import DeadlineExceeded
                     busy = [b.index for b in self._buckets if b.started and not b.done]
                     raise DeadlineExceeded(
-                        f"GradientBuckets (rank {self.comm.rank}): no bucket completed in "
-                        f"{self.timeout:g} s; buckets in flight: {busy}")
+                        f"GradientBuckets (rank {self.comm.rank}): no bucket completed or "
+                        f"advanced in {self.timeout:g} s; buckets in flight: {busy}")
             self._raise_error_locked()
 
     # -- progress thread ------------------------------------------------------------------
@@ -473,6 +489,11 @@ class GradientBuckets:
                 for b in sorted(busy, key=lambda b: b.start_time):
                     with self._lock:
                         finished = all(r.Test() for r in b.requests)
+                        steps = _steps_done(b.requests)
+                    if steps != b.steps:
+                        with self._cond:
+                            b.steps = steps
+                            self._steps += 1
                     if finished:
                         self._finish(b)
                         end = time.perf_counter()
