@@ -37,7 +37,9 @@ of the same shape and dtype, in the same order, the same op and plan. A mismatch
 :class:`RegistrationMismatch` on every rank (the check is an allreduce of a hash, with the
 communicator's deadline), never a hang.
 
-Deadlines: ``wait`` raises :class:`bmlmpi.DeadlineExceeded` when no bucket completes for
+Deadlines: ``wait`` raises :class:`bmlmpi.DeadlineExceeded` when no bucket completes and no
+allreduce in flight advances a step (``Request.run.progress``, bmlmpi's own rule: a slow but
+progressing allreduce never times out, e.g. a 25 MiB bucket on a 100 Mbit/s link) for
 ``timeout`` seconds (default: the communicator's). An error in the progress thread (a failed
 allreduce) is raised by the next ``wait`` or ``mark_ready``.
 
@@ -58,7 +60,9 @@ pass; otherwise the forward times are taken as zero and only the backward overla
 At the first ``mark_ready`` of the fifth iteration the ranks agree on the profile (each layer's
 median over the three iterations, then the maximum over ranks: one allreduce) and switch to the
 iBatch plan; the startup and per-byte times come
-from the cost model (:mod:`bmlmpi.training.costs`).
+from the cost model or, with ``cost="measured"``, from allreduces timed on the communicator
+right then (:mod:`bmlmpi.training.costs`; the way to plan on a network the calibration cache
+does not describe, such as the emulated testbed).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .costs import COSTS
 from .ibatch import Batching, Profile
 from .plans import PLANS, make_plan, start_order
 
@@ -149,6 +154,18 @@ class _Bucket:
     handed_out: bool = False
     start_time: float = 0.0
     requests: list[Any] = field(default_factory=list)
+    steps: int = 0         # _steps_done(requests) at the last poll
+
+
+def _steps_done(requests: list[Any]) -> int:
+    """Steps completed so far by these allreduces (``Request.run.progress``, which grows
+    whenever a step of the exchange completes; 0 while a request has no run, e.g. during a
+    fault-tolerant recovery, or for a communicator whose requests do not expose one)."""
+    total = 0
+    for r in requests:
+        run = getattr(r, "run", None)
+        total += int(getattr(run, "progress", 0) or 0) if run is not None else 0
+    return total
 
 
 class GradientBuckets:
@@ -161,13 +178,17 @@ class GradientBuckets:
     ``fusion_bytes``: the threshold plan's cap (default ``BMLMPI_FUSION_BYTES``, 25 MiB).
     ``profile``: the ibatch plan's :class:`~bmlmpi.training.ibatch.Profile` (default: measured).
     ``fusion``: ``"auto"`` (in place where the arrays form one block, else copies) or
-    ``"copy"`` (always copies). ``timeout``: seconds a wait may go without a bucket completing.
+    ``"copy"`` (always copies). ``cost``: where the measured ibatch plan takes its startup and
+    per-byte times, ``"model"`` (the cost model) or ``"measured"`` (allreduces timed on ``comm``
+    during the re-plan: :mod:`bmlmpi.training.costs`). ``timeout``: seconds a wait may go
+    without a bucket completing.
     """
 
     def __init__(self, grads: Sequence[np.ndarray], comm: Any = None, op: Any = None,
                  plan: str | Batching = "threshold", *, fusion_bytes: int | None = None,
                  profile: Profile | None = None, fusion: str = "auto",
-                 timeout: float | None = None, poll_interval: float = 2e-4):
+                 timeout: float | None = None, poll_interval: float = 2e-4,
+                 cost: str = "model"):
         from .. import AVG, Communicator
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -179,6 +200,7 @@ class GradientBuckets:
         if fusion not in ("auto", "copy"):
             raise ValueError(f"fusion must be 'auto' or 'copy', got {fusion!r}")
         self._fusion = fusion
+        self.cost = cost   # checked in _check_arrays, so that every rank raises
         self.timeout = float(comm.timeout if timeout is None else timeout)
         self.poll_interval = poll_interval
         self.fault_tolerant = hasattr(comm, "failed")
@@ -186,6 +208,7 @@ class GradientBuckets:
         self._cond = threading.Condition()     # bucket state between the two threads
         self._error: BaseException | None = None
         self._completions = 0
+        self._steps = 0                        # step completions seen by the progress thread
         self._thread: threading.Thread | None = None
         self._stop = False
         plan_name = plan if isinstance(plan, str) else "custom"
@@ -221,6 +244,8 @@ class GradientBuckets:
             return "GradientBuckets needs at least one gradient array"
         if plan_name not in (*PLANS, "custom"):
             return f"unknown plan {plan_name!r}; plans: {', '.join(PLANS)}"
+        if self.cost not in COSTS:
+            return f"cost must be one of {', '.join(COSTS)}, got {self.cost!r}"
         for i, a in enumerate(self.grads):
             if not isinstance(a, np.ndarray):
                 return f"gradient {i} is a {type(a).__name__}, not a numpy array"
@@ -376,6 +401,7 @@ class GradientBuckets:
                 reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g.buffer, self.op))
         with self._cond:
             bucket.requests = reqs
+            bucket.steps = 0
             self._cond.notify_all()
 
     def _finish(self, bucket: _Bucket) -> None:
@@ -429,18 +455,18 @@ class GradientBuckets:
     def _wait_until(self, predicate) -> None:
         with self._cond:
             last = time.monotonic()
-            seen = self._completions
+            seen = (self._completions, self._steps)
             while not predicate():
                 self._raise_error_locked()
                 self._cond.wait(0.05)
-                if self._completions != seen:
-                    seen, last = self._completions, time.monotonic()
+                if (self._completions, self._steps) != seen:
+                    seen, last = (self._completions, self._steps), time.monotonic()
                 elif time.monotonic() - last > self.timeout:
                     from .. import DeadlineExceeded
                     busy = [b.index for b in self._buckets if b.started and not b.done]
                     raise DeadlineExceeded(
-                        f"GradientBuckets (rank {self.comm.rank}): no bucket completed in "
-                        f"{self.timeout:g} s; buckets in flight: {busy}")
+                        f"GradientBuckets (rank {self.comm.rank}): no bucket completed or "
+                        f"advanced in {self.timeout:g} s; buckets in flight: {busy}")
             self._raise_error_locked()
 
     # -- progress thread ------------------------------------------------------------------
@@ -463,6 +489,11 @@ class GradientBuckets:
                 for b in sorted(busy, key=lambda b: b.start_time):
                     with self._lock:
                         finished = all(r.Test() for r in b.requests)
+                        steps = _steps_done(b.requests)
+                    if steps != b.steps:
+                        with self._cond:
+                            b.steps = steps
+                            self._steps += 1
                     if finished:
                         self._finish(b)
                         end = time.perf_counter()
@@ -550,13 +581,15 @@ class GradientBuckets:
         return forward, backward
 
     def _replan(self) -> None:
-        from .costs import comm_cost
+        from .costs import comm_cost, measured_cost
         vec = np.median(np.array([f + b for f, b in self._profiles], dtype=np.float64), axis=0)
         agreed = np.empty_like(vec)
         with self._lock:
             self.comm.Allreduce(vec, agreed, MPI.MAX)
         n = len(self.grads)
-        startup, per_byte = comm_cost(self.comm, self.grads)
+        with self._lock:   # no bucket is in flight here: the timed calls run alone
+            startup, per_byte = (measured_cost if self.cost == "measured" else
+                                 comm_cost)(self.comm, self.grads)
         self.profile = Profile(tuple(agreed[:n]), tuple(agreed[n:]), tuple(self.nbytes),
                                startup, per_byte)
         self._install(make_plan("ibatch", self.nbytes, profile=self.profile))

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT / "jobs"))
 from train_buckets import MLP, epoch_order, load_dataset  # noqa: E402
 
 import bmlmpi  # noqa: E402
+from bmlmpi import config  # noqa: E402
 
 DEFAULT_PLANS = "layer,single,ibatch,threshold:131072,threshold:524288,threshold:1572864"
 
@@ -41,6 +42,10 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--cost", default="model", choices=["model", "measured"],
+                   help="where ibatch's startup and per-byte times come from (measured: "
+                        "allreduces timed on this communicator; use it on the testbed)")
+    p.add_argument("--note", default="", help="free text stored in the result (the network)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     if args.block < 3 or args.rounds < 2:
@@ -56,9 +61,14 @@ def main() -> int:
     for label in labels:
         plan, _, cap = label.partition(":")
         objs[label] = bmlmpi.GradientBuckets(grads, comm=communicator, plan=plan,
-                                             fusion_bytes=int(cap) if cap else None)
+                                             fusion_bytes=int(cap) if cap else None,
+                                             cost=args.cost)
     glob = args.batch * size
-    per_epoch = len(y) // glob
+    # A global batch larger than the data set (to give each rank as much computation as one
+    # allreduce of the model takes on a slow network) draws the epoch's permutation
+    # cyclically: a sample appears more than once in such a step. Only the time is measured here;
+    # jobs/train_buckets.py checks the losses.
+    per_epoch = max(len(y) // glob, 1)
     times: dict[str, list[float]] = {label: [] for label in labels}
     timelines: dict[str, dict] = {}
     pending = [False] * model.layers
@@ -71,7 +81,8 @@ def main() -> int:
             for k in range(args.block):
                 epoch, s = divmod(n, per_epoch)
                 order = epoch_order(args.seed, epoch + 1, len(y))
-                idx = order[s * glob + rank * args.batch:s * glob + (rank + 1) * args.batch]
+                idx = order[np.arange(s * glob + rank * args.batch,
+                                      s * glob + (rank + 1) * args.batch) % len(y)]
                 waiting_on = prev
 
                 def update(layer: int, owner=waiting_on) -> None:
@@ -103,19 +114,32 @@ def main() -> int:
                 n += 1
         loads.append(os.getloadavg())
     prev.wait()
+    profiles = {label: obj.profile for label, obj in objs.items() if obj.profile is not None}
     for obj in objs.values():
         obj.close()
     gathered = comm.gather(timelines, root=0)
     if rank == 0:
         result = {
-            "ranks": size, "block": args.block, "rounds": args.rounds, "dataset": source,
+            "ranks": size, "batch_per_rank": args.batch, "cost": args.cost,
+            "note": args.note,
+            "algorithm": (communicator.algorithm if communicator.algorithm != "auto" else
+                          config.get("BMLMPI_ALGORITHM") or "auto"),
+            "topology": "x".join(map(str, communicator.shape)), "block": args.block,
+            "rounds": args.rounds, "dataset": source,
             "host": platform.node(), "cores": os.cpu_count(), "load_average_per_round": loads,
             "oversubscribed": size * 2 > (os.cpu_count() or 1),
             "mpi": MPI.Get_library_version().replace("\0", "").splitlines()[0],
             "plans": [{"plan": label, "buckets": [list(b) for b in objs[label].buckets],
                        "step_seconds_median": float(np.median(times[label])),
                        "step_seconds_mean": float(np.mean(times[label])),
+                       "step_seconds_quartiles": [float(q) for q in
+                                                  np.percentile(times[label], [25, 75])],
                        "steps_measured": len(times[label]),
+                       "profile": ({"startup_s": profiles[label].startup,
+                                    "per_byte_s": profiles[label].per_byte,
+                                    "forward_s": profiles[label].forward,
+                                    "backward_s": profiles[label].backward}
+                                   if label in profiles else None),
                        "timeline": [g[label] for g in gathered]} for label in labels]}
         Path(args.out).write_text(json.dumps(result, indent=1))
         for r in result["plans"]:

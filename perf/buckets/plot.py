@@ -2,11 +2,13 @@
 and one iteration's timeline per rank (compute and allreduce intervals, overlap fraction).
 
     python perf/buckets/plot.py perf/buckets/results 4
+    python perf/buckets/plot.py perf/buckets/results 4 testbed-bcube2x2   # another run's name
 
-Reads ``interleaved-n<N>.json`` (perf/buckets/interleaved.py: every plan in one run). Writes
-``iteration-n<N>.png``, ``timeline-n<N>.png`` and ``summary-n<N>.json`` (per plan: median step
-seconds, buckets, overlap fraction per rank) into the results folder. The overlap fraction is the
-part of the allreduce time (union of the intervals) during which this rank computed.
+Reads ``interleaved-n<N>.json`` (perf/buckets/interleaved.py: every plan in one run; or
+``interleaved-<NAME>.json``, and then writes ``*-<NAME>.*``). Writes ``iteration-n<N>.png``,
+``timeline-n<N>.png`` and ``summary-n<N>.json`` (per plan: median step seconds, buckets, overlap
+fraction per rank) into the results folder. The overlap fraction is the part of the allreduce
+time (union of the intervals) during which this rank computed.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ def overlap_fraction(rank: dict) -> float:
     return intersect(comm, compute) / length(comm) if comm else 0.0
 
 
-def load(folder: Path, n: int) -> list[dict]:
-    d = json.loads((folder / f"interleaved-n{n}.json").read_text())
-    return [{"label": r["plan"], "run": r, "timeline": {"ranks": r["timeline"]}}
+def load(folder: Path, name: str) -> tuple[dict, list[dict]]:
+    d = json.loads((folder / f"interleaved-{name}.json").read_text())
+    return d, [{"label": r["plan"], "run": r, "timeline": {"ranks": r["timeline"]}}
             for r in d["plans"]]
 
 
@@ -56,16 +58,19 @@ def main() -> int:
     import matplotlib.pyplot as plt
 
     folder, n = Path(sys.argv[1]), int(sys.argv[2])
-    runs = load(folder, n)
+    name = sys.argv[3] if len(sys.argv) > 3 else f"n{n}"
+    meta, runs = load(folder, name)
     summary = []
     for r in runs:
         ranks = r["timeline"]["ranks"]
         summary.append({"plan": r["label"], "step_ms_median": r["run"]["step_seconds_median"] * 1e3,
                         "step_ms_mean": r["run"]["step_seconds_mean"] * 1e3,
+                        "step_ms_quartiles": [q * 1e3 for q in
+                                              r["run"].get("step_seconds_quartiles", [])],
                         "buckets": len(r["run"]["buckets"]),
                         "timeline_iteration_ms": [(x["end"] - x["t0"]) * 1e3 for x in ranks],
                         "overlap_fraction": [round(overlap_fraction(x), 3) for x in ranks]})
-    (folder / f"summary-n{n}.json").write_text(json.dumps(summary, indent=1))
+    (folder / f"summary-{name}.json").write_text(json.dumps(summary, indent=1))
     for s in summary:
         print(f"{s['plan']:>22}: median step {s['step_ms_median']:8.2f} ms, "
               f"{s['buckets']:2d} buckets, overlap {s['overlap_fraction']}")
@@ -73,11 +78,12 @@ def main() -> int:
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([s["plan"] for s in summary], [s["step_ms_median"] for s in summary])
     ax.set_ylabel("median iteration (ms)")
-    ax.set_title(f"train_buckets.py model, {n} ranks, 2 shared cores (oversubscribed, loaded)",
-                 fontsize=9)
+    where = meta.get("note") or "2 shared cores (oversubscribed, loaded)"
+    ax.set_title(f"train_buckets.py model, {n} ranks, batch {meta.get('batch_per_rank', 32)} "
+                 f"per rank, {where}", fontsize=9)
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
-    fig.savefig(folder / f"iteration-n{n}.png", dpi=110)
+    fig.savefig(folder / f"iteration-{name}.png", dpi=110)
 
     fig, axes = plt.subplots(len(runs), 1, figsize=(10, 2.0 * len(runs)), squeeze=False)
     colours = {"forward": "tab:blue", "backward": "tab:green", "comm": "tab:orange"}
@@ -98,7 +104,7 @@ def main() -> int:
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colours.values()]
     fig.legend(handles, list(colours), loc="upper right")
     fig.tight_layout()
-    fig.savefig(folder / f"timeline-n{n}.png", dpi=110)
+    fig.savefig(folder / f"timeline-{name}.png", dpi=110)
     return 0
 
 

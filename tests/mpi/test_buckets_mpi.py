@@ -16,7 +16,7 @@ MIXES = {
     "mixed": [np.float32, np.int64, np.float64, np.float32, np.int32, np.float16,
               np.complex128, np.uint8, np.float64],
 }
-PLANS = ["layer", "single", "threshold", "ibatch", "ibatch-profiled"]
+PLANS = ["layer", "single", "threshold", "ibatch", "ibatch-profiled", "ibatch-measured"]
 
 
 def grads_input(shapes, dtypes, rank: int, it: int) -> list[np.ndarray]:
@@ -39,6 +39,9 @@ def made_buckets(plan: str, grads, comm, fusion: str = "auto"):
                                       fusion=fusion)
     if plan == "ibatch-profiled":
         return bmlmpi.GradientBuckets(grads, comm=comm, plan="ibatch", fusion=fusion)
+    if plan == "ibatch-measured":   # costs timed on the communicator during the re-plan
+        return bmlmpi.GradientBuckets(grads, comm=comm, plan="ibatch", fusion=fusion,
+                                      cost="measured")
     return bmlmpi.GradientBuckets(grads, comm=comm, plan=plan, fusion_bytes=4096, fusion=fusion)
 
 
@@ -58,7 +61,7 @@ def test_fused_equals_per_array_allreduce(comm, plan, mix, layout):
     b = made_buckets(plan, grads, c)
     try:
         # ibatch-profiled: iteration 0 warms up, 1-3 are profiled, 4-5 run the iBatch plan
-        for it in range(6 if plan == "ibatch-profiled" else 3):
+        for it in range(6 if plan in ("ibatch-profiled", "ibatch-measured") else 3):
             inputs = grads_input(SHAPES, dtypes, comm.rank, it)
             for i in reversed(range(len(grads))):     # the backward pass, last layer first
                 np.copyto(grads[i], inputs[i])
@@ -134,6 +137,28 @@ def test_bad_array_raises_on_every_rank(comm):
         grads[1] = grads[1][:, ::2]     # not C-contiguous
     with pytest.raises(bmlmpi.RegistrationMismatch):
         bmlmpi.GradientBuckets(grads, comm=comm)
+
+
+def test_bad_cost_raises_on_every_rank(comm):
+    grads = [np.zeros(4), np.zeros(3)]
+    cost = "guess" if comm.rank == 0 else "measured"
+    with pytest.raises(bmlmpi.RegistrationMismatch, match="cost|rejected"):
+        bmlmpi.GradientBuckets(grads, comm=comm, plan="ibatch", cost=cost)
+
+
+def test_measured_cost_is_the_same_on_every_rank(comm):
+    """The measured startup and per-byte times are agreed (the slowest rank's) and sane."""
+    from bmlmpi.training.costs import measured_cost
+    grads = [np.zeros(s) for s in (7, 0, 3000, 1, 20_000)]
+    c = bmlmpi.Communicator(comm)
+    startup, per_byte = measured_cost(c, grads, reps=2)
+    everyone = comm.allgather((startup, per_byte))
+    assert all(e == everyone[0] for e in everyone)
+    assert startup >= 0 and per_byte >= 0
+    if comm.size > 1:
+        assert startup + per_byte * sum(a.nbytes for a in grads) > 0
+    with pytest.raises(ValueError, match="reps"):
+        measured_cost(c, grads, reps=0)
 
 
 def test_misuse_is_an_error_not_a_hang(comm):
