@@ -23,12 +23,12 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # perf/ is not an installed package
     sys.path.insert(0, str(REPO))
 
-from perf.hierarchical import testbed as hier_testbed  # noqa: E402
-from perf.testbed import mpi, topology  # noqa: E402
-from perf.testbed.ranks import split_label  # noqa: E402
 from test_testbed_smoke import namespaces_allowed  # noqa: E402
 
 from bmlmpi.schedules.hierarchical import theory_t_f  # noqa: E402
+from perf.hierarchical import testbed as hier_testbed  # noqa: E402
+from perf.testbed import mpi, topology  # noqa: E402
+from perf.testbed.topology import split_label  # noqa: E402
 
 
 def test_consecutive_ranks_share_a_server_namespace():

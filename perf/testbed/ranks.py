@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from .topology import build, digits, neighbours
+from .topology import build, digits, neighbours, split_label
 
 NATIVE = "native"
 
@@ -94,14 +94,6 @@ class Allreducer:
             self._bml[name] = bmlmpi.Communicator(self.comm, algorithm=algorithm,
                                                   topology=topo)
         self._bml[name].Allreduce(send, recv, op=MPI.SUM)
-
-
-def split_label(name: str) -> tuple[str, str | None]:
-    """``"bml@2x2x2"`` → ``("bml", "2x2x2")``: an algorithm run on a BCube shape of the ranks
-    (several ranks a server: the shape whose level 0 is the local rank, or any other);
-    ``"ring"`` → ``("ring", None)``."""
-    algorithm, _, shape = name.partition("@")
-    return algorithm, shape or None
 
 
 def loopback_counters() -> dict[str, int]:
