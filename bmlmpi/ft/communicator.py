@@ -126,6 +126,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
         self.original_size = self.size
         self.original_rank = self.rank
         self.home_shape = self.shape
+        # Which node each original rank is on; after failures the survivors keep their nodes
+        # (nodes()): re-deriving consecutive pretended nodes over the survivors, or reading a
+        # placement matrix of the original size, would put ranks on the wrong node or fail.
+        self._home_nodes = self._nodes_for_auto()
         self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
             else "fresh"
         self.failed: tuple[int, ...] = ()
@@ -150,6 +154,15 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
         self._hb.watch(self._members)
         LIVE.append(self)
         self._settle_construction()
+
+    def nodes(self):
+        """Which current ranks share a node: the nodes at construction restricted to the
+        current members (each survivor stays on its node; a node that lost a rank holds
+        fewer)."""
+        home = getattr(self, "_home_nodes", None)  # None while the base class constructs
+        if home is None or any(m >= home.size for m in self._members):
+            return super().nodes()
+        return home.restrict(self._members)
 
     # -- construction helpers ---------------------------------------------------------------
     def _split_levels(self) -> list[MPI.Comm]:

@@ -18,7 +18,9 @@ Where the partition comes from (:func:`resolve_nodes`, in this order):
 Unequal nodes (real clusters where MPI placed different counts on different servers, or a
 pretended partition that does not divide the size) are accepted: the hierarchical schedule
 cuts the buffer into as many shards as the largest node has ranks and lets a rank of a smaller
-node own several shards (:mod:`bmlmpi.schedules.hierarchical`).
+node own several shards (:mod:`bmlmpi.schedules.hierarchical`). The fault-tolerant
+communicator relies on that: after a failure it keeps every survivor on its original node
+(:meth:`Nodes.restrict`), so a node that lost a rank becomes a smaller one.
 """
 
 from __future__ import annotations
@@ -94,6 +96,17 @@ class Nodes:
     def node_ids(self) -> list[int]:
         """The node of every rank, rank 0 first."""
         return list(self._node_of)  # type: ignore[attr-defined]
+
+    def restrict(self, members: Sequence[int]) -> Nodes:
+        """The nodes of the ranks ``members`` alone, renumbered: current rank i is the rank
+        ``members[i]`` of these nodes. After ranks die, the survivors keep their nodes and a
+        node that lost ranks simply holds fewer (an unequal node); a node that lost all of
+        them disappears."""
+        members = [int(m) for m in members]
+        if not members or len(set(members)) != len(members) \
+                or any(not 0 <= m < self.size for m in members):
+            raise ValueError(f"restrict: {members} are not distinct ranks of {self.size}")
+        return nodes_from_ids([self.node_of(m) for m in members])
 
     def describe(self) -> str:
         if self.equal:

@@ -5,6 +5,7 @@
     python -m perf.testbed status
     python -m perf.testbed check --algorithm bml        # routes, NIC use, one checked allreduce
     python -m perf.testbed run -- python my_mpi_script.py
+    python -m perf.testbed run --per-server 2 -- python my_mpi_script.py  # 2 ranks a server
     python -m perf.testbed counters                     # per-NIC byte counters, JSON
     python -m perf.testbed down
     python -m perf.testbed experiment --rates 100mbit,200mbit
@@ -69,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit("run: give the rank command after '--', e.g. run -- python x.py")
     with netns.lock():
         proc = mpi.run(netns.current(), argv, timeout=args.timeout, ranks=args.ranks,
-                       capture=False)
+                       capture=False, per_server=args.per_server)
     return proc.returncode
 
 
@@ -104,8 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("counters", help="per-NIC byte counters of every namespace, JSON")
     s.add_argument("--pretty", action="store_true")
     s.set_defaults(func=cmd_counters)
-    s = sub.add_parser("run", help="run an MPMD mpiexec, one rank per server namespace")
-    s.add_argument("--ranks", type=int, help="default: one per server")
+    s = sub.add_parser("run", help="run an MPMD mpiexec over the server namespaces")
+    s.add_argument("--ranks", type=int, help="default: --per-server on every server")
+    s.add_argument("--per-server", type=int, default=1,
+                   help="ranks in each server's namespace, consecutive ranks per server "
+                        "(sets BMLMPI_RANKS_PER_NODE for hierarchical)")
     s.add_argument("--timeout", type=float, default=600.0, help="seconds, then the job is killed")
     s.add_argument("argv", nargs=argparse.REMAINDER)
     s.set_defaults(func=cmd_run)

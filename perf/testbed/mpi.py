@@ -101,17 +101,34 @@ def check(timeout: float = 60.0) -> str:
     return version
 
 
-def mpmd_command(net: Network, argv: Sequence[str], ranks: int | None = None) -> list[str]:
-    """``mpiexec -n 1 ip netns exec bml-s0 ARGV : -n 1 ip netns exec bml-s1 ARGV : ...``."""
-    n = net.servers if ranks is None else ranks
-    if not 1 <= n <= net.servers:
-        raise ValueError(f"{n} ranks do not fit on {net.servers} servers")
+def mpmd_command(net: Network, argv: Sequence[str], ranks: int | None = None,
+                 per_server: int = 1) -> list[str]:
+    """``mpiexec -n 1 ip netns exec bml-s0 ARGV : -n 1 ip netns exec bml-s1 ARGV : ...``.
+
+    ``per_server`` ranks run in each server's namespace, consecutive ranks on one server
+    (ranks r·p … r·p+p−1 on server r), sharing its NICs. Hydra starts them all on one host and
+    ``MPIR_CVAR_NOLOCAL=1`` keeps MPICH off shared memory, so two ranks of one server talk
+    over TCP to their own eth0 address, which the kernel delivers over the namespace's
+    loopback: the fast tier, which no NIC counter sees. MPI cannot tell these servers apart
+    (``COMM_TYPE_SHARED`` gives one node of all ranks), so hierarchical is told the nodes with
+    ``BMLMPI_RANKS_PER_NODE=per_server`` (see :func:`node_env`)."""
+    if per_server < 1:
+        raise ValueError(f"need at least one rank per server, not {per_server}")
+    capacity = net.servers * per_server
+    n = capacity if ranks is None else ranks
+    if not 1 <= n <= capacity:
+        raise ValueError(f"{n} ranks do not fit on {net.servers} servers of {per_server}")
     cmd = [str(mpiexec())]
     for r in range(n):
         if r:
             cmd.append(":")
-        cmd += ["-n", "1", "ip", "netns", "exec", server_ns(r), *argv]
+        cmd += ["-n", "1", "ip", "netns", "exec", server_ns(r // per_server), *argv]
     return cmd
+
+
+def node_env(per_server: int) -> dict[str, str]:
+    """The environment that tells bmlmpi which ranks share a server (none for one a server)."""
+    return {"BMLMPI_RANKS_PER_NODE": str(per_server)} if per_server > 1 else {}
 
 
 def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -129,10 +146,13 @@ def environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run(net: Network, argv: Sequence[str], *, timeout: float, ranks: int | None = None,
-        env: dict[str, str] | None = None, capture: bool = True) -> subprocess.CompletedProcess:
-    """Runs one MPMD job over the namespaces; kills the whole job when it overruns ``timeout``."""
-    cmd = mpmd_command(net, argv, ranks)
-    proc = subprocess.Popen(cmd, env=environment(env), cwd=REPO, start_new_session=True,
+        env: dict[str, str] | None = None, capture: bool = True,
+        per_server: int = 1) -> subprocess.CompletedProcess:
+    """Runs one MPMD job over the namespaces (``per_server`` consecutive ranks in each); kills
+    the whole job when it overruns ``timeout``."""
+    cmd = mpmd_command(net, argv, ranks, per_server)
+    proc = subprocess.Popen(cmd, env=environment({**node_env(per_server), **(env or {})}),
+                            cwd=REPO, start_new_session=True,
                             stdout=subprocess.PIPE if capture else None,
                             stderr=subprocess.STDOUT if capture else None, text=True)
     try:

@@ -11,7 +11,11 @@ reads its own NIC counters around each level, which proves the kernel routes sen
 traffic out of that level's NIC; (2) one allreduce of position-dependent data, compared exactly
 with the expected sum, with the NIC counters around it.
 ``bench``: per algorithm, warm-up calls, then timed repetitions (each a barrier, the call, and the
-slowest rank's time), with the NIC counters around the timed calls.
+slowest rank's time), with the NIC and loopback counters around the timed calls. An algorithm
+may carry a BCube shape of the ranks, ``bml@2x2x2`` (several ranks a server, started with
+``mpi.run(..., per_server=p)``: the shapes of all the ranks, not of the servers).
+``pairs``: the intra-node tier: with two ranks a server, every rank swaps ``--bytes`` with its
+partner, all at once (timed like ``bench``).
 ``steps``: where one call's time goes: after a warm-up, ``--reps`` calls of ``--algorithm``, each
 rank timing (from a common barrier) when every schedule step was posted, when its transfers
 completed and when its reductions were done; rank 0 prints every rank's timeline.
@@ -32,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from .topology import build, digits, neighbours
+from .topology import build, digits, neighbours, split_label
 
 NATIVE = "native"
 
@@ -80,11 +84,22 @@ class Allreducer:
             return
         if name not in self._bml:
             import bmlmpi
-            # The BCube shape names the network for bml; on the Fat-Tree twin bml still runs
-            # the same (default) factorisation over the one NIC.
-            topo = self.shape if self.kind == "bcube" else None
-            self._bml[name] = bmlmpi.Communicator(self.comm, algorithm=name, topology=topo)
+            algorithm, topo = split_label(name)
+            if topo is None and self.kind == "bcube" and self.comm.Get_size() == build(
+                    self.kind, self.shape).servers:
+                # One rank a server: the BCube shape names the network for bml; on the
+                # Fat-Tree twin bml still runs the same (default) factorisation over the one
+                # NIC. With several ranks a server a shape comes with the label.
+                topo = self.shape
+            self._bml[name] = bmlmpi.Communicator(self.comm, algorithm=algorithm,
+                                                  topology=topo)
         self._bml[name].Allreduce(send, recv, op=MPI.SUM)
+
+
+def loopback_counters() -> dict[str, int]:
+    """The namespace's loopback byte counters: where two ranks of one server talk."""
+    base = Path("/sys/class/net/lo/statistics")
+    return {k: int((base / k).read_text()) for k in ("tx_bytes", "rx_bytes")}
 
 
 def check(args: argparse.Namespace, comm: MPI.Comm) -> dict:
@@ -133,14 +148,14 @@ def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
     available = run.available()
     results = []
     for name in args.algorithms.split(","):
-        if name not in available:
+        if name != NATIVE and split_label(name)[0] not in available:
             results.append({"algorithm": name, "skipped": f"not in bmlmpi.algorithms(): "
                                                           f"{available}"})
             continue
         for _ in range(args.warmup):
             run(name, send, recv)
         ok = bool(np.array_equal(recv, expected_sum(count, size)))
-        before = nic_counters()
+        before, lo_before = nic_counters(), loopback_counters()
         cpu0 = time.process_time()
         comm.Barrier()
         times = []
@@ -151,14 +166,41 @@ def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
             times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
         comm.Barrier()
         nics = diff(before, nic_counters())
+        lo_after = loopback_counters()
+        loopback = {k: lo_after[k] - lo_before[k] for k in lo_after}
         cpu = comm.allreduce(time.process_time() - cpu0, op=MPI.SUM)
         all_ok = comm.allreduce(ok, op=MPI.LAND)
+        # Ranks of one server read the same namespace's counters (each server appears
+        # once per rank on it).
         results.append({"algorithm": name, "seconds": times, "correct": all_ok,
                         "rank_cpu_s_per_call": cpu / args.reps,
-                        "nics": comm.gather(nics, root=0)})
+                        "nics": comm.gather(nics, root=0),
+                        "loopback": comm.gather(loopback, root=0)})
     return {"mode": "bench", "bytes": args.bytes, "reps": args.reps, "warmup": args.warmup,
             "mpi": MPI.Get_library_version().splitlines()[0], "ranks": size,
             "results": results}
+
+
+def pairs(args: argparse.Namespace, comm: MPI.Comm) -> dict:
+    """Every rank swaps ``--bytes`` with its partner on the same server (rank ^ 1; two ranks a
+    server), all servers at once: the intra-node tier's speed under the same load as a
+    hierarchical local step (float32 payload, the slowest pair's time)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size % 2:
+        raise SystemExit("pairs: needs two ranks a server (an even number of ranks)")
+    peer = rank ^ 1
+    send = np.full(args.bytes // 4, rank, dtype=np.float32)
+    got = np.empty_like(send)
+    times = []
+    for i in range(args.warmup + args.reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Sendrecv(send, dest=peer, recvbuf=got, source=peer)
+        t = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+        if i >= args.warmup:
+            times.append(t)
+    ok = comm.allreduce(bool(np.all(got == peer)), op=MPI.LAND)
+    return {"mode": "pairs", "bytes": args.bytes, "seconds": times, "correct": ok}
 
 
 def steps(args: argparse.Namespace, comm: MPI.Comm) -> dict:
@@ -197,7 +239,7 @@ def steps(args: argparse.Namespace, comm: MPI.Comm) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.testbed.ranks")
-    p.add_argument("mode", choices=["check", "bench", "steps"])
+    p.add_argument("mode", choices=["check", "bench", "steps", "pairs"])
     p.add_argument("--kind", choices=["bcube", "fattree"], required=True)
     p.add_argument("--shape", required=True)
     p.add_argument("--bytes", type=int, default=4 << 20)
@@ -209,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
-    out = {"check": check, "bench": bench, "steps": steps}[args.mode](args, comm)
+    out = {"check": check, "bench": bench, "steps": steps, "pairs": pairs}[args.mode](args,
+                                                                                    comm)
     if comm.Get_rank() == 0:
         text = json.dumps(out)
         if args.json:

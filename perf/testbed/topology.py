@@ -178,3 +178,10 @@ def neighbours(r: int, level: int, radices: tuple[int, ...]) -> list[int]:
     return [undigits(ds[:level] + (b,) + ds[level + 1:], radices)
             for b in range(radices[level]) if b != ds[level]]
 
+
+def split_label(name: str) -> tuple[str, str | None]:
+    """``"bml@2x2x2"`` → ``("bml", "2x2x2")``: an algorithm run on a BCube shape of the ranks
+    (several ranks a server: the shape whose level 0 is the local rank, or any other);
+    ``"ring"`` → ``("ring", None)``."""
+    algorithm, _, shape = name.partition("@")
+    return algorithm, shape or None

@@ -29,7 +29,8 @@ Output, one JSON line each, prefixed ``FT-JSON``: every victim before it dies
 with its input), a masked rank, and every survivor at the end (per call and outstanding
 allreduce: which of the call's victims the result included — the result must equal the exact
 reduction over the survivors plus exactly those, else ``null`` — the communicator size and the
-schedule run), or a survivor's error.
+schedule run; for hierarchical, the communicator's nodes after the call, in original
+ranks), or a survivor's error.
 """
 
 from __future__ import annotations
@@ -207,8 +208,12 @@ def main() -> int:
             if not g.get("in_place", False) and not np.array_equal(x, rank_input(n, me, tag)):
                 match = None  # the send buffer must never change
             included.append(match)
-        results.append({"call": call, "included": included, "size": comm.size,
-                        "failed": list(comm.failed), "schedule": schedule})
+        record = {"call": call, "included": included, "size": comm.size,
+                  "failed": list(comm.failed), "schedule": schedule}
+        if g.get("algorithm") == "hierarchical":  # the nodes it ran on, in original ranks
+            record["nodes"] = [[comm.survivors[r] for r in node]
+                               for node in comm.nodes().members]
+        results.append(record)
         gone |= set(in_call)
     emit(survivor=me, group=gi, results=results, lost=lost_log, failed=list(comm.failed),
          size=comm.size, recovery=comm.recovery,

@@ -84,6 +84,23 @@ def test_resolve_nodes_and_env():
             ranks_per_node_from_env({"BMLMPI_RANKS_PER_NODE": bad})
 
 
+def test_restrict_keeps_survivors_on_their_nodes():
+    # What the fault-tolerant communicator does after failures: survivors keep their nodes.
+    home = consecutive_nodes(6, 2)
+    assert home.restrict(range(6)) == home
+    after = home.restrict([0, 2, 3, 5])  # ranks 1 and 4 died
+    assert after.members == ((0,), (1, 2), (3,))
+    assert home.restrict([0, 1, 4, 5]).members == ((0, 1), (2, 3))  # node 1 gone entirely
+    scattered = nodes_from_ids(["a", "b", "a", "b"]).restrict([1, 2, 3])
+    assert scattered.members == ((0, 2), (1,))
+    for bad in ([], [0, 0], [6], [-1]):
+        with pytest.raises(ValueError, match="not distinct ranks"):
+            home.restrict(bad)
+    # and the schedule over them is proved, as for any unequal nodes
+    for c in (0, 1, 7, 1031):
+        verify(hierarchical_schedules(4, c, after))
+
+
 # -- the schedule, proved -----------------------------------------------------------------------
 
 
