@@ -270,3 +270,54 @@ def test_fault_tolerant_path_warms_kernels_before_the_first_step():
                       if e[0] == "warmup" and dtype in e[1] and op in e[2]]
             assert warmed, f"rank {rec['rank']}: run {rec['events'][i]} before any warm-up " \
                            f"of its kernels: {rec['events']}"
+
+
+# -- growing back to the full BCube ----------------------------------------------------------
+
+def test_killed_ranks_are_replaced_and_the_job_ends_on_the_full_bcube():
+    """BCube(3,2): rank 0 (the donor's place) dies at step 0 of call 1 and is replaced; the
+    replacement then hands the state to the replacement of rank 4, killed at step 2 of call
+    3. Every call is exact over its members; the job ends on 9 ranks and the full bml
+    schedule with identical parameters everywhere. A spawn of a program that cannot start
+    fails on every survivor first and leaves the communicator usable."""
+    kills = [{"call": 1, "rank": 0, "step": 0}, {"call": 3, "rank": 4, "step": 2}]
+    spec = {"timeout": 60, "hang_timeout": 20, "topology": "3x3", "count": 1001, "calls": 6,
+            "kills": kills, "bad_command": "/nonexistent/bmlmpi-replacement"}
+    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "9", sys.executable,
+           "tests/ft/grow_ranks.py", json.dumps(spec)]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
+    env.pop("BMLMPI_BCUBE", None)
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                             timeout=LAUNCH_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the grow-back job did not finish within {LAUNCH_TIMEOUT} s (a hang)")
+    tail = (res.stdout + res.stderr)[-5000:]
+    records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
+               if line.startswith("GROW-JSON ")]
+    victims = sorted((r["victim"], r["call"]) for r in records if "victim" in r)
+    assert victims == [(0, 1), (4, 3)], tail
+    assert all(r["must_exclude"] for r in records if "victim" in r), tail
+    errors = [r for r in records if "error" in r]
+    assert not errors, f"{errors}\n{tail}"
+    spawn_failures = [r for r in records if "spawn_failure" in r]
+    assert sorted(r["rank"] for r in spawn_failures) == [1, 2, 3, 4, 5, 6, 7, 8], tail
+    for r in spawn_failures:
+        assert "unchanged" in r["spawn_failure"] and r["still_exact"] and r["size"] == 8, r
+    finals = {r["rank"]: r for r in records if "results" in r}
+    assert sorted(finals) == list(range(9)), tail
+    assert {r for r, f in finals.items() if f["replacement"]} == {0, 4}, tail
+    by_call: dict[int, dict] = {}
+    for rank, f in finals.items():
+        assert f["size"] == 9 and f["failed"] == [] and f["shape"] == [3, 3], (rank, f)
+        assert f["params"] == finals[1]["params"], f"rank {rank}'s parameters differ"
+        for res_ in f["results"]:
+            assert res_["exact"], (rank, res_)
+            assert by_call.setdefault(res_["call"], res_) == res_, (rank, res_)
+        assert len(f["regrowths"]) == (1 if rank == 4 else 2), (rank, f["regrowths"])
+    assert sorted(by_call) == list(range(6))
+    for call, r in by_call.items():
+        lost = {1: 0, 3: 4}.get(call)
+        want = [m for m in range(9) if m != lost]
+        assert r["members"] == want and r["size"] == len(want), r
+        assert r["schedule"] == ("bml-recovery" if lost is not None else "bml"), r

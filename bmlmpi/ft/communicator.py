@@ -30,6 +30,7 @@ from .errors import (
     ulfm_support,
 )
 from .exit import LIVE
+from .grow import GrowRecord, Growth
 from .ledger import Call, Ledger
 from .membership import Membership, RecoveryRecord
 
@@ -81,7 +82,8 @@ class FaultTolerantRequest(Request):
     wait = Wait
 
 
-class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault_tolerant"):
+class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
+                                variant="fault_tolerant"):
     """A :class:`bmlmpi.Communicator` whose allreduces survive the death of ranks.
 
     Extra arguments: ``on_failure(comm, lost)`` — called on every survivor after each recovery
@@ -128,16 +130,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
         self.home_shape = self.shape
         self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
             else "fresh"
-        self.failed: tuple[int, ...] = ()
-        self.recoveries: list[RecoveryRecord] = []
-        self._members = list(range(self.size))   # original rank of each current rank
-        self._pending: list[Call] = []
-        self._seq = 0
-        self._committed = 0
-        self._broken = False
-        self._noticed: float | None = None
-        self._masked = False
-        self._events = 0
+        self._init_ledger()
         hang = _env_float("BMLMPI_HANG_TIMEOUT", hang_timeout, DEFAULT_HANG_TIMEOUT)
         period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8))
         try:
@@ -146,10 +139,30 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
             raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
                                       f"failed while the communicator was being built: "
                                       f"{exc.Get_error_string()}") from exc
-        self._hb = Heartbeat(token, self.rank, period, hang)
+        self._start_heartbeat(token, period, hang)
+        self._settle_construction()
+
+    # -- construction helpers ---------------------------------------------------------------
+    def _init_ledger(self) -> None:
+        """The state of a communicator whose members are all the original ranks and that has
+        committed nothing (also how a replacement starts, :mod:`.grow`)."""
+        self.failed: tuple[int, ...] = ()
+        self.recoveries: list[RecoveryRecord] = []
+        self.regrowths: list[GrowRecord] = []
+        self._members = list(range(self.size))   # original rank of each current rank
+        self._pending: list[Call] = []
+        self._seq = 0
+        self._committed = 0
+        self._broken = False
+        self._noticed: float | None = None
+        self._masked = False
+        self._events = 0
+
+    def _start_heartbeat(self, token: str, period: float, hang: float) -> None:
+        self._token = token
+        self._hb = Heartbeat(token, self.original_rank, period, hang)
         self._hb.watch(self._members)
         LIVE.append(self)
-        self._settle_construction()
 
     # -- construction helpers ---------------------------------------------------------------
     def _split_levels(self) -> list[MPI.Comm]:
