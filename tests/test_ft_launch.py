@@ -313,6 +313,7 @@ def test_killed_ranks_are_replaced_and_the_job_ends_on_the_full_bcube():
         assert f["params"] == finals[1]["params"], f"rank {rank}'s parameters differ"
         for res_ in f["results"]:
             assert res_["exact"], (rank, res_)
+            res_.pop("committed")  # this rank's clock
             assert by_call.setdefault(res_["call"], res_) == res_, (rank, res_)
         assert len(f["regrowths"]) == (1 if rank == 4 else 2), (rank, f["regrowths"])
     assert sorted(by_call) == list(range(6))

@@ -68,6 +68,7 @@ class GrowRecord:
     rebuilt: float             # the full communicator exists on this rank
     done: float                # state handed over and the closing agreement passed
     size: int                  # members afterwards (the original size)
+    joined: bool = False       # this process was the replacement (its record from join)
 
 
 class Joined(NamedTuple):
@@ -241,7 +242,7 @@ class Growth:
                              "the model state from the survivors")
             self._agree_grown()
         self.regrowths.append(GrowRecord((self.original_rank,), started, spawned, rebuilt,
-                                         time.time(), self.size))
+                                         time.time(), self.size, joined=True))
         return Joined(self, state)
 
 

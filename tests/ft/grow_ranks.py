@@ -116,7 +116,8 @@ def main() -> int:
         run = req.run
         schedule = run.plan.sched.algorithm if isinstance(run, execute.Run) else "native"
         results.append({"call": call, "members": members, "size": comm.size,
-                        "exact": bool(np.array_equal(out, want)), "schedule": schedule})
+                        "exact": bool(np.array_equal(out, want)), "schedule": schedule,
+                        "committed": time.time()})
         params = params + out
         if kills and spec.get("bad_command") and joined is None and not comm.regrowths:
             spawn_failure(comm, spec["bad_command"], n, call)
@@ -133,7 +134,8 @@ def main() -> int:
          recoveries=[{"lost": list(r.lost), "noticed": r.noticed, "shrunk": r.shrunk}
                      for r in comm.recoveries],
          regrowths=[{"replaced": list(g.replaced), "started": g.started, "spawned": g.spawned,
-                     "rebuilt": g.rebuilt, "done": g.done} for g in comm.regrowths],
+                     "rebuilt": g.rebuilt, "done": g.done, "joined": g.joined}
+                    for g in comm.regrowths],
          env_calibrate=os.environ.get("BMLMPI_CALIBRATE"))
     ft.finish(0)
     return 0
