@@ -126,8 +126,10 @@ def main() -> int:
         return 0
     me = comm.original_rank
     hook = StepHook()
-    # for the rest of the process, which ends in ft.finish
-    contextlib.ExitStack().enter_context(execute.observing(hook.observer))
+    # for the rest of the process, which ends in ft.finish; kept referenced: a dropped
+    # ExitStack is collected at once, which closes the context and uninstalls the observer
+    observed = contextlib.ExitStack()
+    observed.enter_context(execute.observing(hook.observer))
     hook.report = {"rank": me, "group": gi}
     op_name = g.get("op", "sum")
     op = bmlmpi.AVG if op_name == "avg" else MPI.SUM
