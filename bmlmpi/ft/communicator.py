@@ -117,7 +117,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         if support is False:
             raise FaultToleranceUnavailable(f"bmlmpi.Communicator(fault_tolerant=True): {why}")
         self.ulfm = support
-        explicit = topology is not None or config.is_set("BMLMPI_BCUBE")
+        explicit = topology is not None or config.get("BMLMPI_BCUBE") is not None
         try:
             super().__init__(comm, algorithm, topology, timeout=timeout, validate=validate)
         except MPI.Exception as exc:
