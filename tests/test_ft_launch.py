@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,19 @@ def check(groups: list[dict], res: subprocess.CompletedProcess, records: list[di
                 f"{reference}"
         if g.get("expect_schedule"):
             assert reference[-1]["schedule"] == g["expect_schedule"], reference
+
+
+def run_ranks(n: int, argv: list[str], what: str) -> subprocess.CompletedProcess:
+    """``bmlmpi-run --ft -n n python ARGV``; a launch that outlives LAUNCH_TIMEOUT fails the
+    test as a hang."""
+    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", str(n), sys.executable, *argv]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
+    env.pop("BMLMPI_BCUBE", None)
+    try:
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                              timeout=LAUNCH_TIMEOUT, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} did not finish within {LAUNCH_TIMEOUT} s (a hang)")
 
 
 def run_and_check(groups: list[dict], **kw) -> list[dict]:
@@ -227,15 +241,9 @@ def test_without_ulfm_construction_fails_clearly():
 
 def test_training_job_loses_a_rank_and_finishes(tmp_path):
     out = tmp_path / "train.json"
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "4", sys.executable,
-           "jobs/train_resilient.py", "--steps", "16", "--eval-every", "8", "--kill-rank", "1",
-           "--kill-step", "5", "--timeout", "60", "--out", str(out)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
-    try:
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                             timeout=LAUNCH_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the training job did not finish within {LAUNCH_TIMEOUT} s")
+    res = run_ranks(4, ["jobs/train_resilient.py", "--steps", "16", "--eval-every", "8",
+                        "--kill-rank", "1", "--kill-step", "5", "--timeout", "60", "--out",
+                        str(out)], "the training job")
     tail = (res.stdout + res.stderr)[-4000:]
     assert out.exists(), tail
     result = json.loads(out.read_text())
@@ -283,15 +291,7 @@ def test_killed_ranks_are_replaced_and_the_job_ends_on_the_full_bcube():
     kills = [{"call": 1, "rank": 0, "step": 0}, {"call": 3, "rank": 4, "step": 2}]
     spec = {"timeout": 60, "hang_timeout": 20, "topology": "3x3", "count": 1001, "calls": 6,
             "kills": kills, "bad_command": "/nonexistent/bmlmpi-replacement"}
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "9", sys.executable,
-           "tests/ft/grow_ranks.py", json.dumps(spec)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
-    env.pop("BMLMPI_BCUBE", None)
-    try:
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                             timeout=LAUNCH_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the grow-back job did not finish within {LAUNCH_TIMEOUT} s (a hang)")
+    res = run_ranks(9, ["tests/ft/grow_ranks.py", json.dumps(spec)], "the grow-back job")
     tail = (res.stdout + res.stderr)[-5000:]
     records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
                if line.startswith("GROW-JSON ")]
@@ -322,3 +322,41 @@ def test_killed_ranks_are_replaced_and_the_job_ends_on_the_full_bcube():
         want = [m for m in range(9) if m != lost]
         assert r["members"] == want and r["size"] == len(want), r
         assert r["schedule"] == ("bml-recovery" if lost is not None else "bml"), r
+
+
+# -- a link that goes down ---------------------------------------------------------------------
+
+def _dummy_link() -> str | None:
+    """One end of a veth pair in this network namespace (the emulated BCube's link kind) for
+    a rank's link watch, or None without root or iproute2."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return None
+    name = f"bmlft{os.getpid() % 100_000}"
+    made = subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name",
+                           name + "p"], capture_output=True, timeout=30)
+    if made.returncode != 0:
+        return None
+    for end in (name, name + "p"):
+        subprocess.run(["ip", "link", "set", end, "up"], check=True, timeout=30)
+    return name
+
+
+def test_a_link_that_goes_down_masks_its_server():
+    """Seed 001's link failure on shared memory: rank 4 of BCube(3,2) watches a veth NIC,
+    which is taken down with `ip link set … down` at the start of step 1 of call 1. The watch
+    fences rank 4; the survivors finish that call with the exact sum over the other 8 and run
+    the next calls on the recovery schedule. (The transfers themselves use shared memory here:
+    on the emulated BCube the same watch would read the server's veth, but Open MPI does not
+    start across the testbed's namespaces: perf/ft/README.md.)"""
+    name = _dummy_link()
+    if name is None:
+        pytest.skip("needs root and iproute2 to create a veth pair")
+    try:
+        groups = [group(9, calls=4, topology="3x3", expect_schedule="bml-recovery",
+                        links={"4": name}, kills=(kill(1, 4, "post", 1, "link"),))]
+        records = run_and_check(groups)
+    finally:
+        subprocess.run(["ip", "link", "del", name], capture_output=True, timeout=30)  # + peer
+    assert not [r for r in records if "unfenced" in r], "the link watch did not fence rank 4"
+    victim = next(r for r in records if "victim" in r)
+    assert victim["must_exclude"], victim

@@ -66,6 +66,10 @@ visible to the others and hang-free. A rank that still exits non-zero without th
 by the heartbeat (its process is gone but MPI never said so) and the survivors raise
 :class:`FaultToleranceError` instead of hanging.
 
+A link that goes down (:mod:`.links`): ``watch_links=`` names this server's NICs; when one
+goes down the rank fences itself (seed 001: the server at the end of a failed link is masked)
+and the others recover from its death as from any other.
+
 Growing back (:mod:`.grow`): :meth:`FaultTolerantCommunicator.replace_failed` spawns one
 process per lost rank (``MPI_Comm_spawn`` from the survivors), merges it in at the original
 rank it replaces, hands it the current model state and goes back to the full BCube schedule;
