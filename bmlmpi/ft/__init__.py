@@ -66,6 +66,16 @@ visible to the others and hang-free. A rank that still exits non-zero without th
 by the heartbeat (its process is gone but MPI never said so) and the survivors raise
 :class:`FaultToleranceError` instead of hanging.
 
+A link that goes down (:mod:`.links`): ``watch_links=`` names this server's NICs; when one
+goes down the rank fences itself (seed 001: the server at the end of a failed link is masked)
+and the others recover from its death as from any other.
+
+Growing back (:mod:`.grow`): :meth:`FaultTolerantCommunicator.replace_failed` spawns one
+process per lost rank (``MPI_Comm_spawn`` from the survivors), merges it in at the original
+rank it replaces, hands it the current model state and goes back to the full BCube schedule;
+the spawned program enters through :func:`join`. Timings in ``regrowths``
+(:class:`GrowRecord`).
+
 Mini-batch rescaling after failures: :func:`bmlmpi.rescaled_batch` (:mod:`bmlmpi.rescale`).
 """
 
@@ -84,11 +94,12 @@ from .errors import (
     ulfm_support,
 )
 from .exit import finish, install_exit_handlers
+from .grow import GrowRecord, Joined, join
 from .membership import RecoveryRecord
 
 __all__ = [
     "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES", "FaultToleranceError",
     "FaultToleranceUnavailable", "FaultTolerantCommunicator", "FaultTolerantRequest",
-    "RankMasked", "RecoveryRecord", "finish", "install_exit_handlers", "is_failure",
-    "ulfm_support",
+    "GrowRecord", "Joined", "RankMasked", "RecoveryRecord", "finish", "install_exit_handlers",
+    "is_failure", "join", "ulfm_support",
 ]

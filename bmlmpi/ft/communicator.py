@@ -30,7 +30,9 @@ from .errors import (
     ulfm_support,
 )
 from .exit import LIVE
+from .grow import GrowRecord, Growth
 from .ledger import Call, Ledger
+from .links import LinkWatch
 from .membership import Membership, RecoveryRecord
 
 DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
@@ -81,12 +83,15 @@ class FaultTolerantRequest(Request):
     wait = Wait
 
 
-class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault_tolerant"):
+class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
+                                variant="fault_tolerant"):
     """A :class:`bmlmpi.Communicator` whose allreduces survive the death of ranks.
 
     Extra arguments: ``on_failure(comm, lost)`` — called on every survivor after each recovery
     with the original ranks just lost; ``recovery`` — ``"auto"``, ``"fresh"`` or ``"bcube"``
-    (:mod:`bmlmpi.ft`); ``hang_timeout`` and ``heartbeat`` — seconds (:mod:`bmlmpi.ft`).
+    (:mod:`bmlmpi.ft`); ``hang_timeout`` and ``heartbeat`` — seconds (:mod:`bmlmpi.ft`);
+    ``watch_links`` — this server's NICs (interface names in its network namespace): when one
+    goes down this rank is masked, i.e. ends itself and the others recover (:mod:`.links`).
     """
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
@@ -95,7 +100,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
                  on_failure: Callable[[FaultTolerantCommunicator, tuple[int, ...]], None]
                  | None = None,
                  recovery: str = "auto", hang_timeout: float | None = None,
-                 heartbeat: float | None = None):
+                 heartbeat: float | None = None, watch_links: Sequence[str] | None = None):
         """Collective over ``comm``, like the plain communicator, plus a token for the
         heartbeat and a closing agreement.
 
@@ -132,16 +137,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
         self._home_nodes = self._nodes_for_auto()
         self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
             else "fresh"
-        self.failed: tuple[int, ...] = ()
-        self.recoveries: list[RecoveryRecord] = []
-        self._members = list(range(self.size))   # original rank of each current rank
-        self._pending: list[Call] = []
-        self._seq = 0
-        self._committed = 0
-        self._broken = False
-        self._noticed: float | None = None
-        self._masked = False
-        self._events = 0
+        self._init_ledger()
         hang = _env_float("BMLMPI_HANG_TIMEOUT", hang_timeout, DEFAULT_HANG_TIMEOUT)
         period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8))
         try:
@@ -150,10 +146,40 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
             raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
                                       f"failed while the communicator was being built: "
                                       f"{exc.Get_error_string()}") from exc
-        self._hb = Heartbeat(token, self.rank, period, hang)
+        self._start_heartbeat(token, period, hang)
+        bad_links = None
+        if watch_links:
+            try:
+                self._link_watch = LinkWatch(watch_links, period)
+            except ValueError as exc:
+                bad_links = exc
+        if not self._settle_construction(ok=bad_links is None):
+            self.Free()
+            raise bad_links or ValueError("watch_links names an interface that is missing or "
+                                          "down on another rank")
+
+    # -- construction helpers ---------------------------------------------------------------
+    def _init_ledger(self) -> None:
+        """The state of a communicator whose members are all the original ranks and that has
+        committed nothing (also how a replacement starts, :mod:`.grow`)."""
+        self.failed: tuple[int, ...] = ()
+        self.recoveries: list[RecoveryRecord] = []
+        self.regrowths: list[GrowRecord] = []
+        self._members = list(range(self.size))   # original rank of each current rank
+        self._pending: list[Call] = []
+        self._seq = 0
+        self._committed = 0
+        self._broken = False
+        self._noticed: float | None = None
+        self._masked = False
+        self._events = 0
+        self._link_watch: LinkWatch | None = None
+
+    def _start_heartbeat(self, token: str, period: float, hang: float) -> None:
+        self._token = token
+        self._hb = Heartbeat(token, self.original_rank, period, hang)
         self._hb.watch(self._members)
         LIVE.append(self)
-        self._settle_construction()
 
     def nodes(self):
         """Which current ranks share a node: the nodes at construction restricted to the
@@ -174,14 +200,15 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
                      "bmlmpi fault-tolerant communicator: rank 0's token did not arrive")
         return token.tobytes().hex()
 
-    def _settle_construction(self) -> None:
+    def _settle_construction(self, ok: bool = True) -> bool:
         """End construction with an agreement, so no rank leaves the constructor before every
         rank has finished the collectives above: otherwise a rank that dies just after its
         constructor (before its first call) could take a message a slower rank still needs
         with it, and that rank would fail inside the constructor. ULFM's agreement completes
         among the survivors even when ranks die in it; a death reported here is recovered
-        from like any other, at the first call."""
-        flag = np.array([1], dtype=np.intc)
+        from like any other, at the first call. The agreement also carries ``ok`` (this
+        rank's arguments were valid): False on every rank when one rank's were not."""
+        flag = np.array([1 if ok else 0], dtype=np.intc)
         try:
             wait_request(self._comm.Iagree(flag), self.timeout,
                          "bmlmpi fault-tolerant communicator: construction did not complete "
@@ -190,6 +217,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
             if not is_failure(exc, self._comm):
                 raise
             self._note_failure(exc)
+        return bool(flag[0])
 
     # -- properties -------------------------------------------------------------------------
     @property
@@ -226,6 +254,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
 
     def Free(self) -> None:
         self._hb.close()
+        if self._link_watch is not None:
+            self._link_watch.close()
         if self in LIVE:
             LIVE.remove(self)
         if not self._masked:
@@ -337,6 +367,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Communicator, variant="fault
     def close(self, timeout: float) -> None:
         """Meet the other survivors in a barrier bounded by ``timeout`` (a peer dying in it is
         ignored), then stop this rank's heartbeat: how :func:`bmlmpi.ft.finish` ends."""
+        if self._link_watch is not None:
+            self._link_watch.close()
         if self._masked or self._comm == MPI.COMM_NULL:
             return
         with self._hb.watching():

@@ -18,7 +18,9 @@ call, before its messages are posted; ``during`` — once step ``step`` has been
 native algorithm: right after the call started). ``how``: ``kill`` (SIGKILL), ``raise`` (an
 uncaught exception, turned into SIGKILL by ``bmlmpi.ft.install_exit_handlers``), ``exit``
 (``os._exit(0)``), ``stop`` (SIGSTOP: hangs until the heartbeat fences it), ``exit1``
-(``os._exit(1)``: MPI never reports it).
+(``os._exit(1)``: MPI never reports it), ``link`` (``ip link set IFACE down`` on the
+interface this rank's link watch reads, from the group's ``links``: {"rank": "iface"}; the
+watch must fence the rank).
 
 Optional per group: ``outstanding`` (k non-blocking allreduces per call, waited in reverse
 order), ``masks`` (``[{"call": c, "link": [a, b]}]``: before call c every member calls
@@ -40,7 +42,9 @@ import itertools
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -59,7 +63,16 @@ def rank_input(n: int, rank: int, call: int) -> np.ndarray:
     return ((i * 7 + rank * 3 + call) % 11 + rank * 1000 + call * 100_000).astype(np.float64)
 
 
+LINK: dict[str, str] = {}  # "name": the interface this rank's link watch reads
+
+
 def die(how: str) -> None:
+    if how == "link":
+        # the link goes down; the watch must end this process within its period
+        subprocess.run(["ip", "link", "set", LINK["name"], "down"], check=True, timeout=30)
+        time.sleep(10)
+        emit(unfenced=LINK["name"])  # the test fails on this record
+        os.kill(os.getpid(), signal.SIGKILL)
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif how == "raise":
@@ -88,7 +101,8 @@ class StepHook:
                 k = hook.armed
                 if k is not None and k["when"] == "post" and run.posting_step(lane) >= k["step"]:
                     emit(victim=hook.report["rank"], group=hook.report["group"], call=k["call"],
-                         must_exclude=run.sends_left(), schedule=run.plan.sched.algorithm)
+                         must_exclude=run.sends_left(), schedule=run.plan.sched.algorithm,
+                         at=time.time())
                     die(k["how"])
 
         self.observer = Killer()
@@ -115,20 +129,26 @@ def main() -> int:
         start += g["size"]
     g = groups[gi]
     sub = world.Split(gi, world.rank)
+    link = g.get("links", {}).get(str(world.rank - start))
+    if link:
+        LINK["name"] = link
     lost_log: list[list[int]] = []
     try:
         comm = bmlmpi.Communicator(
             sub, algorithm=g.get("algorithm", "bml"), topology=g.get("topology"),
             fault_tolerant=True, recovery=g.get("recovery", "auto"), timeout=spec["timeout"],
             hang_timeout=spec["hang_timeout"],
-            on_failure=lambda c, lost: lost_log.append(list(lost)))
+            on_failure=lambda c, lost: lost_log.append(list(lost)),
+            watch_links=[LINK["name"]] if LINK else None)
     except ft.FaultToleranceUnavailable as exc:
         emit(unavailable=str(exc), rank=world.rank)
         return 0
     me = comm.original_rank
     hook = StepHook()
-    # for the rest of the process, which ends in ft.finish
-    contextlib.ExitStack().enter_context(execute.observing(hook.observer))
+    # for the rest of the process, which ends in ft.finish; kept referenced: a dropped
+    # ExitStack is collected at once, which closes the context and uninstalls the observer
+    observed = contextlib.ExitStack()
+    observed.enter_context(execute.observing(hook.observer))
     hook.report = {"rank": me, "group": gi}
     op_name = g.get("op", "sum")
     op = bmlmpi.AVG if op_name == "avg" else MPI.SUM
