@@ -21,12 +21,14 @@ go sparse at all is decided from the agreed maximum kept count (the compression 
 small allreduce), so every rank takes the same path.
 
 Dense or sparse: :func:`sparse_seconds` prices the exchange above with the α-β parameters of
-the machine (the communicator's calibration, else defaults); the dense allreduce is priced by
-the cost model (:func:`bmlmpi.model.estimate`). The layer goes sparse when that is cheaper.
+the machine (the communicator's calibration, else defaults) plus the merge's cost per pair
+(measured, :data:`MERGE_SECONDS_PER_PAIR`); the dense allreduce is priced by the cost model
+(:func:`bmlmpi.model.estimate`). The layer goes sparse when that is cheaper;
+``perf/compression/bench.py`` measures both paths at several densities to check the choice.
 
-Exactness: the merge adds values with ``np.add.at`` in a fixed order; every rank computes the
-identical result. It equals the dense allreduce of the same kept elements up to floating-point
-association (exactly, where sums are exact: integers, small-integer floats).
+Exactness: the merge adds values in float64 (``np.bincount``) in a fixed order; every rank
+computes the identical result. It equals the dense allreduce of the same kept elements up to
+floating-point association (exactly, where sums are exact: integers, small-integer floats).
 
 Source: GRACE (sparsifiers need an allgather of index/value pairs); BCube levels as in BML
 (seed 000); the exchange-counts-first discipline of MPI's v-collectives.
@@ -62,23 +64,33 @@ def merge(sets: Sequence[tuple[np.ndarray, np.ndarray]], dtype: np.dtype
     idx = np.concatenate([s[0] for s in sets])
     val = np.concatenate([s[1] for s in sets])
     uniq, inv = np.unique(idx, return_inverse=True)
-    out = np.zeros(uniq.size, dtype)
-    np.add.at(out, inv, val)   # unbuffered, in order of occurrence: set 0 first
+    # bincount adds the weights in order of occurrence (set 0 first), in float64: the same
+    # order on every rank, and exact for float64 and for sums of a few float32 values
+    out = np.bincount(inv, weights=val, minlength=uniq.size).astype(dtype)
     return uniq.astype(INDEX), out
 
 
+#: seconds per pair merged (sort + add): 0.4 M pairs merged in 44 ms with numpy on the loaded
+#: 2-core development machine (``merge`` of 4 sets of 100,000); the dense path has no such term
+MERGE_SECONDS_PER_PAIR = 1.1e-7
+
+
 def sparse_seconds(kept: int, count: int, itemsize: int, radices: Sequence[int] | None,
-                   size: int, alpha: float, beta: float) -> float:
-    """Modelled seconds of the sparse exchange (``radices`` for BCube levels, None: ring)."""
+                   size: int, alpha: float, beta: float,
+                   merge_s: float = MERGE_SECONDS_PER_PAIR) -> float:
+    """Modelled seconds of the sparse exchange (``radices`` for BCube levels, None: ring):
+    α per message round, β per byte of pairs sent, ``merge_s`` per pair merged."""
     pair = INDEX.itemsize + itemsize
     if size <= 1:
         return 0.0
     if radices is None:
-        return (size - 1) * (2 * alpha + min(kept, count) * pair * beta)
+        k = min(kept, count)
+        return (size - 1) * (2 * alpha + k * pair * beta) + size * k * merge_s
     t, grown = 0.0, kept
     for n in radices:
-        # a counts exchange and a payload exchange per level
-        t += 2 * alpha + (n - 1) * min(count, grown) * pair * beta
+        # a counts exchange and a payload exchange per level, then the merge of n sets
+        k = min(count, grown)
+        t += 2 * alpha + (n - 1) * k * pair * beta + n * k * merge_s
         grown *= n
     return t
 

@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
@@ -104,12 +105,12 @@ def main() -> None:
             print(f"density {density:6.3f}: sparse {res['sparse_s'] * 1e3:8.2f} ms, dense "
                   f"{res['dense_s'] * 1e3:8.2f} ms, auto chose {res['auto_chose']}", flush=True)
     if c.rank == 0 and args.out:
-        with open(args.out, "w") as f:
-            json.dump({"ranks": c.size, "count": args.count, "dtype": "float32",
-                       "algorithm": args.algorithm, "iters": args.iters, "rows": rows,
-                       "crossover": cross, "load_average": os.getloadavg(),
-                       "host": platform.node(), "cpus": os.cpu_count(),
-                       "mpi": MPI.Get_library_version().splitlines()[0]}, f, indent=1)
+        meta = {"ranks": c.size, "count": args.count, "dtype": "float32",
+                "algorithm": args.algorithm, "iters": args.iters,
+                "load_average": os.getloadavg(), "host": platform.node(),
+                "cpus": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0]}
+        Path(args.out).write_text(json.dumps({**meta, "rows": rows, "crossover": cross},
+                                             indent=1))
 
 
 if __name__ == "__main__":

@@ -124,10 +124,11 @@ def test_pack_merge_sums_in_order():
 
 def test_sparse_price_grows_with_density_and_fill_in():
     low = sparse_seconds(10, 10 ** 6, 4, [2, 2], 4, 1e-5, 1e-9)
-    high = sparse_seconds(10 ** 5, 10 ** 6, 4, [2, 2], 4, 1e-5, 1e-9)
+    high = sparse_seconds(10 ** 5, 10 ** 6, 4, [2, 2], 4, 1e-5, 1e-9, merge_s=0.0)
     assert low < high
     assert high == pytest.approx(4e-5 + (1e5 + 2e5) * 8 * 1e-9)
-    assert sparse_seconds(7, 100, 4, None, 4, 1.0, 0.0) == 6.0
+    assert sparse_seconds(10 ** 5, 10 ** 6, 4, [2, 2], 4, 0, 0, merge_s=1.0) == 2e5 + 4e5
+    assert sparse_seconds(7, 100, 4, None, 4, 1.0, 0.0, merge_s=0.0) == 6.0
 
 
 def test_psmp_publishes_relative_changes():
