@@ -46,7 +46,7 @@ from mpi4py import MPI
 from ..ops import op_name
 from .engine import TAG_SPAN, StagedRequest, next_tag_base, private_comm
 from .filters import Compressor, parse
-from .sparse import check_count, levels_exchange, ring_exchange, sparse_seconds
+from .sparse import check_count, level_members, levels_exchange, ring_exchange, sparse_seconds
 from .wire import decode, encode, round_trip
 
 #: α-β defaults when the communicator has no calibration (shared memory, order of magnitude)
@@ -195,7 +195,10 @@ def _stages(comm: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: A
         if alg == "ring":
             yield from ring_exchange(dup, tag, nz, sent[nz], result, box)
         else:
-            yield from levels_exchange(comm.level_comms, nz, sent[nz], result, box)
+            members = getattr(comm, "_compression_levels", None)
+            if members is None:
+                members = comm._compression_levels = level_members(comm.level_comms, dup)
+            yield from levels_exchange(members, dup, tag, nz, sent[nz], result, box)
         idx, val = result[0]
         total = np.zeros(count, acc)
         total[idx] = val

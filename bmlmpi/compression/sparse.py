@@ -3,11 +3,11 @@
 Algorithm. Each rank holds a set of (index, value) pairs (its kept elements).
 
 * ``bml`` (and every algorithm other than ring): the BCube levels, level 0 first. At level l
-  the n_l members of a level group allgather their current sets (first their pair counts, then
-  the pairs; MPI ``Iallgather``/``Iallgatherv`` on the level communicator) and every member
-  merges them, member 0 first: the same sums in the same order on every member. After the k
-  levels every rank holds the sum over all ranks (each rank's set entered once through each
-  level, like BML's reduce-scatter without the scatter). Step count k; bytes per rank at level
+  the n_l members of a level group exchange their current sets point to point (first their
+  pair counts, then the pairs) and every member merges them, member 0 first: the same sums
+  in the same order on every member. After the k levels every rank holds the sum over all
+  ranks (each rank's set entered once through each level, like BML's reduce-scatter without
+  the scatter). Step count k; bytes per rank at level
   l ≤ (n_l − 1)·min(count, K·∏_{j<l} n_j)·(4 + itemsize), K the largest kept count (the sets
   fill in as they merge).
 * ``ring``: N − 1 steps around the ring; each step sends the set received in the step before
@@ -100,25 +100,41 @@ def check_count(count: int) -> None:
         raise ValueError(f"the sparse allreduce indexes with int32: {count} elements is too many")
 
 
-def levels_exchange(levels: Sequence[MPI.Comm], idx: np.ndarray, val: np.ndarray,
-                    result: list, stats: list) -> Generator[list, None, None]:
-    """Allgather-and-merge over the BCube level communicators (a stage per exchange).
-    ``result`` receives the summed (indices, values); ``stats[0]`` adds the bytes this rank
-    contributes to the exchanges (its set to each of n_l − 1 members, counts included)."""
-    dtype = val.dtype
+def level_members(levels: Sequence[MPI.Comm], comm: MPI.Comm) -> list[list[int]]:
+    """For each level, the ranks in ``comm`` of this rank's level group, by member index."""
+    whole = comm.Get_group()
+    out = []
     for lc in levels:
-        n = lc.Get_size()
+        out.append(list(MPI.Group.Translate_ranks(lc.Get_group(), list(range(lc.Get_size())),
+                                                  whole)))
+    whole.Free()
+    return out
+
+
+def levels_exchange(members: Sequence[Sequence[int]], comm: MPI.Comm, tag: int,
+                    idx: np.ndarray, val: np.ndarray, result: list,
+                    stats: list) -> Generator[list, None, None]:
+    """Allgather-and-merge over the BCube level groups (``members``: each level's group as
+    ranks of ``comm``), point to point on ``comm``: per level, counts to every member, then the
+    pairs. ``result`` receives the summed (indices, values); ``stats[0]`` adds the bytes this
+    rank sends."""
+    dtype = val.dtype
+    me = comm.Get_rank()
+    for lv, group in enumerate(members):
+        n = len(group)
         if n == 1:
             continue
         mine = pack(idx, val)
-        counts = np.empty(n, np.int64)
-        yield [lc.Iallgather(np.array([mine.size], np.int64), counts)]
-        total = int(counts.sum())
-        got = np.empty(total, np.uint8)
-        displs = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        yield [lc.Iallgatherv(mine, [got, counts, displs, MPI.BYTE])]
-        stats[0] += (n - 1) * (mine.size + 8)
-        sets = [unpack(got[displs[m]:displs[m] + counts[m]], dtype) for m in range(n)]
+        peers = [p for p in group if p != me]
+        counts = {p: np.empty(1, np.int64) for p in peers}
+        head = np.array([mine.size], np.int64)
+        yield ([comm.Irecv(counts[p], p, tag + 2 * lv) for p in peers] +
+               [comm.Isend(head, p, tag + 2 * lv) for p in peers])
+        got = {p: np.empty(int(counts[p][0]), np.uint8) for p in peers}
+        yield ([comm.Irecv(got[p], p, tag + 2 * lv + 1) for p in peers] +
+               [comm.Isend(mine, p, tag + 2 * lv + 1) for p in peers])
+        stats[0] += len(peers) * (mine.size + 8)
+        sets = [(idx, val) if p == me else unpack(got[p], dtype) for p in group]
         idx, val = merge(sets, dtype)
     result.append((idx, val))
 
@@ -144,4 +160,5 @@ def ring_exchange(comm: MPI.Comm, tag: int, idx: np.ndarray, val: np.ndarray,
     result.append(merge(sets, dtype))
 
 
-__all__ = ["levels_exchange", "merge", "pack", "ring_exchange", "sparse_seconds", "unpack"]
+__all__ = ["level_members", "levels_exchange", "merge", "pack", "ring_exchange", "sparse_seconds",
+           "unpack"]
