@@ -287,6 +287,8 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
         # bytes this rank sent for its gradients, per training step (all epochs)
         result["compressed_bytes_per_step"] = sum(buckets.compression.bytes_sent.values()) / n
         result["compression_paths"] = dict(buckets.compression.calls)
+        result["dropped_fraction"] = (buckets.compression.dropped /
+                                      max(buckets.compression.elements, 1))
     if buckets.profile is not None:
         result["profile"] = {"forward": buckets.profile.forward,
                              "backward": buckets.profile.backward,

@@ -98,6 +98,9 @@ class Compressor:
     #: bytes this rank sent and calls made, per path ("plain", "dense", "wire", "sparse")
     bytes_sent: dict[str, int] = field(default_factory=dict, repr=False)
     calls: dict[str, int] = field(default_factory=dict, repr=False)
+    #: elements seen and dropped by the filters on this rank, over all calls
+    elements: int = 0
+    dropped: int = 0
 
     def __post_init__(self) -> None:
         check_wire(self.wire)
@@ -142,6 +145,8 @@ class Compressor:
             rp = (grp_selects(y.size, self.p, self.seed, t, key_of(key))
                   if self.p is not None else None)
             dropped = smp if rp is None else rp if smp is None else smp & rp
+            self.dropped += int(dropped.sum())
+        self.elements += y.size
         return Step(t, y, dropped)
 
     def local_maxabs(self, step: Step) -> float:

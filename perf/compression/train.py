@@ -22,7 +22,7 @@ ROOT = HERE.parent.parent
 #: "threshold:0" drops nothing: the plain allreduce bit for bit (tested), but its bytes are counted
 BASELINE = "threshold:0"
 SPECS = [BASELINE, "fp16", "bf16", "threshold:0.001:0.5", "random:0.6", "tdf:0.001:0.5:0.6",
-         "tdf:0.003:0.5:0.9"]
+         "tdf:0.01:0.5:0.9", "tdf:0.01:0.5:0.9:none"]
 
 
 def run(spec: str, ranks: int, epochs: int, plan: str, timeout: float) -> dict:
@@ -70,7 +70,9 @@ def main() -> None:
         runs.append(r)
         print(f"{spec:22s} acc {r['accuracies'][-1]:.4f} loss {r['losses'][-1]:.5f} step "
               f"{r['step_seconds_median'] * 1e3:.1f} ms bytes/step "
-              f"{r.get('compressed_bytes_per_step', 'plain')}", flush=True)
+              f"{r.get('compressed_bytes_per_step', 'plain')} dropped "
+              f"{r.get('dropped_fraction', 0):.3f} paths {r.get('compression_paths')}",
+              flush=True)
     (HERE / "train.json").write_text(json.dumps({"load_average": os.getloadavg(),
                                                  "runs": runs}, indent=1))
     plot(runs, HERE / "train.png")

@@ -56,6 +56,7 @@ def test_gsmp_and_grp_select_their_definitions():
 def test_dropped_exactly_as_defined(make):
     c = make()
     rng = np.random.default_rng(0)
+    dropped = 0
     for t in range(1, 5):
         x = rng.standard_normal(200).astype(np.float32)
         before = c.residuals.get("k")
@@ -71,6 +72,8 @@ def test_dropped_exactly_as_defined(make):
         assert np.array_equal(step.sent[want], np.zeros(want.sum(), np.float32))
         assert np.array_equal(step.sent[~want], y[~want])
         assert np.array_equal(c.residuals["k"], np.where(want, y, 0))
+        dropped += int(want.sum())
+    assert (c.elements, c.dropped) == (800, dropped)
 
 
 @pytest.mark.parametrize("spec", ["fp16", "bf16", "tdf:0.5:1:0.5", "tdf:0.5:1:0.5:bf16",
