@@ -259,12 +259,18 @@ class Communicator:
         self._plans.clear()
 
     # -- public calls ---------------------------------------------------------------------
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
-        """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (``sendbuf`` may be IN_PLACE)."""
-        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                  compression: Any = None) -> None:
+        """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (``sendbuf`` may be IN_PLACE).
+        ``compression``: a :mod:`bmlmpi.compression` compressor or spec (``"fp16"``)."""
+        self.Iallreduce(sendbuf, recvbuf, op, compression=compression).Wait()
 
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                   compression: Any = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request."""
+        if compression is not None:   # the compression layer wraps this same call path
+            from .compression.layer import start
+            return start(self, sendbuf, recvbuf, op, compression)
         return self._start(sendbuf, recvbuf, op, self.algorithm)
 
     def allreduce(self, array: Any, op: Any = MPI.SUM) -> np.ndarray:

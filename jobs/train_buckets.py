@@ -72,11 +72,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=os.environ.get("BMLMPI_TRAIN_OUT") or None,
                    help="JSON file for the results (written by rank 0)")
     p.add_argument("--expect-size", type=int, default=None, metavar="N")
+    p.add_argument("--compression", default="none",
+                   help="gradient compression (bmlmpi.compression spec): none, fp16, bf16, "
+                        "threshold:PHI[:D], random:P[:SEED], tdf:PHI:D:P[:WIRE]")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch < 1:
         p.error("--epochs and --batch must be at least 1")
     if args.reference and (args.ranks is None or args.ranks < 1):
         p.error("--reference needs --ranks N (N >= 1)")
+    try:
+        from bmlmpi.compression import parse
+        parse(args.compression)
+    except (ValueError, TypeError) as exc:
+        p.error(f"--compression: {exc}")
     args.plans = [s.strip() for s in args.plan.split(",") if s.strip()]
     bad = [s for s in args.plans if s not in PLANS]
     if bad or not args.plans:
@@ -131,6 +139,9 @@ class MLP:
             if clock is not None:
                 clock.append(("forward", layer, t0, time.perf_counter()))
         return acts
+
+    def accuracy(self, x: np.ndarray, y: np.ndarray) -> float:
+        return float((self.forward(x)[-1].argmax(axis=1) == y).mean())
 
     def loss(self, x: np.ndarray, y: np.ndarray) -> float:
         logits = self.forward(x)[-1]
@@ -196,7 +207,8 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
     grads = [np.zeros_like(p) for p in model.params]
     communicator = bmlmpi.Communicator(comm, algorithm=args.algorithm)
     buckets = bmlmpi.GradientBuckets(grads, comm=communicator, op=bmlmpi.AVG, plan=plan,
-                                     fusion_bytes=args.fusion_bytes)
+                                     fusion_bytes=args.fusion_bytes,
+                                     compression=args.compression)
     glob = args.batch * size
     steps = len(y) // glob if args.steps is None else min(args.steps, len(y) // glob)
     if steps == 0:
@@ -217,6 +229,7 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
             update(layer)
 
     losses = [model.loss(x, y)]
+    accuracies = [model.accuracy(x, y)]
     if rank == 0:
         print(f"train_buckets: {size} ranks, plan {plan}, {source}, "
               f"{sum(p.size for p in model.params)} parameters in {len(grads)} arrays, "
@@ -250,8 +263,10 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
             n += 1
         flush()
         losses.append(model.loss(x, y))
+        accuracies.append(model.accuracy(x, y))
         if rank == 0:
-            print(f"epoch {epoch:3d}  loss {losses[-1]:.10f}", flush=True)
+            print(f"epoch {epoch:3d}  loss {losses[-1]:.10f}  accuracy {accuracies[-1]:.4f}",
+                  flush=True)
     buckets.close()
     flat = np.concatenate([p.reshape(-1) for p in model.params])
     first = flat.copy()
@@ -261,12 +276,19 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
     warm = step_times[min(len(step_times) // 4, 10):] or step_times
     result = {"ranks": size, "plan": plan, "fusion_bytes": args.fusion_bytes,
               "algorithm": args.algorithm, "dataset": source, "losses": losses,
+              "accuracies": accuracies, "compression": args.compression,
               "steps_per_epoch": steps, "global_batch": glob,
               "buckets": [list(b) for b in buckets.buckets],
               "step_seconds_median": float(np.median(warm)),
               "step_seconds_mean": float(np.mean(warm)),
               "ranks_with_other_parameters": [r for r, d in enumerate(differ) if d],
               "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0]}
+    if buckets.compression is not None:
+        # bytes this rank sent for its gradients, per training step (all epochs)
+        result["compressed_bytes_per_step"] = sum(buckets.compression.bytes_sent.values()) / n
+        result["compression_paths"] = dict(buckets.compression.calls)
+        result["dropped_fraction"] = (buckets.compression.dropped /
+                                      max(buckets.compression.elements, 1))
     if buckets.profile is not None:
         result["profile"] = {"forward": buckets.profile.forward,
                              "backward": buckets.profile.backward,

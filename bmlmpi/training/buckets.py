@@ -182,13 +182,16 @@ class GradientBuckets:
     per-byte times, ``"model"`` (the cost model) or ``"measured"`` (allreduces timed on ``comm``
     during the re-plan: :mod:`bmlmpi.training.costs`). ``timeout``: seconds a wait may go
     without a bucket completing.
+    ``compression``: a :mod:`bmlmpi.compression` compressor or spec (``"fp16"``,
+    ``"tdf:PHI:D:P"``); each group's allreduce is then compressed with error feedback kept per
+    group of arrays (moved along when the ibatch plan regroups them).
     """
 
     def __init__(self, grads: Sequence[np.ndarray], comm: Any = None, op: Any = None,
                  plan: str | Batching = "threshold", *, fusion_bytes: int | None = None,
                  profile: Profile | None = None, fusion: str = "auto",
                  timeout: float | None = None, poll_interval: float = 2e-4,
-                 cost: str = "model"):
+                 cost: str = "model", compression: Any = None):
         from .. import AVG, Communicator
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -204,6 +207,13 @@ class GradientBuckets:
         self.timeout = float(comm.timeout if timeout is None else timeout)
         self.poll_interval = poll_interval
         self.fault_tolerant = hasattr(comm, "failed")
+        # compression hook: each group's allreduce goes through bmlmpi.compression, its
+        # error-feedback memory kept per group of registered arrays (key: member indices)
+        from ..compression import parse
+        self.compression = parse(compression)
+        if self.compression is not None and self.fault_tolerant:
+            raise ValueError("compression is not supported on a fault-tolerant communicator "
+                             "(a re-reduction would apply the error feedback twice)")
         self._lock = threading.Lock()          # every call into the communicator
         self._cond = threading.Condition()     # bucket state between the two threads
         self._error: BaseException | None = None
@@ -258,7 +268,8 @@ class GradientBuckets:
         arrays = tuple((tuple(a.shape), a.dtype.str) for a in self.grads
                        if isinstance(a, np.ndarray))
         return (arrays, op_name(self.op), plan if isinstance(plan, str) else
-                (plan.ends, plan.split), fusion_bytes)
+                (plan.ends, plan.split), fusion_bytes,
+                None if self.compression is None else self.compression.name)
 
     def _check_registration(self, plan, plan_name, fusion_bytes, problem) -> None:
         sig = self._signature(plan, fusion_bytes)
@@ -287,6 +298,7 @@ class GradientBuckets:
 
     def _install(self, plan: Batching) -> None:
         n = len(self.grads)
+        old_keys = [tuple(g.members) for b in getattr(self, "_buckets", []) for g in b.groups]
         if not plan.ends or plan.ends[-1] != n:
             raise ValueError(f"the plan {plan.ends} does not cover the {n} arrays")
         self.plan = plan
@@ -299,6 +311,10 @@ class GradientBuckets:
                 self._bucket_of[i] = b
             made = [self._make_group(m) for m in groups.values()]
             self._buckets.append(_Bucket(b, first, end, made))
+        if self.compression is not None and old_keys:
+            self.compression.regroup(old_keys, [tuple(g.members) for b in self._buckets
+                                                for g in b.groups],
+                                     [a.size for a in self.grads])
         self._order = start_order(plan)
         self._next_start = 0   # position in _order of the next bucket to start
         self._deferred_from = sum(1 for b in self._buckets if b.first >= plan.split)
@@ -398,7 +414,12 @@ class GradientBuckets:
         reqs = []
         with self._lock:
             for g in bucket.groups:
-                reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g.buffer, self.op))
+                if self.compression is None:
+                    reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g.buffer, self.op))
+                else:
+                    from ..compression.layer import start
+                    reqs.append(start(self.comm, MPI.IN_PLACE, g.buffer, self.op,
+                                      self.compression, key=tuple(g.members)))
         with self._cond:
             bucket.requests = reqs
             bucket.steps = 0

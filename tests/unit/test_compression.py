@@ -1,0 +1,144 @@
+"""bmlmpi.compression without MPI: codecs, scale, filters, error feedback, sparse merge, P-SMP."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from bmlmpi.compression import filters, parse, tdf, threshold
+from bmlmpi.compression import random as grp
+from bmlmpi.compression.sharded import psmp_publishes, psmp_threshold
+from bmlmpi.compression.sparse import merge, pack, sparse_seconds, unpack
+from bmlmpi.compression.wire import decode, encode, round_trip, scale
+
+
+def test_fp16_codec_is_numpy_half():
+    x = np.array([0.0, 1.0, -2.5, 65504.0, 1e-8, 3.14159], np.float32)
+    assert np.array_equal(decode("fp16", encode("fp16", x), np.float32),
+                          x.astype(np.float16).astype(np.float32))
+
+
+def test_bf16_rounds_to_nearest_even():
+    # 1 + 2^-8 lies halfway between two bf16 values (1 and 1 + 2^-7): ties go to even (1)
+    x = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -3.0, 0.0, np.inf], np.float32)
+    y = round_trip("bf16", x)
+    assert y.tolist() == [1.0, 1 + 2 ** -6, -3.0, 0.0, np.inf]
+    assert np.isnan(round_trip("bf16", np.array([np.nan], np.float32)))[0]
+
+
+@pytest.mark.parametrize("wire,bound", [("fp16", 2.0 ** 15), ("bf16", 2.0 ** 126)])
+@pytest.mark.parametrize("size", [1, 3, 12])
+@pytest.mark.parametrize("m", [1e-30, 1e-3, 1.0, 7e4, 1e30])
+def test_scale_bounds_every_partial_sum(wire, bound, size, m):
+    s = scale(wire, m, size)
+    assert s == 2.0 ** round(math.log2(s))          # a power of two: exact
+    assert size * m * s <= bound < 2 * size * m * s  # the largest such power
+    # the worst partial sum, all ranks at the maximum, does not overflow in the wire format
+    assert math.isfinite(float(round_trip(wire, np.array([size * m * s], np.float32))[0]))
+
+
+def test_gsmp_and_grp_select_their_definitions():
+    y = np.array([0.5, -0.05, 0.2, -0.3, 0.0])
+    t = 4
+    thr = 0.25 / (1 + 0.5 * math.log(t))
+    assert filters.gsmp_threshold(0.25, 0.5, t) == thr
+    assert filters.gsmp_selects(y, 0.25, 0.5, t).tolist() == (np.abs(y) < thr).tolist()
+    a = filters.grp_selects(10000, 0.3, 7, 3, 11)
+    assert np.array_equal(a, np.random.default_rng([7, 3, 11]).random(10000) < 0.3)
+    assert 0.27 < a.mean() < 0.33
+    assert not np.array_equal(a, filters.grp_selects(10000, 0.3, 7, 4, 11))  # new draw per t
+
+
+@pytest.mark.parametrize("make", [lambda: threshold(0.3, 1.0), lambda: grp(0.6, 5),
+                                  lambda: tdf(0.3, 1.0, 0.6, wire=None)])
+def test_dropped_exactly_as_defined(make):
+    c = make()
+    rng = np.random.default_rng(0)
+    dropped = 0
+    for t in range(1, 5):
+        x = rng.standard_normal(200).astype(np.float32)
+        before = c.residuals.get("k")
+        y = x + (before if before is not None else 0)
+        step = c.begin("k", x)
+        assert np.array_equal(step.y, y)
+        smp = np.abs(y) < 0.3 / (1 + math.log(t)) if c.phi is not None else None
+        rp = (np.random.default_rng([c.seed, t, filters.key_of("k")]).random(200) < c.p
+              if c.p is not None else None)
+        want = smp if rp is None else rp if smp is None else smp & rp
+        assert np.array_equal(step.dropped, want)
+        c.finish("k", step, float(np.abs(y).max()), 4)
+        assert np.array_equal(step.sent[want], np.zeros(want.sum(), np.float32))
+        assert np.array_equal(step.sent[~want], y[~want])
+        assert np.array_equal(c.residuals["k"], np.where(want, y, 0))
+        dropped += int(want.sum())
+    assert (c.elements, c.dropped) == (800, dropped)
+
+
+@pytest.mark.parametrize("spec", ["fp16", "bf16", "tdf:0.5:1:0.5", "tdf:0.5:1:0.5:bf16",
+                                  "threshold:0.2"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_error_feedback_input_is_sent_plus_kept(spec, dtype):
+    c = parse(spec)
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        # magnitudes over 20 decades: fp16 rounds, flushes tiny values to zero, would overflow
+        x = (rng.standard_normal(500) * 10.0 ** rng.integers(-12, 8, 500)).astype(dtype)
+        step = c.begin(("a",), x)
+        c.finish(("a",), step, float(np.abs(step.y).max()), 5)
+        y, sent, kept = (a.astype(np.float64) for a in (step.y, step.sent, c.residuals[("a",)]))
+        assert np.array_equal(y, sent + kept)
+        assert np.isfinite(sent).all()
+
+
+def test_identity_and_filters_flags():
+    assert threshold(0.0).identity and grp(0.0).identity and tdf(0, 0, 0, wire=None).identity
+    assert tdf(1.0, 0, 0.0, wire=None).identity    # G-RP selects nothing: nothing dropped
+    assert not tdf(1.0, 0, 0.5, wire=None).identity
+    assert not parse("fp16").identity and parse("none") is None
+
+
+@pytest.mark.parametrize("bad", ["tdf:1", "fp32", "random:2", "threshold:-1", "tdf:1:1:0.5:int8"])
+def test_bad_specs_raise(bad):
+    with pytest.raises(ValueError):
+        parse(bad)
+
+
+def test_regroup_keeps_each_arrays_residual():
+    c = threshold(10.0)
+    sizes = [2, 3, 4]
+    for key in [(0,), (1, 2)]:
+        n = sum(sizes[i] for i in key)
+        c.finish(key, c.begin(key, np.arange(1, n + 1, dtype=np.float32) * (key[0] + 1)), 0, 2)
+    c.regroup([(0,), (1, 2)], [(0, 1), (2,)], sizes)
+    assert c.residuals[(0, 1)].tolist() == [1, 2, 2, 4, 6]
+    assert c.residuals[(2,)].tolist() == [8, 0, 0, 0]   # 10, 12, 14 >= 10 were sent
+
+
+def test_pack_merge_sums_in_order():
+    a = (np.array([5, 1], np.int64), np.array([1.0, 2.0]))
+    b = (np.array([1, 9], np.int64), np.array([10.0, 3.0]))
+    i, v = unpack(pack(*a), np.dtype(np.float64))
+    assert i.tolist() == [5, 1] and v.tolist() == [1.0, 2.0]
+    idx, val = merge([a, b], np.dtype(np.float64))
+    assert idx.tolist() == [1, 5, 9] and val.tolist() == [12.0, 1.0, 3.0]
+
+
+def test_sparse_price_grows_with_density_and_fill_in():
+    low = sparse_seconds(10, 10 ** 6, 4, [2, 2], 4, 1e-5, 1e-9)
+    high = sparse_seconds(10 ** 5, 10 ** 6, 4, [2, 2], 4, 1e-5, 1e-9, merge_s=0.0)
+    assert low < high
+    assert high == pytest.approx(4e-5 + (1e5 + 2e5) * 8 * 1e-9)
+    assert sparse_seconds(10 ** 5, 10 ** 6, 4, [2, 2], 4, 0, 0, merge_s=1.0) == 2e5 + 4e5
+    assert sparse_seconds(7, 100, 4, None, 4, 1.0, 0.0, merge_s=0.0) == 6.0
+
+
+def test_psmp_publishes_relative_changes():
+    old = np.array([1.0, 1.0, 0.0, 0.0, -2.0])
+    new = np.array([1.05, 1.2, 0.0, 0.1, -2.0])
+    thr = psmp_threshold(0.1, 1.0, 3)
+    assert thr == 0.1 / (1 + math.log(3))
+    want = [abs(0.05) >= thr, True, False, True, False]
+    assert psmp_publishes(new, old, 0.1, 1.0, 3).tolist() == want
+    assert psmp_publishes(new, old, 0.0, 1.0, 3).all()
