@@ -70,7 +70,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -392,14 +392,19 @@ class GradientBuckets:
             self._start(b)
             self._next_start += 1
 
+    def _member_slices(self, g: Any) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(each member array, flat; its range of the group's fused buffer), in order."""
+        off = 0
+        for i in g.members:
+            a = self.grads[i].reshape(-1)
+            yield a, g.buffer[off:off + a.size]
+            off += a.size
+
     def _start(self, bucket: _Bucket) -> None:
         for g in bucket.groups:
             if not g.in_place:
-                off = 0
-                for i in g.members:
-                    a = self.grads[i].reshape(-1)
-                    g.buffer[off:off + a.size] = a
-                    off += a.size
+                for a, part in self._member_slices(g):
+                    part[:] = a
             if g.saved is not None:
                 np.copyto(g.saved, g.buffer)
         t0 = time.perf_counter()
@@ -429,11 +434,8 @@ class GradientBuckets:
         """Copy a reduced bucket back into the arrays (progress thread)."""
         for g in bucket.groups:
             if not g.in_place:
-                off = 0
-                for i in g.members:
-                    a = self.grads[i].reshape(-1)
-                    a[:] = g.buffer[off:off + a.size]
-                    off += a.size
+                for a, part in self._member_slices(g):
+                    a[:] = part
 
     def wait(self, i: int | None = None) -> None:
         """Block until array ``i``'s bucket (default: every bucket) is reduced; the results
