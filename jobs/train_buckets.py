@@ -34,28 +34,22 @@ import sys
 import time
 
 import numpy as np
+from job_options import add_loop_options
+from job_options import env_int as _env_int
 
 WIDTHS = (64, 512, 96, 384, 32, 256, 448, 64, 320, 128, 192, 10)   # 11 layers, uneven
 PLANS = ("layer", "single", "threshold", "ibatch")
 
 
 def env_int(name: str, default: int | None) -> int | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise SystemExit(f"train_buckets: {name}={value!r} is not an integer") from None
+    return _env_int(name, default, "train_buckets")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=env_int("BMLMPI_TRAIN_EPOCHS", 3))
-    p.add_argument("--steps", type=int, default=env_int("BMLMPI_TRAIN_STEPS", None),
-                   help="stop each epoch after this many steps (default: the whole set)")
-    p.add_argument("--batch", type=int, default=env_int("BMLMPI_TRAIN_BATCH", 32),
-                   help="samples per rank per step")
+    add_loop_options(
+        p, "train_buckets", epochs=3,
+        steps_help="stop each epoch after this many steps (default: the whole set)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--plan", default=os.environ.get("BMLMPI_PLAN", "threshold"),

@@ -27,28 +27,16 @@ from dataclasses import dataclass
 
 import numpy as np
 from check_world import expected_size, mismatch_message
+from job_options import add_loop_options
 from mpi4py import MPI
 
 import bmlmpi
 
 
-def env_int(name: str, default: int | None) -> int | None:
-    value = os.environ.get(name, "").strip()
-    if not value:
-        return default
-    try:
-        return int(value)
-    except ValueError:
-        raise SystemExit(f"train_example: {name}={value!r} is not an integer") from None
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=env_int("BMLMPI_TRAIN_EPOCHS", 5))
-    p.add_argument("--steps", type=int, default=env_int("BMLMPI_TRAIN_STEPS", None),
-                   help="stop after this many steps in all (default: run every epoch)")
-    p.add_argument("--batch", type=int, default=env_int("BMLMPI_TRAIN_BATCH", 32),
-                   help="samples per rank per step")
+    add_loop_options(p, "train_example", epochs=5,
+                     steps_help="stop after this many steps in all (default: run every epoch)")
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--samples", type=int, default=4096)
     p.add_argument("--features", type=int, default=16)
