@@ -155,6 +155,9 @@ class RunObserver:
     def post(self, run: Run, lane: int) -> None:
         """Before the lane's next step posts its receives and sends."""
 
+    def posted(self, run: Run, lane: int) -> None:
+        """The lane's step has posted its receives and sends (MPI's I-calls returned)."""
+
     def received(self, run: Run, lane: int) -> None:
         """Every transfer of the lane's step completed; its reductions come next."""
 
@@ -241,6 +244,8 @@ class Run:
             tag = self.tag_base + p.tag
             reqs.append(comms[p.comm].Isend([buf[p.lo:p.hi], MPI.BYTE], p.peer, tag))
         self.lane_reqs[lane] = reqs
+        if self.observer is not None:
+            self.observer.posted(self, lane)
 
     def _complete_step(self, lane: int) -> None:
         observer = self.observer
