@@ -625,14 +625,30 @@ class Communicator:
         return levels
 
 
-_KEYVAL = MPI.Comm.Create_keyval()
+#: The module-level calls' last (user communicator, Communicator): a repeated call skips
+#: ``Get_attr``. Forgotten when MPI deletes the attribute (the user's communicator is freed),
+#: so a freed communicator fails in ``Get_attr`` as before.
+_last: tuple[MPI.Comm | None, Communicator | None] = (None, None)
+
+
+def _forget(comm: MPI.Comm, keyval: int, ctx: Communicator) -> None:
+    global _last
+    if _last[1] is ctx:
+        _last = (None, None)
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_forget)
 
 
 def _communicator_for(comm: MPI.Comm) -> Communicator:
+    global _last
+    if comm is _last[0]:
+        return _last[1]
     ctx = comm.Get_attr(_KEYVAL)
     if ctx is None:
         ctx = Communicator(comm)
         comm.Set_attr(_KEYVAL, ctx)
+    _last = (comm, ctx)
     return ctx
 
 
@@ -644,8 +660,8 @@ def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm =
     after its first call; the deadline is then the watchdog's (see :class:`Communicator`:
     a call blocked past ``BMLMPI_TIMEOUT`` aborts the job; ``BMLMPI_BLOCKING=polled`` raises
     DeadlineExceeded instead)."""
-    ctx = comm.Get_attr(_KEYVAL)
-    if ctx is None:
+    last_comm, ctx = _last
+    if comm is not last_comm:
         ctx = _communicator_for(comm)
     try:
         name = _CHECKED[algorithm]

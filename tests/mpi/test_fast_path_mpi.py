@@ -143,3 +143,16 @@ def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
     if not np.array_equal(recv, want):
         failures.append(f"after the errors: {recv} != {want}")
     all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_module_level_forgets_a_freed_communicator(comm):
+    """The module-level calls remember their last communicator; freeing it must leave the
+    next call on it failing as it did before (MPI: invalid communicator), not reusing it."""
+    dup = comm.Dup()
+    send, recv = _data(comm, (5,), np.float64), np.empty(5)
+    for _ in range(3):
+        bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup)
+    dup.Free()
+    kind, _ = _outcome(lambda: bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup))
+    all_ranks_agree(comm, [] if kind == "Exception" else [f"freed communicator: {kind}"])
