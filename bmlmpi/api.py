@@ -475,12 +475,12 @@ class Communicator:
         if call.algorithm == "native":
             return self._launch_native(call, finish)
         out = call.out
-        if call.src is not None and out.size:
-            np.copyto(out, call.src)
         plan = self._plan(call.algorithm, out.size, out.dtype, call.op)
         tag_base = (self._calls * TAG_STEPS) % self._tag_mod
         self._calls += 1
-        return Run(plan, out, call.op, tag_base, label, finish)
+        # a separate input is not copied into out up front: the run copies only the ranges
+        # it must (bmlmpi.deferred), sending the rest from the input itself
+        return Run(plan, out, call.op, tag_base, label, finish, src=call.src)
 
     def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
         sbuf = MPI.IN_PLACE if call.src is None else call.src
