@@ -75,7 +75,9 @@ class Watchdog:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5 * self.period)
+            # it wakes at once when the event is set; the bound only matters when this
+            # process gets no CPU (a heavily loaded node)
+            self._thread.join(timeout=10.0)
         self._thread = None
 
     def enter(self, what: str) -> None:

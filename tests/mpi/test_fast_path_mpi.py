@@ -32,10 +32,11 @@ def _expected(comm, send, op):
 
 
 @pytest.fixture
-def ctx(comm):
-    c = bmlmpi.Communicator(comm, algorithm="native", timeout=30)
-    yield c
-    c.Free()
+def ctx(comm, request):
+    """A native communicator: every signature's calls after its first take the fast path."""
+    native = bmlmpi.Communicator(comm, algorithm="native", timeout=30)
+    request.addfinalizer(native.Free)
+    return native
 
 
 @pytest.mark.mpi
@@ -108,12 +109,14 @@ def test_forms_the_fast_path_leaves_to_the_checked_path(comm, ctx):
     all_ranks_agree(comm, failures)
 
 
-def _outcome(fn):
+def _error_of(fn) -> tuple[str, str]:
+    """(exception type name, message) of ``fn()``, ("", "") when it returns."""
+    kind = text = ""
     try:
         fn()
     except Exception as exc:  # noqa: BLE001 - the test inspects the type
-        return type(exc).__name__, str(exc)
-    return None, ""
+        kind, text = type(exc).__name__, str(exc)
+    return kind, text
 
 
 @pytest.mark.mpi
@@ -135,7 +138,7 @@ def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
              (lambda: ctx.Allreduce(backing[:16], backing[8:], MPI.SUM), "overlap")]
     failures = []
     for fn, text in cases:
-        kind, msg = _outcome(fn)
+        kind, msg = _error_of(fn)
         if kind != "BufferSpecError" or text not in msg:
             failures.append(f"{text}: raised {kind}: {msg}")
     recv[:] = 0
@@ -154,5 +157,5 @@ def test_module_level_forgets_a_freed_communicator(comm):
     for _ in range(3):
         bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup)
     dup.Free()
-    kind, _ = _outcome(lambda: bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup))
+    kind, _ = _error_of(lambda: bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup))
     all_ranks_agree(comm, [] if kind == "Exception" else [f"freed communicator: {kind}"])
