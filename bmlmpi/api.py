@@ -13,6 +13,7 @@ with that communicator.
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,6 +29,12 @@ from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .schedules import catalog
 from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
+from .watchdog import Watchdog, mpi_abort
+
+#: The ops the fast path hands MPI as they are, by identity (an ``MPI.Op`` is unhashable).
+_FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
+#: Algorithm names already checked, so a module-level call does not check its string again.
+_CHECKED: dict[str, str] = {}
 
 
 class ArgumentMismatch(ValueError):
@@ -133,6 +140,30 @@ class NativeRun:
         return f"native MPI_Iallreduce (rank {self.rank}) made no progress in {timeout:g} s"
 
 
+class _FastCall:
+    """A blocking native signature that passed its first call (argument check included):
+    later calls with numpy arrays of the same shapes, dtypes and op call ``MPI_Allreduce``
+    directly. Remembers (weakly) the last buffer pair found not to overlap, so a loop over the
+    same arrays skips ``np.may_share_memory``; an array's memory never moves, so the answer
+    for the same two objects cannot change."""
+
+    __slots__ = ("op", "what", "send", "recv")
+
+    def __init__(self, op: MPI.Op, what: str):
+        self.op = op
+        self.what = what
+        self.send: weakref.ref | None = None
+        self.recv: weakref.ref | None = None
+
+    def apart(self, send: np.ndarray, recv: np.ndarray) -> bool:
+        if self.send is not None and self.send() is send and self.recv() is recv:
+            return True
+        if np.may_share_memory(send, recv):
+            return False  # the slow path says whether that is in place or an error
+        self.send, self.recv = weakref.ref(send), weakref.ref(recv)
+        return True
+
+
 class _Outstanding:
     """A started allreduce of the plain communicator, polled until its run completes: the
     communicator's record behind a :class:`Request`."""
@@ -175,6 +206,17 @@ class Communicator:
     ``BMLMPI_BCUBE`` or the prime factorisation of the size. ``timeout``: seconds a wait may go
     without progress before it raises (``BMLMPI_TIMEOUT``, default 120). ``validate``: check on
     the first call of each signature that all ranks agree (``BMLMPI_VALIDATE``, default on).
+
+    Blocking calls and deadlines: the first ``Allreduce`` of each signature (count, dtype,
+    op, algorithm) is started non-blocking and waited on with the deadline, argument check
+    included. When that signature runs ``native`` (chosen, or picked by ``auto``) and
+    ``BMLMPI_BLOCKING`` is ``watchdog`` (the default), later blocking calls with numpy arrays
+    call ``MPI_Allreduce`` itself, as ``comm.Allreduce`` does (mpi4py's cost plus about
+    1 µs); a watchdog thread (:mod:`bmlmpi.watchdog`) bounds them: past ``timeout`` seconds in
+    one call it reports the call on stderr and aborts the job with ``MPI_Abort``.
+    ``BMLMPI_BLOCKING=polled`` keeps every call on the polled path, where a missing rank
+    raises :class:`~bmlmpi.execute.DeadlineExceeded` instead (about 8 µs more a call at 8 B
+    between two ranks). Schedules and ``Iallreduce`` always take the polled path.
     """
 
     #: The subclass ``fault_tolerant=True`` builds. It registers itself when its module is
@@ -233,6 +275,12 @@ class Communicator:
         self._validated: set[int] = set()
         self._calls = 0
         self._active: list[_Outstanding] = []
+        # the blocking fast path (see the class docstring); not for a subclass with its own
+        # launch path (the fault-tolerant communicator tracks every call itself)
+        plain = type(self)._submit is Communicator._submit
+        self._fast: dict[tuple, _FastCall] | None = (
+            {} if plain and config.get("BMLMPI_BLOCKING") == "watchdog" else None)
+        self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm))
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
 
@@ -252,6 +300,9 @@ class Communicator:
                 f"algorithm={self.algorithm!r}, topology={format_shape(self.shape)!r})")
 
     def Free(self) -> None:
+        self._watchdog.stop()
+        if self._fast is not None:
+            self._fast.clear()
         for c in [*self._levels, self._comm]:
             if c != MPI.COMM_NULL:
                 c.Free()
@@ -262,8 +313,14 @@ class Communicator:
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                   compression: Any = None) -> None:
         """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (``sendbuf`` may be IN_PLACE).
-        ``compression``: a :mod:`bmlmpi.compression` compressor or spec (``"fp16"``)."""
-        self.Iallreduce(sendbuf, recvbuf, op, compression=compression).Wait()
+        ``compression``: a :mod:`bmlmpi.compression` compressor or spec (``"fp16"``).
+
+        A native signature's calls after its first go straight to ``MPI_Allreduce``, bounded
+        by the watchdog (class docstring)."""
+        if compression is not None:
+            self.Iallreduce(sendbuf, recvbuf, op, compression=compression).Wait()
+            return
+        self._blocking(sendbuf, recvbuf, op, self.algorithm)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                    compression: Any = None) -> Request:
@@ -291,21 +348,68 @@ class Communicator:
     # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
     # what an MPI failure means (_failure_noted, _is_failure).
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
+        return self._submit(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
+
+    def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
+                        algorithm: str) -> PreparedCall:
         try:
-            call = self._prepare(sendbuf, recvbuf, op, algorithm)
-        except (ValueError, TypeError, BufferError) as exc:
+            return self._prepare(sendbuf, recvbuf, op, algorithm)
+        except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
             # the others learn of it in their argument check (RemoteArgumentError); the
-            # check raises it here
+            # check raises it here. Lookup and attribute errors come from malformed specs an
+            # exporter's own code trips on: still this rank's argument error, not a hang.
             with self._failure_noted():
                 self._validate(None, exc)
             raise
-        return self._submit(call)
+
+    def _blocking(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
+        """A blocking allreduce: the fast path when this signature may take it, else a
+        started call waited on (which may then open the fast path for the signature)."""
+        fast = self._fast
+        key = None
+        if fast is not None and type(recvbuf) is np.ndarray:
+            if sendbuf is MPI.IN_PLACE:
+                key = (algorithm, recvbuf.shape, recvbuf.dtype, None, None, id(op))
+            elif type(sendbuf) is np.ndarray:
+                key = (algorithm, recvbuf.shape, recvbuf.dtype, sendbuf.shape, sendbuf.dtype,
+                       id(op))
+            if key is not None:
+                entry = fast.get(key)
+                if (entry is not None and not self._active
+                        and (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
+                    watch = self._watchdog
+                    watch.calls += 1
+                    watch.current = entry.what
+                    try:
+                        self._comm.Allreduce(sendbuf, recvbuf, entry.op)
+                    except BufferError:
+                        # mpi4py refused a buffer (not contiguous, read-only: flags can change
+                        # between calls) before anything was sent: the slow path below gives
+                        # the same error as always, on every rank
+                        pass
+                    else:
+                        return
+                    finally:
+                        watch.current = None
+        call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+        self._submit(call).Wait()
+        if (key is not None and call.algorithm == "native" and call.staging is None
+                and id(op) in _FAST_OPS and call.out.size == recvbuf.size):
+            # the first call of this signature ran, argument check and deadline included
+            fast[key] = _FastCall(_FAST_OPS[id(op)],
+                                  f"bmlmpi native allreduce (blocking MPI_Allreduce of "
+                                  f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
+                                  f"{self.rank} of {self.size})")
+            self._watchdog.start()
 
     def _prepare(self, sendbuf, recvbuf, op, algorithm) -> PreparedCall:
         requested = algorithm
         name = op_name(op)
         if recvbuf is None or recvbuf is MPI.IN_PLACE:
             raise BufferSpecError("recvbuf must be a buffer (sendbuf may be MPI.IN_PLACE)")
+        if isinstance(recvbuf, (list, tuple)) and not recvbuf:
+            raise BufferSpecError("recvbuf: an empty buffer spec (need buf, [buf, datatype] or "
+                                  "[buf, count, datatype])")
         device = buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
                                          else recvbuf[0])
         staging = None
@@ -384,12 +488,12 @@ class Communicator:
         if call.algorithm == "native":
             return self._launch_native(call, finish)
         out = call.out
-        if call.src is not None and out.size:
-            np.copyto(out, call.src)
         plan = self._plan(call.algorithm, out.size, out.dtype, call.op)
         tag_base = (self._calls * TAG_STEPS) % self._tag_mod
         self._calls += 1
-        return Run(plan, out, call.op, tag_base, label, finish)
+        # a separate input is not copied into out up front: the run copies only the ranges
+        # it must (bmlmpi.deferred), sending the rest from the input itself
+        return Run(plan, out, call.op, tag_base, label, finish, src=call.src)
 
     def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
         sbuf = MPI.IN_PLACE if call.src is None else call.src
@@ -534,22 +638,50 @@ class Communicator:
         return levels
 
 
-_KEYVAL = MPI.Comm.Create_keyval()
+#: The module-level calls' last (user communicator, Communicator): a repeated call skips
+#: ``Get_attr``. Forgotten when MPI deletes the attribute (the user's communicator is freed),
+#: so a freed communicator fails in ``Get_attr`` as before.
+_last: tuple[MPI.Comm | None, Communicator | None] = (None, None)
+
+
+def _forget(comm: MPI.Comm, keyval: int, ctx: Communicator) -> None:
+    global _last
+    if _last[1] is ctx:
+        _last = (None, None)
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_forget)
 
 
 def _communicator_for(comm: MPI.Comm) -> Communicator:
+    global _last
+    if comm is _last[0]:
+        return _last[1]
     ctx = comm.Get_attr(_KEYVAL)
     if ctx is None:
         ctx = Communicator(comm)
         comm.Set_attr(_KEYVAL, ctx)
+    _last = (comm, ctx)
     return ctx
 
 
 def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,
               algorithm: str = "auto") -> None:
-    """Drop-in ``comm.Allreduce(sendbuf, recvbuf, op)`` running a bmlmpi algorithm."""
-    ctx = _communicator_for(comm)
-    ctx._start(sendbuf, recvbuf, op, select.check_algorithm(algorithm)).Wait()
+    """Drop-in ``comm.Allreduce(sendbuf, recvbuf, op)`` running a bmlmpi algorithm.
+
+    Costs what ``comm.Allreduce`` costs (plus about 1 µs) where the signature runs native,
+    after its first call; the deadline is then the watchdog's (see :class:`Communicator`:
+    a call blocked past ``BMLMPI_TIMEOUT`` aborts the job; ``BMLMPI_BLOCKING=polled`` raises
+    DeadlineExceeded instead)."""
+    last_comm, ctx = _last
+    if comm is not last_comm:
+        ctx = _communicator_for(comm)
+    try:
+        name = _CHECKED[algorithm]
+    except (KeyError, TypeError):
+        name = select.check_algorithm(algorithm)
+        _CHECKED[algorithm] = name
+    ctx._blocking(sendbuf, recvbuf, op, name)
 
 
 def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,

@@ -101,6 +101,17 @@ def _kernel_mode(text: str) -> str:
     return mode
 
 
+#: How a blocking native allreduce waits (``BMLMPI_BLOCKING``, see :mod:`bmlmpi.watchdog`).
+BLOCKING_MODES = ("watchdog", "polled")
+
+
+def _blocking_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in BLOCKING_MODES:
+        raise ValueError(f"expected one of {', '.join(BLOCKING_MODES)}")
+    return mode
+
+
 def _text(text: str) -> str:
     return text.strip()
 
@@ -131,6 +142,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "BCube shape, level 0 first: `3x3` = BCube(3,2), `2x2x3` for 12 ranks", _text),
     Variable("BMLMPI_TIMEOUT", "seconds", 120.0, "120",
              "seconds a wait may go without progress", _positive_seconds),
+    Variable("BMLMPI_BLOCKING", "mode", "watchdog", "watchdog",
+             "blocking native allreduce after a signature's first call: `watchdog` calls "
+             "MPI_Allreduce itself, a thread aborts the job past BMLMPI_TIMEOUT; `polled`: "
+             "MPI_Iallreduce polled with a deadline (DeadlineExceeded)", _blocking_mode),
     Variable("BMLMPI_VALIDATE", "boolean", True, "on",
              "off: skip the first-call agreement check", parse_bool),
     Variable("BMLMPI_LINKS", "preset or file", None, "from MPI placement",

@@ -20,6 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config, kernels
+from .deferred import Deferred, analyse
 from .ops import kernel_op
 from .schedules.types import Schedule, streams_are_independent
 
@@ -129,6 +130,14 @@ class Plan:
         self.nsteps = len(sched.steps)
         self.scratch_elems = base
         self._pool: list[np.ndarray] = []
+        self._deferred: Deferred | None = None
+
+    def deferred(self) -> Deferred:
+        """The input copies of a run with a separate input buffer (:mod:`bmlmpi.deferred`),
+        worked out on the first such run."""
+        if self._deferred is None:
+            self._deferred = analyse(self.lanes, self.sched.count)
+        return self._deferred
 
     @classmethod
     def flat(cls, sched: Schedule, comm: MPI.Comm) -> Plan:
@@ -154,6 +163,9 @@ class RunObserver:
 
     def post(self, run: Run, lane: int) -> None:
         """Before the lane's next step posts its receives and sends."""
+
+    def posted(self, run: Run, lane: int) -> None:
+        """The lane's step has posted its receives and sends (MPI's I-calls returned)."""
 
     def received(self, run: Run, lane: int) -> None:
         """Every transfer of the lane's step completed; its reductions come next."""
@@ -186,9 +198,13 @@ class Run:
     """
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int, label: str,
-                 finish: Callable[[], None] | None = None):
+                 finish: Callable[[], None] | None = None, src: np.ndarray | None = None):
+        """``src``: the input, when it is not already in ``buf``; the run then copies only
+        what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``."""
         self.plan = plan
         self.buf = buf
+        self.src = src
+        self.copies = None if src is None or not buf.size else plan.deferred()
         self.kop = kernel_op(op)
         self.tag_base = tag_base
         self.label = label
@@ -230,6 +246,12 @@ class Run:
         sp = self.plan.lanes[lane][self.pos[lane]]
         comms = self.plan.comms
         buf, scratch = self.buf, self.scratch
+        sources = None
+        if self.copies is not None:
+            step = self.copies.lanes[lane][self.pos[lane]]
+            for lo, hi in step.before_post:
+                np.copyto(buf[lo:hi], self.src[lo:hi])
+            sources = step.send_from_input
         reqs = []
         # Receives first so that eager messages land directly in place.
         for p in sp.recvs:
@@ -237,10 +259,13 @@ class Run:
             n = p.hi - p.lo
             view = buf[p.lo:p.hi] if p.scratch < 0 else scratch[p.scratch:p.scratch + n]
             reqs.append(comms[p.comm].Irecv([view, MPI.BYTE], p.peer, tag))
-        for p in sp.sends:
+        for k, p in enumerate(sp.sends):
             tag = self.tag_base + p.tag
-            reqs.append(comms[p.comm].Isend([buf[p.lo:p.hi], MPI.BYTE], p.peer, tag))
+            data = self.src if sources is not None and sources[k] else buf
+            reqs.append(comms[p.comm].Isend([data[p.lo:p.hi], MPI.BYTE], p.peer, tag))
         self.lane_reqs[lane] = reqs
+        if self.observer is not None:
+            self.observer.posted(self, lane)
 
     def _complete_step(self, lane: int) -> None:
         observer = self.observer
@@ -248,7 +273,12 @@ class Run:
             observer.received(self, lane)
         sp = self.plan.lanes[lane][self.pos[lane]]
         buf, scratch = self.buf, self.scratch
-        for lo, hi, offs in sp.reduces:
+        before = None if self.copies is None else \
+            self.copies.lanes[lane][self.pos[lane]].before_reduce
+        for r, (lo, hi, offs) in enumerate(sp.reduces):
+            if before is not None:
+                for a, b in before[r]:
+                    np.copyto(buf[a:b], self.src[a:b])
             n = hi - lo
             srcs = [scratch[o:o + n] for o in offs]
             if len(srcs) == 1:
@@ -286,6 +316,9 @@ class Run:
         return True
 
     def _finalise(self) -> None:
+        if self.copies is not None:
+            for lo, hi in self.copies.final:
+                np.copyto(self.buf[lo:hi], self.src[lo:hi])
         if self.scratch is not None:
             self.plan.give_scratch(self.scratch)
             self.scratch = None

@@ -133,3 +133,12 @@ def test_missing_rank_hits_the_deadline_not_a_hang(comm):
     comm.Barrier()
     all_ranks_agree(comm, failures)
     ctx.Free()
+
+
+@pytest.mark.mpi
+def test_an_empty_spec_on_one_rank_fails_every_rank(comm, ctx):
+    y = np.empty(8)
+    bad = comm.rank == comm.size - 1
+    types = {"BufferSpecError"} if bad else {"RemoteArgumentError"}
+    _expect_everywhere(comm, lambda: ctx.Allreduce(np.ones(8), [] if bad else y), types,
+                       "empty buffer spec")

@@ -37,6 +37,7 @@ BAD_VALUES = {
     "BMLMPI_EXPECT_SIZE": ["0", "-3", "nine"],
     "BMLMPI_RANKS_PER_NODE": ["0", "-2", "x", "1.5"],
     "BMLMPI_FUSION_BYTES": ["0", "-1", "25MiB", "1.5"],
+    "BMLMPI_BLOCKING": ["poll", "off", "abort", "1"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
              "BMLMPI_CACHE_DIR"}
@@ -83,7 +84,8 @@ def test_values_parse_to_their_types(tmp_path):
            "BMLMPI_SPIN": "0", "BMLMPI_KERNEL": "NumPy", "BMLMPI_KERNEL_THREADS": "3",
            "BMLMPI_HANG_TIMEOUT": "2", "BMLMPI_HEARTBEAT": "0.1", "BMLMPI_EXPECT_SIZE": "9",
            "BMLMPI_ALGORITHM": " Ring ", "BMLMPI_BCUBE": " 3x3 ",
-           "BMLMPI_CACHE_DIR": str(tmp_path), "BMLMPI_MPIEXEC": "/opt/mpi/bin/mpiexec"}
+           "BMLMPI_CACHE_DIR": str(tmp_path), "BMLMPI_MPIEXEC": "/opt/mpi/bin/mpiexec",
+           "BMLMPI_BLOCKING": " Polled "}
     got = {name: config.get(name, env) for name in env}
     assert got == {"BMLMPI_TIMEOUT": 7.5, "BMLMPI_TREE_LINK_PENALTY": 1.0,
                    "BMLMPI_TREE_ARRAY_BOUND": 0, "BMLMPI_AUTO_BML_BYTES": 4096,
@@ -91,7 +93,7 @@ def test_values_parse_to_their_types(tmp_path):
                    "BMLMPI_HANG_TIMEOUT": 2.0, "BMLMPI_HEARTBEAT": 0.1,
                    "BMLMPI_EXPECT_SIZE": 9, "BMLMPI_ALGORITHM": "ring",
                    "BMLMPI_BCUBE": "3x3", "BMLMPI_CACHE_DIR": tmp_path,
-                   "BMLMPI_MPIEXEC": "/opt/mpi/bin/mpiexec"}
+                   "BMLMPI_MPIEXEC": "/opt/mpi/bin/mpiexec", "BMLMPI_BLOCKING": "polled"}
     assert config.get("BMLMPI_CACHE_DIR", {"BMLMPI_CACHE_DIR": "~/x"}) == Path.home() / "x"
     with pytest.raises(KeyError, match="BMLMPI_NOPE"):
         config.get("BMLMPI_NOPE")

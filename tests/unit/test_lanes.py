@@ -31,14 +31,23 @@ def plan_of(sched: Schedule) -> Plan:
     return Plan(sched, [None], lambda level, peer: (0, peer))
 
 
-def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None) -> dict:
-    """Run every rank's Plan with lanes advanced in a random order; return the buffers."""
+def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None,
+             separate_input: bool = False) -> dict:
+    """Run every rank's Plan with lanes advanced in a random order; return the buffers.
+
+    ``separate_input``: as a Run given ``src`` does, the input stays in its own buffer and
+    only the copies of :meth:`Plan.deferred` move it into the result, which starts as
+    garbage; sends the analysis marks read the input."""
     rng = random.Random(seed)
     live = live if live is not None else [s.rank for s in scheds]
     count = scheds[0].count
     plans = {s.rank: plan_of(s) for s in scheds}
     bufs = {r: (np.arange(count, dtype=np.int64) * 1000 + r) * (r + 1) for r in live}
     inputs = {r: b.copy() for r, b in bufs.items()}
+    copies = {r: plans[r].deferred() for r in live} if separate_input else None
+    if separate_input:
+        for r in live:
+            bufs[r][:] = -(10 ** 12)  # garbage: any byte read before it is written shows
     wire: dict[tuple, deque] = defaultdict(deque)  # (src, dst, tag) -> payloads in order
     pos = {r: [0] * len(plans[r].lanes) for r in live}
     posted = {r: [False] * len(plans[r].lanes) for r in live}
@@ -51,9 +60,14 @@ def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None) -
     while todo := runnable():
         r, i = rng.choice(todo)
         sp = plans[r].lanes[i][pos[r][i]]
+        step = copies[r].lanes[i][pos[r][i]] if copies else None
         if not posted[r][i]:
-            for p in sp.sends:  # buffered sends: the payload is captured when posted
-                wire[(r, p.world_peer, p.tag)].append(bufs[r][p.lo:p.hi].copy())
+            if step is not None:
+                for lo, hi in step.before_post:
+                    bufs[r][lo:hi] = inputs[r][lo:hi]
+            for k, p in enumerate(sp.sends):  # buffered: the payload is captured when posted
+                data = inputs[r] if step is not None and step.send_from_input[k] else bufs[r]
+                wire[(r, p.world_peer, p.tag)].append(data[p.lo:p.hi].copy())
             posted[r][i] = True
         # a step completes once every receive has its message at the head of its queue
         need: dict[tuple, int] = defaultdict(int)
@@ -64,16 +78,29 @@ def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None) -
             assert stalled < 100_000, "deadlock: no lane can advance"
             continue
         stalled = 0
+        landed = []
         for p in sp.recvs:
             data = wire[(p.world_peer, r, p.tag)].popleft()
             assert len(data) == p.hi - p.lo
             if p.scratch >= 0:
-                bufs[r][p.lo:p.hi] += data
+                landed.append((p.lo, p.hi, data))
             else:
                 bufs[r][p.lo:p.hi] = data
+        # reductions after every transfer of the step, per reduced range, as Run applies them
+        for k, (lo, hi, _) in enumerate(sp.reduces):
+            if step is not None:
+                for a, b in step.before_reduce[k]:
+                    bufs[r][a:b] = inputs[r][a:b]
+            for plo, phi, data in landed:
+                if (plo, phi) == (lo, hi):
+                    bufs[r][lo:hi] += data
         pos[r][i] += 1
         posted[r][i] = False
     assert all(not q for q in wire.values()), "messages left unreceived"
+    if copies:
+        for r in live:
+            for lo, hi in copies[r].final:
+                bufs[r][lo:hi] = inputs[r][lo:hi]
     want = sum(inputs[r] for r in live)
     for r in live:
         np.testing.assert_array_equal(bufs[r], want, err_msg=f"rank {r}")
@@ -103,6 +130,7 @@ def test_random_lane_interleavings_give_the_allreduce(name, make, count):
         assert streams_are_independent(s), f"{name} rank {s.rank}"
     for seed in range(3):
         simulate(scheds, seed)
+        simulate(scheds, seed, separate_input=True)
 
 
 @pytest.mark.parametrize("dead", [(0,), (4,), (0, 8), (1, 5)])
@@ -111,6 +139,7 @@ def test_recovery_schedules_under_random_interleavings(dead):
     scheds = bcube_recovery_schedules((3, 3), dead, 997)
     for seed in range(3):
         simulate(scheds, seed, live)
+        simulate(scheds, seed, live, separate_input=True)
 
 
 def test_ring_gets_one_lane_per_segment_with_its_own_scratch():

@@ -1,0 +1,161 @@
+"""The blocking fast path (a native signature's calls after its checked first call go straight
+to MPI_Allreduce) gives exactly what the checked path gives: mpi4py's results, and the same
+errors on every rank when a later call of the same shapes passes a bad buffer.
+
+Every case calls three times: the first call takes the checked, polled path; the next two
+must take the fast path where the README says they do (the watchdog's call count tells)."""
+
+import numpy as np
+import pytest
+from conftest import all_ranks_agree
+from mpi4py import MPI
+
+import bmlmpi
+
+DTYPES = [np.float64, np.float32, np.int32, np.int64, np.complex128]
+OPS = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+
+
+def _data(comm, shape, dtype, order="C"):
+    n = int(np.prod(shape))
+    # position- and rank-dependent, small enough that PROD stays exact
+    flat = (np.arange(n) % 3 + 1 + (comm.rank % 2)).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        flat = flat + 1j * (np.arange(n) % 2)
+    return np.array(flat.reshape(shape), order=order)
+
+
+def _expected(comm, send, op):
+    out = np.empty_like(send)
+    comm.Allreduce(send, out, op)
+    return out
+
+
+@pytest.fixture
+def ctx(comm, request):
+    """A native communicator: every signature's calls after its first take the fast path."""
+    native = bmlmpi.Communicator(comm, algorithm="native", timeout=30)
+    request.addfinalizer(native.Free)
+    return native
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("opname", list(OPS))
+def test_fast_path_results_equal_mpi4py(comm, ctx, dtype, opname):
+    if np.dtype(dtype).kind == "c" and opname in ("min", "max"):
+        pytest.skip("MIN/MAX are not defined for complex")
+    op = OPS[opname]
+    failures = []
+    for shape, order in [((13,), "C"), ((3, 5), "C"), ((3, 5), "F")]:
+        send = _data(comm, shape, dtype, order)
+        want = _expected(comm, send, op)
+        before = ctx._watchdog.calls
+        for i in range(3):
+            recv = np.zeros(shape, dtype, order=order)
+            ctx.Allreduce(send, recv, op)
+            if not np.array_equal(recv, want):
+                failures.append(f"{shape} {order} call {i}: {recv} != {want}")
+            inplace = send.copy(order="A")
+            ctx.Allreduce(MPI.IN_PLACE, inplace, op)
+            if not np.array_equal(inplace, want):
+                failures.append(f"{shape} {order} IN_PLACE call {i}: {inplace} != {want}")
+        # 2 later calls x 2 forms; the Fortran-ordered (3, 5) has the shapes and dtype of the
+        # C-ordered one, whose first call opened the fast path (MPI takes memory order)
+        fast = 6 if order == "F" else 4
+        if ctx._watchdog.calls - before != fast:
+            failures.append(f"{shape} {order}: {ctx._watchdog.calls - before} fast calls, "
+                            f"not {fast}")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_module_level_and_module_algorithms(comm):
+    send = _data(comm, (17,), np.float64)
+    want = _expected(comm, send, MPI.SUM)
+    failures = []
+    for _ in range(3):
+        recv = np.empty(17)
+        bmlmpi.Allreduce(send, recv, MPI.SUM, comm=comm, algorithm="NATIVE")
+        if not np.array_equal(recv, want):
+            failures.append(f"module-level: {recv} != {want}")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_forms_the_fast_path_leaves_to_the_checked_path(comm, ctx):
+    failures = []
+    send = _data(comm, (8,), np.float64)
+    want = _expected(comm, send, MPI.SUM)
+    before = ctx._watchdog.calls
+    for _ in range(3):
+        # in place spelled with two names: the same memory, always the checked path
+        same = send.copy()
+        ctx.Allreduce(same, same, MPI.SUM)
+        if not np.array_equal(same, want):
+            failures.append(f"same array twice: {same} != {want}")
+        # a receive buffer longer than the send: count from the send
+        big = np.full(12, -1.0)
+        ctx.Allreduce(send, big, MPI.SUM)
+        if not (np.array_equal(big[:8], want) and np.all(big[8:] == -1)):
+            failures.append(f"longer recvbuf: {big}")
+        # AVG is bmlmpi's own op
+        avg = np.empty(8)
+        ctx.Allreduce(send, avg, bmlmpi.AVG)
+        if not np.allclose(avg, want / comm.size):
+            failures.append(f"AVG: {avg}")
+    if ctx._watchdog.calls != before:
+        failures.append(f"{ctx._watchdog.calls - before} fast calls for forms it leaves")
+    all_ranks_agree(comm, failures)
+
+
+def _error_of(fn) -> tuple[str, str]:
+    """(exception type name, message) of ``fn()``, ("", "") when it returns."""
+    kind = text = ""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects the type
+        kind, text = type(exc).__name__, str(exc)
+    return kind, text
+
+
+@pytest.mark.mpi
+def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
+    """Same shapes and dtype as a signature on the fast path, but a buffer MPI must not take:
+    the same error as on a first call, on every rank, and the communicator still works."""
+    send = _data(comm, (16,), np.float64)
+    want = _expected(comm, send, MPI.SUM)
+    recv = np.empty(16)
+    for _ in range(2):
+        ctx.Allreduce(send, recv, MPI.SUM)
+    read_only = np.empty(16)
+    read_only.flags.writeable = False
+    strided = np.ones(32)[::2]
+    backing = np.ones(24)
+    cases = [(lambda: ctx.Allreduce(send, read_only, MPI.SUM), "read-only"),
+             (lambda: ctx.Allreduce(strided, recv, MPI.SUM), "contiguous"),
+             (lambda: ctx.Allreduce(send, np.empty(32)[::2], MPI.SUM), "contiguous"),
+             (lambda: ctx.Allreduce(backing[:16], backing[8:], MPI.SUM), "overlap")]
+    failures = []
+    for fn, text in cases:
+        kind, msg = _error_of(fn)
+        if kind != "BufferSpecError" or text not in msg:
+            failures.append(f"{text}: raised {kind}: {msg}")
+    recv[:] = 0
+    ctx.Allreduce(send, recv, MPI.SUM)
+    if not np.array_equal(recv, want):
+        failures.append(f"after the errors: {recv} != {want}")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_module_level_forgets_a_freed_communicator(comm):
+    """The module-level calls remember their last communicator; freeing it must leave the
+    next call on it failing as it did before (MPI: invalid communicator), not reusing it."""
+    dup = comm.Dup()
+    send, recv = _data(comm, (5,), np.float64), np.empty(5)
+    for _ in range(3):
+        bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup)
+    dup.Free()
+    kind, _ = _error_of(lambda: bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup))
+    all_ranks_agree(comm, [] if kind == "Exception" else [f"freed communicator: {kind}"])
