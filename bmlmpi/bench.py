@@ -306,23 +306,18 @@ def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
         lines.append(f"# Buffers on device: {rows[0]['device']} ({how}; times include the "
                      f"copies)")
     # OSU's layout: the size left-aligned in 10 columns, every other field right-aligned
-    head = f"{'# Size':<10}{'Avg Latency(us)':>{FIELD}}"
+    cols = [("Avg Latency(us)", "avg_us", FIELD, ".2f")]
     if args.full:
-        head += f"{'Min Latency(us)':>{FIELD}}{'Max Latency(us)':>{FIELD}}{'Iterations':>12}"
+        cols += [("Min Latency(us)", "min_us", FIELD, ".2f"),
+                 ("Max Latency(us)", "max_us", FIELD, ".2f"), ("Iterations", "iterations", 12, "d")]
     if args.busbw:
-        head += f"{'Algbw(GB/s)':>{FIELD}}{'Busbw(GB/s)':>{FIELD}}"
+        cols += [("Algbw(GB/s)", "algbw_GBps", FIELD, ".3f"),
+                 ("Busbw(GB/s)", "busbw_GBps", FIELD, ".3f")]
     if args.validation:
-        head += f"{'Validation':>12}"
-    lines.append(head)
-    for r in rows:
-        line = f"{r['size']:<10d}{r['avg_us']:>{FIELD}.2f}"
-        if args.full:
-            line += f"{r['min_us']:>{FIELD}.2f}{r['max_us']:>{FIELD}.2f}{r['iterations']:>12d}"
-        if args.busbw:
-            line += f"{r['algbw_GBps']:>{FIELD}.3f}{r['busbw_GBps']:>{FIELD}.3f}"
-        if args.validation:
-            line += f"{r['validation']:>12}"
-        lines.append(line)
+        cols += [("Validation", "validation", 12, "")]
+    lines.append(f"{'# Size':<10}" + "".join(f"{t:>{w}}" for t, _, w, _ in cols))
+    lines += [f"{r['size']:<10d}" + "".join(f"{r[k]:>{w}{f}}" for _, k, w, f in cols)
+              for r in rows]
     return "\n".join(lines)
 
 
