@@ -62,7 +62,8 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
     assert "# Size" in out and "Avg Latency(us)" in out and "Busbw(GB/s)" in out
     assert "# Latency ratio to native" in out
     ratio_head = out.split("# Latency ratio to native")[1].splitlines()[1].split()
-    assert ratio_head[2:] == ["auto", "bml", "ring", "tree", "multitree", "passthrough"]
+    assert ratio_head[2:] == ["auto", "bml", "ring", "tree", "multitree", "hierarchical",
+                              "passthrough"]
     import csv
     with open(csv_path) as f:
         rows = list(csv.DictReader(f))
