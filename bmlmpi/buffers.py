@@ -42,6 +42,10 @@ _REFUSED_NAMES = {
                      "LOGICAL2", "LOGICAL4", "LOGICAL8"), _LOGICAL),
     **dict.fromkeys(("CHAR", "CHARACTER", "WCHAR"), _CHARACTER),
     "PACKED": "packed bytes, not a number",
+    # The MPI standard defines only BAND/BOR/BXOR on MPI_BYTE; MPICH refuses SUM/PROD/MIN/MAX
+    # on it, Open MPI accepts them as an extension: refused, so that no result depends on it.
+    "BYTE": "untyped bytes: MPI defines only the bitwise ops (BAND, BOR, BXOR) on MPI_BYTE; "
+            "use MPI.UNSIGNED_CHAR or MPI.UINT8_T for numbers",
     # Fortran REAL*16 is IEEE quadruple precision to the MPI library, while numpy's float128
     # (which dtlib maps it to) is the C long double: on x86 an 80-bit extended format.
     "REAL16": "Fortran REAL*16 (IEEE quadruple precision in the MPI library) is not numpy's "

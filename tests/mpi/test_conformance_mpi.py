@@ -26,7 +26,7 @@ N_ELEMS = 13
 # (logical and character types, packed bytes, Fortran quadruple precision, which numpy's
 # float128 is not on x86): bmlmpi refuses them (README, "Conformance with mpi4py").
 REFUSED_DATATYPES = ("LOGICAL", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "F_BOOL",
-                     "BOOL", "C_BOOL", "CXX_BOOL", "CHAR", "CHARACTER", "WCHAR", "PACKED",
+                     "BOOL", "C_BOOL", "CXX_BOOL", "CHAR", "CHARACTER", "WCHAR", "PACKED", "BYTE",
                      "REAL16", "COMPLEX32")
 
 
