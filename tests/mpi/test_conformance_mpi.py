@@ -13,6 +13,7 @@ import time
 import numpy as np
 import pytest
 from conftest import all_ranks_agree
+from dlpack_exporters import DLPack1, LegacyDLPack
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
@@ -98,33 +99,6 @@ def outcome(fn, *args, **kwargs):
         return fn(*args, **kwargs), None
     except Exception as exc:  # noqa: BLE001 - the comparison records which error
         return None, f"{type(exc).__name__}: {exc}"
-
-
-class LegacyDLPack:
-    """Exports memory over the DLPack protocol before 1.0: ``__dlpack__`` has no max_version."""
-
-    def __init__(self, a: np.ndarray):
-        self._a = a
-
-    def __dlpack__(self, stream=None):
-        return self._a.__dlpack__()
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
-
-
-class DLPack1:
-    """Exports memory over DLPack 1.0 (versioned capsules, read-only flag)."""
-
-    def __init__(self, a: np.ndarray):
-        self._a = a
-
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        return self._a.__dlpack__(stream=stream, max_version=max_version,
-                                  dl_device=dl_device, copy=copy)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
 
 
 # -- every predefined numeric datatype, every op, in place and not -----------------------------

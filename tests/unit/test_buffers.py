@@ -6,35 +6,11 @@ import array
 import numpy as np
 import pytest
 from bmlmpi.kernels import dispatch, gpu
+from dlpack_exporters import DLPack1, LegacyDLPack
 from mpi4py import MPI
 
 from bmlmpi import buffers
 from bmlmpi.buffers import BufferSpecError, resolve
-
-
-class LegacyDLPack:
-    """DLPack before 1.0: ``__dlpack__`` takes no ``max_version``."""
-
-    def __init__(self, a):
-        self._a = a
-
-    def __dlpack__(self, stream=None):
-        return self._a.__dlpack__()
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
-
-
-class DLPack1:
-    def __init__(self, a):
-        self._a = a
-
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        return self._a.__dlpack__(stream=stream, max_version=max_version,
-                                  dl_device=dl_device, copy=copy)
-
-    def __dlpack_device__(self):
-        return self._a.__dlpack_device__()
 
 
 class CudaDLPackOnly:
