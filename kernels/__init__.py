@@ -2,7 +2,9 @@
 
 ``reduce_into(dst, src, op)`` folds ``src`` into ``dst`` in place; ``reduce_many_into(dst,
 srcs, op)`` folds several sources in one pass over ``dst`` (a BML step or a tree node with two
-children); ``scale_avg(dst, n)`` turns a sum of ``n`` contributions into their average. ``op``
+children); ``scale_avg(dst, n)`` turns a sum of ``n`` contributions into their average;
+``combine_into(out, a, b, op)`` writes ``a <op> b`` into ``out`` in one pass (:mod:`.combine`,
+also the executor's unchecked per-step calls). ``op``
 is one of ``"sum", "prod", "min", "max"`` (an average is a sum followed by ``scale_avg``).
 
 Back ends, chosen per call by :mod:`.dispatch` (its docstring gives the rule): numpy, the
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .combine import combine_into
 from .dispatch import (
     NUMBA_FUSED_MIN_BYTES,
     OPS,
@@ -38,7 +41,8 @@ from .dispatch import (
     set_kernel_mode,
 )
 
-__all__ = ["DTYPES", "NUMBA_FUSED_MIN_BYTES", "OPS", "PARALLEL_MIN_BYTES", "cpu_backend",
+__all__ = ["DTYPES", "NUMBA_FUSED_MIN_BYTES", "OPS", "PARALLEL_MIN_BYTES", "combine_into",
+           "cpu_backend",
            "reduce_into", "reduce_many_into", "scale_avg", "set_kernel_mode", "set_threads",
            "warmup"]
 

@@ -216,11 +216,48 @@ def _divide_half_n(dst, n):
         dst[i] = _float_to_half(_half_to_float(dst[i]) / n)
 
 
+# ``out = a <op> b``: the reduction of a range that still holds the input, in one pass
+# (kernels/combine.py).
+@njit(inline="always")
+def _to_at(out, a, b, op, i):
+    out[i] = _apply(op, a[i], b[i])
+
+
+@njit(inline="always")
+def _to_half_at(out, a, b, op, i):
+    out[i] = _float_to_half(_apply(op, _half_to_float(a[i]), _half_to_float(b[i])))
+
+
+@kernel()
+def _to_1(out, a, b, op):
+    for i in range(out.size):
+        _to_at(out, a, b, op, i)
+
+
+@kernel(parallel=True)
+def _to_n(out, a, b, op):
+    for i in prange(out.size):
+        _to_at(out, a, b, op, i)
+
+
+@kernel()
+def _to_half_1(out, a, b, op):
+    for i in range(out.size):
+        _to_half_at(out, a, b, op, i)
+
+
+@kernel(parallel=True)
+def _to_half_n(out, a, b, op):
+    for i in prange(out.size):
+        _to_half_at(out, a, b, op, i)
+
+
 # (one-thread form, parallel form) per job.
 _KERNELS = {
     "pair": (_pair_1, _pair_n), "many": (_many_1, _many_n),
     "pair_half": (_pair_half_1, _pair_half_n), "many_half": (_many_half_1, _many_half_n),
     "divide": (_divide_1, _divide_n), "divide_half": (_divide_half_1, _divide_half_n),
+    "to": (_to_1, _to_n), "to_half": (_to_half_1, _to_half_n),
 }
 
 
@@ -336,6 +373,13 @@ def reduce_many_into(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str, *,
          parallel=parallel)
 
 
+def combine_into(out: np.ndarray, a: np.ndarray, b: np.ndarray, op: str, *,
+                 parallel: bool | None = None) -> None:
+    """``out = a <op> b`` (``out`` overlapping neither source, or equal to one)."""
+    job = "to_half" if out.dtype == _HALF else "to"
+    _run(job, out.nbytes, _bits(out), _bits(a), _bits(b), OP_CODE[op], parallel=parallel)
+
+
 def scale_avg(dst: np.ndarray, n: int, *, parallel: bool | None = None) -> None:
     """Floats only (float16/32/64); integer floor division stays with numpy (libdivide)."""
     if dst.dtype == _HALF:
@@ -364,6 +408,9 @@ def warmup(dtypes: Iterable[np.dtype], sources: Iterable[int] = (1, 2)) -> None:
                 if (dt, k, parallel) in _warm:
                     continue
                 reduce_many_into(one, [np.zeros(1, dt) for _ in range(k)], "sum",
+                                 parallel=parallel)
+                if k == 1:
+                    combine_into(one, np.zeros(1, dt), np.zeros(1, dt), "sum",
                                  parallel=parallel)
                 if k == 1 and dt.kind == "f":
                     scale_avg(one, 2, parallel=parallel)

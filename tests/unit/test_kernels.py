@@ -181,6 +181,46 @@ def test_fused_with_no_sources_leaves_dst_alone(backend):
     assert_same(dst, np.arange(5.0))
 
 
+# -- combine_into: out = a op b in one pass (the executor's reduction of a range holding input) --
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("backend_name,dtype,op", CASES)
+def test_combine_matches_copy_then_reduce(backend_name, dtype, op):
+    use_backend(backend_name)
+    rng = np.random.default_rng(11)
+    for n in sizes(dtype):
+        a, b = data(dtype, n, rng), data(dtype, n, rng)
+        out = np.full_like(a, 3)  # garbage the result must not depend on
+        kernels.combine_into(out, a, b, op)
+        assert_matches(out, a, [b], op)
+        trusted = np.full_like(a, 5)
+        kernels.combine.combine_trusted(trusted, a, b, op)
+        assert_same(trusted, out)
+        if n:
+            folded = a.copy()
+            kernels.combine.reduce_trusted(folded, [b], op)
+            assert_matches(folded, a, [b], op)
+
+
+def test_combine_takes_read_only_inputs_and_refuses_bad_arguments(backend):
+    ro = _readonly(70_000)
+    out = np.zeros(70_000)
+    kernels.combine_into(out, ro, ro, "sum")
+    assert_same(out, np.full(70_000, 2.0))
+    kernels.combine_into(out, out, ro, "sum")  # out is a source exactly: fine element-wise
+    assert_same(out, np.full(70_000, 3.0))
+    x = np.arange(10.0)
+    with pytest.raises(ValueError, match="overlap"):
+        kernels.combine_into(x[1:], x[:-1], np.ones(9), "sum")
+    with pytest.raises(ValueError, match="read-only"):
+        kernels.combine_into(_readonly(4), np.ones(4), np.ones(4), "sum")
+    with pytest.raises(ValueError, match="shape"):
+        kernels.combine_into(np.ones(4), np.ones(5), np.ones(4), "sum")
+    with pytest.raises(TypeError, match="complex"):
+        kernels.combine_into(np.ones(4, complex), np.ones(4, complex), np.ones(4, complex),
+                             "max")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "longdouble"])
 def test_min_max_propagate_nan_and_order_infinities(backend, dtype):
     nan, inf = np.nan, np.inf
