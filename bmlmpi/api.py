@@ -141,17 +141,23 @@ class NativeRun:
 
 
 class _FastCall:
-    """A blocking native signature that passed its first call (argument check included):
-    later calls with numpy arrays of the same shapes, dtypes and op call ``MPI_Allreduce``
-    directly. Remembers (weakly) the last buffer pair found not to overlap, so a loop over the
-    same arrays skips ``np.may_share_memory``; an array's memory never moves, so the answer
-    for the same two objects cannot change."""
+    """A blocking signature that passed its first call (argument check included): later calls
+    with numpy arrays of the same shapes, dtypes and op skip the checked path. Native
+    (``plan`` None): ``MPI_Allreduce`` directly. A schedule: its :class:`~bmlmpi.execute.Run`
+    built straight from the cached ``plan`` and driven in the calling thread.
 
-    __slots__ = ("op", "what", "send", "recv")
+    Remembers (weakly) the last buffer pair found not to overlap, so a loop over the same
+    arrays skips ``np.may_share_memory``; an array's memory never moves, so the answer for the
+    same two objects cannot change."""
 
-    def __init__(self, op: MPI.Op, what: str):
-        self.op = op
-        self.what = what
+    __slots__ = ("op", "what", "plan", "name", "calls", "send", "recv")
+
+    def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = ""):
+        self.op = op          # the op object of the key (held, so its id is not reused)
+        self.what = what      # native: the watchdog's description; schedule: the Run's label
+        self.plan = plan
+        self.name = name      # bmlmpi's op name (schedules)
+        self.calls = 0        # schedules: calls that took this path
         self.send: weakref.ref | None = None
         self.recv: weakref.ref | None = None
 
@@ -216,7 +222,13 @@ class Communicator:
     one call it reports the call on stderr and aborts the job with ``MPI_Abort``.
     ``BMLMPI_BLOCKING=polled`` keeps every call on the polled path, where a missing rank
     raises :class:`~bmlmpi.execute.DeadlineExceeded` instead (about 8 µs more a call at 8 B
-    between two ranks). Schedules and ``Iallreduce`` always take the polled path.
+    between two ranks). A signature that runs a schedule (bml, ring, tree, ...) takes, after
+    its first call and whatever ``BMLMPI_BLOCKING`` says, a lean blocking path: the
+    :class:`~bmlmpi.execute.Run` built straight from the cached plan and driven in the calling
+    thread under the executor's own deadline (``timeout`` seconds without a step completing
+    raises DeadlineExceeded naming the step and peers; no watchdog). ``Iallreduce``, device
+    arrays, other buffer types and calls made while an ``Iallreduce`` is outstanding take the
+    checked path.
     """
 
     #: The subclass ``fault_tolerant=True`` builds. It registers itself when its module is
@@ -278,8 +290,8 @@ class Communicator:
         # the blocking fast path (see the class docstring); not for a subclass with its own
         # launch path (the fault-tolerant communicator tracks every call itself)
         plain = type(self)._submit is Communicator._submit
-        self._fast: dict[tuple, _FastCall] | None = (
-            {} if plain and config.get("BMLMPI_BLOCKING") == "watchdog" else None)
+        self._fast: dict[tuple, _FastCall] | None = {} if plain else None
+        self._native_fast = config.get("BMLMPI_BLOCKING") == "watchdog"
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm))
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
@@ -315,8 +327,9 @@ class Communicator:
         """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (``sendbuf`` may be IN_PLACE).
         ``compression``: a :mod:`bmlmpi.compression` compressor or spec (``"fp16"``).
 
-        A native signature's calls after its first go straight to ``MPI_Allreduce``, bounded
-        by the watchdog (class docstring)."""
+        After a signature's first call, a native one goes straight to ``MPI_Allreduce``,
+        bounded by the watchdog, and a scheduled one runs its cached plan directly, under the
+        executor's deadline (class docstring)."""
         if compression is not None:
             self.Iallreduce(sendbuf, recvbuf, op, compression=compression).Wait()
             return
@@ -375,8 +388,16 @@ class Communicator:
                        id(op))
             if key is not None:
                 entry = fast.get(key)
-                if (entry is not None and not self._active
-                        and (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
+                if (entry is None or self._active
+                        or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
+                    pass  # the checked path (which may open the fast path for this signature)
+                elif entry.plan is not None:
+                    if (recvbuf.flags.c_contiguous and recvbuf.flags.writeable
+                            and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
+                        self._scheduled(entry, sendbuf, recvbuf)
+                        return
+                    # else the checked path says what is wrong with the buffers
+                else:
                     watch = self._watchdog
                     watch.calls += 1
                     watch.current = entry.what
@@ -393,14 +414,37 @@ class Communicator:
                         watch.current = None
         call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
         self._submit(call).Wait()
-        if (key is not None and call.algorithm == "native" and call.staging is None
-                and id(op) in _FAST_OPS and call.out.size == recvbuf.size):
-            # the first call of this signature ran, argument check and deadline included
+        if (key is None or key in fast or call.staging is not None
+                or not 0 < call.out.size == recvbuf.size):
+            return
+        # the first call of this signature ran, argument check and deadline included
+        if call.algorithm != "native":
+            plan = self._plans.get((call.algorithm, call.out.size, call.out.dtype, call.op))
+            if plan is not None:
+                fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
+                                          f"{self.rank}", plan, call.op)
+        elif self._native_fast and id(op) in _FAST_OPS:
             fast[key] = _FastCall(_FAST_OPS[id(op)],
                                   f"bmlmpi native allreduce (blocking MPI_Allreduce of "
                                   f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
                                   f"{self.rank} of {self.size})")
             self._watchdog.start()
+
+    def _scheduled(self, entry: _FastCall, sendbuf: Any, recvbuf: np.ndarray) -> None:
+        """A checked scheduled signature's later blocking call: the Run straight from the
+        cached plan, driven here with the executor's deadline (no PreparedCall, Request or
+        resolve). Tags advance as on the checked path, so ranks that take different paths for
+        the same call still match."""
+        out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
+        src = None if sendbuf is MPI.IN_PLACE else (
+            sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
+        tag_base = (self._calls * TAG_STEPS) % self._tag_mod
+        self._calls += 1
+        entry.calls += 1
+        Run(entry.plan, out, entry.name, tag_base, f"{entry.what}, call {self._calls})",
+            src=src).drive(self.timeout)
+        if entry.name == "avg":
+            kernels.scale_avg(out, self.size)
 
     def _prepare(self, sendbuf, recvbuf, op, algorithm) -> PreparedCall:
         requested = algorithm

@@ -13,7 +13,11 @@ input. Per step it says: which ranges to copy from the input before the step pos
 that reads a range partly touched), which sends may read the input directly (the range is
 wholly untouched), and which ranges to copy before each reduction (the reduced range's
 untouched parts: a reduction folds into the current value, which there is still the input).
-A copy-receive marks its range touched without a copy (it overwrites all of it). After every
+A reduction whose whole range is untouched and which has one source is marked ``combine``: the
+executor then writes ``input <op> scratch`` into the result in one pass
+(:func:`bmlmpi.kernels.combine_into`) instead of copying the input and reducing in place (at
+N = 2 every reduction of ring and BML is such a one). A copy-receive marks its range touched
+without a copy (it overwrites all of it). After every
 lane, the ranges no lane touched are copied at the end. Lanes of one plan touch disjoint
 ranges (:func:`~bmlmpi.schedules.types.streams_are_independent`), so each lane is analysed
 alone. Cost: O(transfers · intervals) once per plan; nothing per call but the copies.
@@ -81,6 +85,9 @@ class StepCopies:
     before_post: Ranges               # copy input -> result before the step posts
     send_from_input: tuple[bool, ...]  # per send of the step: read the input, not the result
     before_reduce: tuple[Ranges, ...]  # per reduction of the step: copy these parts first
+    # per reduction: its range is all input and it has one source, so instead of the copy
+    # the executor writes ``input <op> scratch`` straight into the result
+    combine: tuple[bool, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,12 +116,14 @@ def analyse(lanes: Sequence[Sequence[_StepLike]], count: int) -> Deferred:
             for p in sp.recvs:
                 if p.scratch < 0:  # overwrites its whole range when it lands
                     touched = touch(touched, p.lo, p.hi)
-            reduce_copies = []
-            for lo, hi, _ in sp.reduces:
+            reduce_copies, combine = [], []
+            for lo, hi, offs in sp.reduces:
                 parts = untouched(touched, lo, hi)
                 reduce_copies.append(tuple(parts))
+                combine.append(len(offs) == 1 and parts == [(lo, hi)])
                 touched = touch(touched, lo, hi)
-            steps.append(StepCopies(tuple(before), tuple(from_input), tuple(reduce_copies)))
+            steps.append(StepCopies(tuple(before), tuple(from_input), tuple(reduce_copies),
+                                    tuple(combine)))
         out_lanes.append(tuple(steps))
         for lo, hi in touched:
             everywhere = touch(everywhere, lo, hi)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from . import config, kernels
+from . import config
 from .deferred import Deferred, analyse
+from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import Schedule, streams_are_independent
 
@@ -272,19 +273,20 @@ class Run:
         if observer is not None:
             observer.received(self, lane)
         sp = self.plan.lanes[lane][self.pos[lane]]
-        buf, scratch = self.buf, self.scratch
-        before = None if self.copies is None else \
-            self.copies.lanes[lane][self.pos[lane]].before_reduce
+        buf, scratch, kop = self.buf, self.scratch, self.kop
+        copies = None if self.copies is None else self.copies.lanes[lane][self.pos[lane]]
+        # the kernels without the dispatcher's per-call checks: these are the run's own
+        # slices (one dtype and length, contiguous, scratch apart from the result)
         for r, (lo, hi, offs) in enumerate(sp.reduces):
-            if before is not None:
-                for a, b in before[r]:
-                    np.copyto(buf[a:b], self.src[a:b])
             n = hi - lo
-            srcs = [scratch[o:o + n] for o in offs]
-            if len(srcs) == 1:
-                kernels.reduce_into(buf[lo:hi], srcs[0], self.kop)
-            else:
-                kernels.reduce_many_into(buf[lo:hi], srcs, self.kop)
+            if copies is not None:
+                if copies.combine[r]:  # the range still holds only the input: one pass
+                    o = offs[0]
+                    combine_trusted(buf[lo:hi], self.src[lo:hi], scratch[o:o + n], kop)
+                    continue
+                for a, b in copies.before_reduce[r]:
+                    np.copyto(buf[a:b], self.src[a:b])
+            reduce_trusted(buf[lo:hi], [scratch[o:o + n] for o in offs], kop)
         if observer is not None:
             observer.complete(self, lane)
         self.lane_reqs[lane] = None
@@ -314,6 +316,38 @@ class Run:
             return False
         self._finalise()
         return True
+
+    def drive(self, timeout: float) -> None:
+        """Run to completion in the calling thread (the blocking path of ``Allreduce``).
+
+        :func:`wait_for`'s loop and deadline (restarting whenever a lane completes a step; a
+        stuck run raises DeadlineExceeded naming its step and peers; yields the core while
+        spinning, sleeps after ``BMLMPI_SPIN``), but a poll is one ``Testall`` per lane on its
+        outstanding requests: :meth:`test`'s bookkeeping runs only once a lane's transfers are
+        all done. A poll is MPI's only chance to progress a rendezvous (the peer's
+        request-to-send is answered inside it), so a cheaper poll answers sooner."""
+        if self.test():
+            return
+        testall = MPI.Request.Testall
+        lane_reqs = self.lane_reqs
+        start = last = time.monotonic()
+        mark = self.progress
+        spin = _spin_seconds()
+        while True:
+            for reqs in lane_reqs:
+                if reqs is not None and testall(reqs):
+                    if self.test():
+                        return
+                    break
+            now = time.monotonic()
+            if self.progress != mark:
+                mark, last = self.progress, now
+            elif now - last > timeout:
+                raise DeadlineExceeded(self.describe_timeout(timeout))
+            if now - start < spin:
+                os.sched_yield()
+            else:
+                time.sleep(min(1e-3, (now - start) * 0.02))
 
     def _finalise(self) -> None:
         if self.copies is not None:

@@ -41,3 +41,29 @@ def test_two_ranks_send_from_the_input_and_copy_only_the_reduced_half():
         assert sum(b - a for st in steps for parts in st.before_reduce
                    for a, b in parts) == 500  # half the buffer, once
         assert d.final == ()
+
+
+def test_two_ranks_reduce_in_one_pass_from_the_input():
+    """At N = 2 every reduction of ring and BML covers a range that still holds only the input
+    and has one source: the executor writes input op scratch instead of copy then reduce."""
+    for sched in (bml_schedules(2, 1000, (2,))[1], ring_schedules(2, 1000, segments=3)[1]):
+        plan = Plan(sched, [None], lambda level, peer: (0, peer))
+        steps = [st for lane in plan.deferred().lanes for st in lane]
+        flags = [c for st in steps for c in st.combine]
+        assert flags and all(flags)
+        assert len(flags) == sum(len(st.before_reduce) for st in steps)
+
+
+def test_a_reduction_over_data_already_received_is_not_combined():
+    # BML on 3x3: the second reduce-scatter step folds into part of the block the first one
+    # reduced into, so that range holds data and is reduced in place, never combined
+    seen_false = False
+    for sched in bml_schedules(9, 999, (3, 3)):
+        plan = Plan(sched, [None], lambda level, peer: (0, peer))
+        for lane, copies in zip(plan.lanes, plan.deferred().lanes, strict=True):
+            for sp, st in zip(lane, copies, strict=True):
+                for (lo, hi, offs), parts, flag in zip(sp.reduces, st.before_reduce,
+                                                       st.combine, strict=True):
+                    assert flag == (len(offs) == 1 and parts == ((lo, hi),))
+                    seen_false |= not flag
+    assert seen_false

@@ -88,6 +88,12 @@ def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None,
                 bufs[r][p.lo:p.hi] = data
         # reductions after every transfer of the step, per reduced range, as Run applies them
         for k, (lo, hi, _) in enumerate(sp.reduces):
+            if step is not None and step.combine[k]:
+                # one pass, input op scratch: the result's range is not read, so a wrongly
+                # marked range (holding data already) would lose that data and fail below
+                (data,) = [d for plo, phi, d in landed if (plo, phi) == (lo, hi)]
+                bufs[r][lo:hi] = inputs[r][lo:hi] + data
+                continue
             if step is not None:
                 for a, b in step.before_reduce[k]:
                     bufs[r][a:b] = inputs[r][a:b]
@@ -108,6 +114,9 @@ def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None,
 
 
 CASES = [
+    ("bml 2", lambda c: bml_schedules(2, c, (2,))),
+    ("ring 2", lambda c: ring_schedules(2, c)),
+    ("ring 2x8", lambda c: ring_schedules(2, c, segments=8)),
     ("bml 2x2", lambda c: bml_schedules(4, c, (2, 2))),
     ("bml 3x3", lambda c: bml_schedules(9, c, (3, 3))),
     ("bml 2x2x3", lambda c: bml_schedules(12, c, (2, 2, 3))),

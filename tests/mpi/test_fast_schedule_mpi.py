@@ -1,0 +1,172 @@
+"""The blocking path of a scheduled signature (its calls after the checked first call build
+the Run straight from the cached plan) gives exactly what the checked path gives: the exact
+reduction of position- and rank-dependent data for every algorithm, dtype and op, in place
+and not; the checked path's errors on every rank for bad buffers of the same shapes; a
+DeadlineExceeded naming the step when a rank is missing.
+
+Every case calls three times: the first takes the checked path, the next two must take the
+fast one (its per-signature counter tells)."""
+
+import numpy as np
+import pytest
+from conftest import ALL_DTYPES, OP_IDS, OPS, all_ranks_agree, rank_input, reference
+from mpi4py import MPI
+
+import bmlmpi
+
+ALGORITHMS = ["bml", "ring", "tree", "multitree"]
+
+
+def fast_calls(ctx) -> int:
+    return sum(e.calls for e in ctx._fast.values() if e.plan is not None)
+
+
+def _error_of(fn) -> tuple[str, str]:
+    kind = text = ""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects the type
+        kind, text = type(exc).__name__, str(exc)
+    return kind, text
+
+
+@pytest.fixture(params=ALGORITHMS)
+def ctx(comm, request):
+    c = bmlmpi.Communicator(comm, algorithm=request.param, timeout=30)
+    request.addfinalizer(c.Free)
+    return c
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=[np.dtype(d).name for d in ALL_DTYPES])
+@pytest.mark.parametrize("op", OPS, ids=OP_IDS)
+def test_fast_path_gives_the_exact_reduction(comm, ctx, dtype, op):
+    if np.dtype(dtype).kind == "c" and op in (MPI.MIN, MPI.MAX):
+        pytest.skip("MIN/MAX are not defined for complex")
+    failures = []
+    for n, shape in [(1, (1,)), (13, (13,)), (15, (3, 5)), (4099, (4099,))]:
+        send = rank_input(n, comm.rank, dtype, op).reshape(shape)
+        want = reference(n, comm.size, dtype, op).reshape(shape)
+        before = fast_calls(ctx)
+        for i in range(3):
+            recv = np.full(shape, 77, dtype)  # garbage the result must overwrite
+            ctx.Allreduce(send, recv, op)
+            if not np.array_equal(recv, want):
+                failures.append(f"{shape} call {i}: {recv.ravel()[:8]} != {want.ravel()[:8]}")
+            inplace = send.copy()
+            ctx.Allreduce(MPI.IN_PLACE, inplace, op)
+            if not np.array_equal(inplace, want):
+                failures.append(f"{shape} IN_PLACE call {i}")
+        if not np.array_equal(send, rank_input(n, comm.rank, dtype, op).reshape(shape)):
+            failures.append(f"{shape}: sendbuf was written")
+        if fast_calls(ctx) - before != 4:
+            failures.append(f"{shape}: {fast_calls(ctx) - before} fast calls, not 4")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_ring_segments_and_large_counts(comm):
+    """Two ring segments per chunk (a chunk over 1 MiB): several lanes on the fast path."""
+    ctx = bmlmpi.Communicator(comm, algorithm="ring", timeout=60)
+    n = (1 << 19) * comm.size + 3
+    send = rank_input(n, comm.rank, np.float64, MPI.SUM)
+    want = reference(n, comm.size, np.float64, MPI.SUM)
+    failures = []
+    for i in range(3):
+        recv = np.full(n, -1.0)
+        ctx.Allreduce(send, recv, MPI.SUM)
+        if not np.array_equal(recv, want):
+            failures.append(f"call {i}: {np.flatnonzero(recv != want)[:5]} differ")
+    if fast_calls(ctx) != 2:
+        failures.append(f"{fast_calls(ctx)} fast calls, not 2")
+    ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_module_level_calls_and_an_outstanding_iallreduce(comm):
+    """The module-level drop-in takes the same path; with an Iallreduce outstanding a blocking
+    call takes the checked path (tags and progress stay in order) and both are right."""
+    send = rank_input(1000, comm.rank, np.int64, MPI.SUM)
+    want = reference(1000, comm.size, np.int64, MPI.SUM)
+    failures = []
+    for _ in range(3):
+        recv = np.empty(1000, np.int64)
+        bmlmpi.Allreduce(send, recv, MPI.SUM, comm=comm, algorithm="ring")
+        if not np.array_equal(recv, want):
+            failures.append("module-level ring")
+    ctx = bmlmpi.Communicator(comm, algorithm="bml", timeout=30)
+    for _ in range(2):
+        ctx.Allreduce(send, np.empty(1000, np.int64))
+    before = fast_calls(ctx)
+    big = 1 << 18  # a rendezvous: still outstanding after Iallreduce's first poll
+    big_send = rank_input(big, comm.rank, np.int64, MPI.SUM)
+    pending_out = np.empty(big, np.int64)
+    req = ctx.Iallreduce(big_send, pending_out)
+    outstanding = bool(ctx._active)
+    recv = np.empty(1000, np.int64)
+    ctx.Allreduce(send, recv)
+    req.Wait()
+    if outstanding and fast_calls(ctx) != before:
+        failures.append("the fast path ran beside an outstanding Iallreduce")
+    if not (np.array_equal(recv, want)
+            and np.array_equal(pending_out, reference(big, comm.size, np.int64, MPI.SUM))):
+        failures.append("blocking call beside an Iallreduce")
+    fast_before = fast_calls(ctx)
+    ctx.Allreduce(send, recv)
+    if fast_calls(ctx) != fast_before + 1 or not np.array_equal(recv, want):
+        failures.append("the fast path after the Iallreduce completed")
+    ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
+    send = rank_input(16, comm.rank, np.float64, MPI.SUM)
+    want = reference(16, comm.size, np.float64, MPI.SUM)
+    recv = np.empty(16)
+    for _ in range(2):
+        ctx.Allreduce(send, recv, MPI.SUM)
+    read_only = np.empty(16)
+    read_only.flags.writeable = False
+    backing = np.ones(24)
+    cases = [(lambda: ctx.Allreduce(send, read_only, MPI.SUM), "read-only"),
+             (lambda: ctx.Allreduce(np.ones(32)[::2], recv, MPI.SUM), "contiguous"),
+             (lambda: ctx.Allreduce(send, np.empty(32)[::2], MPI.SUM), "contiguous"),
+             (lambda: ctx.Allreduce(backing[:16], backing[8:], MPI.SUM), "overlap")]
+    failures = []
+    for fn, text in cases:
+        kind, msg = _error_of(fn)
+        if kind != "BufferSpecError" or text not in msg:
+            failures.append(f"{text}: raised {kind}: {msg}")
+    recv[:] = 0
+    ctx.Allreduce(send, recv, MPI.SUM)
+    if not np.array_equal(recv, want):
+        failures.append(f"after the errors: {recv} != {want}")
+    # the same memory under two names is an in-place call
+    same = send.copy()
+    ctx.Allreduce(same, same, MPI.SUM)
+    if not np.array_equal(same, want):
+        failures.append("same array twice")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_missing_rank_on_the_fast_path_hits_the_deadline(comm):
+    if comm.size == 1:
+        pytest.skip("needs two ranks")
+    ctx = bmlmpi.Communicator(comm, algorithm="ring", timeout=1.5)
+    x, y = np.ones(64), np.empty(64)
+    for _ in range(2):
+        ctx.Allreduce(x, y)
+    failures = []
+    if comm.rank != 0:
+        before = fast_calls(ctx)
+        kind, msg = _error_of(lambda: ctx.Allreduce(x, y))
+        if kind != "DeadlineExceeded" or "step" not in msg:
+            failures.append(f"raised {kind}: {msg}")
+        if fast_calls(ctx) != before + 1:
+            failures.append("the call did not take the fast path")
+    comm.Barrier()
+    all_ranks_agree(comm, failures)
+    ctx.Free()
