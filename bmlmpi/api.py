@@ -392,7 +392,8 @@ class Communicator:
                         or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
                     pass  # the checked path (which may open the fast path for this signature)
                 elif entry.plan is not None:
-                    if (recvbuf.flags.c_contiguous and recvbuf.flags.writeable
+                    flags = recvbuf.flags
+                    if (flags.c_contiguous and flags.writeable
                             and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
                         self._scheduled(entry, sendbuf, recvbuf)
                         return

@@ -242,31 +242,34 @@ class Run:
         return self.plan.lanes[lane][self.pos[lane]].index
 
     def _post(self, lane: int) -> None:
-        if self.observer is not None:
-            self.observer.post(self, lane)
-        sp = self.plan.lanes[lane][self.pos[lane]]
+        observer = self.observer
+        if observer is not None:
+            observer.post(self, lane)
+        pos = self.pos[lane]
+        sp = self.plan.lanes[lane][pos]
         comms = self.plan.comms
-        buf, scratch = self.buf, self.scratch
-        sources = None
+        buf, scratch, base = self.buf, self.scratch, self.tag_base
+        step = None
         if self.copies is not None:
-            step = self.copies.lanes[lane][self.pos[lane]]
+            step = self.copies.lanes[lane][pos]
+            src = self.src
             for lo, hi in step.before_post:
-                np.copyto(buf[lo:hi], self.src[lo:hi])
-            sources = step.send_from_input
-        reqs = []
+                np.copyto(buf[lo:hi], src[lo:hi])
         # Receives first so that eager messages land directly in place.
-        for p in sp.recvs:
-            tag = self.tag_base + p.tag
-            n = p.hi - p.lo
-            view = buf[p.lo:p.hi] if p.scratch < 0 else scratch[p.scratch:p.scratch + n]
-            reqs.append(comms[p.comm].Irecv([view, MPI.BYTE], p.peer, tag))
-        for k, p in enumerate(sp.sends):
-            tag = self.tag_base + p.tag
-            data = self.src if sources is not None and sources[k] else buf
-            reqs.append(comms[p.comm].Isend([data[p.lo:p.hi], MPI.BYTE], p.peer, tag))
+        reqs = [comms[p.comm].Irecv([buf[p.lo:p.hi] if p.scratch < 0 else
+                                     scratch[p.scratch:p.scratch + p.hi - p.lo], MPI.BYTE],
+                                    p.peer, base + p.tag)
+                for p in sp.recvs]
+        if step is None:
+            reqs += [comms[p.comm].Isend([buf[p.lo:p.hi], MPI.BYTE], p.peer, base + p.tag)
+                     for p in sp.sends]
+        else:
+            reqs += [comms[p.comm].Isend([(src if from_input else buf)[p.lo:p.hi], MPI.BYTE],
+                                         p.peer, base + p.tag)
+                     for p, from_input in zip(sp.sends, step.send_from_input, strict=True)]
         self.lane_reqs[lane] = reqs
-        if self.observer is not None:
-            self.observer.posted(self, lane)
+        if observer is not None:
+            observer.posted(self, lane)
 
     def _complete_step(self, lane: int) -> None:
         observer = self.observer
