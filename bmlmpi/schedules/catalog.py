@@ -7,7 +7,8 @@ cost model (:mod:`bmlmpi.model.estimate`), the calibration's measured runs
 
 :func:`schedule` ``(name, rank, size, count, itemsize, shape, links)``: bml on ``shape``
 (resolved as a communicator resolves it: explicit, else ``BMLMPI_BCUBE``, else the prime
-factorisation of ``size``); ring with :func:`~bmlmpi.schedules.ring.ring_segments`; the P2P
+factorisation of ``size``); ring with :func:`~bmlmpi.schedules.ring.ring_segments` (at N = 2
+with :func:`~bmlmpi.schedules.ring.ring_pipeline` instead); the P2P
 parameter server (``ps``, priced by the model, never run); trees generated from the link-weight
 matrix ``links`` (a ``size × size`` array, or None for a flat network). Trees are generated once
 per (size, matrix) and kept: the multi-tree set costs seconds of CPU at 64 ranks, the single
@@ -67,7 +68,9 @@ def _bml(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Lin
 
 def _ring(rank: int, size: int, count: int, itemsize: int, shape: Any,
           links: Links) -> Schedule:
-    from .ring import ring_schedule, ring_segments
+    from .ring import ring_pipeline, ring_schedule, ring_segments
+    if size == 2:  # pipelined pieces (measured faster at N = 2; ring.py's docstring)
+        return ring_schedule(rank, size, count, 1, ring_pipeline(count, itemsize, size))
     return ring_schedule(rank, size, count, ring_segments(count, itemsize, size))
 
 

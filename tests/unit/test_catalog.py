@@ -8,7 +8,7 @@ import pytest
 from bmlmpi.schedules import catalog
 from bmlmpi.schedules.bml import bml_schedule
 from bmlmpi.schedules.recovery import bcube_recovery_schedule
-from bmlmpi.schedules.ring import ring_schedule, ring_segments
+from bmlmpi.schedules.ring import ring_pipeline, ring_schedule, ring_segments
 from bmlmpi.schedules.tree import tree_schedule
 from bmlmpi.schedules.verify import verify
 from bmlmpi.topology.links import preset
@@ -25,6 +25,10 @@ def test_the_catalog_builds_what_the_algorithm_modules_build():
     assert catalog.schedule("bml", 4, 9, 100, 8, "3x3") == bml_schedule(4, 9, 100, (3, 3))
     assert catalog.schedule("ring", 1, 4, 1 << 20, 4) == \
         ring_schedule(1, 4, 1 << 20, ring_segments(1 << 20, 4, 4))
+    # two ranks: pipelined pieces instead of concurrent segments
+    assert catalog.schedule("ring", 1, 2, 1 << 24, 4) == \
+        ring_schedule(1, 2, 1 << 24, 1, ring_pipeline(1 << 24, 4, 2))
+    assert ring_pipeline(1 << 24, 4, 2) == 16
     w = preset("p3.16xlarge")
     assert catalog.schedule("tree", 3, 8, 100, 4, links=w) == \
         tree_schedule(3, 8, 100, binary_tree(w, 0))

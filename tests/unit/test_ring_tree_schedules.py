@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from bmlmpi.schedules.ring import ring_schedule, ring_schedules, ring_segments
+from bmlmpi.schedules.ring import ring_pipeline, ring_schedule, ring_schedules, ring_segments
 from bmlmpi.schedules.tree import (
     multitree_schedule,
     multitree_schedules,
@@ -42,6 +42,36 @@ def test_ring_verifies(n):
         verify(ring_schedules(n, c))
     verify(ring_schedules(n, 10_007, segments=3))
     verify(ring_schedules(n, n + 1, segments=4))  # more segments than elements per chunk
+    verify(ring_schedules(n, 10_007, pipeline=5))
+    verify(ring_schedules(n, n + 1, pipeline=4))  # more pieces than elements per chunk
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_ring_pipeline_pieces_are_successive_steps_of_one_stream(n):
+    pieces = 4
+    count = n * pieces * 3
+    for s in ring_schedules(n, count, pipeline=pieces):
+        assert s.streams == 1 and len(s.steps) == (n - 1) * (pieces + 1)
+        for k in range(n - 1):  # reduce-scatter round k: its pieces tile the chunk in order
+            round_ = s.steps[k * pieces:(k + 1) * pieces]
+            recvs = [st.recvs[0] for st in round_]
+            assert all(st.recvs[0].reduce and len(st.sends) == 1 for st in round_)
+            assert all(a.hi == b.lo for a, b in zip(recvs[:-1], recvs[1:], strict=True))
+            assert recvs[-1].hi - recvs[0].lo == count // n
+        for st in s.steps[(n - 1) * pieces:]:  # the allgather: a whole chunk a step
+            assert st.recvs[0].hi - st.recvs[0].lo == count // n and not st.recvs[0].reduce
+
+
+def test_ring_pipeline_count():
+    mib = 1 << 20
+    assert ring_pipeline(0, 4, 2) == 1
+    assert ring_pipeline(4 * mib // 4, 4, 2) == 1     # 2 MiB chunks stay whole
+    assert ring_pipeline(64 * mib // 4, 4, 2) == 16   # 32 MiB chunks: 2 MiB pieces
+    assert ring_pipeline(1 << 40, 4, 2) == 64         # clamped
+    with pytest.raises(ValueError):
+        ring_pipeline(10, 0, 2)
+    with pytest.raises(ValueError, match="segments == 1"):
+        ring_schedule(0, 2, 100, segments=2, pipeline=2)
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8])
