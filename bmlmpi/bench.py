@@ -201,8 +201,10 @@ def timed_call(name: str, ctx: Communicator, comm: MPI.Comm, send: Any, recv: An
     ``native``: ``comm.Allreduce(send, recv, MPI.SUM)`` on the user's ``comm``, blocking,
     nothing of bmlmpi on the path (on a device, staged through host arrays as user code with
     a non-CUDA-aware MPI must). ``auto``: ``ctx.Allreduce`` when ``ctx``'s algorithm is auto
-    (the public call). Every other row: the same call with its bmlmpi algorithm named
-    (``passthrough`` = bmlmpi's ``native``).
+    (the public call). A named schedule: the blocking call ``bmlmpi.Allreduce(send, recv,
+    comm=..., algorithm=name)`` makes (its fast path included). ``passthrough``: bmlmpi's
+    ``native`` started and waited on (``Iallreduce(...).Wait()``), which keeps it
+    ``MPI_Iallreduce`` polled by bmlmpi, not the blocking fast path.
     """
     if name == BASELINE:
         if device == "host":
@@ -217,7 +219,9 @@ def timed_call(name: str, ctx: Communicator, comm: MPI.Comm, send: Any, recv: An
     algorithm = bmlmpi_algorithm(name)
     if algorithm == "auto" and ctx.algorithm == "auto":
         return lambda: ctx.Allreduce(send, recv, MPI.SUM)
-    return lambda: ctx._start(send, recv, MPI.SUM, algorithm).Wait()
+    if name == PASSTHROUGH:
+        return lambda: ctx._start(send, recv, MPI.SUM, algorithm).Wait()
+    return lambda: ctx._blocking(send, recv, MPI.SUM, algorithm)
 
 
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,
@@ -280,7 +284,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
         avg = float(sm[0]) / size
         algbw = (n * 4) / (avg * 1e-6) / 1e9 if avg > 0 else 0.0
         rows.append({
-            "algorithm": a, "call": CALLS.get(a, f"bmlmpi algorithm {a!r}"),
+            "algorithm": a, "call": CALLS.get(a, f"bmlmpi.Allreduce(..., algorithm={a!r})"),
             "size": n * 4, "avg_us": avg, "min_us": float(mn[0]),
             "max_us": float(mx[0]), "iterations": iters, "blocks": blocks,
             "median_block_us": float(sm[1]) / size,

@@ -18,15 +18,16 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   are what the cost model counts for those schedules;
 * ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
 * ``native``: the MPI library's blocking ``MPI_Allreduce`` as user code calls it (mpi4py's
-  ``comm.Allreduce``) at 8 B, 64 KiB, 1 MiB, 4 MiB and 16 MiB — the real baseline, not
+  ``comm.Allreduce``) at 8 B, 64 KiB, 256 KiB, 1 MiB, 4 MiB and 16 MiB — the real baseline, not
   bmlmpi's polled ``MPI_Iallreduce`` pass-through (7× slower at 8 B on the development
   machine, which made every schedule look better against it). A blocking call has no
   deadline of its own, so each one follows a barrier that has one: once every rank has
   passed it, all are in the same phase and make the same call; only a rank that dies inside
   that one call (microseconds to milliseconds) can still hold the others;
 * ``corrections``: bml, ring and (up to ``AUTO_TREE_MAX_RANKS`` ranks) the single and multi
-  tree, each run by the executor at 64 KiB, 1, 4 and 16 MiB, in rounds interleaved with the
-  native allreduce of the same size; each time divided by the model's price of the same
+  tree, each run by the executor at 64 KiB, 256 KiB, 1, 4 and 16 MiB, in blocks of calls
+  interleaved with the native allreduce of the same size on the same buffers, as the sweep
+  times them (:func:`_interleaved_times`); each time divided by the model's price of the same
   schedule with the parameters above. On the development machine these factors ranged from
   0.24 (single tree, 9 ranks) to 2.16 (bml, 9 ranks, 1 MiB): the model prices link time and
   per-step overheads, not several ranks sharing a core. ``auto`` scales each modelled time by
@@ -67,13 +68,16 @@ from .model.network import SharedMemoryNode
 from .schedules import catalog
 from .schedules.types import Schedule
 
-#: 3: ``native`` is the blocking MPI_Allreduce (format 2 timed the polled pass-through).
-FORMAT = 3
+#: 4: candidates timed in blocks on shared buffers, 256 KiB added (3: single cold calls;
+#: 2 timed the polled pass-through as ``native``).
+FORMAT = 4
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
-NATIVE_BYTES = (8, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 CORRECTED = ("bml", "ring", "tree", "multitree")
-CORRECTION_BYTES = (64 << 10, 1 << 20, 4 << 20, 16 << 20)  # a subset of NATIVE_BYTES
+CORRECTION_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # ⊂ NATIVE_BYTES
+#: consecutive calls of one candidate timed together (the sweep's blocks: 20 calls in 5)
+BLOCK_CALLS = 4
 _HOST_BYTES = 64
 # cache broadcast: flag, 5 parameters, native points, one slot per (algorithm, size) factor
 _VEC = 6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
@@ -187,36 +191,53 @@ def _native_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> floa
     return float(np.median([_native_once(comm, send, recv, timeout) for _ in range(reps)]))
 
 
-def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], reps: int,
+def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds: int,
                        timeout: float) -> list[float]:
-    """Seconds of the native blocking ``MPI_Allreduce`` and of each named schedule, for
-    ``nbytes`` of float64, measured in ``reps`` rounds that take every candidate in turn (so a
-    change in the machine's load hits all alike) after one untimed run each; this rank's
-    medians."""
+    """Seconds per call of the native blocking ``MPI_Allreduce`` and of each named schedule,
+    for ``nbytes`` of float64, measured the way the sweep (:mod:`bmlmpi.bench`) and user code
+    call them: every candidate reduces the same ``send`` into the same ``recv`` (a schedule
+    with its separate input, as ``Allreduce(send, recv)`` runs it), in blocks of
+    :data:`BLOCK_CALLS` consecutive calls with a barrier after each, the blocks of all
+    candidates taken in turn for ``rounds`` rounds (a change in the machine's load hits all
+    alike) after one untimed call each; this rank's least disturbed block (the smallest block
+    mean: another process's time slice only ever adds, and with a few rounds one slow block
+    moves a median).
+
+    Why this way: timed one call at a time, each on its own buffers, every call started with
+    cold caches and paid the skew of the barrier before it; on the 2-core development machine
+    that priced native at 1 MiB and 4 MiB 2.4-3.7x above what the sweep then measured, and
+    ``auto`` left native where native was 1.5x faster."""
     rank, size = comm.Get_rank(), comm.Get_size()
     n = max(nbytes // 8, 1)
     send = np.ones(n, dtype=np.float64)
     recv = np.empty_like(send)
     plans = [Plan.flat(_schedule(a, rank, size, nbytes), comm) for a in names]
-    bufs = [np.ones(p.sched.count, dtype=np.float64) for p in plans]
+    calls = [0]
 
-    def once(i: int, call: int) -> float:
-        if i == 0:
-            return _native_once(comm, send, recv, timeout)
-        _barrier(comm, timeout, "between calibration runs")
+    def once(i: int) -> float:
         start = time.perf_counter()
-        run = Run(plans[i - 1], bufs[i - 1], "sum", (call % 4) * 4096,
-                  f"calibrate {names[i - 1]}")
-        wait_for(run.test, timeout, run.describe_timeout)
-        return time.perf_counter() - start
+        if i == 0:
+            comm.Allreduce(send, recv, op=MPI.SUM)
+        else:
+            calls[0] += 1
+            run = Run(plans[i - 1], recv, "sum", (calls[0] % 4) * 4096,
+                      f"calibrate {names[i - 1]}", src=send)
+            wait_for(run.test, timeout, run.describe_timeout)
+        took = time.perf_counter() - start
+        # the barrier (with a deadline) before the next call, as the sweep's after each call:
+        # every rank has then left this call, so a blocking native call is only ever entered
+        # by ranks that all reached it
+        _barrier(comm, timeout, "between calibration runs")
+        return took
 
+    _barrier(comm, timeout, "before the calibration runs")
     times: list[list[float]] = [[] for _ in range(len(names) + 1)]
     for i in range(len(times)):
-        once(i, 0)  # allocation, first touch, kernel compilation
-    for r in range(reps):
+        once(i)  # allocation, first touch, kernel compilation
+    for _ in range(rounds):
         for i in range(len(times)):
-            times[i].append(once(i, r + 1))
-    return [float(np.median(t)) for t in times]
+            times[i].append(sum(once(i) for _ in range(BLOCK_CALLS)) / BLOCK_CALLS)
+    return [min(t) for t in times]
 
 
 def _overhead_schedules(size: int) -> list[Callable[[int], Schedule]]:
@@ -275,7 +296,7 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         reps = 5 if nbytes < (1 << 20) else 3
         if names and nbytes in CORRECTION_BYTES:
             phase(f"native and {','.join(names)} {nbytes}", lambda n=nbytes, r=reps:
-                  _interleaved_times(comm, n, names, r + 2, timeout))
+                  _interleaved_times(comm, n, names, r, timeout))
         else:
             phase(f"native {nbytes}", lambda n=nbytes, r=reps: _native_time(comm, n, r, timeout))
     worst = _allreduce_max(comm, raw, timeout)

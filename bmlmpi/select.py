@@ -1,7 +1,8 @@
 """Which algorithm ``auto`` runs.
 
-The rule: ``BMLMPI_ALGORITHM`` (when set and not ``auto``) wins; one rank or an empty buffer
-has nothing to exchange (``bml``, which has no steps); otherwise the cost model
+The rule: ``BMLMPI_ALGORITHM`` (when set and not ``auto``) wins; an empty buffer has nothing to
+exchange (``bml``, which has no steps); one rank runs ``native`` (a copy, through the blocking
+fast path); otherwise the cost model
 (:func:`bmlmpi.model.estimate`) prices every candidate's schedule on one shared-memory node with
 this machine's calibration (α, β, the Python executor's per-step and per-message overheads,
 the reduction cost and measured timings of the MPI library's blocking ``MPI_Allreduce`` as
@@ -82,8 +83,12 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=N
     env = env_algorithm()
     if env and env != "auto":
         return env
-    if size == 1 or count == 0:
+    if count == 0:
         return "bml"
+    if size == 1:
+        # nothing to exchange: MPI_Allreduce on one rank is a copy, and native is the
+        # blocking fast path (a schedule's empty run costs ~10 µs of Python per call)
+        return "native"
     if calib is None:
         threshold = config.get("BMLMPI_AUTO_BML_BYTES")
         return "bml" if count * itemsize >= threshold else "native"

@@ -61,7 +61,7 @@ def test_native_row_is_the_blocking_mpi4py_call_on_the_users_comm():
 
 def test_bmlmpi_rows_go_through_bmlmpi():
     send, recv = np.ones(4, np.float32), np.empty(4, np.float32)
-    for row, expect in (("passthrough", ("_start", "native")), ("bml", ("_start", "bml")),
+    for row, expect in (("passthrough", ("_start", "native")), ("bml", ("_blocking", "bml")),
                         ("auto", ("Allreduce", None))):
         comm, ctx = Recorder(), Recorder()
         bench.timed_call(row, ctx, comm, send, recv)()
@@ -84,6 +84,36 @@ def test_calibration_times_the_blocking_allreduce_after_a_deadline_barrier():
     names = [c[0] for c in comm.calls]
     assert "Iallreduce" not in names
     assert names == ["Ibarrier", "Allreduce"] * 4  # one untimed, three timed
+
+
+def test_calibration_times_candidates_as_the_sweep_does(monkeypatch):
+    """Every candidate reduces the same send into the same recv (a schedule with its separate
+    input), in blocks of consecutive calls, each followed by a barrier with a deadline."""
+    comm = Recorder(MPI.COMM_SELF)
+    runs = []
+    real_run = calibrate.Run
+
+    def spy(plan, buf, op, tag, label, src=None):
+        runs.append((buf, src))
+        return real_run(plan, buf, op, tag, label, src=src)
+
+    monkeypatch.setattr(calibrate, "Run", spy)
+    rounds = 2
+    times = calibrate._interleaved_times(comm, 4096, ["bml", "ring"], rounds, timeout=10)
+    assert len(times) == 3 and all(t >= 0 for t in times)
+    calls = [c for c in comm.calls if c[0] in ("Allreduce", "Ibarrier")]
+    natives = [c for c in calls if c[0] == "Allreduce"]
+    assert len(natives) == 1 + rounds * calibrate.BLOCK_CALLS
+    send, recv = natives[0][1][0], natives[0][1][1]
+    assert all(c[1][0] is send and c[1][1] is recv for c in natives)
+    assert len(runs) == 2 * (1 + rounds * calibrate.BLOCK_CALLS)
+    assert all(buf is recv and src is send for buf, src in runs)
+    # a barrier before the first call and after every call (native or schedule)
+    assert [c[0] for c in calls].count("Ibarrier") == 1 + 3 * (1 + rounds *
+                                                                calibrate.BLOCK_CALLS)
+    for i, c in enumerate(calls):
+        if c[0] == "Allreduce":
+            assert calls[i + 1][0] == "Ibarrier"
 
 
 def test_calibration_native_never_blocks_without_every_rank(monkeypatch):
