@@ -56,8 +56,12 @@ def grp_selects(n: int, p: float, seed: int, t: int, key: int) -> np.ndarray:
 
 
 def key_of(key: Any) -> int:
-    """A stable 32-bit integer for an array's key (equal on every rank for equal keys)."""
+    """A stable 32-bit integer for an array's key, equal on every rank for the same array. A
+    direct call's default key holds the result buffer's address, which differs between
+    processes: only its length and dtype enter here, so every rank drops the same positions."""
     import hashlib
+    if isinstance(key, tuple) and len(key) == 4 and key[0] == "buffer":
+        key = ("buffer", key[2], key[3])
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=4).digest(), "little")
 
 

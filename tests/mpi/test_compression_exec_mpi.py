@@ -117,3 +117,18 @@ def test_calls_in_flight_use_disjoint_tag_blocks(comm):
         bases = sorted(r.tag_base for r in seen.runs)
         assert len(bases) == 3
         assert all(b - a >= TAG_SPAN for a, b in zip(bases, bases[1:], strict=False))
+
+
+@pytest.mark.mpi
+def test_random_filter_drops_the_same_positions_on_every_rank(comm):
+    """A direct call's default key holds its buffer's address (different in every process):
+    G-RP's draw must not depend on it."""
+    c = tdf(1e9, 0.0, 0.5, None)   # G-SMP selects everything: G-RP alone decides
+    c.record = True
+    pad = np.empty(comm.rank * 13 + 1)   # shift the next allocation differently per rank
+    out = np.empty(4096, np.float32)
+    comm.Allreduce(data(4096, comm.rank, 0) + 1000, out, MPI.SUM, compression=c)
+    kept = c.history[-1][2] != 0          # no input is 0: sent is 0 exactly where dropped
+    everyone = comm.comm.allgather(np.packbits(kept).tobytes())
+    assert all(e == everyone[0] for e in everyone)
+    del pad
