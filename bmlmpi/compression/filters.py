@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .wire import accumulation_dtype, check_wire, round_trip, scale
+from .wire import accumulation_dtype, check_wire, decode, encode, scale
 
 
 def gsmp_threshold(phi: float, d: float, t: int) -> float:
@@ -74,6 +74,7 @@ class Step:
     dropped: np.ndarray | None   # bool mask, None when nothing can be dropped
     scale: float = 1.0
     sent: np.ndarray | None = None
+    codes: np.ndarray | None = None   # the scaled values as 16-bit wire codes (uint16)
 
 
 @dataclass
@@ -160,7 +161,8 @@ class Compressor:
 
     def finish(self, key: Any, step: Step, maxabs: float, size: int) -> np.ndarray:
         """Steps 3-4 given the agreed max |y| over all ranks: the scaled values to send
-        (``sent·s``, zeros where dropped); the residual is updated."""
+        (``sent·s``, zeros where dropped; with a wire format also kept as 16-bit codes in
+        ``step.codes``); the residual is updated."""
         v = step.y.copy()
         if step.dropped is not None:
             v[step.dropped] = 0
@@ -168,7 +170,8 @@ class Compressor:
         if self.wire is not None:
             s = scale(self.wire, maxabs, size)
             v *= v.dtype.type(s)
-            v = round_trip(self.wire, v)
+            step.codes = encode(self.wire, v)
+            v = decode(self.wire, step.codes, v.dtype)
         sent = v / v.dtype.type(s) if s != 1.0 else v.copy()
         step.scale, step.sent = s, sent
         kept = step.y - sent

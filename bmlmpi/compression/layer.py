@@ -69,7 +69,7 @@ from ..ops import op_name
 from .engine import RunRequest, StagedRequest, drop_private_comm, next_tag_base, private_comm
 from .filters import Compressor, parse
 from .sparse import check_count, level_members, levels_exchange, ring_exchange, sparse_seconds
-from .wire import SUM_OP, decode, encode
+from .wire import SUM_OP, decode
 
 #: α-β defaults when the communicator has no calibration (shared memory, order of magnitude)
 DEFAULT_ALPHA = 2e-5
@@ -225,7 +225,7 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
         return total, "sparse", box[0]
     nbytes = 0
     if compressor.wire is not None:
-        codes = encode(compressor.wire, v)   # exact: v is already a wire value
+        codes = step.codes                   # v encoded once, by finish
         if size > 1:
             nbytes = yield from _exchange(comm, dup, tag, alg, codes, SUM_OP[compressor.wire],
                                           compressor.name)
