@@ -233,12 +233,25 @@ def tdf(phi: float, d: float, p: float, wire: str | None = "fp16", seed: int = 0
 
 def parse(spec: str | Compressor | None) -> Compressor | None:
     """A compressor from a spec string: ``none``, ``fp16``, ``bf16``, ``threshold:PHI[:D]``,
-    ``random:P[:SEED]``, ``tdf:PHI:D:P[:WIRE]`` (WIRE ``fp16``, ``bf16`` or ``none``)."""
+    ``random:P[:SEED]``, ``tdf:PHI:D:P[:WIRE]`` (WIRE ``fp16``, ``bf16`` or ``none``); any of
+    them followed by ``@sparse``, ``@dense`` or ``@auto`` pins the exchange (the default,
+    ``auto``, asks the cost model)."""
     if spec is None or isinstance(spec, Compressor):
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"compression must be a string or a bmlmpi.compression.Compressor, got "
                         f"{type(spec).__name__}")
+    if "@" in spec:
+        # the exchange pinned: the cost model's choice overruled (it prices the network from
+        # the communicator's calibration, which a fixed algorithm never measures)
+        base, path = spec.rsplit("@", 1)
+        c = parse(base)
+        if c is None or path not in ("auto", "sparse", "dense"):
+            raise ValueError(f"bad compression spec {spec!r}: SPEC@PATH takes a compressor "
+                             f"and a path auto, sparse or dense")
+        c.path = path
+        c.name = f"{c.name}@{path}"
+        return c
     name, *args = spec.strip().split(":")
     try:
         if name == "none" and not args:
@@ -255,7 +268,8 @@ def parse(spec: str | Compressor | None) -> Compressor | None:
     except ValueError as exc:
         raise ValueError(f"bad compression spec {spec!r}: {exc}") from None
     raise ValueError(f"bad compression spec {spec!r}; use none, fp16, bf16, threshold:PHI[:D], "
-                     f"random:P[:SEED] or tdf:PHI:D:P[:WIRE]")
+                     f"random:P[:SEED] or tdf:PHI:D:P[:WIRE], optionally followed by "
+                     f"@sparse, @dense or @auto")
 
 
 __all__ = ["Compressor", "Step", "bf16", "fp16", "grp_selects", "gsmp_selects",
