@@ -300,8 +300,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         re-run: a failure during a compressed call makes it raise
         :class:`FaultToleranceError` from ``Test``/``Wait`` on every survivor, with recvbuf
         untouched and the compressor's error-feedback memory as before the call, after which
-        the communicator must not be used again (end the rank with :func:`bmlmpi.ft.finish`).
-        A compressor that compresses nothing (every filter off, no wire format) is the plain
+        the communicator must not be used again (end the rank with :func:`bmlmpi.ft.finish`);
+        a peer that hangs without failing makes ``Wait`` raise
+        :class:`bmlmpi.DeadlineExceeded` after ``timeout`` s without progress, with the same
+        consequence. A compressor that compresses nothing (every filter off, no wire format) is the plain
         call above, with its failure contract.
         """
         if compression is not None:
