@@ -303,8 +303,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         the communicator must not be used again (end the rank with :func:`bmlmpi.ft.finish`);
         a peer that hangs without failing makes ``Wait`` raise
         :class:`bmlmpi.DeadlineExceeded` after ``timeout`` s without progress, with the same
-        consequence. A compressor that compresses nothing (every filter off, no wire format) is the plain
-        call above, with its failure contract.
+        consequence. A compressor that compresses nothing (every filter off, no wire format)
+        is the plain call above, with its failure contract.
         """
         if compression is not None:
             self._usable()
