@@ -25,7 +25,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-SPECS = ["threshold:0", "fp16", "tdf:0.01:0.5:0.9"]
+SPECS = ["threshold:0", "fp16", "bf16", "tdf:0.01:0.5:0.9", "tdf:0.1:0.5:0.99",
+         "tdf:0.1:0.5:0.99:none@sparse", "tdf:0.3:0.5:0.99:none@sparse"]
 
 
 def testbed(*argv: str, timeout: float) -> None:
