@@ -15,7 +15,7 @@ for a bucket):
    * **sparse** (filters on, and :func:`.sparse.sparse_seconds` below the cost model's dense
      price): index/value pairs over the BCube levels (ring, or a communicator without level
      communicators such as the fault-tolerant one: around the ring), summed exactly;
-   * **wire** (a 16-bit wire format): ``finish`` has already scaled y by the agreed power of
+   * **wire** (a 16-bit wire format, with or without filters): ``finish`` has already scaled y by the agreed power of
      two and rounded it to the wire format (``v``); ``v`` is encoded once into uint16 codes
      and the algorithm's own schedule (bml, ring, tree, multitree; native and hierarchical
      run bml's) runs on the codes through bmlmpi's one executor, :class:`bmlmpi.execute.Run`,
@@ -44,7 +44,7 @@ private communicator (so no survivor waits on it), and every call ends with an a
 (``MPI_Comm_iagree``) on whether every survivor completed its exchange. If one did not, or a
 rank failed, every survivor raises :class:`bmlmpi.ft.FaultToleranceError`, its recvbuf
 untouched and its error-feedback memory as before the call (nothing of it counts as sent);
-the compressed call is not re-run over the survivors.
+the compressed call is not re-run over the survivors. Cost: one agreement per call.
 
 Ops: SUM and bmlmpi.AVG (the average divides the sum by N); dtypes float32 and float64 (float16
 input accumulates in float32). Anything else raises ValueError before any communication (on
