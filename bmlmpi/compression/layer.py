@@ -17,8 +17,8 @@ for a bucket):
      communicators such as the fault-tolerant one: around the ring), summed exactly;
    * **wire** (a 16-bit wire format, with or without filters): ``finish`` has already scaled
      y by the agreed power of two, rounded it to the wire format (``v``) and encoded ``v``
-     once into uint16 codes (zeros where dropped); the algorithm's own schedule (bml, ring, tree, multitree; native and hierarchical
-     run bml's) runs on the codes through bmlmpi's one executor, :class:`bmlmpi.execute.Run`,
+     once into uint16 codes (zeros where dropped); the algorithm's own schedule (bml, ring,
+     tree, multitree; native and hierarchical run bml's) runs on the codes through bmlmpi's one executor, :class:`bmlmpi.execute.Run`,
      with the kernel op ``sum_fp16``/``sum_bf16``: every reduction step decodes the 16-bit
      operands to float32, adds them in float32 and rounds the sum once to 16 bits (nearest
      even), so every partial sum a rank stores or sends is a 16-bit value; the copy steps
