@@ -15,17 +15,17 @@ for a bucket):
    * **sparse** (filters on, and :func:`.sparse.sparse_seconds` below the cost model's dense
      price): index/value pairs over the BCube levels (ring, or a communicator without level
      communicators such as the fault-tolerant one: around the ring), summed exactly;
-   * **wire** (a 16-bit wire format, with or without filters): ``finish`` has already scaled
-     y by the agreed power of two, rounded it to the wire format (``v``) and encoded ``v``
-     once into uint16 codes (zeros where dropped); the algorithm's own schedule (bml, ring,
-     tree, multitree; native and hierarchical run bml's) runs on the codes through bmlmpi's one executor, :class:`bmlmpi.execute.Run`,
-     with the kernel op ``sum_fp16``/``sum_bf16``: every reduction step decodes the 16-bit
-     operands to float32, adds them in float32 and rounds the sum once to 16 bits (nearest
-     even), so every partial sum a rank stores or sends is a 16-bit value; the copy steps
-     move codes unchanged, so every rank ends with the same codes. The result is the codes
-     decoded and divided by the scale: the same bits on every rank. Why no partial sum can
-     overflow: :mod:`.wire` (each is a sum of at most N scaled inputs, each ≤ M·s, grown by
-     at most N roundings);
+   * **wire** (a 16-bit wire format, with or without filters): ``finish`` has already scaled y by
+     the agreed power of two, rounded it to the wire format (``v``) and encoded ``v`` once into
+     uint16 codes (zeros where dropped); the algorithm's own schedule (bml, ring, tree, multitree;
+     native and hierarchical run bml's) runs on the codes through bmlmpi's one executor,
+     :class:`bmlmpi.execute.Run`, with the kernel op ``sum_fp16``/``sum_bf16``: every reduction step
+     decodes the 16-bit operands to float32, adds them in float32 and rounds the sum once to 16 bits
+     (nearest even), so every partial sum a rank stores or sends is a 16-bit value; the copy steps
+     move codes unchanged, so every rank ends with the same codes. The result is the codes decoded
+     and divided by the scale: the same bits on every rank. Why no partial sum can overflow:
+     :mod:`.wire` (each is a sum of at most N scaled inputs, each ≤ M·s, grown by at most N
+     roundings);
    * **dense** (filters, no wire format): the same plain scheduled allreduce (a Run with
      ``sum``) of the filtered values in their accumulation dtype (zeros where dropped).
    The transfers are MPI.BYTE, so MPI never sees the dtype. The plan of each (algorithm,
