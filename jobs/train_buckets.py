@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--expect-size", type=int, default=None, metavar="N")
     p.add_argument("--compression", default="none",
                    help="gradient compression (bmlmpi.compression spec): none, fp16, bf16, "
-                        "threshold:PHI[:D], random:P[:SEED], tdf:PHI:D:P[:WIRE]")
+                        "threshold:PHI[:D], random:P[:SEED], tdf:PHI:D:P[:WIRE]; @sparse or "
+                        "@dense after it pins the exchange")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch < 1:
         p.error("--epochs and --batch must be at least 1")

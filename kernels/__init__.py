@@ -4,8 +4,10 @@
 srcs, op)`` folds several sources in one pass over ``dst`` (a BML step or a tree node with two
 children); ``scale_avg(dst, n)`` turns a sum of ``n`` contributions into their average;
 ``combine_into(out, a, b, op)`` writes ``a <op> b`` into ``out`` in one pass (:mod:`.combine`,
-also the executor's unchecked per-step calls). ``op``
-is one of ``"sum", "prod", "min", "max"`` (an average is a sum followed by ``scale_avg``).
+also the executor's unchecked per-step calls). ``op`` is one of ``"sum", "prod", "min",
+"max"`` (an average is a sum followed by ``scale_avg``), or a wire op,
+``"sum_fp16"``/``"sum_bf16"``: the sum of 16-bit codes held in uint16 arrays, added in
+float32 and rounded once to 16 bits (the compressed allreduce's reduction, host arrays only).
 
 Back ends, chosen per call by :mod:`.dispatch` (its docstring gives the rule): numpy, the
 reference (:mod:`.numpy_backend`, which also states the exact semantics: wrapping integers,
@@ -32,8 +34,10 @@ from .dispatch import (
     NUMBA_FUSED_MIN_BYTES,
     OPS,
     PARALLEL_MIN_BYTES,
+    WIRE_OPS,
     check_op,
     cpu_backend,
+    kernel_mode,
     load_numba,
     reduce_into,
     reduce_many_into,
@@ -41,10 +45,9 @@ from .dispatch import (
     set_kernel_mode,
 )
 
-__all__ = ["DTYPES", "NUMBA_FUSED_MIN_BYTES", "OPS", "PARALLEL_MIN_BYTES", "combine_into",
-           "cpu_backend",
-           "reduce_into", "reduce_many_into", "scale_avg", "set_kernel_mode", "set_threads",
-           "warmup"]
+__all__ = ["DTYPES", "NUMBA_FUSED_MIN_BYTES", "OPS", "PARALLEL_MIN_BYTES", "WIRE_OPS",
+           "combine_into", "cpu_backend", "reduce_into", "reduce_many_into", "scale_avg",
+           "set_kernel_mode", "set_threads", "warmup"]
 
 #: Every dtype the kernels take (longdouble and clongdouble through numpy only).
 DTYPES = tuple(np.dtype(t) for t in (
@@ -68,13 +71,16 @@ def warmup(dtypes: Iterable[Any] | None = None, ops: Iterable[str] | None = None
            sources: Iterable[int] = (1, 2), gpu: bool = False) -> None:
     """Compile, or load from the disk cache, the kernels a job will use.
 
-    ``dtypes`` defaults to every dtype with a numba kernel, ``ops`` to all four; ``sources``
+    ``dtypes`` defaults to every dtype with a numba kernel, ``ops`` to all four (a wire op
+    listed here compiles its uint16 kernels, whatever ``dtypes``); ``sources``
     lists the source counts of fused calls (1 is the pairwise form). With ``gpu=True`` the
     cupy kernels are compiled too (needs cupy and a device). numba compiles once per dtype and
     source count whatever the op; the ops are checked against the dtypes all the same.
     """
     dts = [np.dtype(d) for d in (dtypes if dtypes is not None else DTYPES)]
     op_list = list(ops if ops is not None else OPS)
+    wire_ops = [op for op in op_list if op in WIRE_OPS]
+    op_list = [op for op in op_list if op not in WIRE_OPS]
     counts = sorted(set(int(k) for k in sources))
     if any(k < 1 for k in counts):
         raise ValueError(f"source counts must be at least 1, got {counts}")
@@ -85,6 +91,8 @@ def warmup(dtypes: Iterable[Any] | None = None, ops: Iterable[str] | None = None
     mod = load_numba()
     if mod is not None:
         mod.warmup(dts, counts)
+        if wire_ops and kernel_mode() != "numpy":
+            mod.warmup_wire(wire_ops, counts)
     if gpu:
         from . import cupy_backend
         cupy_backend.warmup(dts, op_list, counts)

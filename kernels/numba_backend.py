@@ -13,7 +13,11 @@ op). The fused kernel takes the sources as a tuple and is compiled once per sour
 float16 has no scalar type in numba, so float16 arrays are passed as uint16 views and
 converted to float32 and back with LLVM's ``fpext``/``fptrunc`` (one instruction each on
 x86-64 with F16C). Arithmetic runs in float32, as numpy's does, so results match numpy bit
-for bit. Extended precision (longdouble, clongdouble) is not available in numba; the
+for bit. The wire ops (``sum_fp16``, ``sum_bf16``) take uint16 codes: half codes go through the
+float16 kernels above; bfloat16 codes are widened to float32 by a shift and rounded back to
+nearest even with integer arithmetic on the float32's bits (NaN keeps its quiet bit), as
+:func:`bmlmpi.kernels.numpy_backend.encode16` does. Extended precision (longdouble,
+clongdouble) is not available in numba; the
 dispatcher sends it to numpy.
 
 Every kernel has a one-thread form and a parallel (``prange``) form; a call takes the parallel
@@ -113,6 +117,37 @@ def _float_to_half(typingctx, x):
     return sig, codegen
 
 
+@intrinsic
+def _bf16_to_float(typingctx, bits):
+    sig = types.float32(types.uint16)
+
+    def codegen(context, builder, signature, args):
+        wide = builder.zext(args[0], ir.IntType(32))
+        return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)),
+                               ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def _float_to_bf16(typingctx, x):
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        bits = builder.bitcast(args[0], i32)
+        high = builder.lshr(bits, ir.Constant(i32, 16))
+        # round to nearest even: add 0x7FFF plus the lowest kept bit, then truncate
+        bias = builder.add(ir.Constant(i32, 0x7FFF), builder.and_(high, ir.Constant(i32, 1)))
+        rounded = builder.trunc(builder.lshr(builder.add(bits, bias), ir.Constant(i32, 16)),
+                                ir.IntType(16))
+        quiet = builder.trunc(builder.or_(high, ir.Constant(i32, 0x40)), ir.IntType(16))
+        nan = builder.fcmp_unordered("uno", args[0], args[0])
+        return builder.select(nan, quiet, rounded)
+
+    return sig, codegen
+
+
 # -- kernels -----------------------------------------------------------------------------------
 # All arrays are one-dimensional and contiguous (the dispatcher flattens them). Each kernel has a
 # one-thread form (no fork-join: small arrays, or one thread per rank) and a parallel form; they
@@ -142,6 +177,19 @@ def _many_half_at(dst, srcs, op, i):
     for k in range(len(srcs)):
         acc = _apply(op, acc, _half_to_float(srcs[k][i]))
     dst[i] = _float_to_half(acc)
+
+
+@njit(inline="always")
+def _pair_bf16_at(dst, src, i):
+    dst[i] = _float_to_bf16(_bf16_to_float(dst[i]) + _bf16_to_float(src[i]))
+
+
+@njit(inline="always")
+def _many_bf16_at(dst, srcs, i):
+    acc = _bf16_to_float(dst[i])
+    for k in range(len(srcs)):
+        acc += _bf16_to_float(srcs[k][i])
+    dst[i] = _float_to_bf16(acc)
 
 
 @kernel()
@@ -252,10 +300,35 @@ def _to_half_n(out, a, b, op):
         _to_half_at(out, a, b, op, i)
 
 
+@kernel()
+def _pair_bf16_1(dst, src, op):
+    for i in range(dst.size):
+        _pair_bf16_at(dst, src, i)
+
+
+@kernel(parallel=True)
+def _pair_bf16_n(dst, src, op):
+    for i in prange(dst.size):
+        _pair_bf16_at(dst, src, i)
+
+
+@kernel()
+def _many_bf16_1(dst, srcs, op):
+    for i in range(dst.size):
+        _many_bf16_at(dst, srcs, i)
+
+
+@kernel(parallel=True)
+def _many_bf16_n(dst, srcs, op):
+    for i in prange(dst.size):
+        _many_bf16_at(dst, srcs, i)
+
+
 # (one-thread form, parallel form) per job.
 _KERNELS = {
     "pair": (_pair_1, _pair_n), "many": (_many_1, _many_n),
     "pair_half": (_pair_half_1, _pair_half_n), "many_half": (_many_half_1, _many_half_n),
+    "pair_bf16": (_pair_bf16_1, _pair_bf16_n), "many_bf16": (_many_bf16_1, _many_bf16_n),
     "divide": (_divide_1, _divide_n), "divide_half": (_divide_half_1, _divide_half_n),
     "to": (_to_1, _to_n), "to_half": (_to_half_1, _to_half_n),
 }
@@ -380,6 +453,33 @@ def combine_into(out: np.ndarray, a: np.ndarray, b: np.ndarray, op: str, *,
     _run(job, out.nbytes, _bits(out), _bits(a), _bits(b), OP_CODE[op], parallel=parallel)
 
 
+def wire_reduce_many_into(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str, *,
+                          parallel: bool | None = None) -> None:
+    """A wire op (``sum_fp16``/``sum_bf16``) on uint16 codes: float32 sum, one rounding."""
+    if len({s.flags.writeable for s in srcs}) > 1:
+        srcs = [s if s.flags.writeable else s.copy() for s in srcs]
+    if op == "sum_fp16":
+        job = "pair_half" if len(srcs) == 1 else "many_half"
+    else:
+        job = "pair_bf16" if len(srcs) == 1 else "many_bf16"
+    args = srcs[0] if len(srcs) == 1 else tuple(srcs)
+    _run(job, dst.nbytes, dst, args, OP_CODE["sum"], parallel=parallel)
+
+
+def warmup_wire(ops: Iterable[str], sources: Iterable[int] = (1, 2)) -> None:
+    """Compile (or load) the wire ops' kernels for these source counts, as :func:`warmup`."""
+    forms = (False, True) if _threads > 1 or _forced_form else (False,)
+    for op in ops:
+        for parallel in forms:
+            for k in sorted(set(sources)):
+                if (op, k, parallel) in _warm:
+                    continue
+                one = np.zeros(1, np.uint16)
+                wire_reduce_many_into(one, [np.zeros(1, np.uint16) for _ in range(k)], op,
+                                      parallel=parallel)
+                _warm.add((op, k, parallel))
+
+
 def scale_avg(dst: np.ndarray, n: int, *, parallel: bool | None = None) -> None:
     """Floats only (float16/32/64); integer floor division stays with numpy (libdivide)."""
     if dst.dtype == _HALF:
@@ -390,7 +490,7 @@ def scale_avg(dst: np.ndarray, n: int, *, parallel: bool | None = None) -> None:
         raise TypeError(f"numba scale_avg handles float16/32/64, not {dst.dtype}")
 
 
-_warm: set[tuple[np.dtype, int, bool]] = set()
+_warm: set[tuple[np.dtype | str, int, bool]] = set()
 
 
 def warmup(dtypes: Iterable[np.dtype], sources: Iterable[int] = (1, 2)) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .wire import accumulation_dtype, check_wire, round_trip, scale
+from .wire import accumulation_dtype, check_wire, decode, encode, scale
 
 
 def gsmp_threshold(phi: float, d: float, t: int) -> float:
@@ -56,8 +56,12 @@ def grp_selects(n: int, p: float, seed: int, t: int, key: int) -> np.ndarray:
 
 
 def key_of(key: Any) -> int:
-    """A stable 32-bit integer for an array's key (equal on every rank for equal keys)."""
+    """A stable 32-bit integer for an array's key, equal on every rank for the same array. A
+    direct call's default key holds the result buffer's address, which differs between
+    processes: only its length and dtype enter here, so every rank drops the same positions."""
     import hashlib
+    if isinstance(key, tuple) and len(key) == 4 and key[0] == "buffer":
+        key = ("buffer", key[2], key[3])
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=4).digest(), "little")
 
 
@@ -70,6 +74,7 @@ class Step:
     dropped: np.ndarray | None   # bool mask, None when nothing can be dropped
     scale: float = 1.0
     sent: np.ndarray | None = None
+    codes: np.ndarray | None = None   # the scaled values as 16-bit wire codes (uint16)
 
 
 @dataclass
@@ -156,7 +161,8 @@ class Compressor:
 
     def finish(self, key: Any, step: Step, maxabs: float, size: int) -> np.ndarray:
         """Steps 3-4 given the agreed max |y| over all ranks: the scaled values to send
-        (``sent·s``, zeros where dropped); the residual is updated."""
+        (``sent·s``, zeros where dropped; with a wire format also kept as 16-bit codes in
+        ``step.codes``); the residual is updated."""
         v = step.y.copy()
         if step.dropped is not None:
             v[step.dropped] = 0
@@ -164,7 +170,8 @@ class Compressor:
         if self.wire is not None:
             s = scale(self.wire, maxabs, size)
             v *= v.dtype.type(s)
-            v = round_trip(self.wire, v)
+            step.codes = encode(self.wire, v)
+            v = decode(self.wire, step.codes, v.dtype)
         sent = v / v.dtype.type(s) if s != 1.0 else v.copy()
         step.scale, step.sent = s, sent
         kept = step.y - sent
@@ -226,12 +233,25 @@ def tdf(phi: float, d: float, p: float, wire: str | None = "fp16", seed: int = 0
 
 def parse(spec: str | Compressor | None) -> Compressor | None:
     """A compressor from a spec string: ``none``, ``fp16``, ``bf16``, ``threshold:PHI[:D]``,
-    ``random:P[:SEED]``, ``tdf:PHI:D:P[:WIRE]`` (WIRE ``fp16``, ``bf16`` or ``none``)."""
+    ``random:P[:SEED]``, ``tdf:PHI:D:P[:WIRE]`` (WIRE ``fp16``, ``bf16`` or ``none``); any of
+    them followed by ``@sparse``, ``@dense`` or ``@auto`` pins the exchange (the default,
+    ``auto``, asks the cost model)."""
     if spec is None or isinstance(spec, Compressor):
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"compression must be a string or a bmlmpi.compression.Compressor, got "
                         f"{type(spec).__name__}")
+    if "@" in spec:
+        # the exchange pinned: the cost model's choice overruled (it prices the network from
+        # the communicator's calibration, which a fixed algorithm never measures)
+        base, path = spec.rsplit("@", 1)
+        c = parse(base)
+        if c is None or path not in ("auto", "sparse", "dense"):
+            raise ValueError(f"bad compression spec {spec!r}: SPEC@PATH takes a compressor "
+                             f"and a path auto, sparse or dense")
+        c.path = path
+        c.name = f"{c.name}@{path}"
+        return c
     name, *args = spec.strip().split(":")
     try:
         if name == "none" and not args:
@@ -248,7 +268,8 @@ def parse(spec: str | Compressor | None) -> Compressor | None:
     except ValueError as exc:
         raise ValueError(f"bad compression spec {spec!r}: {exc}") from None
     raise ValueError(f"bad compression spec {spec!r}; use none, fp16, bf16, threshold:PHI[:D], "
-                     f"random:P[:SEED] or tdf:PHI:D:P[:WIRE]")
+                     f"random:P[:SEED] or tdf:PHI:D:P[:WIRE], optionally followed by "
+                     f"@sparse, @dense or @auto")
 
 
 __all__ = ["Compressor", "Step", "bf16", "fp16", "grp_selects", "gsmp_selects",

@@ -13,19 +13,38 @@ for a bucket):
    new residual y − sent.
 4. The exchange, one of:
    * **sparse** (filters on, and :func:`.sparse.sparse_seconds` below the cost model's dense
-     price): index/value pairs over the BCube levels (ring: around the ring), summed exactly;
-   * **wire** (a 16-bit wire format): the algorithm's own schedule (bml, ring, tree,
-     multitree; native and hierarchical run bml's), interpreted here: each send is encoded to
-     16 bits, each receive decoded and added in the accumulation dtype (float32, float64 for
-     float64 input); at the end every rank rounds its result through the wire once more, so
-     ranks that owned a piece hold what the others received (identical results);
-   * **dense**: the same schedule interpreted in the array's own dtype on the filtered values
-     (zeros where dropped).
+     price): index/value pairs over the BCube levels (ring, or a communicator without level
+     communicators such as the fault-tolerant one: around the ring), summed exactly;
+   * **wire** (a 16-bit wire format, with or without filters): ``finish`` has already scaled y by
+     the agreed power of two, rounded it to the wire format (``v``) and encoded ``v`` once into
+     uint16 codes (zeros where dropped); the algorithm's own schedule (bml, ring, tree, multitree;
+     native and hierarchical run bml's) runs on the codes through bmlmpi's one executor,
+     :class:`bmlmpi.execute.Run`, with the kernel op ``sum_fp16``/``sum_bf16``: every reduction step
+     decodes the 16-bit operands to float32, adds them in float32 and rounds the sum once to 16 bits
+     (nearest even), so every partial sum a rank stores or sends is a 16-bit value; the copy steps
+     move codes unchanged, so every rank ends with the same codes. The result is the codes decoded
+     and divided by the scale: the same bits on every rank. Why no partial sum can overflow:
+     :mod:`.wire` (each is a sum of at most N scaled inputs, each ≤ M·s, grown by at most N
+     roundings);
+   * **dense** (filters, no wire format): the same plain scheduled allreduce (a Run with
+     ``sum``) of the filtered values in their accumulation dtype (zeros where dropped).
+   The transfers are MPI.BYTE, so MPI never sees the dtype. The plan of each (algorithm,
+   count, item size) is compiled once (:meth:`bmlmpi.execute.Plan.flat` on the private
+   duplicate communicator) and cached on the communicator; each call runs on its own block
+   of tags (:func:`.engine.next_tag_base`).
    Steps 2-4 run on a private duplicate communicator, and the compressed calls of one
    communicator run one after another (:class:`.engine.StagedRequest`), so a progress thread
    testing them in any order cannot reorder their messages across ranks.
    With every filter off and no wire format (``compressor.identity``), the call is the plain
    allreduce of the caller's buffers, bit for bit, and keeps no residual.
+
+On a fault-tolerant communicator (``fault_tolerant=True`` passed by
+:class:`bmlmpi.ft.FaultTolerantCommunicator`): an MPI failure during steps 2-4 revokes the
+private communicator (so no survivor waits on it), and every call ends with an agreement
+(``MPI_Comm_iagree``) on whether every survivor completed its exchange. If one did not, or a
+rank failed, every survivor raises :class:`bmlmpi.ft.FaultToleranceError`, its recvbuf
+untouched and its error-feedback memory as before the call (nothing of it counts as sent);
+the compressed call is not re-run over the survivors. Cost: one agreement per call.
 
 Ops: SUM and bmlmpi.AVG (the average divides the sum by N); dtypes float32 and float64 (float16
 input accumulates in float32). Anything else raises ValueError before any communication (on
@@ -38,16 +57,19 @@ where a compressor sits (around the allreduce).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from .. import kernels
+from ..execute import Plan, Run
 from ..ops import op_name
-from .engine import TAG_SPAN, StagedRequest, next_tag_base, private_comm
+from .engine import RunRequest, StagedRequest, drop_private_comm, next_tag_base, private_comm
 from .filters import Compressor, parse
 from .sparse import check_count, level_members, levels_exchange, ring_exchange, sparse_seconds
-from .wire import decode, encode, round_trip
+from .wire import SUM_OP, decode
 
 #: α-β defaults when the communicator has no calibration (shared memory, order of magnitude)
 DEFAULT_ALPHA = 2e-5
@@ -120,35 +142,35 @@ def choose_sparse(comm: Any, alg: str, kept: int, count: int, itemsize: int,
     return sparse < _dense_seconds(comm, alg, count, wire_itemsize)
 
 
-def _schedule_stages(comm: Any, dup: MPI.Comm, tag: int, wire: str | None, alg: str,
-                     acc: np.ndarray, stats: list):
-    """Run ``alg``'s schedule on ``acc`` over ``dup``: with a ``wire`` format each send is
-    encoded to 16 bits and each receive decoded and added in ``acc``'s dtype; without one,
-    ``acc``'s own elements travel."""
-    itemsize = 2 if wire else acc.itemsize
-    sched = comm._schedule(alg, acc.size, itemsize)
-    if sched.nsteps > TAG_SPAN:
-        raise ValueError(f"{alg} has {sched.nsteps} steps, more than the {TAG_SPAN} tags a "
-                         f"compressed call may use")
-    for k, step in enumerate(sched.steps):
-        reqs, incoming, keep = [], [], []
-        for r in step.recvs:
-            buf = np.empty(r.n, np.uint16 if wire else acc.dtype)
-            incoming.append((r, buf))
-            reqs.append(dup.Irecv(buf, r.peer, tag + k))
-        for s in step.sends:
-            out = encode(wire, acc[s.lo:s.hi]) if wire else acc[s.lo:s.hi].copy()
-            keep.append(out)    # alive until the step completes
-            reqs.append(dup.Isend(out, s.peer, tag + k))
-            stats[0] += out.nbytes
-        yield reqs
-        for r, buf in incoming:
-            vals = decode(wire, buf, acc.dtype) if wire else buf
-            if r.reduce:
-                acc[r.lo:r.hi] += vals
+def _plan(comm: Any, dup: MPI.Comm, alg: str, count: int, itemsize: int,
+          op: str) -> Plan:
+    """The compiled plan of ``alg`` on the private communicator (cached per signature), its
+    kernels compiled outside any deadline."""
+    plans = comm._compression_plans
+    key = (alg, count, itemsize, op)
+    plan = plans.get(key)
+    if plan is None:
+        plan = Plan.flat(comm._schedule(alg, count, itemsize), dup)
+        fan_in = max((len(offs) for lane in plan.lanes for st in lane
+                      for _, _, offs in st.reduces), default=0)
+        if fan_in:
+            if op in kernels.WIRE_OPS:
+                kernels.warmup([], [op], sources=sorted({1, fan_in}))
             else:
-                acc[r.lo:r.hi] = vals
-        del keep
+                kernels.warmup([np.dtype(f"f{itemsize}")], [op], sources=sorted({1, fan_in}))
+        plans[key] = plan
+    return plan
+
+
+def _exchange(comm: Any, dup: MPI.Comm, tag: int, alg: str, buf: np.ndarray, op: str,
+              what: str) -> Generator[list, None, int]:
+    """The plain scheduled allreduce of ``buf`` (in place) with kernel op ``op``, through
+    :class:`bmlmpi.execute.Run`; returns the bytes this rank sent."""
+    plan = _plan(comm, dup, alg, buf.size, buf.itemsize, op)
+    run = Run(plan, buf, op, tag, f"compressed {alg} allreduce ({what}, rank {comm.rank}, "
+                                  f"tags from {tag})")
+    yield [RunRequest(run)]
+    return plan.sched.sent_elements() * buf.itemsize
 
 
 def _plain_bytes(comm: Any, alg: str, count: int, itemsize: int) -> int:
@@ -157,18 +179,16 @@ def _plain_bytes(comm: Any, alg: str, count: int, itemsize: int) -> int:
     return comm._schedule(alg, count, itemsize).sent_elements() * itemsize
 
 
-def _stages(comm: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: Any, key: Any):
-    problem, src, out, name = _problem(sendbuf, recvbuf, op)
+def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem: str | None,
+            count: int, key: Any) -> Generator[list, None, tuple[np.ndarray, str, int]]:
+    """Steps 2-4 of the module docstring: (the summed values, the path, bytes sent)."""
     size = comm.size
-    step = None
     agree = np.zeros(5)
     if problem is None:
-        step = compressor.begin(key, src)
-        kept = src.size - (int(step.dropped.sum()) if step.dropped is not None else 0)
-        agree[:] = [compressor.local_maxabs(step), kept, 0, src.size, -src.size]
+        kept = count - (int(step.dropped.sum()) if step.dropped is not None else 0)
+        agree[:] = [compressor.local_maxabs(step), kept, 0, count, -count]
     else:
         agree[2] = 1
-    dup = private_comm(comm)
     tag = next_tag_base(comm)
     got = np.empty(5)
     yield [dup.Iallreduce(agree, got, MPI.MAX)]
@@ -179,8 +199,7 @@ def _stages(comm: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: A
                          "error)")
     if got[3] != -got[4]:
         raise ValueError(f"ranks passed different counts to a compressed allreduce (this rank "
-                         f"{src.size}, the largest {int(got[3])}, the smallest {int(-got[4])})")
-    count = src.size
+                         f"{count}, the largest {int(got[3])}, the smallest {int(-got[4])})")
     v = compressor.finish(key, step, float(got[0]), size)
     acc = v.dtype
     wire_size = 2 if compressor.wire else acc.itemsize
@@ -192,7 +211,8 @@ def _stages(comm: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: A
         nz = np.flatnonzero(~step.dropped) if step.dropped is not None else np.arange(count)
         result: list = []
         box = [0]
-        if alg == "ring":
+        if alg == "ring" or not comm.level_comms:
+            # a communicator without level communicators (the fault-tolerant one): the ring
             yield from ring_exchange(dup, tag, nz, sent[nz], result, box)
         else:
             members = getattr(comm, "_compression_levels", None)
@@ -202,25 +222,89 @@ def _stages(comm: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: A
         idx, val = result[0]
         total = np.zeros(count, acc)
         total[idx] = val
-        path, nbytes = "sparse", box[0]
-    else:
-        box = [0]
+        return total, "sparse", box[0]
+    nbytes = 0
+    if compressor.wire is not None:
+        codes = step.codes                   # v encoded once, by finish
         if size > 1:
-            yield from _schedule_stages(comm, dup, tag, compressor.wire, alg, v, box)
-        if compressor.wire is not None:
-            total = round_trip(compressor.wire, v) / acc.type(step.scale)
-            path = "wire"
-        else:
-            total, path = v, "dense"
-        nbytes = box[0]
+            nbytes = yield from _exchange(comm, dup, tag, alg, codes, SUM_OP[compressor.wire],
+                                          compressor.name)
+        return decode(compressor.wire, codes, acc) / acc.type(step.scale), "wire", nbytes
+    if size > 1:
+        nbytes = yield from _exchange(comm, dup, tag, alg, v, "sum", compressor.name)
+    return v, "dense", nbytes
+
+
+def _stages(comm: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: Any, key: Any,
+            fault_tolerant: bool):
+    problem, src, out, name = _problem(sendbuf, recvbuf, op)
+    step = None
+    count = 0 if src is None else src.size
+    before = (compressor.residuals.get(key), compressor.iterations.get(key))
+    if problem is None:
+        step = compressor.begin(key, src)
+    if not fault_tolerant:
+        dup = private_comm(comm)
+        total, path, nbytes = yield from _reduce(comm, dup, compressor, step, problem, count,
+                                                 key)
+    else:
+        total, path, nbytes = yield from _settled(comm, compressor, step, problem, count, key,
+                                                  before)
     if name == "avg":
-        total /= acc.type(size)
+        total /= total.dtype.type(comm.size)
     out[:] = total
     compressor.count(path, nbytes)
 
 
+def _settled(comm: Any, compressor: Compressor, step: Any, problem: str | None, count: int,
+             key: Any, before: tuple) -> Generator[list, None, tuple[np.ndarray, str, int]]:
+    """:func:`_reduce` on a fault-tolerant communicator: an MPI failure revokes the private
+    communicator, and an agreement decides whether every survivor completed (module
+    docstring); if not, FaultToleranceError on every survivor and no trace of the call in
+    the compressor's memory."""
+    from ..ft.errors import FaultToleranceError
+
+    def undo(why: str, exc: BaseException | None):
+        residual, t = before
+        for store, old in ((compressor.residuals, residual), (compressor.iterations, t)):
+            if old is None:
+                store.pop(key, None)
+            else:
+                store[key] = old
+        drop_private_comm(comm)
+        raise FaultToleranceError(
+            f"compressed allreduce ({compressor.name}) on a fault-tolerant communicator, rank "
+            f"{comm.rank} of {comm.size}: {why}; the call is abandoned on every survivor "
+            f"(recvbuf untouched) and the communicator must not be used again (end the rank "
+            f"with bmlmpi.ft.finish)") from exc
+
+    try:
+        dup = private_comm(comm)
+    except MPI.Exception as exc:
+        undo(f"the private communicator could not be made ({exc.Get_error_string()})", exc)
+    failure: MPI.Exception | None = None
+    try:
+        result = yield from _reduce(comm, dup, compressor, step, problem, count, key)
+    except MPI.Exception as exc:
+        failure = exc
+        try:
+            dup.Revoke()    # every survivor's pending transfer on it fails at once
+        except (MPI.Exception, NotImplementedError):
+            pass
+    flag = np.array([0 if failure else 1], dtype=np.intc)
+    try:
+        yield [dup.Iagree(flag)]
+    except MPI.Exception as exc:   # ULFM: a rank failed (reported the same to every survivor)
+        undo(f"a rank failed during the call ({exc.Get_error_string()})", failure or exc)
+    if not flag[0]:
+        why = (failure.Get_error_string() if failure is not None else
+               "another survivor's exchange failed")
+        undo(f"a rank failed during the call ({why})", failure)
+    return result
+
+
 def start(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
-          key: Any = None) -> Any:
+          key: Any = None, fault_tolerant: bool = False) -> Any:
     """Start a compressed allreduce on the bmlmpi Communicator ``comm``; returns a request.
 
     ``compression``: a :class:`Compressor` (keeps its error-feedback memory across calls) or
@@ -228,6 +312,8 @@ def start(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
     the stateless ``fp16``/``bf16`` are meaningful that way — pass an object for filters).
     ``key``: the registered array this call reduces (default: ``recvbuf``'s address and
     length, so reduce into the same array at every step for error feedback to carry over).
+    ``fault_tolerant``: the failure handling of a fault-tolerant communicator (module
+    docstring); with the identity compressor the call is the communicator's own allreduce.
     """
     compressor = parse(compression)
     if compressor is None or compressor.identity:
@@ -243,7 +329,8 @@ def start(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
         if isinstance(recvbuf, np.ndarray):
             key = ("buffer", recvbuf.__array_interface__["data"][0], recvbuf.size,
                    recvbuf.dtype.str)
-    return StagedRequest(_stages(comm, compressor, sendbuf, recvbuf, op, key), comm.timeout,
+    return StagedRequest(_stages(comm, compressor, sendbuf, recvbuf, op, key, fault_tolerant),
+                         comm.timeout,
                          f"compressed allreduce ({compressor.name})", owner=comm)
 
 

@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from .engine import TAG_SPAN
+
 INDEX = np.dtype(np.int32)
 
 
@@ -149,12 +151,15 @@ def ring_exchange(comm: MPI.Comm, tag: int, idx: np.ndarray, val: np.ndarray,
     sets[rank] = (idx.astype(INDEX), val)
     cur = pack(idx, val)
     for s in range(size - 1):
+        # the tags fold into the call's span: steps run one after another, and messages of
+        # one sender and tag arrive in order, so a reused tag cannot be mismatched
+        t = tag + (2 * s) % TAG_SPAN
         nbytes = np.empty(1, np.int64)
-        yield [comm.Isend(np.array([cur.size], np.int64), right, tag + 2 * s),
-               comm.Irecv(nbytes, left, tag + 2 * s)]
+        yield [comm.Isend(np.array([cur.size], np.int64), right, t),
+               comm.Irecv(nbytes, left, t)]
         got = np.empty(int(nbytes[0]), np.uint8)
         stats[0] += cur.size + 8
-        yield [comm.Isend(cur, right, tag + 2 * s + 1), comm.Irecv(got, left, tag + 2 * s + 1)]
+        yield [comm.Isend(cur, right, t + 1), comm.Irecv(got, left, t + 1)]
         sets[(rank - 1 - s) % size] = unpack(got, dtype)
         cur = got
     result.append(merge(sets, dtype))

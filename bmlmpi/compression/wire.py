@@ -3,21 +3,40 @@ a reduction over them from overflowing. MPI-free.
 
 Algorithm. A value travels as 16 bits: IEEE half (``fp16``: 5 exponent bits, 10 mantissa
 bits, largest finite 65504) or bfloat16 (``bf16``: float32's 8 exponent bits, 7 mantissa bits;
-the top half of a float32, rounded to nearest even). Receivers decode to the accumulation
-dtype (float32, or float64 for float64 input) and add there, so a reduction step never sums in
-16 bits; a partial sum is rounded to 16 bits only when it is sent on.
+the top half of a float32, rounded to nearest even). The compressed allreduce
+(:mod:`.layer`) encodes each rank's scaled, already wire-rounded values once into uint16
+codes and runs the algorithm's schedule on the codes through bmlmpi's executor
+(:class:`bmlmpi.execute.Run`, transfers as MPI.BYTE) with the kernel op ``sum_fp16`` or
+``sum_bf16`` (:mod:`bmlmpi.kernels`). What is accumulated where:
 
-Overflow. A float32 sum of N values each at most M in magnitude stays below N·M; every partial
-sum of a schedule is a sum of at most N inputs. Before encoding, every rank multiplies by the
-same power of two s = 2^e, the largest with N·M·s ≤ B (B = 2^15 for fp16, 2^126 for bf16), where
-M is the maximum |x| over all ranks (agreed by one small allreduce). Then no partial sum, and
-no encoded value, can exceed B < the format's largest finite value: the 16-bit reduction
-overflows only where the float32 one does (never, for finite input). Why not Horovod's plain
-prescale by 1/N: it bounds the partial sums by M but leaves M itself unbounded (an fp16 value
-above 65504 overflows before any sum). A power of two is exact in binary floating point, so
-scaling adds no rounding of its own; the cost is one latency-bound allreduce of one float per
-call. Values far below M·s lose precision (or underflow to zero) in fp16 — the rounded-away part
-is what error feedback keeps.
+* a reduction step decodes its operands (the partial sum this rank holds and every partial
+  sum received in that step) to float32, adds them **in float32**, and rounds the float32
+  sum **once** to 16 bits (nearest even), which it stores in place of its partial sum;
+* so every partial sum a schedule stores or sends is a 16-bit value, rounded once per
+  reduction step it went through; a copy step (allgather) moves codes unchanged, so every
+  rank ends with the same codes, and the result is those codes decoded and divided by the
+  scale, the same bits on every rank.
+For two operands the float32 sum rounded to 16 bits is the correctly rounded 16-bit sum
+(24 ≥ 2·11 + 2 significand bits: the double rounding is innocuous); a step adding three or
+more operands rounds their float32 sum once.
+
+Overflow. Before encoding, every rank multiplies by the same power of two s = 2^e, the largest
+with N·M·s ≤ B (B = 2^15 for fp16, 2^126 for bf16), where M is the maximum |y| over all ranks'
+kept values (agreed by one small allreduce). Every stored partial sum covers a set S of at
+most N ranks' inputs, each at most M·s in magnitude; it went through at most |S| ≤ N
+roundings (the input's encoding and one per reduction step, each step adding at least one new
+input), each of which grows a magnitude by at most a factor (1 + u)(1 + 2^-24) (u = 2^-11
+fp16, 2^-8 bf16; 2^-24 for the float32 sum). So every stored value is at most
+N·M·s·g^N ≤ B·g^N with g = (1 + u)(1 + 2^-24): below the largest finite value (65504,
+about 2^128) for N ≤ 1418 (fp16) and N ≤ 354 (bf16); for larger N, :func:`scale` lowers B
+by powers of two until B·g^N is below it (refused past about 22,000 ranks, where B < 1).
+So the 16-bit reduction overflows only where the float32 one does (never, for finite
+input). Why not Horovod's plain prescale by 1/N: it bounds the partial sums by M but leaves M
+itself unbounded (an fp16 value above 65504 overflows before any sum). A power of two is exact
+in binary floating point, so scaling adds no rounding of its own; the cost is one
+latency-bound allreduce of one float per call. Values far below M·s lose precision (or
+underflow to zero) in fp16: the input's rounded-away part is what error feedback keeps (the
+roundings of partial sums inside the reduction are not fed back: they belong to no rank).
 
 Cost: one pass over the data per encode/decode (numpy); half the bytes of float32 on the wire.
 Source: seed 004 (TDF's G-LNP: gradients pushed as Float16); Horovod ``Compression.fp16`` and
@@ -30,9 +49,16 @@ import math
 
 import numpy as np
 
+from ..kernels.numpy_backend import decode16, encode16
+
 WIRES = ("fp16", "bf16")
 #: bound on every encoded value and partial sum (a power of two below the format's maximum)
 _BOUND = {"fp16": 2.0 ** 15, "bf16": 2.0 ** 126}
+#: the largest finite value, and the unit roundoff, of each format
+LARGEST = {"fp16": 65504.0, "bf16": float(2.0 ** 128 * (1 - 2.0 ** -8))}
+UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+#: the kernel op that sums codes of each format
+SUM_OP = {"fp16": "sum_fp16", "bf16": "sum_bf16"}
 
 
 def check_wire(wire: str | None) -> str | None:
@@ -47,36 +73,42 @@ def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
+def bound(wire: str, size: int) -> float:
+    """B for ``size`` ranks: the power of two that N·M·s stays below (module docstring): 2^15
+    (fp16) or 2^126 (bf16), halved while B·g^N exceeds the format's largest finite value.
+    Below B = 1 (past about 22,000 ranks) the proof gives nothing useful: ValueError."""
+    growth = size * (math.log1p(UNIT[wire]) + math.log1p(2.0 ** -24)) / math.log(2)
+    e = int(math.log2(_BOUND[wire]))
+    while e + growth > math.log2(LARGEST[wire]):
+        e -= 1
+    if e < 0:
+        raise ValueError(f"the {wire} wire's overflow bound does not cover {size} ranks")
+    return 2.0 ** e
+
+
 def scale(wire: str, maxabs: float, size: int) -> float:
-    """The power of two s with size·maxabs·s ≤ the wire's bound (1.0 for 0 or non-finite)."""
+    """The power of two s with size·maxabs·s ≤ :func:`bound` (1.0 for 0 or non-finite)."""
     if not math.isfinite(maxabs) or maxabs <= 0.0:
         return 1.0
-    e = math.floor(math.log2(_BOUND[wire] / (size * maxabs)))
+    b = bound(wire, size)
+    e = math.floor(math.log2(b / (size * maxabs)))
     # log2 may round up by one near a power of two: step down until the bound holds
-    while size * maxabs * 2.0 ** e > _BOUND[wire]:
+    while size * maxabs * 2.0 ** e > b:
         e -= 1
     return 2.0 ** max(min(e, 1000), -1000)
 
 
 def encode(wire: str, x: np.ndarray) -> np.ndarray:
-    """``x`` (float32/float64) as 16-bit codes (uint16), rounded to nearest even."""
+    """``x`` (float32/float64) as 16-bit codes (uint16), rounded to nearest even (bf16: from
+    float64 through float32); NaN stays NaN."""
     if wire == "fp16":
         return x.astype(np.float16).view(np.uint16)
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    # round to nearest even on the 16 bits dropped; NaN stays NaN (quiet bit kept)
-    rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
-               >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        rounded[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
-    return rounded
+    return encode16(np.asarray(x, dtype=np.float32), wire)
 
 
 def decode(wire: str, codes: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """16-bit codes back to ``dtype`` (exact: every 16-bit value is a float32)."""
-    if wire == "fp16":
-        return codes.view(np.float16).astype(dtype)
-    return (codes.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(dtype)
+    return decode16(codes, wire).astype(dtype, copy=False)
 
 
 def round_trip(wire: str, x: np.ndarray) -> np.ndarray:
@@ -84,4 +116,5 @@ def round_trip(wire: str, x: np.ndarray) -> np.ndarray:
     return decode(wire, encode(wire, x), x.dtype)
 
 
-__all__ = ["WIRES", "accumulation_dtype", "check_wire", "decode", "encode", "round_trip", "scale"]
+__all__ = ["LARGEST", "SUM_OP", "UNIT", "WIRES", "accumulation_dtype", "bound", "check_wire",
+           "decode", "encode", "round_trip", "scale"]

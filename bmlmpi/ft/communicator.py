@@ -262,9 +262,11 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             super().Free()
 
     # -- the calls --------------------------------------------------------------------------
-    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> None:
+    def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                  compression: Any = None) -> None:
         """Reduce ``sendbuf`` over the survivors into ``recvbuf`` (``sendbuf`` may be
-        IN_PLACE).
+        IN_PLACE). ``compression``: as :meth:`bmlmpi.Communicator.Allreduce`, with the
+        failure contract of :meth:`Iallreduce`.
 
         Failure contract: returns on every survivor with the reduction over exactly the
         inputs of the ranks that are members when the call commits, the same on all of them
@@ -278,9 +280,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         on this rank, the communicator must not be used again. :class:`RankMasked` on a rank
         masked out by :meth:`mask_link`.
         """
-        self.Iallreduce(sendbuf, recvbuf, op).Wait()
+        self.Iallreduce(sendbuf, recvbuf, op, compression=compression).Wait()
 
-    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM) -> Request:
+    def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                   compression: Any = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned
         :class:`FaultTolerantRequest`, whose docstrings state what a failure does.
 
@@ -289,7 +292,24 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         failure; ``sendbuf`` and ``recvbuf`` must not be touched until then. Bad arguments
         raise here as in :meth:`Allreduce`; a failure noticed while starting is not raised:
         the ``Test``/``Wait`` that follows recovers from it.
+
+        ``compression`` (a :mod:`bmlmpi.compression` compressor or spec): without failures,
+        the compressed allreduce of :meth:`bmlmpi.Communicator.Iallreduce` over the current
+        members (the sparse exchange goes around the ring: this communicator has no level
+        communicators), plus one agreement per call. It is not kept in the ledger and not
+        re-run: a failure during a compressed call makes it raise
+        :class:`FaultToleranceError` from ``Test``/``Wait`` on every survivor, with recvbuf
+        untouched and the compressor's error-feedback memory as before the call, after which
+        the communicator must not be used again (end the rank with :func:`bmlmpi.ft.finish`);
+        a peer that hangs without failing makes ``Wait`` raise
+        :class:`bmlmpi.DeadlineExceeded` after ``timeout`` s without progress, with the same
+        consequence. A compressor that compresses nothing (every filter off, no wire format)
+        is the plain call above, with its failure contract.
         """
+        if compression is not None:
+            self._usable()
+            from ..compression.layer import start
+            return start(self, sendbuf, recvbuf, op, compression, fault_tolerant=True)
         return self._start(sendbuf, recvbuf, op, self.algorithm)
 
     def _usable(self) -> None:

@@ -3,7 +3,8 @@ the measured sparse/dense crossover (the cost model's choice checked against bot
 
 Run inside the ranks (N = 4 on shared memory here):
 
-    python -m bmlmpi.launch -n 4 python perf/compression/bench.py --out perf/compression/bench.json
+    python -m bmlmpi.launch -n 4 python perf/compression/bench.py --count 524288 --iters 8 \
+        --out perf/compression/bench.json
 
 Input: a gradient-like float32 array (normal values whose scale varies over blocks, like the
 layers of a model), different on every rank and at every iteration; every compressor keeps its

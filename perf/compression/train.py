@@ -22,7 +22,8 @@ ROOT = HERE.parent.parent
 #: "threshold:0" drops nothing: the plain allreduce bit for bit (tested), but its bytes are counted
 BASELINE = "threshold:0"
 SPECS = [BASELINE, "fp16", "bf16", "threshold:0.001:0.5", "random:0.6", "tdf:0.001:0.5:0.6",
-         "tdf:0.01:0.5:0.9", "tdf:0.01:0.5:0.9:none"]
+         "tdf:0.01:0.5:0.9", "tdf:0.01:0.5:0.9:none", "tdf:0.1:0.5:0.99:none@sparse",
+         "tdf:0.3:0.5:0.99:none@sparse"]
 
 
 def run(spec: str, ranks: int, epochs: int, plan: str, timeout: float) -> dict:

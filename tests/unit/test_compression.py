@@ -99,7 +99,14 @@ def test_identity_and_filters_flags():
     assert not parse("fp16").identity and parse("none") is None
 
 
-@pytest.mark.parametrize("bad", ["tdf:1", "fp32", "random:2", "threshold:-1", "tdf:1:1:0.5:int8"])
+def test_spec_can_pin_the_exchange():
+    c = parse("tdf:0.1:0.5:0.99:none@sparse")
+    assert (c.path, c.phi, c.p, c.wire) == ("sparse", 0.1, 0.99, None)
+    assert parse("fp16@dense").path == "dense" and parse("threshold:1").path == "auto"
+
+
+@pytest.mark.parametrize("bad", ["tdf:1", "fp32", "random:2", "threshold:-1", "tdf:1:1:0.5:int8",
+                                 "none@sparse", "fp16@fast", "@sparse"])
 def test_bad_specs_raise(bad):
     with pytest.raises(ValueError):
         parse(bad)

@@ -1,0 +1,211 @@
+"""The wire ops ``sum_fp16``/``sum_bf16`` (bmlmpi.kernels) that the compressed allreduce's 16-bit
+path runs through the executor, and the tag blocks of compressed calls. MPI-free.
+
+Against an independent float64 reference: the kernel decodes to float32, adds every operand of
+a call in float32 (dst first, then the sources in order) and rounds once to nearest even."""
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from bmlmpi.kernels import dispatch
+
+from bmlmpi import kernels
+from bmlmpi.compression import engine, layer
+from bmlmpi.compression.wire import LARGEST, SUM_OP, UNIT, bound, decode, encode, scale
+from bmlmpi.execute import TAG_STEPS
+
+WIRES = ("fp16", "bf16")
+BACKENDS = ("numpy", "numba")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    dispatch.set_kernel_mode(request.param)
+    yield request.param
+    dispatch.set_kernel_mode(None)
+
+
+def ref_round(x: float, wire: str) -> float:
+    """Round-to-nearest-even of a float64 (exact rational arithmetic) to the wire format,
+    written independently of the codecs under test (normal range only)."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    bits = 11 if wire == "fp16" else 8
+    e = math.frexp(x)[1] - bits            # ulp exponent: |x| in [2^(e+bits-1), 2^(e+bits))
+    q = Fraction(x) / Fraction(2) ** e
+    n = math.floor(q)
+    rest = q - n
+    if rest > Fraction(1, 2) or (rest == Fraction(1, 2) and n % 2):
+        n += 1
+    return float(n * Fraction(2) ** e)
+
+
+def codes_of(values: np.ndarray, wire: str) -> np.ndarray:
+    return encode(wire, values.astype(np.float32))
+
+
+def random_wire_values(rng, n: int, wire: str) -> np.ndarray:
+    """Wire-representable values of both signs over several binades (normal range)."""
+    x = rng.standard_normal(n) * 2.0 ** rng.integers(-8, 9, n)
+    return decode(wire, codes_of(x, wire), np.float64)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+@pytest.mark.parametrize("nsrc", [1, 2, 3])
+def test_wire_op_is_float32_sum_rounded_once(backend, wire, nsrc):
+    rng = np.random.default_rng(nsrc)
+    n = 3001
+    ops = [random_wire_values(rng, n, wire) for _ in range(nsrc + 1)]
+    dst = codes_of(ops[0], wire)
+    kernels.reduce_many_into(dst, [codes_of(o, wire) for o in ops[1:]], SUM_OP[wire])
+    got = decode(wire, dst, np.float64)
+    acc = ops[0].astype(np.float32)
+    for o in ops[1:]:
+        acc = (acc + o.astype(np.float32)).astype(np.float32)   # the float32 accumulation
+    want = np.array([ref_round(float(a), wire) for a in acc])
+    assert np.array_equal(got, want)
+    if nsrc == 1:
+        # two operands: the float32 sum rounded is the correctly rounded exact sum
+        exact = np.array([ref_round(float(a) + float(b), wire) for a, b in zip(*ops, strict=False)])
+        assert np.array_equal(got, exact)
+
+
+@pytest.mark.parametrize("wire", WIRES)
+@pytest.mark.parametrize("n", [5, 300_000])  # below and above the parallel/numba size rules
+def test_executor_reductions_sum_wire_codes_as_the_dispatcher_does(backend, wire, n):
+    """The executor's unchecked reductions (kernels.combine) give a wire op the wire sum, never
+    an integer sum of the codes, whichever back end the size rules pick."""
+    from bmlmpi.kernels import combine
+
+    rng = np.random.default_rng(n)
+    a, b = random_wire_values(rng, n, wire), random_wire_values(rng, n, wire)
+    want = codes_of(a, wire)
+    kernels.reduce_many_into(want, [codes_of(b, wire)], SUM_OP[wire])
+    got = codes_of(a, wire)
+    combine.reduce_trusted(got, [codes_of(b, wire)], SUM_OP[wire])
+    assert np.array_equal(got, want)
+    out = np.zeros(n, np.uint16)
+    combine.combine_trusted(out, codes_of(a, wire), codes_of(b, wire), SUM_OP[wire])
+    assert np.array_equal(out, want)
+
+
+@pytest.mark.parametrize("wire,a,b,want", [
+    ("fp16", 1.0, 2.0 ** -11, 1.0),                         # tie: stays on even 1.0
+    ("fp16", 1.0 + 2.0 ** -10, 2.0 ** -11, 1.0 + 2.0 ** -9),  # tie: up to the even neighbour
+    ("fp16", 1.0, 3 * 2.0 ** -12, 1.0 + 2.0 ** -10),         # above half: up
+    ("bf16", 1.0, 2.0 ** -8, 1.0),
+    ("bf16", 1.0 + 2.0 ** -7, 2.0 ** -8, 1.0 + 2.0 ** -6),
+    ("bf16", -1.0, -(2.0 ** -8), -1.0),
+])
+def test_wire_op_rounds_ties_to_even(backend, wire, a, b, want):
+    dst = codes_of(np.array([a]), wire)
+    kernels.reduce_into(dst, codes_of(np.array([b]), wire), SUM_OP[wire])
+    assert decode(wire, dst, np.float64)[0] == want
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_wire_op_keeps_nan_and_infinity(backend, wire):
+    nan, inf = float("nan"), float("inf")
+    a = codes_of(np.array([nan, 1.0, inf, inf, -inf, 2.0]), wire)
+    b = codes_of(np.array([1.0, nan, 1.0, -inf, -1.0, nan]), wire)
+    kernels.reduce_into(a, b, SUM_OP[wire])
+    got = decode(wire, a, np.float64)
+    assert np.isnan(got[[0, 1, 3, 5]]).all()
+    assert got[2] == inf and got[4] == -inf
+    # a NaN whose payload lies only in the low float32 bits stays NaN in bfloat16
+    if wire == "bf16":
+        low = np.array([0x7F800001], np.uint32).view(np.float32)
+        assert np.isnan(decode(wire, encode(wire, low), np.float32)).all()
+
+
+@pytest.mark.parametrize("wire", WIRES)
+@pytest.mark.parametrize("size", [2, 3, 5, 64, 1000, 5000])
+def test_no_overflow_at_the_bound(backend, wire, size):
+    """N inputs each at the agreed M·s, summed as a ring does (one rounding per step, each
+    step adding one input): every stored partial sum stays finite, also past the N where
+    the bound must shrink."""
+    for m in (1.0, 3.0, 7e4, 1e30 if wire == "bf16" else 6e4):
+        s = scale(wire, m, size)
+        v = codes_of(np.array([m * s, -m * s]), wire)   # rounded: may lie above M·s
+        acc = v.copy()
+        for _ in range(size - 1):
+            kernels.reduce_into(acc, v, SUM_OP[wire])
+            assert np.isfinite(decode(wire, acc, np.float64)).all()
+        total = decode(wire, acc, np.float64)
+        assert abs(total[0] - size * m * s) <= size * size * UNIT[wire] * m * s
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_without_the_prescale_the_16_bit_sum_overflows(backend, wire):
+    """The check above can fail: the same ring sum of unscaled values overflows."""
+    m = 4e4 if wire == "fp16" else 2.0 ** 127
+    v = codes_of(np.array([m]), wire)
+    acc = v.copy()
+    for _ in range(3):
+        kernels.reduce_into(acc, v, SUM_OP[wire])
+    assert np.isinf(decode(wire, acc, np.float64)).all()
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_bound_shrinks_only_where_the_growth_needs_it(wire):
+    g = (1 + UNIT[wire]) * (1 + 2.0 ** -24)
+    default = 2.0 ** 15 if wire == "fp16" else 2.0 ** 126
+    for size in (1, 2, 100, 354, 355, 1418, 1419, 10 ** 4):
+        b = bound(wire, size)
+        assert b * g ** size <= LARGEST[wire]
+        assert b == default or 2 * b * g ** size > LARGEST[wire]
+    assert bound(wire, 354 if wire == "bf16" else 1418) == default
+    assert bound(wire, 355 if wire == "bf16" else 1419) < default
+    with pytest.raises(ValueError, match="does not cover"):
+        bound(wire, 10 ** 6)
+
+
+def test_wire_ops_refuse_other_dtypes_and_device_only():
+    with pytest.raises(TypeError, match="uint16"):
+        kernels.reduce_into(np.zeros(3, np.float32), np.zeros(3, np.float32), "sum_bf16")
+    with pytest.raises(ValueError, match="sum_fp16"):
+        kernels.reduce_into(np.zeros(3), np.zeros(3), "sum_fp8")
+
+
+def test_numba_and_numpy_give_the_same_bits():
+    rng = np.random.default_rng(7)
+    for wire in WIRES:
+        for nsrc in (1, 2, 4):
+            srcs = [rng.integers(0, 2 ** 16, 4099).astype(np.uint16) for _ in range(nsrc)]
+            dst = rng.integers(0, 2 ** 16, 4099).astype(np.uint16)
+            out = {}
+            for mode in BACKENDS:
+                d = dst.copy()
+                dispatch.set_kernel_mode(mode)
+                try:
+                    kernels.reduce_many_into(d, srcs, SUM_OP[wire])
+                finally:
+                    dispatch.set_kernel_mode(None)
+                out[mode] = d
+            # NaN codes may differ in payload between back ends only if both are NaN
+            a, b = (decode(wire, out[m], np.float64) for m in BACKENDS)
+            same = (out["numpy"] == out["numba"]) | (np.isnan(a) & np.isnan(b))
+            assert same.all()
+
+
+class _FakeComm:
+    pass
+
+
+def test_tag_blocks_do_not_overlap_a_run():
+    """A Run uses tags base + [0, TAG_STEPS): consecutive compressed calls' blocks are
+    disjoint, and the blocks fit below the MPI tag bound used."""
+    assert engine.TAG_SPAN >= TAG_STEPS
+    c = _FakeComm()
+    c._compression_blocks = 8
+    bases = [engine.next_tag_base(c) for _ in range(10)]
+    assert bases[:8] == [i * engine.TAG_SPAN for i in range(8)]
+    assert bases[8] == 0
+    assert max(bases) + engine.TAG_SPAN <= 8 * engine.TAG_SPAN
+
+
+def test_no_second_executor_in_the_layer():
+    assert not hasattr(layer, "_schedule_stages")
+    assert layer.Run is __import__("bmlmpi.execute", fromlist=["Run"]).Run
