@@ -6,13 +6,11 @@ hang (every launch has a hard timeout) or a silently wrong sum."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from ft_launching import launch_spec
 
 from bmlmpi.launch import find_mpiexec, flavour
 
@@ -24,20 +22,8 @@ pytestmark = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
 
 
 def launch(spec: dict, n: int = 3) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", str(n), sys.executable,
-           "tests/ft/compression_ranks.py", json.dumps(spec)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
-    env.pop("BMLMPI_ALGORITHM", None)
-    env.pop("BMLMPI_BCUBE", None)
-    try:
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                             timeout=LAUNCH_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"{n} ranks did not finish within {LAUNCH_TIMEOUT} s (a hang):\n"
-                    f"{out[-4000:]}")
-    records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
-               if line.startswith("FTC-JSON ")]
+    res, records = launch_spec("tests/ft/compression_ranks.py", spec, n, "FTC-JSON",
+                             timeout=LAUNCH_TIMEOUT)
     if any("unavailable" in r for r in records):
         pytest.skip(f"no ULFM: {records[0]['unavailable']}")
     return res, records

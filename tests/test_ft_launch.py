@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ft_launching import launch_spec
 
 from bmlmpi.launch import find_mpiexec, flavour
 
@@ -44,22 +45,8 @@ def group(size: int, algorithm: str = "bml", calls: int = 4, kills: tuple = (), 
 def launch(groups: list[dict], *, ft: bool = True, timeout: float = 60,
            hang_timeout: float = 20) -> tuple[subprocess.CompletedProcess, list[dict]]:
     spec = {"timeout": timeout, "hang_timeout": hang_timeout, "groups": groups}
-    n = sum(g["size"] for g in groups)
-    cmd = [sys.executable, "-m", "bmlmpi.launch", *(["--ft"] if ft else []), "-n", str(n),
-           sys.executable, RANKS_PROGRAM, json.dumps(spec)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
-    env.pop("BMLMPI_ALGORITHM", None)
-    env.pop("BMLMPI_BCUBE", None)
-    try:
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                             timeout=LAUNCH_TIMEOUT, env=env)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        pytest.fail(f"{n} ranks did not finish within {LAUNCH_TIMEOUT} s (a hang):\n"
-                    f"{out[-4000:]}")
-    records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
-               if line.startswith("FT-JSON ")]
-    return res, records
+    return launch_spec(RANKS_PROGRAM, spec, sum(g["size"] for g in groups), "FT-JSON",
+                     timeout=LAUNCH_TIMEOUT, ft=ft)
 
 
 def check(groups: list[dict], res: subprocess.CompletedProcess, records: list[dict]) -> None:

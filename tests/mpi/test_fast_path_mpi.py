@@ -8,6 +8,7 @@ must take the fast path where the README says they do (the watchdog's call count
 import numpy as np
 import pytest
 from conftest import all_ranks_agree
+from fast_path_misuse import error_of, misuse_failures
 from mpi4py import MPI
 
 import bmlmpi
@@ -109,16 +110,6 @@ def test_forms_the_fast_path_leaves_to_the_checked_path(comm, ctx):
     all_ranks_agree(comm, failures)
 
 
-def _error_of(fn) -> tuple[str, str]:
-    """(exception type name, message) of ``fn()``, ("", "") when it returns."""
-    kind = text = ""
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - the test inspects the type
-        kind, text = type(exc).__name__, str(exc)
-    return kind, text
-
-
 @pytest.mark.mpi
 def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
     """Same shapes and dtype as a signature on the fast path, but a buffer MPI must not take:
@@ -128,23 +119,7 @@ def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
     recv = np.empty(16)
     for _ in range(2):
         ctx.Allreduce(send, recv, MPI.SUM)
-    read_only = np.empty(16)
-    read_only.flags.writeable = False
-    strided = np.ones(32)[::2]
-    backing = np.ones(24)
-    cases = [(lambda: ctx.Allreduce(send, read_only, MPI.SUM), "read-only"),
-             (lambda: ctx.Allreduce(strided, recv, MPI.SUM), "contiguous"),
-             (lambda: ctx.Allreduce(send, np.empty(32)[::2], MPI.SUM), "contiguous"),
-             (lambda: ctx.Allreduce(backing[:16], backing[8:], MPI.SUM), "overlap")]
-    failures = []
-    for fn, text in cases:
-        kind, msg = _error_of(fn)
-        if kind != "BufferSpecError" or text not in msg:
-            failures.append(f"{text}: raised {kind}: {msg}")
-    recv[:] = 0
-    ctx.Allreduce(send, recv, MPI.SUM)
-    if not np.array_equal(recv, want):
-        failures.append(f"after the errors: {recv} != {want}")
+    failures = misuse_failures(ctx, send, recv, want)
     all_ranks_agree(comm, failures)
 
 
@@ -157,5 +132,5 @@ def test_module_level_forgets_a_freed_communicator(comm):
     for _ in range(3):
         bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup)
     dup.Free()
-    kind, _ = _error_of(lambda: bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup))
+    kind, _ = error_of(lambda: bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup))
     all_ranks_agree(comm, [] if kind == "Exception" else [f"freed communicator: {kind}"])

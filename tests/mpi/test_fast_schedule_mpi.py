@@ -10,6 +10,7 @@ fast one (its per-signature counter tells)."""
 import numpy as np
 import pytest
 from conftest import ALL_DTYPES, OP_IDS, OPS, all_ranks_agree, rank_input, reference
+from fast_path_misuse import error_of, misuse_failures
 from mpi4py import MPI
 
 import bmlmpi
@@ -19,15 +20,6 @@ ALGORITHMS = ["bml", "ring", "tree", "multitree"]
 
 def fast_calls(ctx) -> int:
     return sum(e.calls for e in ctx._fast.values() if e.plan is not None)
-
-
-def _error_of(fn) -> tuple[str, str]:
-    kind = text = ""
-    try:
-        fn()
-    except Exception as exc:  # noqa: BLE001 - the test inspects the type
-        kind, text = type(exc).__name__, str(exc)
-    return kind, text
 
 
 @pytest.fixture(params=ALGORITHMS)
@@ -127,22 +119,7 @@ def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
     recv = np.empty(16)
     for _ in range(2):
         ctx.Allreduce(send, recv, MPI.SUM)
-    read_only = np.empty(16)
-    read_only.flags.writeable = False
-    backing = np.ones(24)
-    cases = [(lambda: ctx.Allreduce(send, read_only, MPI.SUM), "read-only"),
-             (lambda: ctx.Allreduce(np.ones(32)[::2], recv, MPI.SUM), "contiguous"),
-             (lambda: ctx.Allreduce(send, np.empty(32)[::2], MPI.SUM), "contiguous"),
-             (lambda: ctx.Allreduce(backing[:16], backing[8:], MPI.SUM), "overlap")]
-    failures = []
-    for fn, text in cases:
-        kind, msg = _error_of(fn)
-        if kind != "BufferSpecError" or text not in msg:
-            failures.append(f"{text}: raised {kind}: {msg}")
-    recv[:] = 0
-    ctx.Allreduce(send, recv, MPI.SUM)
-    if not np.array_equal(recv, want):
-        failures.append(f"after the errors: {recv} != {want}")
+    failures = misuse_failures(ctx, send, recv, want)
     # the same memory under two names is an in-place call
     same = send.copy()
     ctx.Allreduce(same, same, MPI.SUM)
@@ -162,7 +139,7 @@ def test_missing_rank_on_the_fast_path_hits_the_deadline(comm):
     failures = []
     if comm.rank != 0:
         before = fast_calls(ctx)
-        kind, msg = _error_of(lambda: ctx.Allreduce(x, y))
+        kind, msg = error_of(lambda: ctx.Allreduce(x, y))
         if kind != "DeadlineExceeded" or "step" not in msg:
             failures.append(f"raised {kind}: {msg}")
         if fast_calls(ctx) != before + 1:
