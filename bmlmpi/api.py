@@ -170,6 +170,36 @@ class _FastCall:
         return True
 
 
+class _Repeat:
+    """The last blocking call that took the fast path: its entry, op, algorithm string and
+    arrays (weakly), and the arrays' dtype objects and sizes then. A later call with the same
+    objects, dtype objects and sizes is the same signature: a dtype object is immutable (a
+    reassigned ``.dtype``, another byte order: another object, so no match), an array keeps
+    its type, and equal sizes of C-contiguous arrays of the same itemsize span as many bytes
+    (a reshaped array is the same allreduce; the flags are checked on every call). Two
+    arrays that did not overlap never do later: neither can be resized while the other is a
+    view of its memory, and separate allocations stay apart."""
+
+    __slots__ = ("entry", "op", "algorithm", "send", "recv", "send_dtype", "recv_dtype",
+                 "send_size", "recv_size")
+
+    def __init__(self, entry: _FastCall, op: Any, algorithm: str, send: Any,
+                 recv: np.ndarray):
+        self.entry = entry
+        self.op = op
+        self.algorithm = algorithm
+        self.recv = weakref.ref(recv)
+        self.recv_dtype = recv.dtype
+        self.recv_size = recv.size
+        if send is MPI.IN_PLACE:
+            self.send = self.send_dtype = None
+            self.send_size = -1
+        else:
+            self.send = weakref.ref(send)
+            self.send_dtype = send.dtype
+            self.send_size = send.size
+
+
 class _Outstanding:
     """A started allreduce of the plain communicator, polled until its run completes: the
     communicator's record behind a :class:`Request`."""
@@ -291,6 +321,7 @@ class Communicator:
         # launch path (the fault-tolerant communicator tracks every call itself)
         plain = type(self)._submit is Communicator._submit
         self._fast: dict[tuple, _FastCall] | None = {} if plain else None
+        self._repeat: _Repeat | None = None
         self._native_fast = config.get("BMLMPI_BLOCKING") == "watchdog"
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm))
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
@@ -315,6 +346,7 @@ class Communicator:
         self._watchdog.stop()
         if self._fast is not None:
             self._fast.clear()
+        self._repeat = None
         for c in [*self._levels, self._comm]:
             if c != MPI.COMM_NULL:
                 c.Free()
@@ -377,59 +409,88 @@ class Communicator:
 
     def _blocking(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce: the fast path when this signature may take it, else a
-        started call waited on (which may then open the fast path for the signature)."""
-        fast = self._fast
-        key = None
-        if fast is not None and type(recvbuf) is np.ndarray:
-            if sendbuf is MPI.IN_PLACE:
-                key = (algorithm, recvbuf.shape, recvbuf.dtype, None, None, id(op))
-            elif type(sendbuf) is np.ndarray:
-                key = (algorithm, recvbuf.shape, recvbuf.dtype, sendbuf.shape, sendbuf.dtype,
-                       id(op))
-            if key is not None:
-                entry = fast.get(key)
-                if (entry is None or self._active
-                        or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
-                    pass  # the checked path (which may open the fast path for this signature)
-                elif entry.plan is not None:
-                    flags = recvbuf.flags
-                    if (flags.c_contiguous and flags.writeable
-                            and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
-                        self._scheduled(entry, sendbuf, recvbuf)
-                        return
-                    # else the checked path says what is wrong with the buffers
+        started call waited on (which may then open the fast path for the signature).
+
+        The last fast call is remembered (:class:`_Repeat`): the same two arrays, op and
+        algorithm again, with the same dtype objects and sizes, skip the signature key (its
+        tuple and hash) and the overlap check. Anything else looks the signature up."""
+        rep = self._repeat
+        # the test of _Repeat's docstring, inline (a call frame is a tenth of this path)
+        if (rep is not None and rep.op is op and rep.algorithm is algorithm
+                and rep.recv() is recvbuf and recvbuf is not None and not self._active
+                and recvbuf.dtype is rep.recv_dtype and recvbuf.size == rep.recv_size
+                and (sendbuf is MPI.IN_PLACE if rep.send is None else
+                     rep.send() is sendbuf and sendbuf is not None
+                     and sendbuf.dtype is rep.send_dtype and sendbuf.size == rep.send_size)):
+            entry = rep.entry
+        else:
+            entry = self._fast_entry(sendbuf, recvbuf, op, algorithm)
+        if entry is not None:
+            if entry.plan is not None:
+                flags = recvbuf.flags
+                if (flags.c_contiguous and flags.writeable
+                        and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
+                    self._scheduled(entry, sendbuf, recvbuf)
+                    return
+                # else the checked path says what is wrong with the buffers
+            else:
+                watch = self._watchdog
+                watch.calls += 1
+                watch.current = entry.what
+                try:
+                    self._comm.Allreduce(sendbuf, recvbuf, entry.op)
+                except BufferError:
+                    # mpi4py refused a buffer (not contiguous, read-only: flags can change
+                    # between calls) before anything was sent: the slow path below gives
+                    # the same error as always, on every rank
+                    pass
                 else:
-                    watch = self._watchdog
-                    watch.calls += 1
-                    watch.current = entry.what
-                    try:
-                        self._comm.Allreduce(sendbuf, recvbuf, entry.op)
-                    except BufferError:
-                        # mpi4py refused a buffer (not contiguous, read-only: flags can change
-                        # between calls) before anything was sent: the slow path below gives
-                        # the same error as always, on every rank
-                        pass
-                    else:
-                        return
-                    finally:
-                        watch.current = None
+                    return
+                finally:
+                    watch.current = None
         call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
         self._submit(call).Wait()
-        if (key is None or key in fast or call.staging is not None
+        key = self._fast_key(sendbuf, recvbuf, op, algorithm)
+        if (key is None or key in self._fast or call.staging is not None
                 or not 0 < call.out.size == recvbuf.size):
             return
         # the first call of this signature ran, argument check and deadline included
         if call.algorithm != "native":
             plan = self._plans.get((call.algorithm, call.out.size, call.out.dtype, call.op))
             if plan is not None:
-                fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
-                                          f"{self.rank}", plan, call.op)
+                self._fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
+                                                f"{self.rank}", plan, call.op)
         elif self._native_fast and id(op) in _FAST_OPS:
-            fast[key] = _FastCall(_FAST_OPS[id(op)],
-                                  f"bmlmpi native allreduce (blocking MPI_Allreduce of "
-                                  f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
-                                  f"{self.rank} of {self.size})")
+            self._fast[key] = _FastCall(_FAST_OPS[id(op)],
+                                        f"bmlmpi native allreduce (blocking MPI_Allreduce of "
+                                        f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
+                                        f"{self.rank} of {self.size})")
             self._watchdog.start()
+
+    def _fast_key(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> tuple | None:
+        """The fast path's signature key of a call with numpy arrays; None for any other."""
+        if self._fast is None or type(recvbuf) is not np.ndarray:
+            return None
+        if sendbuf is MPI.IN_PLACE:
+            return (algorithm, recvbuf.shape, recvbuf.dtype, None, None, id(op))
+        if type(sendbuf) is np.ndarray:
+            return (algorithm, recvbuf.shape, recvbuf.dtype, sendbuf.shape, sendbuf.dtype,
+                    id(op))
+        return None
+
+    def _fast_entry(self, sendbuf: Any, recvbuf: Any, op: Any,
+                    algorithm: str) -> _FastCall | None:
+        """The open fast path of this call's signature, if it may take it now (remembered
+        for the next call: :class:`_Repeat`); None: the checked path."""
+        key = self._fast_key(sendbuf, recvbuf, op, algorithm)
+        if key is None:
+            return None
+        entry = self._fast.get(key)
+        if (entry is None or self._active
+                or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
+            return None  # the checked path (which may open the fast path for the signature)
+        self._repeat = _Repeat(entry, op, algorithm, sendbuf, recvbuf)
+        return entry
 
     def _scheduled(self, entry: _FastCall, sendbuf: Any, recvbuf: np.ndarray) -> None:
         """A checked scheduled signature's later blocking call: the Run straight from the
@@ -439,10 +500,12 @@ class Communicator:
         out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
         src = None if sendbuf is MPI.IN_PLACE else (
             sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        tag_base = (self._calls * TAG_STEPS) % self._tag_mod
-        self._calls += 1
+        calls = self._calls
+        tag_base = (calls * TAG_STEPS) % self._tag_mod
+        self._calls = calls + 1
         entry.calls += 1
-        Run(entry.plan, out, entry.name, tag_base, f"{entry.what}, call {self._calls})",
+        what = entry.what
+        Run(entry.plan, out, entry.name, tag_base, lambda: f"{what}, call {calls + 1})",
             src=src).drive(self.timeout)
         if entry.name == "avg":
             kernels.scale_avg(out, self.size)

@@ -27,6 +27,8 @@ from .schedules.types import Schedule, streams_are_independent
 
 DEFAULT_TIMEOUT: float = config.variable("BMLMPI_TIMEOUT").default
 TAG_STEPS = 4096  # tag slots per call: (step·streams + stream) folded modulo this
+_BYTE = MPI.BYTE
+_testall = MPI.Request.Testall
 
 
 def timeout_from_env(value: float | None = None) -> float:
@@ -58,6 +60,22 @@ class _StepPlan:
     recvs: tuple[_Post, ...]
     # (lo, hi, scratch offsets) for each range that receives reductions
     reduces: tuple[tuple[int, int, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _StepProgram:
+    """One lane step as the blocking executor runs it: :class:`_StepPlan` with the copies of
+    :mod:`bmlmpi.deferred` folded in and each message's ``Irecv``/``Isend`` bound to its
+    communicator (built once per plan and kind of call, so a post unpacks tuples instead of
+    looking up attributes)."""
+
+    before_post: tuple[tuple[int, int], ...]
+    # (comm.Irecv, peer, tag, lo, hi, scratch offset or -1 for a copy-receive into [lo, hi))
+    recvs: tuple[tuple[Callable, int, int, int, int, int], ...]
+    # (comm.Isend, peer, tag, lo, hi, read the input instead of the result)
+    sends: tuple[tuple[Callable, int, int, int, int, bool], ...]
+    # (lo, hi, scratch offsets, one pass input <op> scratch, copies from the input first)
+    reduces: tuple[tuple[int, int, tuple[int, ...], bool, tuple[tuple[int, int], ...]], ...]
 
 
 def _placed_on_levels(sched: Schedule) -> bool:
@@ -132,6 +150,7 @@ class Plan:
         self.scratch_elems = base
         self._pool: list[np.ndarray] = []
         self._deferred: Deferred | None = None
+        self._programs: dict[bool, tuple[tuple[_StepProgram, ...], ...]] = {}
 
     def deferred(self) -> Deferred:
         """The input copies of a run with a separate input buffer (:mod:`bmlmpi.deferred`),
@@ -139,6 +158,33 @@ class Plan:
         if self._deferred is None:
             self._deferred = analyse(self.lanes, self.sched.count)
         return self._deferred
+
+    def program(self, separate_input: bool) -> tuple[tuple[_StepProgram, ...], ...]:
+        """Per lane, its steps as :class:`_StepProgram` s, for a run whose input is in the
+        result already (``separate_input`` False) or in its own buffer (the copies of
+        :meth:`deferred`); built on first use."""
+        prog = self._programs.get(separate_input)
+        if prog is not None:
+            return prog
+        copies = self.deferred().lanes if separate_input else [None] * len(self.lanes)
+        lanes = []
+        for lane, lane_copies in zip(self.lanes, copies, strict=True):
+            steps = []
+            for k, sp in enumerate(lane):
+                cp = None if lane_copies is None else lane_copies[k]
+                recvs = tuple((self.comms[p.comm].Irecv, p.peer, p.tag, p.lo, p.hi, p.scratch)
+                              for p in sp.recvs)
+                sends = tuple((self.comms[p.comm].Isend, p.peer, p.tag, p.lo, p.hi,
+                               cp is not None and cp.send_from_input[j])
+                              for j, p in enumerate(sp.sends))
+                reduces = tuple((lo, hi, offs, cp is not None and cp.combine[r],
+                                 () if cp is None else cp.before_reduce[r])
+                                for r, (lo, hi, offs) in enumerate(sp.reduces))
+                steps.append(_StepProgram(() if cp is None else cp.before_post, recvs, sends,
+                                          reduces))
+            lanes.append(tuple(steps))
+        prog = self._programs[separate_input] = tuple(lanes)
+        return prog
 
     @classmethod
     def flat(cls, sched: Schedule, comm: MPI.Comm) -> Plan:
@@ -198,25 +244,36 @@ class Run:
     in); ``progress`` counts completed lane steps and grows whenever anything completes.
     """
 
-    def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int, label: str,
-                 finish: Callable[[], None] | None = None, src: np.ndarray | None = None):
+    __slots__ = ("plan", "buf", "src", "prog", "kop", "tag_base", "_label", "finish", "pos",
+                 "lane_reqs", "progress", "done", "scratch", "observer")
+
+    def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
+                 label: str | Callable[[], str], finish: Callable[[], None] | None = None,
+                 src: np.ndarray | None = None):
         """``src``: the input, when it is not already in ``buf``; the run then copies only
-        what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``."""
+        what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``. ``label`` names
+        the run in a timeout's message (a callable: built only then)."""
         self.plan = plan
         self.buf = buf
+        if src is not None and not buf.size:
+            src = None
         self.src = src
-        self.copies = None if src is None or not buf.size else plan.deferred()
+        self.prog = plan.program(src is not None)
         self.kop = kernel_op(op)
         self.tag_base = tag_base
-        self.label = label
+        self._label = label
         self.finish = finish
-        nlanes = len(plan.lanes)
+        nlanes = len(self.prog)
         self.pos = [0] * nlanes
         self.lane_reqs: list[list[MPI.Request] | None] = [None] * nlanes
         self.progress = 0
         self.done = False
         self.scratch = plan.take_scratch(buf.dtype) if plan.scratch_elems else None
         self.observer = _observer
+
+    @property
+    def label(self) -> str:
+        return self._label if isinstance(self._label, str) else self._label()
 
     @property
     def step(self) -> int:
@@ -241,54 +298,43 @@ class Run:
         """The schedule step lane ``lane`` posts next."""
         return self.plan.lanes[lane][self.pos[lane]].index
 
-    def _post(self, lane: int) -> None:
+    def _post(self, lane: int) -> list[MPI.Request]:
         observer = self.observer
         if observer is not None:
             observer.post(self, lane)
-        pos = self.pos[lane]
-        sp = self.plan.lanes[lane][pos]
-        comms = self.plan.comms
-        buf, scratch, base = self.buf, self.scratch, self.tag_base
-        step = None
-        if self.copies is not None:
-            step = self.copies.lanes[lane][pos]
-            src = self.src
-            for lo, hi in step.before_post:
-                np.copyto(buf[lo:hi], src[lo:hi])
+        sp = self.prog[lane][self.pos[lane]]
+        buf, scratch, base, src = self.buf, self.scratch, self.tag_base, self.src
+        for lo, hi in sp.before_post:
+            np.copyto(buf[lo:hi], src[lo:hi])
         # Receives first so that eager messages land directly in place.
-        reqs = [comms[p.comm].Irecv([buf[p.lo:p.hi] if p.scratch < 0 else
-                                     scratch[p.scratch:p.scratch + p.hi - p.lo], MPI.BYTE],
-                                    p.peer, base + p.tag)
-                for p in sp.recvs]
-        if step is None:
-            reqs += [comms[p.comm].Isend([buf[p.lo:p.hi], MPI.BYTE], p.peer, base + p.tag)
-                     for p in sp.sends]
+        reqs = [irecv([buf[lo:hi] if s < 0 else scratch[s:s + hi - lo], _BYTE], peer, base + tag)
+                for irecv, peer, tag, lo, hi, s in sp.recvs]
+        if src is None:
+            reqs += [isend([buf[lo:hi], _BYTE], peer, base + tag)
+                     for isend, peer, tag, lo, hi, _ in sp.sends]
         else:
-            reqs += [comms[p.comm].Isend([(src if from_input else buf)[p.lo:p.hi], MPI.BYTE],
-                                         p.peer, base + p.tag)
-                     for p, from_input in zip(sp.sends, step.send_from_input, strict=True)]
+            reqs += [isend([(src if from_input else buf)[lo:hi], _BYTE], peer, base + tag)
+                     for isend, peer, tag, lo, hi, from_input in sp.sends]
         self.lane_reqs[lane] = reqs
         if observer is not None:
             observer.posted(self, lane)
+        return reqs
 
     def _complete_step(self, lane: int) -> None:
         observer = self.observer
         if observer is not None:
             observer.received(self, lane)
-        sp = self.plan.lanes[lane][self.pos[lane]]
-        buf, scratch, kop = self.buf, self.scratch, self.kop
-        copies = None if self.copies is None else self.copies.lanes[lane][self.pos[lane]]
+        buf, scratch, kop, src = self.buf, self.scratch, self.kop, self.src
         # the kernels without the dispatcher's per-call checks: these are the run's own
         # slices (one dtype and length, contiguous, scratch apart from the result)
-        for r, (lo, hi, offs) in enumerate(sp.reduces):
+        for lo, hi, offs, one_pass, before in self.prog[lane][self.pos[lane]].reduces:
             n = hi - lo
-            if copies is not None:
-                if copies.combine[r]:  # the range still holds only the input: one pass
-                    o = offs[0]
-                    combine_trusted(buf[lo:hi], self.src[lo:hi], scratch[o:o + n], kop)
-                    continue
-                for a, b in copies.before_reduce[r]:
-                    np.copyto(buf[a:b], self.src[a:b])
+            if one_pass:  # the range still holds only the input: input op scratch, one pass
+                o = offs[0]
+                combine_trusted(buf[lo:hi], src[lo:hi], scratch[o:o + n], kop)
+                continue
+            for a, b in before:
+                np.copyto(buf[a:b], src[a:b])
             reduce_trusted(buf[lo:hi], [scratch[o:o + n] for o in offs], kop)
         if observer is not None:
             observer.complete(self, lane)
@@ -300,7 +346,7 @@ class Run:
         """Advance as far as possible without blocking; True once the allreduce is complete."""
         if self.done:
             return True
-        lanes = self.plan.lanes
+        lanes = self.prog
         finished = True
         # Post every lane's next step before testing any, so all lanes' transfers are in
         # flight together; then let each lane run ahead as far as its own data allows.
@@ -311,7 +357,7 @@ class Run:
             while self.pos[i] < len(lane):
                 if self.lane_reqs[i] is None:
                     self._post(i)
-                if not MPI.Request.Testall(self.lane_reqs[i]):
+                if not _testall(self.lane_reqs[i]):
                     finished = False
                     break
                 self._complete_step(i)
@@ -328,17 +374,21 @@ class Run:
         spinning, sleeps after ``BMLMPI_SPIN``), but a poll is one ``Testall`` per lane on its
         outstanding requests: :meth:`test`'s bookkeeping runs only once a lane's transfers are
         all done. A poll is MPI's only chance to progress a rendezvous (the peer's
-        request-to-send is answered inside it), so a cheaper poll answers sooner."""
+        request-to-send is answered inside it), so a cheaper poll answers sooner. A plan of
+        one lane (every lockstep schedule: ring and BML at N = 2) goes step by step without
+        :meth:`test`."""
+        if len(self.prog) == 1:
+            self._drive_lane(timeout)
+            return
         if self.test():
             return
-        testall = MPI.Request.Testall
         lane_reqs = self.lane_reqs
         start = last = time.monotonic()
         mark = self.progress
         spin = _spin_seconds()
         while True:
             for reqs in lane_reqs:
-                if reqs is not None and testall(reqs):
+                if reqs is not None and _testall(reqs):
                     if self.test():
                         return
                     break
@@ -352,10 +402,33 @@ class Run:
             else:
                 time.sleep(min(1e-3, (now - start) * 0.02))
 
+    def _drive_lane(self, timeout: float) -> None:
+        """:meth:`drive` for a plan of one lane: post a step, poll its requests (the deadline
+        counted from the post), reduce, next step."""
+        start = 0.0
+        spin = 0.0
+        for _ in range(self.pos[0], len(self.prog[0])):
+            reqs = self._post(0)
+            if not _testall(reqs):
+                last = now = time.monotonic()
+                if not start:
+                    start, spin = now, _spin_seconds()
+                while not _testall(reqs):
+                    now = time.monotonic()
+                    if now - last > timeout:
+                        raise DeadlineExceeded(self.describe_timeout(timeout))
+                    if now - start < spin:
+                        os.sched_yield()
+                    else:
+                        time.sleep(min(1e-3, (now - start) * 0.02))
+            self._complete_step(0)
+        self._finalise()
+
     def _finalise(self) -> None:
-        if self.copies is not None:
-            for lo, hi in self.copies.final:
-                np.copyto(self.buf[lo:hi], self.src[lo:hi])
+        if self.src is not None:
+            src, buf = self.src, self.buf
+            for lo, hi in self.plan.deferred().final:
+                np.copyto(buf[lo:hi], src[lo:hi])
         if self.scratch is not None:
             self.plan.give_scratch(self.scratch)
             self.scratch = None
@@ -398,8 +471,19 @@ def wait_request(req: MPI.Request, timeout: float, what: str) -> None:
     wait_for(req.Test, timeout, lambda t: f"{what} within {t:g} s")
 
 
+_spin_cache: tuple[str | None, float] | None = None
+
+
 def _spin_seconds() -> float:
-    return config.get("BMLMPI_SPIN")
+    """``BMLMPI_SPIN``, parsed again only when its text changed (read once per blocking call)."""
+    global _spin_cache
+    raw = config.text("BMLMPI_SPIN")
+    cached = _spin_cache
+    if cached is not None and cached[0] == raw:
+        return cached[1]
+    value = config.get("BMLMPI_SPIN")
+    _spin_cache = (raw, value)
+    return value
 
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],

@@ -41,3 +41,65 @@ def misuse_failures(ctx, send: np.ndarray, recv: np.ndarray, want: np.ndarray) -
     if not np.array_equal(recv, want):
         failures.append(f"after the errors: {recv} != {want}")
     return failures
+
+
+def mutation_failures(ctx, send: np.ndarray, recv: np.ndarray, want: np.ndarray,
+                      fast_calls: Callable[[], int]) -> list[str]:
+    """After ``ctx.Allreduce(send, recv)`` opened the fast path (16 float64) and was called
+    again with these same two objects (so the communicator remembers them: ``_Repeat``):
+    change the *same* objects in place — read-only, another dtype, the other byte order,
+    another shape, a resize, a stride that makes them non-contiguous — and check that each
+    takes the checked path's error or gives the right result; ``fast_calls()`` counts the
+    calls that took the fast path, so the unchanged pair must still take it. What went
+    otherwise, one line each."""
+    import warnings
+
+    failures = []
+
+    def good(label: str, expect_fast: bool = True) -> None:
+        recv[...] = 0
+        before = fast_calls()
+        ctx.Allreduce(send, recv, MPI.SUM)
+        if not np.array_equal(recv.reshape(-1)[:16], want.reshape(-1)):
+            failures.append(f"{label}: {recv} != {want}")
+        if expect_fast and fast_calls() != before + 1:
+            failures.append(f"{label}: the same pair did not take the fast path")
+
+    def bad(label: str, text: str) -> None:
+        kind, msg = error_of(lambda: ctx.Allreduce(send, recv, MPI.SUM))
+        if kind != "BufferSpecError" or text not in msg:
+            failures.append(f"{label}: raised {kind}: {msg}")
+
+    good("remembered pair")
+    recv.flags.writeable = False
+    bad("recvbuf made read-only", "read-only")
+    recv.flags.writeable = True
+    good("writeable again")
+    recv.dtype = np.int64  # the same bytes, another dtype object
+    bad("recvbuf's dtype reassigned", "differs")
+    recv.dtype = np.float64
+    good("dtype restored")
+    recv.dtype = recv.dtype.newbyteorder()
+    bad("recvbuf's byte order swapped", "differs")
+    recv.dtype = recv.dtype.newbyteorder()
+    good("byte order restored")
+    send.shape = recv.shape = (4, 4)  # the same 16 elements: the same allreduce
+    good("both reshaped", expect_fast=False)
+    send.shape = recv.shape = (16,)
+    good("shapes restored")
+    try:  # numpy refuses to resize an array with weak references (bmlmpi keeps some)
+        recv.resize(20, refcheck=False)
+    except ValueError:
+        pass
+    else:  # longer than the send: the checked path, count 16
+        good("recvbuf resized to 20", expect_fast=False)
+        if recv[16:].any():
+            failures.append(f"recvbuf resized to 20: written past the count: {recv}")
+        recv.resize(16, refcheck=False)  # back to 16 (the memory may have moved)
+        good("recvbuf resized back to 16", expect_fast=False)
+    good("after a resize")
+    with warnings.catch_warnings():  # setting strides is deprecated, not yet refused
+        warnings.simplefilter("ignore", DeprecationWarning)
+        recv.strides = (0,)  # last: numpy cannot set them back on an array that owns its data
+    bad("recvbuf made non-contiguous", "contiguous")
+    return failures

@@ -8,7 +8,7 @@ must take the fast path where the README says they do (the watchdog's call count
 import numpy as np
 import pytest
 from conftest import all_ranks_agree
-from fast_path_misuse import error_of, misuse_failures
+from fast_path_misuse import error_of, misuse_failures, mutation_failures
 from mpi4py import MPI
 
 import bmlmpi
@@ -134,3 +134,18 @@ def test_module_level_forgets_a_freed_communicator(comm):
     dup.Free()
     kind, _ = error_of(lambda: bmlmpi.Allreduce(send, recv, MPI.SUM, comm=dup))
     all_ranks_agree(comm, [] if kind == "Exception" else [f"freed communicator: {kind}"])
+
+
+@pytest.mark.mpi
+def test_the_same_arrays_changed_in_place_after_the_fast_path_opened(comm, ctx):
+    """The communicator remembers the last pair of arrays that took the fast path and skips
+    the signature lookup when they come again: the same objects made read-only,
+    non-contiguous, given another dtype or byte order, reshaped or resized must still take
+    the checked path's error or give mpi4py's result."""
+    send = _data(comm, (16,), np.float64)
+    want = _expected(comm, send, MPI.SUM)
+    recv = np.empty(16)
+    for _ in range(2):
+        ctx.Allreduce(send, recv, MPI.SUM)
+    failures = mutation_failures(ctx, send, recv, want, lambda: ctx._watchdog.calls)
+    all_ranks_agree(comm, failures)

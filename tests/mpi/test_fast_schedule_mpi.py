@@ -10,7 +10,7 @@ fast one (its per-signature counter tells)."""
 import numpy as np
 import pytest
 from conftest import ALL_DTYPES, OP_IDS, OPS, all_ranks_agree, rank_input, reference
-from fast_path_misuse import error_of, misuse_failures
+from fast_path_misuse import error_of, misuse_failures, mutation_failures
 from mpi4py import MPI
 
 import bmlmpi
@@ -125,6 +125,19 @@ def test_bad_buffers_after_the_signature_opened_the_fast_path(comm, ctx):
     ctx.Allreduce(same, same, MPI.SUM)
     if not np.array_equal(same, want):
         failures.append("same array twice")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_the_same_arrays_changed_in_place_after_the_fast_path_opened(comm, ctx):
+    """The remembered pair of arrays (the fast path skips the signature lookup for it),
+    changed in place: each change takes the checked path's error or gives the reduction."""
+    send = rank_input(16, comm.rank, np.float64, MPI.SUM)
+    want = reference(16, comm.size, np.float64, MPI.SUM)
+    recv = np.empty(16)
+    for _ in range(2):
+        ctx.Allreduce(send, recv, MPI.SUM)
+    failures = mutation_failures(ctx, send, recv, want, lambda: fast_calls(ctx))
     all_ranks_agree(comm, failures)
 
 
