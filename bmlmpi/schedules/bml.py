@@ -17,12 +17,23 @@ after w steps are one contiguous block, and every transfer is one contiguous ele
 * Allgather: the same levels in reverse order, sending the server's fully reduced sub-block to
   every group member and copy-receiving theirs.
 
-Steps: 2k (k = number of levels; 0 for N = 1). Each server sends and receives
-2·(N−1)/N·count elements in all; pipeline e's step w moves (n_l − 1)·N/(n_{L_e[0]}…n_{L_e[w]})
-pieces. On BCube with one NIC per level, the k pipelines overlap, so the gradient
-synchronisation time is 2(N−1)/(kN)·T_F — for BCube(3,2): 6+2+2+6 = 16·T_C = 8/9·T_F with
-T_C = T_F/18 (the paper's Fig. 4 walk-through), against 2(N−1)/N·T_F for PS or ring on a one-NIC
-Fat-Tree. Cost (α-β, one NIC per level): 2k·α + 2(N−1)/(kN)·count·β.
+Pipelining (``pipeline = P > 1``). Each reduce-scatter step is cut into P successive steps:
+sub-step j carries piece j of every transfer of the step (each range cut by
+:func:`~bmlmpi.schedules.types.balanced_bounds` into P, identically on the sender, which cuts
+the block it sends, and on the receiver, which cuts its own block), so the k pipelines still
+share each sub-step, one level each; the allgather stays one step per level. The executor
+gives every step of a lockstep plan the same scratch, so a piece is reduced while still in
+the cache — what :func:`~bmlmpi.schedules.ring.ring_pipeline` buys ring at N = 2, where BML on
+BCube(2) is the same exchange (the catalog pipelines both there, with ring's piece size).
+
+Steps: 2k (k = number of levels; 0 for N = 1); with pipelining k·(P+1). Each server sends
+and receives 2·(N−1)/N·count elements in all; pipeline e's step w moves
+(n_l − 1)·N/(n_{L_e[0]}…n_{L_e[w]}) pieces. On BCube with one NIC per level, the k pipelines
+overlap, so the gradient synchronisation time is 2(N−1)/(kN)·T_F — for BCube(3,2):
+6+2+2+6 = 16·T_C = 8/9·T_F with T_C = T_F/18 (the paper's Fig. 4 walk-through), against
+2(N−1)/N·T_F for PS or ring on a one-NIC Fat-Tree. Cost (α-β, one NIC per level):
+2k·α + 2(N−1)/(kN)·count·β; pipelining adds k·(P−1)·α and saves memory traffic the model
+does not see.
 
 Uneven counts use balanced ranges (sizes differ by at most one element); empty ranges are
 dropped, so small counts simply leave some pieces empty.
@@ -32,6 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..topology.bcube import BCube, Shape
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
@@ -49,8 +61,12 @@ def _bound(lo: int, hi: int, parts: int, i: int) -> int:
     return lo + i * q + min(i, r)
 
 
-def bml_schedule(rank: int, size: int, count: int, radices: Shape) -> Schedule:
-    """The BML schedule of ``rank`` for ``count`` elements on the BCube ``radices``."""
+def bml_schedule(rank: int, size: int, count: int, radices: Shape,
+                 pipeline: int = 1) -> Schedule:
+    """The BML schedule of ``rank`` for ``count`` elements on the BCube ``radices``, each
+    reduce-scatter step in ``pipeline`` successive pieces (module docstring)."""
+    if pipeline < 1:
+        raise ValueError(f"pipeline must be >= 1, got {pipeline}")
     cube = BCube(tuple(radices))
     if cube.size != size:
         raise ValueError(f"shape {radices} has {cube.size} servers, not {size}")
@@ -86,11 +102,23 @@ def bml_schedule(rank: int, size: int, count: int, radices: Shape) -> Schedule:
                 sends[ag].append(Transfer(peer, own_lo, own_hi, stream=e, level=lv))
                 recvs[ag].append(Recv(peer, lo, hi, stream=e, level=lv, reduce=False))
             base += mine * span
-    steps = compact([Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)])
-    return Schedule("bml", rank, size, count, steps, streams=max(k, 1),
-                    meta={"radices": tuple(cube.radices), "pieces": k * size})
+    steps = [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
+    if pipeline > 1:
+        steps = [sub for st in steps[:k] for sub in _pieces(st, pipeline)] + steps[k:]
+    return Schedule("bml", rank, size, count, compact(steps), streams=max(k, 1),
+                    meta={"radices": tuple(cube.radices), "pieces": k * size,
+                          "pipeline": pipeline})
 
 
-def bml_schedules(size: int, count: int, radices: Shape) -> list[Schedule]:
+def _pieces(step: Step, parts: int) -> list[Step]:
+    """``step`` as ``parts`` successive steps, the j-th moving piece j of every transfer."""
+    def cut(t, j):
+        b = balanced_bounds(t.lo, t.hi, parts)
+        return replace(t, lo=b[j], hi=b[j + 1])
+    return [Step(tuple(cut(t, j) for t in step.sends), tuple(cut(t, j) for t in step.recvs))
+            for j in range(parts)]
+
+
+def bml_schedules(size: int, count: int, radices: Shape, pipeline: int = 1) -> list[Schedule]:
     """Every rank's schedule (for the verifier and the cost model on small N)."""
-    return [bml_schedule(r, size, count, radices) for r in range(size)]
+    return [bml_schedule(r, size, count, radices, pipeline) for r in range(size)]

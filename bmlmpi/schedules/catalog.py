@@ -7,8 +7,9 @@ cost model (:mod:`bmlmpi.model.estimate`), the calibration's measured runs
 
 :func:`schedule` ``(name, rank, size, count, itemsize, shape, links)``: bml on ``shape``
 (resolved as a communicator resolves it: explicit, else ``BMLMPI_BCUBE``, else the prime
-factorisation of ``size``); ring with :func:`~bmlmpi.schedules.ring.ring_segments` (at N = 2
-with :func:`~bmlmpi.schedules.ring.ring_pipeline` instead); the P2P
+factorisation of ``size``; at N = 2 pipelined as ring is); ring with
+:func:`~bmlmpi.schedules.ring.ring_segments` (at N = 2 with
+:func:`~bmlmpi.schedules.ring.ring_pipeline` instead); the P2P
 parameter server (``ps``, priced by the model, never run); trees generated from the link-weight
 matrix ``links`` (a ``size × size`` array, or None for a flat network). Trees are generated once
 per (size, matrix) and kept: the multi-tree set costs seconds of CPU at 64 ranks, the single
@@ -63,7 +64,10 @@ def multi_trees_for(size: int, links: Links = None) -> tuple[Any, ...]:
 
 def _bml(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Links) -> Schedule:
     from .bml import bml_schedule
-    return bml_schedule(rank, size, count, resolve_shape(size, shape))
+    from .ring import ring_pipeline
+    # at N = 2 BML is ring's exchange: pipelined as ring is there (bml.py's docstring)
+    pipeline = ring_pipeline(count, itemsize, size) if size == 2 else 1
+    return bml_schedule(rank, size, count, resolve_shape(size, shape), pipeline)
 
 
 def _ring(rank: int, size: int, count: int, itemsize: int, shape: Any,

@@ -56,6 +56,34 @@ def test_steps_and_bytes_match_theory(shape):
                 assert sent == pieces * 6
 
 
+@pytest.mark.parametrize("shape", [(2,), (3,), (2, 2), (3, 3), (2, 3), (2, 2, 3)],
+                         ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("pipeline", [2, 3, 7])
+def test_pipelined_schedules_verify_and_cut_each_reduce_scatter_step(shape, pipeline):
+    n, k = math.prod(shape), len(shape)
+    for c in counts(shape) + [k * n * pipeline * 3]:
+        piped = bml_schedules(n, c, shape, pipeline)
+        verify(piped)
+        for plain, s in zip(bml_schedules(n, c, shape), piped, strict=True):
+            assert s.nsteps == k * (pipeline + 1)
+            assert s.sent_elements() == plain.sent_elements()
+            assert s.steps[k * pipeline:] == plain.steps[k:]  # the allgather as it was
+            for w in range(k):  # sub-steps of step w: its transfers cut in order
+                subs = s.steps[w * pipeline:(w + 1) * pipeline]
+                for kind in ("sends", "recvs"):
+                    whole = getattr(plain.steps[w], kind)
+                    got = [t for sub in subs for t in getattr(sub, kind)]
+                    for t in whole:
+                        parts = sorted((u.lo, u.hi) for u in got
+                                       if (u.peer, u.level, u.stream) == (t.peer, t.level,
+                                                                          t.stream)
+                                       and t.lo <= u.lo and u.hi <= t.hi)
+                        assert parts[0][0] == t.lo and parts[-1][1] == t.hi
+                        assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
+    with pytest.raises(ValueError, match="pipeline"):
+        bml_schedule(0, 2, 10, (2,), 0)
+
+
 def test_bcube_3x3_walkthrough_matches_paper():
     # Fig. 4: per-NIC time 6, 2, 2, 6 piece-times (T_C) per step, 16 T_C in all.
     count = 18 * 100

@@ -29,6 +29,11 @@ def test_the_catalog_builds_what_the_algorithm_modules_build():
     assert catalog.schedule("ring", 1, 2, 1 << 24, 4) == \
         ring_schedule(1, 2, 1 << 24, 1, ring_pipeline(1 << 24, 4, 2))
     assert ring_pipeline(1 << 24, 4, 2) == 16
+    # BML on BCube(2) is the same exchange: pipelined alike
+    assert catalog.schedule("bml", 0, 2, 1 << 24, 4) == \
+        bml_schedule(0, 2, 1 << 24, (2,), ring_pipeline(1 << 24, 4, 2))
+    assert catalog.schedule("bml", 0, 2, 1 << 24, 4).nsteps == 17
+    assert catalog.schedule("bml", 0, 2, 1 << 18, 4).nsteps == 2  # 1 MiB: one piece
     w = preset("p3.16xlarge")
     assert catalog.schedule("tree", 3, 8, 100, 4, links=w) == \
         tree_schedule(3, 8, 100, binary_tree(w, 0))

@@ -47,7 +47,7 @@ def test_two_ranks_reduce_in_one_pass_from_the_input():
     """At N = 2 every reduction of ring and BML covers a range that still holds only the input
     and has one source: the executor writes input op scratch instead of copy then reduce."""
     for sched in (bml_schedules(2, 1000, (2,))[1], ring_schedules(2, 1000, segments=3)[1],
-                  ring_schedules(2, 1000, pipeline=4)[0]):
+                  ring_schedules(2, 1000, pipeline=4)[0], bml_schedules(2, 1000, (2,), 4)[0]):
         plan = Plan(sched, [None], lambda level, peer: (0, peer))
         steps = [st for lane in plan.deferred().lanes for st in lane]
         flags = [c for st in steps for c in st.combine]

@@ -119,6 +119,8 @@ CASES = [
     ("ring 2x8", lambda c: ring_schedules(2, c, segments=8)),
     ("ring 2 pipelined", lambda c: ring_schedules(2, c, pipeline=5)),
     ("ring 4 pipelined", lambda c: ring_schedules(4, c, pipeline=3)),
+    ("bml 2 pipelined", lambda c: bml_schedules(2, c, (2,), pipeline=5)),
+    ("bml 2x3 pipelined", lambda c: bml_schedules(6, c, (2, 3), pipeline=3)),
     ("bml 2x2", lambda c: bml_schedules(4, c, (2, 2))),
     ("bml 3x3", lambda c: bml_schedules(9, c, (3, 3))),
     ("bml 2x2x3", lambda c: bml_schedules(12, c, (2, 2, 3))),
