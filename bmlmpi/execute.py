@@ -215,10 +215,12 @@ class RunObserver:
         """The lane's step has posted its receives and sends (MPI's I-calls returned)."""
 
     def received(self, run: Run, lane: int) -> None:
-        """Every transfer of the lane's step completed; its reductions come next."""
+        """The lane's step's receives completed (and, except on the blocking path of a
+        one-lane plan, its sends); its reductions come next."""
 
     def complete(self, run: Run, lane: int) -> None:
-        """The lane's step is done (reductions applied)."""
+        """The lane's step's reductions are applied (its sends may still be in flight on the
+        blocking path of a one-lane plan, which completes them before the next post)."""
 
 
 _observer: RunObserver | None = None
@@ -321,6 +323,13 @@ class Run:
         return reqs
 
     def _complete_step(self, lane: int) -> None:
+        self._reduce(lane)
+        self.lane_reqs[lane] = None
+        self.pos[lane] += 1
+        self.progress += 1
+
+    def _reduce(self, lane: int) -> None:
+        """The reductions of the lane's step, once its receives have landed."""
         observer = self.observer
         if observer is not None:
             observer.received(self, lane)
@@ -338,9 +347,6 @@ class Run:
             reduce_trusted(buf[lo:hi], [scratch[o:o + n] for o in offs], kop)
         if observer is not None:
             observer.complete(self, lane)
-        self.lane_reqs[lane] = None
-        self.pos[lane] += 1
-        self.progress += 1
 
     def test(self) -> bool:
         """Advance as far as possible without blocking; True once the allreduce is complete."""
@@ -403,26 +409,43 @@ class Run:
                 time.sleep(min(1e-3, (now - start) * 0.02))
 
     def _drive_lane(self, timeout: float) -> None:
-        """:meth:`drive` for a plan of one lane: post a step, poll its requests (the deadline
-        counted from the post), reduce, next step."""
-        start = 0.0
-        spin = 0.0
-        for _ in range(self.pos[0], len(self.prog[0])):
+        """:meth:`drive` for a plan of one lane: post a step, poll until its receives are in,
+        reduce, poll until its sends are done, next step. The reductions run while the peers
+        may still be taking this rank's sends: a schedule never writes, in a step, a range
+        that step sends (the verifier's hazard check), and the sends complete before the next
+        step posts anything. The deadline restarts when a step's receives land and when its
+        sends complete."""
+        clock = [0.0, 0.0]  # when the first poll started, BMLMPI_SPIN (read then)
+        lane = self.prog[0]
+        for _ in range(self.pos[0], len(lane)):
             reqs = self._post(0)
-            if not _testall(reqs):
-                last = now = time.monotonic()
-                if not start:
-                    start, spin = now, _spin_seconds()
-                while not _testall(reqs):
-                    now = time.monotonic()
-                    if now - last > timeout:
-                        raise DeadlineExceeded(self.describe_timeout(timeout))
-                    if now - start < spin:
-                        os.sched_yield()
-                    else:
-                        time.sleep(min(1e-3, (now - start) * 0.02))
-            self._complete_step(0)
+            nrecv = len(lane[self.pos[0]].recvs)
+            recvs, sends = reqs[:nrecv], reqs[nrecv:]
+            if recvs and not _testall(recvs):
+                self._poll(recvs, timeout, clock)
+            self._reduce(0)
+            if sends and not _testall(sends):
+                self._poll(sends, timeout, clock)
+            self.lane_reqs[0] = None
+            self.pos[0] += 1
+            self.progress += 1
         self._finalise()
+
+    def _poll(self, reqs: list[MPI.Request], timeout: float, clock: list[float]) -> None:
+        """Poll ``reqs`` until all are done: yielding the core for ``BMLMPI_SPIN`` seconds
+        from the run's first poll, then sleeping; DeadlineExceeded after ``timeout`` s."""
+        last = now = time.monotonic()
+        if not clock[0]:
+            clock[0], clock[1] = now, _spin_seconds()
+        start, spin = clock
+        while not _testall(reqs):
+            now = time.monotonic()
+            if now - last > timeout:
+                raise DeadlineExceeded(self.describe_timeout(timeout))
+            if now - start < spin:
+                os.sched_yield()
+            else:
+                time.sleep(min(1e-3, (now - start) * 0.02))
 
     def _finalise(self) -> None:
         if self.src is not None:

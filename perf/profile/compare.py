@@ -3,7 +3,9 @@ bmlmpi's schedules, for before/after measurements of an executor change.
 
     bmlmpi-run -n 2 python perf/profile/compare.py --write perf/profile --tag after
 
-Per size, ``--blocks`` blocks; in each block every row runs ``iterations`` timed calls after a
+Rows: ``mpi4py`` or any algorithm name (a ``bmlmpi.Communicator`` with it: ``native`` and
+``auto`` time the drop-in, e.g. ``--rows mpi4py,auto,native --sizes 8``). Per size,
+``--blocks`` blocks; in each block every row runs ``iterations`` timed calls after a
 barrier (the calls back to back, as ``osu_allreduce`` does), rows in turn, so a burst of load
 hits them alike. A row's number is the median over blocks of the block's mean per call, rank 0's
 clock (every rank checks the result against the exact sum). Far shorter than
@@ -25,7 +27,7 @@ from mpi4py import MPI
 
 import bmlmpi
 
-ITERATIONS = {64 << 10: 200, 1 << 20: 50, 4 << 20: 20, 64 << 20: 5}
+ITERATIONS = {8 << 10: 5000, 64 << 10: 200, 1 << 20: 50, 4 << 20: 20, 64 << 20: 5}
 
 
 def _iterations(nbytes: int) -> int:
@@ -75,7 +77,8 @@ def markdown(res: dict) -> str:
         t = {name: res["us"][name][str(b)] for name in rows}
         best = min((t[n] for n in ("bml", "ring") if n in t), default=None)
         ratio = f"{t['mpi4py'] / best:.2f}" if best and "mpi4py" in t else "–"
-        label = f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
+        label = (f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB" if b >= 1 << 10
+                 else f"{b} B")
         lines.append(f"| {label} | " + " | ".join(f"{t[n]:.1f}" for n in rows)
                      + f" | {ratio} |")
     lines += ["", "The last column is mpi4py's time over the faster schedule's: ≥ 1 means the "

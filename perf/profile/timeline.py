@@ -5,15 +5,17 @@
 An :class:`bmlmpi.execute.RunObserver` (installed with ``execute.observing``; nothing in
 bmlmpi is patched) stamps ``time.perf_counter_ns`` at each hook of every lane step: ``post``
 (before the step's Irecv/Isend), ``posted`` (they returned), ``received`` (every transfer of
-the step completed), ``complete`` (its reductions applied). One blocking
-``Communicator.Allreduce`` call is cut into:
+the step completed; on the blocking path of a one-lane plan: every receive), ``complete``
+(its reductions applied). One blocking ``Communicator.Allreduce`` call is cut into:
 
 - **entry**: from the call to the first step's post (argument checks, plan lookup, the Run,
   the copy of sendbuf into recvbuf);
 - **post**: post → posted, summed over steps;
 - **wait**: posted → received, summed (MPI moving the data, and the polling around it);
 - **reduction**: received → complete, summed (the kernels);
-- **between**: complete → the next step's post, summed (the executor's own bookkeeping);
+- **between**: complete → the next step's post, summed (the executor's own bookkeeping; on
+  the blocking path of a one-lane plan also the wait for the step's sends, which complete
+  after its reductions);
 - **exit**: the last complete to the call's return (finish, Wait's bookkeeping).
 
 With several lanes in flight the per-lane intervals overlap; the table then says so, and the
