@@ -242,8 +242,8 @@ def parse(spec: str | Compressor | None) -> Compressor | None:
         raise TypeError(f"compression must be a string or a bmlmpi.compression.Compressor, got "
                         f"{type(spec).__name__}")
     if "@" in spec:
-        # the exchange pinned: the cost model's choice overruled (it prices the network from
-        # the communicator's calibration, which a fixed algorithm never measures)
+        # the exchange pinned: the cost model's choice overruled (a measurement, or its
+        # α-β model, may misjudge a machine)
         base, path = spec.rsplit("@", 1)
         c = parse(base)
         if c is None or path not in ("auto", "sparse", "dense"):
