@@ -228,8 +228,7 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
         raise ValueError(f"ranks passed different compressors to a compressed allreduce (this "
                          f"rank {compressor.name}: its filters, wire format or exchange path "
                          f"differ from another rank's)")
-    v = compressor.finish(key, step, float(got[0]), size)
-    acc = v.dtype
+    acc = step.y.dtype
     wire_size = 2 if compressor.wire else acc.itemsize
     alg = _algorithm(comm, count, wire_size)
     sparse = compressor.path == "sparse"
@@ -238,12 +237,15 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
         alpha, beta = yield from alpha_beta(comm, dup, tag)
         sparse = choose_sparse(comm, alg, int(got[1]), count, wire_size, wire_size, alpha,
                                beta)
+    nz = None
     if sparse:
         nz = np.flatnonzero(~step.dropped) if step.dropped is not None else np.arange(count)
-        # with a wire format the pairs carry the 16-bit codes finish made (the scaled,
-        # wire-rounded values) and no rank sums before the end: every code arrives as sent,
-        # and the final sum (in float64, of at most N 16-bit values per index) is exact
-        values = step.codes[nz] if compressor.wire is not None else step.sent[nz]
+    v = compressor.finish(key, step, float(got[0]), size, kept_at=nz)
+    if sparse:
+        # with a wire format the pairs carry the 16-bit codes finish made of the kept values
+        # (scaled, wire-rounded) and no rank sums before the end: every code arrives as
+        # sent, and the final sum (in float64, of at most N 16-bit values per index) is exact
+        values = step.codes if compressor.wire is not None else step.sent[nz]
         combine = concatenate if compressor.wire is not None else merge
         result: list = []
         box = [0]

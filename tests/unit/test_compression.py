@@ -183,3 +183,21 @@ def test_links_known_and_the_choice_they_drive(monkeypatch):
     comm._compression_links = (2e-4, 8e-8)
     assert links.known(comm) == (2e-4, 8e-8)
     assert choose_sparse(comm, "bml", kept, count, 8, 8)   # priced with the measured links
+
+
+@pytest.mark.parametrize("wire", ["fp16", "bf16"])
+def test_finish_on_the_kept_indices_codes_them_as_the_full_pass(wire):
+    """The sparse exchange codes only the kept values: the same codes, sent and residual."""
+    x = (np.sin(np.arange(3000) * 0.37) * 50).astype(np.float32)
+    whole, part = tdf(20.0, 0.0, 1.0, wire), tdf(20.0, 0.0, 1.0, wire)
+    a, b = whole.begin("k", x), part.begin("k", x)
+    maxabs = whole.local_maxabs(a)
+    whole.finish("k", a, maxabs, 4)
+    nz = np.flatnonzero(~b.dropped)
+    assert 0 < nz.size < x.size
+    part.finish("k", b, maxabs, 4, kept_at=nz)
+    assert np.array_equal(a.codes[nz], b.codes)
+    assert np.array_equal(a.sent, b.sent)
+    assert np.array_equal(whole.residuals["k"], part.residuals["k"])
+    assert np.array_equal(b.y.astype(np.float64), b.sent.astype(np.float64) +
+                          part.residuals["k"].astype(np.float64))
