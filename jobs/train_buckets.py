@@ -284,6 +284,12 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
         result["compression_paths"] = dict(buckets.compression.calls)
         result["dropped_fraction"] = (buckets.compression.dropped /
                                       max(buckets.compression.elements, 1))
+        # the α, β the sparse/dense choice priced the links with (a fixed algorithm has no
+        # calibration: measured on the first call that asked, bmlmpi.compression.links)
+        from bmlmpi.compression.links import known
+        links = known(communicator)
+        if links is not None:
+            result["compression_links_alpha_beta"] = list(links)
     if buckets.profile is not None:
         result["profile"] = {"forward": buckets.profile.forward,
                              "backward": buckets.profile.backward,

@@ -57,3 +57,17 @@ def test_every_plan_matches_one_process_on_the_summed_batch(tmp_path):
     tl = json.loads((tmp_path / "tl-ibatch.json").read_text())
     assert len(tl["ranks"]) == ranks
     assert all(r["comm"] and r["compute"] for r in tl["ranks"])
+
+
+def test_compressed_run_reports_the_measured_links(tmp_path):
+    """--compression with a fixed algorithm: the sparse/dense choice priced the links it
+    measured (no calibration), and the job reports them."""
+    out = tmp_path / "comp.json"
+    res = run(["--epochs", "1", "--steps", "4", "--batch", "8", "--plan", "threshold",
+               "--algorithm", "bml", "--compression", "tdf:0.1:0.5:0.99:none", "--out",
+               str(out)], 2)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    r = json.loads(out.read_text())["runs"][0]
+    alpha, beta = r["compression_links_alpha_beta"]
+    assert 0 < alpha < 1 and 0 < beta < 1e-6
+    assert sum(r["compression_paths"].values()) > 0 and r["dropped_fraction"] > 0.5

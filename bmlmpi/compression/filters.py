@@ -159,19 +159,26 @@ class Compressor:
         kept = step.y if step.dropped is None else step.y[~step.dropped]
         return float(np.max(np.abs(kept))) if kept.size else 0.0
 
-    def finish(self, key: Any, step: Step, maxabs: float, size: int) -> np.ndarray:
+    def finish(self, key: Any, step: Step, maxabs: float, size: int,
+               kept_at: np.ndarray | None = None) -> np.ndarray:
         """Steps 3-4 given the agreed max |y| over all ranks: the scaled values to send
         (``sent·s``, zeros where dropped; with a wire format also kept as 16-bit codes in
-        ``step.codes``); the residual is updated."""
+        ``step.codes``); the residual is updated. ``kept_at``: the kept indices, when only
+        they travel (the sparse exchange): ``step.codes`` then holds their codes alone (the
+        same codes, elementwise, without scaling and coding the dropped zeros)."""
         v = step.y.copy()
         if step.dropped is not None:
             v[step.dropped] = 0
         s = 1.0
         if self.wire is not None:
             s = scale(self.wire, maxabs, size)
-            v *= v.dtype.type(s)
-            step.codes = encode(self.wire, v)
-            v = decode(self.wire, step.codes, v.dtype)
+            if kept_at is None:
+                v *= v.dtype.type(s)
+                step.codes = encode(self.wire, v)
+                v = decode(self.wire, step.codes, v.dtype)
+            else:
+                step.codes = encode(self.wire, v[kept_at] * v.dtype.type(s))
+                v[kept_at] = decode(self.wire, step.codes, v.dtype)
         sent = v / v.dtype.type(s) if s != 1.0 else v.copy()
         step.scale, step.sent = s, sent
         kept = step.y - sent
@@ -242,8 +249,8 @@ def parse(spec: str | Compressor | None) -> Compressor | None:
         raise TypeError(f"compression must be a string or a bmlmpi.compression.Compressor, got "
                         f"{type(spec).__name__}")
     if "@" in spec:
-        # the exchange pinned: the cost model's choice overruled (it prices the network from
-        # the communicator's calibration, which a fixed algorithm never measures)
+        # the exchange pinned: the cost model's choice overruled (a measurement, or its
+        # α-β model, may misjudge a machine)
         base, path = spec.rsplit("@", 1)
         c = parse(base)
         if c is None or path not in ("auto", "sparse", "dense"):

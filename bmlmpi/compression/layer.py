@@ -6,15 +6,23 @@ per array key: the result buffer's address and length for a direct call, the mem
 for a bucket):
 
 1. ``begin``: y = input + residual; the filters' dropped mask (no communication).
-2. Agreement: one ``Iallreduce(MAX)`` of five numbers on a private duplicate communicator:
-   max |kept y| (the wire scale), the largest kept count (dense or sparse), an error flag and
-   ±count (bad input or a count that differs raises on every rank, never hangs).
+2. Agreement: one ``Iallreduce(MAX)`` of seven numbers on a private duplicate communicator:
+   max |kept y| (the wire scale), the largest kept count (dense or sparse), an error flag,
+   ±count and ± the compressor's path, filters and wire format as one code (bad input, or a
+   count or compressor that differs, raises on every rank, never hangs; so every rank takes
+   the same branch after it, the α-β measurement included).
 3. ``finish``: the values to send (rounded to the wire format with the agreed scale) and the
    new residual y − sent.
 4. The exchange, one of:
    * **sparse** (filters on, and :func:`.sparse.sparse_seconds` below the cost model's dense
-     price): index/value pairs over the BCube levels (ring, or a communicator without level
-     communicators such as the fault-tolerant one: around the ring), summed exactly;
+     price, both priced with the communicator's α and β: its calibration's, else measured once
+     on its first such call, :mod:`.links`): index/value pairs over the BCube levels (ring, or
+     a communicator without level communicators such as the fault-tolerant one: around the
+     ring), summed exactly. With a wire format the values travel as the 16-bit codes
+     ``finish`` made (4 + 2 bytes a pair instead of 4 + itemsize), unsummed until every rank
+     holds them all (:func:`.sparse.concatenate`; a partial sum rounded to 16 bits would no
+     longer be exact), then decoded and summed in float64 (exact: at most N 16-bit values an
+     index) and divided by the agreed power-of-two scale;
    * **wire** (a 16-bit wire format, with or without filters): ``finish`` has already scaled y by
      the agreed power of two, rounded it to the wire format (``v``) and encoded ``v`` once into
      uint16 codes (zeros where dropped); the algorithm's own schedule (bml, ring, tree, multitree;
@@ -68,12 +76,17 @@ from ..execute import Plan, Run
 from ..ops import op_name
 from .engine import RunRequest, StagedRequest, drop_private_comm, next_tag_base, private_comm
 from .filters import Compressor, parse
-from .sparse import check_count, level_members, levels_exchange, ring_exchange, sparse_seconds
+from .links import DEFAULT_ALPHA, DEFAULT_BETA, alpha_beta, known
+from .sparse import (
+    check_count,
+    concatenate,
+    level_members,
+    levels_exchange,
+    merge,
+    ring_exchange,
+    sparse_seconds,
+)
 from .wire import SUM_OP, decode
-
-#: α-β defaults when the communicator has no calibration (shared memory, order of magnitude)
-DEFAULT_ALPHA = 2e-5
-DEFAULT_BETA = 1e-9
 
 
 def _array(buf: Any, what: str) -> np.ndarray:
@@ -115,31 +128,41 @@ def _algorithm(comm: Any, count: int, itemsize: int) -> str:
     return alg if alg in ("bml", "ring", "tree", "multitree") else "bml"
 
 
-def _dense_seconds(comm: Any, alg: str, count: int, itemsize: int) -> float:
+def _dense_seconds(comm: Any, alg: str, count: int, itemsize: int, alpha: float,
+                   beta: float) -> float:
     from ..model import estimate
     calib = getattr(comm, "calibration", None)
     if calib is None:
-        t = estimate([alg], count, itemsize, comm.size, alpha=DEFAULT_ALPHA, beta=DEFAULT_BETA,
+        t = estimate([alg], count, itemsize, comm.size, alpha=alpha, beta=beta,
                      shape=comm.shape)
     else:
         t = estimate([alg], count, itemsize, comm.size, calib=calib, shape=comm.shape)
     return t[alg]
 
 
-def _alpha_beta(comm: Any) -> tuple[float, float]:
-    calib = getattr(comm, "calibration", None)
-    return (DEFAULT_ALPHA, DEFAULT_BETA) if calib is None else (calib.alpha, calib.beta)
-
-
 def choose_sparse(comm: Any, alg: str, kept: int, count: int, itemsize: int,
-                  wire_itemsize: int) -> bool:
-    """Whether the sparse exchange of ``kept`` pairs is cheaper than the dense allreduce."""
+                  wire_itemsize: int, alpha: float | None = None,
+                  beta: float | None = None) -> bool:
+    """Whether the sparse exchange of ``kept`` pairs (values of ``itemsize`` bytes) is
+    cheaper than the dense allreduce (elements of ``wire_itemsize`` bytes), priced with
+    (``alpha``, ``beta``): default :func:`.links.known` (the calibration's, the measured ones
+    or the defaults)."""
     if comm.size == 1 or count == 0:
         return False
-    alpha, beta = _alpha_beta(comm)
-    radices = None if alg == "ring" else list(comm.shape)
+    if alpha is None or beta is None:
+        alpha, beta = known(comm) or (DEFAULT_ALPHA, DEFAULT_BETA)
+    radices = None if alg == "ring" or not comm.level_comms else list(comm.shape)
     sparse = sparse_seconds(kept, count, itemsize, radices, comm.size, alpha, beta)
-    return sparse < _dense_seconds(comm, alg, count, wire_itemsize)
+    return sparse < _dense_seconds(comm, alg, count, wire_itemsize, alpha, beta)
+
+
+_PATHS = {"auto": 1, "sparse": 2, "dense": 3}
+
+
+def _shape_code(compressor: Compressor) -> int:
+    """The compressor's exchange-deciding settings as one number (agreed across ranks)."""
+    wire = {None: 0, "fp16": 1, "bf16": 2}.get(compressor.wire, 3)
+    return 100 * _PATHS.get(compressor.path, 4) + 10 * bool(compressor.filters) + wire
 
 
 def _plan(comm: Any, dup: MPI.Comm, alg: str, count: int, itemsize: int,
@@ -183,14 +206,15 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
             count: int, key: Any) -> Generator[list, None, tuple[np.ndarray, str, int]]:
     """Steps 2-4 of the module docstring: (the summed values, the path, bytes sent)."""
     size = comm.size
-    agree = np.zeros(5)
+    agree = np.zeros(7)
+    shape = _shape_code(compressor)
     if problem is None:
         kept = count - (int(step.dropped.sum()) if step.dropped is not None else 0)
-        agree[:] = [compressor.local_maxabs(step), kept, 0, count, -count]
+        agree[:] = [compressor.local_maxabs(step), kept, 0, count, -count, shape, -shape]
     else:
         agree[2] = 1
     tag = next_tag_base(comm)
-    got = np.empty(5)
+    got = np.empty(7)
     yield [dup.Iallreduce(agree, got, MPI.MAX)]
     if problem is not None:
         raise ValueError(problem)
@@ -200,28 +224,47 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
     if got[3] != -got[4]:
         raise ValueError(f"ranks passed different counts to a compressed allreduce (this rank "
                          f"{count}, the largest {int(got[3])}, the smallest {int(-got[4])})")
-    v = compressor.finish(key, step, float(got[0]), size)
-    acc = v.dtype
+    if got[5] != -got[6]:
+        raise ValueError(f"ranks passed different compressors to a compressed allreduce (this "
+                         f"rank {compressor.name}: its filters, wire format or exchange path "
+                         f"differ from another rank's)")
+    acc = step.y.dtype
     wire_size = 2 if compressor.wire else acc.itemsize
     alg = _algorithm(comm, count, wire_size)
-    if compressor.path == "sparse" or (
-            compressor.path == "auto" and compressor.filters
-            and choose_sparse(comm, alg, int(got[1]), count, acc.itemsize, wire_size)):
-        sent = step.sent
+    sparse = compressor.path == "sparse"
+    if compressor.path == "auto" and compressor.filters and size > 1:
+        # every rank is here together: the agreement above matched the compressors
+        alpha, beta = yield from alpha_beta(comm, dup, tag)
+        sparse = choose_sparse(comm, alg, int(got[1]), count, wire_size, wire_size, alpha,
+                               beta)
+    nz = None
+    if sparse:
         nz = np.flatnonzero(~step.dropped) if step.dropped is not None else np.arange(count)
+    v = compressor.finish(key, step, float(got[0]), size, kept_at=nz)
+    if sparse:
+        # with a wire format the pairs carry the 16-bit codes finish made of the kept values
+        # (scaled, wire-rounded) and no rank sums before the end: every code arrives as
+        # sent, and the final sum (in float64, of at most N 16-bit values per index) is exact
+        values = step.codes if compressor.wire is not None else step.sent[nz]
+        combine = concatenate if compressor.wire is not None else merge
         result: list = []
         box = [0]
         if alg == "ring" or not comm.level_comms:
             # a communicator without level communicators (the fault-tolerant one): the ring
-            yield from ring_exchange(dup, tag, nz, sent[nz], result, box)
+            yield from ring_exchange(dup, tag, nz, values, result, box, combine)
         else:
             members = getattr(comm, "_compression_levels", None)
             if members is None:
                 members = comm._compression_levels = level_members(comm.level_comms, dup)
-            yield from levels_exchange(members, dup, tag, nz, sent[nz], result, box)
+            yield from levels_exchange(members, dup, tag, nz, values, result, box, combine)
         idx, val = result[0]
         total = np.zeros(count, acc)
-        total[idx] = val
+        if compressor.wire is not None:
+            idx, sums = merge([(idx, decode(compressor.wire, val, np.dtype(np.float64)))],
+                              np.dtype(np.float64))
+            total[idx] = sums / step.scale    # a power of two: exact
+        else:
+            total[idx] = val
         return total, "sparse", box[0]
     nbytes = 0
     if compressor.wire is not None:

@@ -26,6 +26,11 @@ the machine (the communicator's calibration, else defaults) plus the merge's cos
 (:func:`bmlmpi.model.estimate`). The layer goes sparse when that is cheaper;
 ``perf/compression/bench.py`` measures both paths at several densities to check the choice.
 
+16-bit wire formats: the pairs carry the 16-bit codes of the wire-rounded values and the
+levels forward every rank's pairs unsummed (:func:`concatenate`; at level l a rank sends
+∏_{j<l} n_j·K pairs, which the price above already assumes), and the layer decodes and
+sums them once at the end: rounding a partial sum to 16 bits on the way would lose exactness.
+
 Exactness: the merge adds values in float64 (``np.bincount``) in a fixed order; every rank
 computes the identical result. It equals the dense allreduce of the same kept elements up to
 floating-point association (exactly, where sums are exact: integers, small-integer floats).
@@ -72,6 +77,16 @@ def merge(sets: Sequence[tuple[np.ndarray, np.ndarray]], dtype: np.dtype
     return uniq.astype(INDEX), out
 
 
+def concatenate(sets: Sequence[tuple[np.ndarray, np.ndarray]], dtype: np.dtype
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The sets side by side, unsummed, in the order of ``sets`` (an index may repeat): how
+    16-bit wire codes travel, so that no partial sum is rounded to 16 bits on the way."""
+    if not sets:
+        return np.empty(0, INDEX), np.empty(0, dtype)
+    return (np.concatenate([s[0].astype(INDEX, copy=False) for s in sets]),
+            np.concatenate([s[1] for s in sets]))
+
+
 #: seconds per pair merged (sort + add): 0.4 M pairs merged in 44 ms with numpy on the loaded
 #: 2-core development machine (``merge`` of 4 sets of 100,000); the dense path has no such term
 MERGE_SECONDS_PER_PAIR = 1.1e-7
@@ -115,11 +130,12 @@ def level_members(levels: Sequence[MPI.Comm], comm: MPI.Comm) -> list[list[int]]
 
 def levels_exchange(members: Sequence[Sequence[int]], comm: MPI.Comm, tag: int,
                     idx: np.ndarray, val: np.ndarray, result: list,
-                    stats: list) -> Generator[list, None, None]:
+                    stats: list, combine: Any = merge) -> Generator[list, None, None]:
     """Allgather-and-merge over the BCube level groups (``members``: each level's group as
     ranks of ``comm``), point to point on ``comm``: per level, counts to every member, then the
-    pairs. ``result`` receives the summed (indices, values); ``stats[0]`` adds the bytes this
-    rank sends."""
+    pairs. ``result`` receives the summed (indices, values) (``combine``: :func:`merge`, or
+    :func:`concatenate` to carry every rank's pairs unsummed); ``stats[0]`` adds the bytes
+    this rank sends."""
     dtype = val.dtype
     me = comm.Get_rank()
     for lv, group in enumerate(members):
@@ -137,13 +153,15 @@ def levels_exchange(members: Sequence[Sequence[int]], comm: MPI.Comm, tag: int,
                [comm.Isend(mine, p, tag + 2 * lv + 1) for p in peers])
         stats[0] += len(peers) * (mine.size + 8)
         sets = [(idx, val) if p == me else unpack(got[p], dtype) for p in group]
-        idx, val = merge(sets, dtype)
+        idx, val = combine(sets, dtype)
     result.append((idx, val))
 
 
 def ring_exchange(comm: MPI.Comm, tag: int, idx: np.ndarray, val: np.ndarray,
-                  result: list, stats: list) -> Generator[list, None, None]:
-    """Ring allgather of the sets (counts first each step), then the merge in rank order."""
+                  result: list, stats: list, combine: Any = merge
+                  ) -> Generator[list, None, None]:
+    """Ring allgather of the sets (counts first each step), then ``combine`` (:func:`merge`
+    or :func:`concatenate`) in rank order."""
     dtype = val.dtype
     size, rank = comm.Get_size(), comm.Get_rank()
     right, left = (rank + 1) % size, (rank - 1) % size
@@ -162,8 +180,8 @@ def ring_exchange(comm: MPI.Comm, tag: int, idx: np.ndarray, val: np.ndarray,
         yield [comm.Isend(cur, right, t + 1), comm.Irecv(got, left, t + 1)]
         sets[(rank - 1 - s) % size] = unpack(got, dtype)
         cur = got
-    result.append(merge(sets, dtype))
+    result.append(combine(sets, dtype))
 
 
-__all__ = ["level_members", "levels_exchange", "merge", "pack", "ring_exchange", "sparse_seconds",
-           "unpack"]
+__all__ = ["concatenate", "level_members", "levels_exchange", "merge", "pack", "ring_exchange",
+           "sparse_seconds", "unpack"]

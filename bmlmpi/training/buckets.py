@@ -51,6 +51,14 @@ iteration is reduced again over the survivors, from a copy of its input kept for
 (only on a fault-tolerant communicator): after ``wait()`` every array holds the exact reduction
 over the survivors. ``revised`` lists the arrays whose result a ``wait(i)`` had already
 returned before such a re-reduction; ``failed`` the original ranks lost so far.
+With ``compression`` the contract is a direct compressed call's on that communicator
+(:mod:`bmlmpi.compression.layer`): no re-reduction (it would apply the error feedback twice,
+and no input copy is kept); a rank failing makes the compressed call in flight, the same
+bucket on every survivor (compressed calls run one after another in the same order), raise
+:class:`bmlmpi.ft.FaultToleranceError`, which the next ``wait`` or ``mark_ready`` raises on
+every survivor; that bucket's arrays hold their input, the buckets completed before hold the
+sums with the dead rank's input, and the communicator must not be used again (end the rank
+with ``bmlmpi.ft.finish``).
 
 Profiling (``plan="ibatch"`` without a ``profile``): the first iteration runs the ``single``
 plan as a warm-up; the next three are profiled with the same plan: backward times from the gaps
@@ -184,7 +192,9 @@ class GradientBuckets:
     without a bucket completing.
     ``compression``: a :mod:`bmlmpi.compression` compressor or spec (``"fp16"``,
     ``"tdf:PHI:D:P"``); each group's allreduce is then compressed with error feedback kept per
-    group of arrays (moved along when the ibatch plan regroups them).
+    group of arrays (moved along when the ibatch plan regroups them); on a fault-tolerant
+    communicator a rank failing makes every survivor raise
+    :class:`bmlmpi.ft.FaultToleranceError` (module docstring).
     """
 
     def __init__(self, grads: Sequence[np.ndarray], comm: Any = None, op: Any = None,
@@ -211,9 +221,10 @@ class GradientBuckets:
         # error-feedback memory kept per group of registered arrays (key: member indices)
         from ..compression import parse
         self.compression = parse(compression)
-        if self.compression is not None and self.fault_tolerant:
-            raise ValueError("compression is not supported on a fault-tolerant communicator "
-                             "(a re-reduction would apply the error feedback twice)")
+        # a failure is recovered by re-reducing the iteration's buckets from a copy of their
+        # input, except under a compressor with memory (module docstring)
+        self._rereduce = self.fault_tolerant and (self.compression is None
+                                                  or self.compression.identity)
         self._lock = threading.Lock()          # every call into the communicator
         self._cond = threading.Condition()     # bucket state between the two threads
         self._error: BaseException | None = None
@@ -327,8 +338,8 @@ class GradientBuckets:
         else:
             total = sum(a.size for a in arrays)
             group = _Group(members, np.empty(total, dtype=arrays[0].dtype), False)
-        if self.fault_tolerant:
-            group.saved = np.empty_like(group.buffer)
+        if self._rereduce:
+            group.saved = np.empty_like(group.buffer)   # for a re-reduction over survivors
         return group
 
     # -- the iteration --------------------------------------------------------------------
@@ -424,7 +435,8 @@ class GradientBuckets:
                 else:
                     from ..compression.layer import start
                     reqs.append(start(self.comm, MPI.IN_PLACE, g.buffer, self.op,
-                                      self.compression, key=tuple(g.members)))
+                                      self.compression, key=tuple(g.members),
+                                      fault_tolerant=self.fault_tolerant))
         with self._cond:
             bucket.requests = reqs
             bucket.steps = 0
@@ -458,7 +470,7 @@ class GradientBuckets:
             targets = [b]
             self._wait_entry[i] = entry
         self._wait_until(lambda: all(b.done for b in targets))
-        if self.fault_tolerant and all(b.done for b in self._buckets) \
+        if self._rereduce and all(b.done for b in self._buckets) \
                 and self._n_marked == len(self.grads):
             self._settle_failures()
         for b in targets:

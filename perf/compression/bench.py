@@ -12,7 +12,9 @@ error-feedback memory across the iterations. Bytes: what this rank sent (rank 0;
 schedules are symmetric), from the compressor's own count; the plain call's bytes are its
 schedule's. Times: the median over the timed iterations of the slowest rank. The crossover
 uses one input whose largest ``density`` fraction passes G-SMP, on the sparse and the dense
-path and the one ``auto`` picks.
+path and the one ``auto`` picks (pricing the links it measured on its first call, a fixed
+algorithm having no calibration; recorded as ``links_alpha_beta``), and the sparse path with
+the same kept elements sent as fp16 codes.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from mpi4py import MPI
 import bmlmpi
 from bmlmpi.compression import Compressor, bf16, fp16, tdf, threshold
 from bmlmpi.compression import random as grp
+from bmlmpi.compression.links import known
 
 PHI = 2.0  # G-SMP's initial threshold, in units of the array's typical |g| (see gradient())
 
@@ -92,12 +95,13 @@ def main() -> None:
     for density in (0.001, 0.01, 0.03, 0.1, 0.3):
         phi = float(np.quantile(np.abs(x0), 1 - density))
         res = {"density": density}
-        for path in ("sparse", "dense", "auto"):
+        for path in ("sparse", "dense", "auto", "sparse_fp16"):
             ts, chose = [], set()
             for it in range(args.iters // 2 + 1):
                 # a fresh compressor each call: no residual, so the density stays the nominal
-                comp = threshold(phi)
-                comp.path = path
+                # (sparse_fp16: the same kept elements, sent as 16-bit codes)
+                comp = threshold(phi) if path != "sparse_fp16" else tdf(phi, 0.0, 1.0, "fp16")
+                comp.path = path.removesuffix("_fp16")
                 t = timed(c, c, x0, out, comp)
                 chose |= set(comp.calls)
                 if it:
@@ -107,11 +111,14 @@ def main() -> None:
                 res["auto_chose"] = sorted(chose)
         cross.append(res)
         if c.rank == 0:
-            print(f"density {density:6.3f}: sparse {res['sparse_s'] * 1e3:8.2f} ms, dense "
-                  f"{res['dense_s'] * 1e3:8.2f} ms, auto chose {res['auto_chose']}", flush=True)
+            print(f"density {density:6.3f}: sparse {res['sparse_s'] * 1e3:8.2f} ms (fp16 pairs "
+                  f"{res['sparse_fp16_s'] * 1e3:8.2f} ms), dense {res['dense_s'] * 1e3:8.2f} ms, "
+                  f"auto chose {res['auto_chose']}", flush=True)
     if c.rank == 0 and args.out:
         meta = {"ranks": c.size, "count": args.count, "dtype": "float32",
                 "algorithm": args.algorithm, "iters": args.iters,
+                # what auto priced the links with (measured on its first call: no calibration)
+                "links_alpha_beta": known(c),
                 "load_average": os.getloadavg(), "host": platform.node(),
                 "cpus": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0]}
         Path(args.out).write_text(json.dumps({**meta, "rows": rows, "crossover": cross},

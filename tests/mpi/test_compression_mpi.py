@@ -7,6 +7,7 @@ import pytest
 from mpi4py import MPI
 
 import bmlmpi
+from bmlmpi import config
 from bmlmpi.compression import Compressor, ShardedStep, bf16, fp16, tdf, threshold
 from bmlmpi.compression import random as grp
 
@@ -102,6 +103,100 @@ def test_sparse_equals_dense_on_kept(comm):
         outs[path] = out.copy()
         assert set(c.calls) == {path}
     assert np.array_equal(outs["sparse"], outs["dense"])
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("wire", ["fp16", "bf16"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sparse_equals_dense_on_kept_with_a_wire_format(comm, wire, dtype):
+    """The sparse pairs carry 16-bit codes: small-integer sums are exact in 16 bits, so the
+    sparse result equals the dense wire path's bit for bit; every result is the exact sum of
+    what the ranks sent, and error feedback stays exact."""
+    outs, nbytes = {}, {}
+    for path in ("sparse", "dense"):
+        c = tdf(4.5, 0.0, 1.0, wire=wire)
+        c.path, c.record = path, True
+        out = np.empty(500, dtype)
+        for it in range(3):
+            comm.Allreduce(data(500, comm.rank, it, dtype), out, MPI.SUM, compression=c)
+            _, y, sent, kept = c.history[-1]
+            assert np.array_equal(y.astype(np.float64), sent.astype(np.float64) +
+                                  kept.astype(np.float64))
+            assert np.array_equal(out, _everyone_sent(comm, c.history).astype(dtype))
+        outs[path] = out.copy()
+        nbytes[path] = c.bytes_sent.get(path, 0)
+        assert set(c.calls) == {"sparse" if path == "sparse" else "wire"}
+    assert np.array_equal(outs["sparse"], outs["dense"])
+    if comm.size > 1:
+        # the same kept pairs without the wire format: values in the input dtype
+        plain = tdf(4.5, 0.0, 1.0, wire=None)
+        plain.path = "sparse"
+        out = np.empty(500, dtype)
+        for it in range(3):
+            comm.Allreduce(data(500, comm.rank, it, dtype), out, MPI.SUM, compression=plain)
+        assert nbytes["sparse"] < plain.bytes_sent["sparse"]
+        if comm.algorithm == "ring":
+            # the ring forwards every rank's set unsummed either way: 6 bytes a pair, not
+            # 4 + itemsize (plus an 8-byte count per message)
+            per_pair = 4 + np.dtype(dtype).itemsize
+            messages = 3 * (comm.size - 1) * 8
+            assert ((nbytes["sparse"] - messages) * per_pair ==
+                    (plain.bytes_sent["sparse"] - messages) * 6)
+
+
+@pytest.mark.mpi
+def test_sparse_wire_sum_is_exact_on_rounded_values(comm):
+    """Non-integer values: the sparse wire result is the float64 sum of every rank's sent
+    (wire-rounded) values, with no rounding to 16 bits on the way."""
+    c = tdf(0.5, 0.0, 0.5, wire="fp16")
+    c.path, c.record = "sparse", True
+    out = np.empty(2000, np.float64)
+    for it in range(2):
+        x = data(2000, comm.rank, it, np.float64, ints=False) * 1e3
+        comm.Allreduce(x, out, MPI.SUM, compression=c)
+        _, y, sent, kept = c.history[-1]
+        assert np.array_equal(y, sent + kept)
+        assert np.array_equal(out, _everyone_sent(comm, c.history))
+        everyone = comm.comm.allgather(out.tobytes())
+        assert all(e == everyone[0] for e in everyone)
+
+
+@pytest.mark.mpi
+def test_auto_prices_the_links_measured_once_per_communicator(comm):
+    """A fixed algorithm has no calibration: the first auto call with filters measures α and
+    β (the same values on every rank), later calls reuse them."""
+    c2 = bmlmpi.Communicator(MPI.COMM_WORLD, algorithm=comm.algorithm)
+    try:
+        assert c2.calibration is None
+        out = np.empty(1000, np.float32)
+        c2.Allreduce(data(1000, c2.rank, 0), out, MPI.SUM, compression=fp16())
+        assert getattr(c2, "_compression_links", None) is None   # no filters: no choice
+        comp = threshold(4.5)
+        c2.Allreduce(data(1000, c2.rank, 0), out, MPI.SUM, compression=comp)
+        links = getattr(c2, "_compression_links", None)
+        if c2.size == 1 or not config.get("BMLMPI_CALIBRATE"):   # nothing to measure
+            assert links is None
+            return
+        alpha, beta = links
+        assert alpha > 0 and beta > 0
+        assert all(v == links for v in c2.comm.allgather(links))
+        c2.Allreduce(data(1000, c2.rank, 1), out, MPI.SUM, compression=comp)
+        assert c2._compression_links is links
+    finally:
+        c2.Free()
+
+
+@pytest.mark.mpi
+def test_different_compressor_paths_raise_on_every_rank(comm):
+    if comm.size == 1:
+        return
+    c = threshold(1.0)
+    c.path = "sparse" if comm.rank == 0 else "dense"
+    x = data(50, comm.rank, 0)
+    with pytest.raises(ValueError, match="different compressors"):
+        comm.Allreduce(x, np.empty_like(x), MPI.SUM, compression=c)
+    out = np.empty_like(x)
+    comm.Allreduce(x, out, MPI.SUM, compression=threshold(1.0))   # still usable
 
 
 @pytest.mark.mpi

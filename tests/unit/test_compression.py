@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from bmlmpi.compression import filters, parse, tdf, threshold
+from bmlmpi.compression import filters, links, parse, tdf, threshold
 from bmlmpi.compression import random as grp
+from bmlmpi.compression.layer import choose_sparse
 from bmlmpi.compression.sharded import psmp_publishes, psmp_threshold
-from bmlmpi.compression.sparse import merge, pack, sparse_seconds, unpack
+from bmlmpi.compression.sparse import concatenate, merge, pack, sparse_seconds, unpack
 from bmlmpi.compression.wire import decode, encode, round_trip, scale
 
 
@@ -149,3 +150,54 @@ def test_psmp_publishes_relative_changes():
     want = [abs(0.05) >= thr, True, False, True, False]
     assert psmp_publishes(new, old, 0.1, 1.0, 3).tolist() == want
     assert psmp_publishes(new, old, 0.0, 1.0, 3).all()
+
+
+def test_concatenate_keeps_every_pair_unsummed_in_order():
+    a = (np.array([3, 1], np.int32), np.array([10, 11], np.uint16))
+    b = (np.array([1], np.int64), np.array([12], np.uint16))
+    idx, val = concatenate([a, b], np.dtype(np.uint16))
+    assert idx.dtype == np.int32 and idx.tolist() == [3, 1, 1]
+    assert val.tolist() == [10, 11, 12]
+    assert concatenate([], np.dtype(np.uint16))[1].dtype == np.uint16
+
+
+class _Comm:
+    """What links.known and choose_sparse read of a bmlmpi Communicator (2x2 BCube, bml)."""
+    size, shape, level_comms, calibration = 4, (2, 2), [None, None], None
+
+
+def test_links_known_and_the_choice_they_drive(monkeypatch):
+    monkeypatch.delenv("BMLMPI_CALIBRATE", raising=False)
+    comm = _Comm()
+    assert links.known(comm) is None                 # to be measured on the first call
+    monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
+    assert links.known(comm) == (links.DEFAULT_ALPHA, links.DEFAULT_BETA)
+    monkeypatch.delenv("BMLMPI_CALIBRATE")
+    # the training job's gradients on the 100 Mbit/s testbed, 3 % kept (float64, no wire):
+    # shared-memory defaults keep the dense path, the testbed's links choose sparse
+    count, kept = 373_000, 11_190
+    assert not choose_sparse(comm, "bml", kept, count, 8, 8, links.DEFAULT_ALPHA,
+                             links.DEFAULT_BETA)
+    assert choose_sparse(comm, "bml", kept, count, 8, 8, 2e-4, 8e-8)
+    assert not choose_sparse(comm, "bml", count // 2, count, 8, 8, 2e-4, 8e-8)
+    comm._compression_links = (2e-4, 8e-8)
+    assert links.known(comm) == (2e-4, 8e-8)
+    assert choose_sparse(comm, "bml", kept, count, 8, 8)   # priced with the measured links
+
+
+@pytest.mark.parametrize("wire", ["fp16", "bf16"])
+def test_finish_on_the_kept_indices_codes_them_as_the_full_pass(wire):
+    """The sparse exchange codes only the kept values: the same codes, sent and residual."""
+    x = (np.sin(np.arange(3000) * 0.37) * 50).astype(np.float32)
+    whole, part = tdf(20.0, 0.0, 1.0, wire), tdf(20.0, 0.0, 1.0, wire)
+    a, b = whole.begin("k", x), part.begin("k", x)
+    maxabs = whole.local_maxabs(a)
+    whole.finish("k", a, maxabs, 4)
+    nz = np.flatnonzero(~b.dropped)
+    assert 0 < nz.size < x.size
+    part.finish("k", b, maxabs, 4, kept_at=nz)
+    assert np.array_equal(a.codes[nz], b.codes)
+    assert np.array_equal(a.sent, b.sent)
+    assert np.array_equal(whole.residuals["k"], part.residuals["k"])
+    assert np.array_equal(b.y.astype(np.float64), b.sent.astype(np.float64) +
+                          part.residuals["k"].astype(np.float64))
