@@ -157,7 +157,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "elements: `auto` considers the single tree at or below it, the multi-tree above",
              _count(0)),
     Variable("BMLMPI_CALIBRATE", "boolean", True, "on",
-             "off: `auto` uses the fixed rule below instead of the calibrated model",
+             "off: `auto` uses the fixed rule below instead of the calibrated model, and "
+             "compression's sparse/dense choice keeps shared-memory link defaults instead of "
+             "measuring the links",
              parse_bool),
     Variable("BMLMPI_RECALIBRATE", "boolean", False, "off",
              "on: measure the calibration afresh instead of reading the cache", parse_bool),
