@@ -13,7 +13,6 @@ with that communicator.
 from __future__ import annotations
 
 import hashlib
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -146,11 +145,12 @@ class _FastCall:
     (``plan`` None): ``MPI_Allreduce`` directly. A schedule: its :class:`~bmlmpi.execute.Run`
     built straight from the cached ``plan`` and driven in the calling thread.
 
-    Remembers (weakly) the last buffer pair found not to overlap, so a loop over the same
-    arrays skips ``np.may_share_memory``; an array's memory never moves, so the answer for the
-    same two objects cannot change."""
+    Holds no reference to the caller's arrays: numpy refuses ``ndarray.resize()`` in place
+    on an array with any reference held elsewhere, weak ones included, and mpi4py leaves
+    them resizable. The overlap check (``np.may_share_memory``: byte bounds, ~0.2 µs) runs
+    on every call for that reason."""
 
-    __slots__ = ("op", "what", "plan", "name", "calls", "send", "recv")
+    __slots__ = ("op", "what", "plan", "name", "calls")
 
     def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = ""):
         self.op = op          # the op object of the key (held, so its id is not reused)
@@ -158,44 +158,35 @@ class _FastCall:
         self.plan = plan
         self.name = name      # bmlmpi's op name (schedules)
         self.calls = 0        # schedules: calls that took this path
-        self.send: weakref.ref | None = None
-        self.recv: weakref.ref | None = None
 
-    def apart(self, send: np.ndarray, recv: np.ndarray) -> bool:
-        if self.send is not None and self.send() is send and self.recv() is recv:
-            return True
-        if np.may_share_memory(send, recv):
-            return False  # the slow path says whether that is in place or an error
-        self.send, self.recv = weakref.ref(send), weakref.ref(recv)
-        return True
+    @staticmethod
+    def apart(send: np.ndarray, recv: np.ndarray) -> bool:
+        return not np.may_share_memory(send, recv)
 
 
 class _Repeat:
-    """The last blocking call that took the fast path: its entry, op, algorithm string and
-    arrays (weakly), and the arrays' dtype objects and sizes then. A later call with the same
-    objects, dtype objects and sizes is the same signature: a dtype object is immutable (a
-    reassigned ``.dtype``, another byte order: another object, so no match), an array keeps
-    its type, and equal sizes of C-contiguous arrays of the same itemsize span as many bytes
-    (a reshaped array is the same allreduce; the flags are checked on every call). Two
-    arrays that did not overlap never do later: neither can be resized while the other is a
-    view of its memory, and separate allocations stay apart."""
+    """The signature of the last blocking call that took the fast path: its entry, op,
+    algorithm string, and the arrays' dtype objects and sizes (no reference to the arrays
+    themselves, which must stay resizable). A later call with numpy arrays of the same dtype
+    objects and sizes, the same op and algorithm, is the same signature: a dtype object is
+    immutable (a reassigned ``.dtype``, another byte order: another object, so no match), and
+    equal sizes of C-contiguous arrays of one itemsize span as many bytes (a reshaped array
+    is the same allreduce; the flags and the overlap are checked on every call)."""
 
-    __slots__ = ("entry", "op", "algorithm", "send", "recv", "send_dtype", "recv_dtype",
-                 "send_size", "recv_size")
+    __slots__ = ("entry", "op", "algorithm", "send_dtype", "recv_dtype", "send_size",
+                 "recv_size")
 
     def __init__(self, entry: _FastCall, op: Any, algorithm: str, send: Any,
                  recv: np.ndarray):
         self.entry = entry
         self.op = op
         self.algorithm = algorithm
-        self.recv = weakref.ref(recv)
         self.recv_dtype = recv.dtype
         self.recv_size = recv.size
         if send is MPI.IN_PLACE:
-            self.send = self.send_dtype = None
+            self.send_dtype = None
             self.send_size = -1
         else:
-            self.send = weakref.ref(send)
             self.send_dtype = send.dtype
             self.send_size = send.size
 
@@ -411,17 +402,18 @@ class Communicator:
         """A blocking allreduce: the fast path when this signature may take it, else a
         started call waited on (which may then open the fast path for the signature).
 
-        The last fast call is remembered (:class:`_Repeat`): the same two arrays, op and
-        algorithm again, with the same dtype objects and sizes, skip the signature key (its
-        tuple and hash) and the overlap check. Anything else looks the signature up."""
+        The last fast call's signature is remembered (:class:`_Repeat`): numpy arrays of the
+        same dtype objects and sizes, with the same op and algorithm, skip the signature key
+        (its tuple and hash). Anything else looks the signature up."""
         rep = self._repeat
         # the test of _Repeat's docstring, inline (a call frame is a tenth of this path)
         if (rep is not None and rep.op is op and rep.algorithm is algorithm
-                and rep.recv() is recvbuf and recvbuf is not None and not self._active
+                and type(recvbuf) is np.ndarray and not self._active
                 and recvbuf.dtype is rep.recv_dtype and recvbuf.size == rep.recv_size
-                and (sendbuf is MPI.IN_PLACE if rep.send is None else
-                     rep.send() is sendbuf and sendbuf is not None
-                     and sendbuf.dtype is rep.send_dtype and sendbuf.size == rep.send_size)):
+                and (sendbuf is MPI.IN_PLACE if rep.send_dtype is None else
+                     type(sendbuf) is np.ndarray
+                     and sendbuf.dtype is rep.send_dtype and sendbuf.size == rep.send_size
+                     and not np.may_share_memory(sendbuf, recvbuf))):
             entry = rep.entry
         else:
             entry = self._fast_entry(sendbuf, recvbuf, op, algorithm)

@@ -103,3 +103,30 @@ def mutation_failures(ctx, send: np.ndarray, recv: np.ndarray, want: np.ndarray,
         recv.strides = (0,)  # last: numpy cannot set them back on an array that owns its data
     bad("recvbuf made non-contiguous", "contiguous")
     return failures
+
+
+def resize_failures(ctx, make: Callable[[], np.ndarray], want: np.ndarray) -> list[str]:
+    """mpi4py leaves the arrays of a call resizable in place; so must a fast path that has
+    opened for them (numpy refuses ``ndarray.resize()`` on an array referenced elsewhere,
+    weak references included). ``make()`` returns a fresh send array of 16 float64 whose
+    allreduce is ``want``."""
+    import sys
+    import weakref
+
+    send, recv = make(), np.empty(16)
+    refs = sys.getrefcount(send), sys.getrefcount(recv)
+    for _ in range(3):
+        ctx.Allreduce(send, recv, MPI.SUM)
+    failures = []
+    if not np.array_equal(recv, want):
+        failures.append(f"{recv} != {want}")
+    if (sys.getrefcount(send), sys.getrefcount(recv)) != refs:
+        failures.append("the communicator holds references to the arrays")
+    if weakref.getweakrefcount(send) or weakref.getweakrefcount(recv):
+        failures.append("the communicator holds weak references to the arrays")
+    try:
+        recv.resize(32)
+        send.resize(32)
+    except ValueError as exc:
+        failures.append(f"resize refused: {exc}")
+    return failures

@@ -8,7 +8,7 @@ must take the fast path where the README says they do (the watchdog's call count
 import numpy as np
 import pytest
 from conftest import all_ranks_agree
-from fast_path_misuse import error_of, misuse_failures, mutation_failures
+from fast_path_misuse import error_of, misuse_failures, mutation_failures, resize_failures
 from mpi4py import MPI
 
 import bmlmpi
@@ -149,3 +149,10 @@ def test_the_same_arrays_changed_in_place_after_the_fast_path_opened(comm, ctx):
         ctx.Allreduce(send, recv, MPI.SUM)
     failures = mutation_failures(ctx, send, recv, want, lambda: ctx._watchdog.calls)
     all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_the_fast_path_keeps_the_arrays_resizable(comm, ctx):
+    send = _data(comm, (16,), np.float64)
+    want = _expected(comm, send, MPI.SUM)
+    all_ranks_agree(comm, resize_failures(ctx, lambda: _data(comm, (16,), np.float64), want))

@@ -10,7 +10,7 @@ fast one (its per-signature counter tells)."""
 import numpy as np
 import pytest
 from conftest import ALL_DTYPES, OP_IDS, OPS, all_ranks_agree, rank_input, reference
-from fast_path_misuse import error_of, misuse_failures, mutation_failures
+from fast_path_misuse import error_of, misuse_failures, mutation_failures, resize_failures
 from mpi4py import MPI
 
 import bmlmpi
@@ -160,3 +160,10 @@ def test_missing_rank_on_the_fast_path_hits_the_deadline(comm):
     comm.Barrier()
     all_ranks_agree(comm, failures)
     ctx.Free()
+
+
+@pytest.mark.mpi
+def test_the_fast_path_keeps_the_arrays_resizable(comm, ctx):
+    want = reference(16, comm.size, np.float64, MPI.SUM)
+    all_ranks_agree(comm, resize_failures(
+        ctx, lambda: rank_input(16, comm.rank, np.float64, MPI.SUM), want))
