@@ -403,10 +403,7 @@ class Run:
                 mark, last = self.progress, now
             elif now - last > timeout:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
-            if now - start < spin:
-                os.sched_yield()
-            else:
-                time.sleep(min(1e-3, (now - start) * 0.02))
+            _back_off(now - start, spin)
 
     def _drive_lane(self, timeout: float) -> None:
         """:meth:`drive` for a plan of one lane: post a step, poll until its receives are in,
@@ -442,10 +439,7 @@ class Run:
             now = time.monotonic()
             if now - last > timeout:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
-            if now - start < spin:
-                os.sched_yield()
-            else:
-                time.sleep(min(1e-3, (now - start) * 0.02))
+            _back_off(now - start, spin)
 
     def _finalise(self) -> None:
         if self.src is not None:
@@ -509,6 +503,17 @@ def _spin_seconds() -> float:
     return value
 
 
+def _back_off(elapsed: float, spin: float) -> None:
+    """Between two polls of a wait that has lasted ``elapsed`` seconds: yield the core while
+    ``elapsed`` < ``spin`` (``BMLMPI_SPIN``: MPI progresses only inside a poll, and an
+    oversubscribed peer must get to run), then sleep up to 1 ms, longer as the wait grows,
+    so long waits cost no CPU."""
+    if elapsed < spin:
+        os.sched_yield()
+    else:
+        time.sleep(min(1e-3, elapsed * 0.02))
+
+
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
              progress: Callable[[], object] = lambda: None) -> None:
     """Poll ``test`` until it is true; raise DeadlineExceeded after ``timeout`` s without progress.
@@ -530,7 +535,4 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
             mark, last = cur, now
         elif now - last > timeout:
             raise DeadlineExceeded(describe(timeout))
-        if now - start < spin:
-            os.sched_yield()
-        else:
-            time.sleep(min(1e-3, (now - start) * 0.02))
+        _back_off(now - start, spin)
