@@ -27,6 +27,7 @@ from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_requ
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .schedules import catalog
 from .schedules.types import Schedule
+from .shm import NodeTier, ShmPlan, ShmRun
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
@@ -214,6 +215,11 @@ class _Outstanding:
         self.owner._wait(self)
 
 
+def _run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
+    """The executor of a compiled plan: messages, or shared-memory steps."""
+    return ShmRun if isinstance(plan, ShmPlan) else Run
+
+
 def _signature_hash(parts: tuple) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # non-negative int64
@@ -305,6 +311,7 @@ class Communicator:
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._plans: dict[tuple, Plan] = {}
+        self._tier: NodeTier | None = None
         self._validated: set[int] = set()
         self._calls = 0
         self._active: list[_Outstanding] = []
@@ -338,6 +345,10 @@ class Communicator:
         if self._fast is not None:
             self._fast.clear()
         self._repeat = None
+        if self._tier is not None:
+            if self._tier.comm is self._comm:
+                self._tier.free()
+            self._tier = None
         for c in [*self._levels, self._comm]:
             if c != MPI.COMM_NULL:
                 c.Free()
@@ -497,8 +508,8 @@ class Communicator:
         self._calls = calls + 1
         entry.calls += 1
         what = entry.what
-        Run(entry.plan, out, entry.name, tag_base, lambda: f"{what}, call {calls + 1})",
-            src=src).drive(self.timeout)
+        _run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
+                            lambda: f"{what}, call {calls + 1})", src=src).drive(self.timeout)
         if entry.name == "avg":
             kernels.scale_avg(out, self.size)
 
@@ -593,7 +604,7 @@ class Communicator:
         self._calls += 1
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
-        return Run(plan, out, call.op, tag_base, label, finish, src=call.src)
+        return _run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
 
     def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
         sbuf = MPI.IN_PLACE if call.src is None else call.src
@@ -623,16 +634,37 @@ class Communicator:
         return plan
 
     def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
-        """This rank's schedule of ``algorithm`` over the current members."""
+        """This rank's schedule of ``algorithm`` over the current members (hierarchical's
+        node tier in shared memory where every node's ranks share it; ``shm`` refused on
+        every rank alike when the communicator spans nodes)."""
         nodes = self.nodes() if algorithm in catalog.TIERED else None
+        intra = "ring"
+        if algorithm == "shm":
+            self._node_tier().require_one_node()
+        elif algorithm == "hierarchical" and self._node_tier().fits:
+            intra = "shm"
         return catalog.schedule(algorithm, self.rank, self.size, count, itemsize, self.shape,
-                                self._links, nodes=nodes)
+                                self._links, nodes=nodes, intra=intra)
 
-    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
-        """The schedule bound to this communicator (BCube levels on their own communicators)."""
+    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
+        """The schedule bound to this communicator (BCube levels on their own communicators,
+        shared-memory steps on the node's window)."""
+        sched = self._schedule(algorithm, count, itemsize)
+        if sched.uses_shm:
+            return self._node_tier().bind(sched, itemsize)
         levels = [] if algorithm in catalog.TIERED else self._levels
-        return registry.bind(self._schedule(algorithm, count, itemsize), self._comm, levels,
-                             self.shape)
+        return registry.bind(sched, self._comm, levels, self.shape)
+
+    def _node_tier(self) -> NodeTier:
+        """This rank's node of the current communicator (made on first use, collective;
+        remade, the old one dropped without a collective, after the members changed)."""
+        tier = self._tier
+        if tier is not None and tier.comm is self._comm:
+            return tier
+        if tier is not None:
+            tier.abandon()
+        tier = self._tier = NodeTier(self._comm, self.nodes(), self.timeout)
+        return tier
 
     @contextmanager
     def _failure_noted(self) -> Iterator[None]:

@@ -12,7 +12,9 @@ predicted ``NATIVE_MARGIN`` (5 %) faster: the most ``auto`` may then give away a
 better of native and the best schedule is that margin, the issue's target for ``auto``.
 Every rank holds the same calibration, so every rank reaches the same choice without talking.
 ``hierarchical`` is a candidate where more than one node holds more than one rank (real
-nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others.
+nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others (its node tier
+in shared memory where the calibration measured shared memory). ``shm`` is a candidate where
+all ranks are on one node and the calibration measured its constants (σ, β_copy, γ_shm).
 The tree candidates are offered up to ``AUTO_TREE_MAX_RANKS`` ranks (generating the multi-tree
 set costs seconds beyond that), and between the two trees the size bound
 ``BMLMPI_TREE_ARRAY_BOUND`` (elements) decides when it is set: single tree at or below it,
@@ -26,8 +28,8 @@ from __future__ import annotations
 
 from . import config
 
-IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "hierarchical", "native")
-SCHEDULED = ("bml", "ring", "tree", "multitree", "hierarchical")
+IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "hierarchical", "shm", "native")
+SCHEDULED = ("bml", "ring", "tree", "multitree", "hierarchical", "shm")
 DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 #: ``auto`` leaves native only for a schedule predicted at least this much faster: a near-tie
 #: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
@@ -64,8 +66,11 @@ def tree_array_bound() -> int | None:
     return config.get("BMLMPI_TREE_ARRAY_BOUND")
 
 
-def candidates(count: int, size: int, nodes=None) -> list[str]:
+def candidates(count: int, size: int, nodes=None, shm: bool = False) -> list[str]:
+    """The algorithms ``auto`` prices; ``shm``: shared memory was calibrated here."""
     names = ["bml", "ring"]
+    if shm and nodes is not None and nodes.count == 1:
+        names.append("shm")
     if nodes is not None and nodes.count > 1 and nodes.max_local > 1:
         names.append("hierarchical")  # only where ranks share nodes: else it is bml or ring
     if size <= AUTO_TREE_MAX_RANKS:
@@ -94,11 +99,14 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=N
         return "bml" if count * itemsize >= threshold else "native"
     from .model import estimate
 
-    names = candidates(count, size, nodes)
+    names = candidates(count, size, nodes, calib.has_shm)
     builders = None
     if "hierarchical" in names:
+        from .schedules.catalog import shm_chunk_bytes
         from .schedules.hierarchical import hierarchical_schedule
-        builders = {"hierarchical": lambda r, n, c, i: hierarchical_schedule(r, n, c, nodes)}
+        intra = "shm" if calib.has_shm else "ring"
+        builders = {"hierarchical": lambda r, n, c, i: hierarchical_schedule(
+            r, n, c, nodes, intra=intra, itemsize=i, chunk_bytes=shm_chunk_bytes())}
     times = estimate(names, count, itemsize, size, calib=calib, shape=shape, builders=builders)
     return prefer_native(times)
 

@@ -43,7 +43,10 @@ class Calibration:
     byte through one rank's port (a large exchange, all ranks at once); ``step_overhead`` and
     ``msg_overhead``: what bmlmpi's Python executor adds per step and per message posted;
     ``gamma``: seconds per byte reduced; ``native``: measured (bytes, seconds) points of the
-    MPI library's own allreduce on the same ranks.
+    MPI library's own allreduce on the same ranks. Shared memory (all 0 when not measured:
+    ranks on several nodes, or one rank): ``shm_sync`` per shared-memory step (barrier, flag,
+    wait), ``shm_copy`` seconds per byte copied and ``shm_reduce`` seconds per byte read by a
+    reduction, while every rank of the node works at once.
     """
 
     alpha: float
@@ -57,9 +60,18 @@ class Calibration:
     #: executor on the calibrated ranks: what the α-β model misses on this machine (cores
     #: shared by several ranks, cache effects, the kernels), applied by :meth:`correction`.
     corrections: tuple[tuple[str, int, float], ...] = ()
+    shm_sync: float = 0.0
+    shm_copy: float = 0.0
+    shm_reduce: float = 0.0
+
+    @property
+    def has_shm(self) -> bool:
+        """Whether the shared-memory constants were measured."""
+        return self.shm_copy > 0
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "step_overhead", "msg_overhead", "gamma"):
+        for name in ("alpha", "beta", "step_overhead", "msg_overhead", "gamma", "shm_sync",
+                     "shm_copy", "shm_reduce"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"calibration {name} must be a finite number >= 0, got {v!r}")
@@ -116,7 +128,10 @@ class Calibration:
                    native=tuple((int(b), float(s)) for b, s in d.get("native", ())),
                    meta=dict(d.get("meta", {})),
                    corrections=tuple((str(a), int(b), float(f))
-                                     for a, b, f in d.get("corrections", ())))
+                                     for a, b, f in d.get("corrections", ())),
+                   shm_sync=float(d.get("shm_sync", 0.0)),
+                   shm_copy=float(d.get("shm_copy", 0.0)),
+                   shm_reduce=float(d.get("shm_reduce", 0.0)))
 
 
 def symmetric_on(name: str, network: Network) -> bool:
@@ -177,7 +192,8 @@ def _params(calib: Calibration | None, alpha: float | None, beta: float | None) 
                            beta=calib.beta if beta is None else beta,
                            step_overhead=calib.step_overhead, msg_overhead=calib.msg_overhead,
                            gamma=calib.gamma, native=calib.native, meta=calib.meta,
-                           corrections=calib.corrections)
+                           corrections=calib.corrections, shm_sync=calib.shm_sync,
+                           shm_copy=calib.shm_copy, shm_reduce=calib.shm_reduce)
     return calib
 
 
@@ -211,7 +227,9 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
         else:
             cost = _cached_cost(name, count, itemsize, size, network, shape_key)
         seconds = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
-                               msg_overhead=p.msg_overhead, gamma=p.gamma)
+                               msg_overhead=p.msg_overhead, gamma=p.gamma,
+                               shm_sync=p.shm_sync, shm_copy=p.shm_copy,
+                               shm_reduce=p.shm_reduce)
         if topology is None and corrected:
             # the calibrated machine itself: scale by what its runs measured against the model
             seconds *= p.correction(name, count * itemsize)

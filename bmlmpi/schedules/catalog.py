@@ -95,20 +95,32 @@ def _multitree(rank: int, size: int, count: int, itemsize: int, shape: Any,
     return multitree_schedule(rank, size, count, multi_trees_for(size, links))
 
 
+def shm_chunk_bytes() -> int:
+    """``BMLMPI_SHM_CHUNK``: bytes of one rank's slice of a shared-memory chunk."""
+    from .. import config
+    return config.get("BMLMPI_SHM_CHUNK")
+
+
+def _shm(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Links) -> Schedule:
+    from .shm import shm_schedule
+    return shm_schedule(rank, size, count, itemsize, shm_chunk_bytes())
+
+
 def _hierarchical(rank: int, size: int, count: int, itemsize: int, shape: Any, links: Links,
-                  nodes: Any = None) -> Schedule:
+                  nodes: Any = None, intra: str = "ring") -> Schedule:
     from ..topology.nodes import resolve_nodes
     from .hierarchical import hierarchical_schedule
     if nodes is None:  # ``links`` as a placement matrix; one node of all ranks without it
         nodes = resolve_nodes(size, None if links is None else
                               np.asarray(links, dtype=np.float64).reshape(size, size))
-    return hierarchical_schedule(rank, size, count, nodes)
+    return hierarchical_schedule(rank, size, count, nodes, intra=intra, itemsize=itemsize,
+                                 chunk_bytes=shm_chunk_bytes())
 
 
 #: ``name -> (rank, size, count, itemsize, shape, links) -> Schedule``
 BUILDERS: dict[str, Callable[..., Schedule]] = {
     "bml": _bml, "ring": _ring, "ps": _ps, "tree": _tree, "multitree": _multitree,
-    "hierarchical": _hierarchical,
+    "hierarchical": _hierarchical, "shm": _shm,
 }
 
 #: Schedules whose transfer levels name network tiers (for the cost model), not the BCube
@@ -118,18 +130,19 @@ TIERED = frozenset({"hierarchical"})
 
 def schedule(name: str, rank: int, size: int, count: int, itemsize: int,
              shape: str | Sequence[int] | None = None, links: Links = None, *,
-             nodes: Any = None) -> Schedule:
+             nodes: Any = None, intra: str = "ring") -> Schedule:
     """Rank ``rank``'s schedule of algorithm ``name`` for ``count`` elements of ``itemsize``
     bytes on ``size`` ranks (``shape`` and ``links`` as the module docstring says; ``nodes``,
     a :class:`bmlmpi.topology.nodes.Nodes`, tells hierarchical which ranks share a node, else
-    it reads them from ``links`` as a placement matrix)."""
+    it reads them from ``links`` as a placement matrix; ``intra``: its node tier, ``ring`` of
+    messages or ``shm``, shared memory)."""
     try:
         build = BUILDERS[name]
     except KeyError:
         raise ValueError(f"algorithm {name!r} has no schedule; known: "
                          f"{', '.join(sorted(BUILDERS))}") from None
     if name in TIERED:
-        return build(rank, size, count, itemsize, shape, links, nodes)
+        return build(rank, size, count, itemsize, shape, links, nodes, intra)
     return build(rank, size, count, itemsize, shape, links)
 
 
