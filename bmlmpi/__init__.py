@@ -74,8 +74,9 @@ def __getattr__(name: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name == "bmlmpi.kernels":
             raise ImportError(
-                "bmlmpi.kernels is missing: install the package (pip install -e . in a "
-                "checkout) rather than importing the source folder directly") from exc
+                "bmlmpi.kernels is missing: bmlmpi/kernels should be a link to ../kernels; a "
+                "checkout made without symbolic links lacks it (git config core.symlinks true, "
+                "then check out again), or install the package (pip install .)") from exc
         raise
     globals()[name] = value
     return value

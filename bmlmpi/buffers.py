@@ -36,7 +36,7 @@ _LOGICAL = ("a logical type: MPI reduces it with logical operations (LAND, LOR),
             "not SUM/PROD/MIN/MAX")
 _CHARACTER = "a character type, not a number"
 # Predefined MPI datatypes that mpi4py.util.dtlib maps to a numpy dtype but whose meaning in a
-# reduction differs from that dtype's arithmetic: bmlmpi refuses them (README, conformance).
+# reduction differs from that dtype's arithmetic: bmlmpi refuses them (docs/api.md, conformance).
 _REFUSED_NAMES = {
     **dict.fromkeys(("BOOL", "C_BOOL", "CXX_BOOL", "F_BOOL", "LOGICAL", "LOGICAL1",
                      "LOGICAL2", "LOGICAL4", "LOGICAL8"), _LOGICAL),
