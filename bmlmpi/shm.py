@@ -416,6 +416,21 @@ class ShmRun:
             return ()
         return (node.flag(self.waiting[2]),)
 
+    def sends_left(self) -> bool:
+        """Whether this rank still has something to give the others: a segment write (a
+        publish, a reduction the others fetch) or a message it has not done yet."""
+        for k in range(self.phase, len(self.plan.phases)):
+            kind, data = self.plan.phases[k]
+            if kind == "msg":
+                if k > self.phase or self.sub is None or self.sub.sends_left():
+                    return True
+                continue
+            _, ops, _ = data
+            first = self.op_index if k == self.phase else 0
+            if any(o.kind == PUBLISH or o.publish for o in ops[first:]):
+                return True
+        return False
+
     def pending(self) -> str:
         if self.sub is not None:
             return self.sub.pending()
