@@ -712,10 +712,10 @@ class Communicator(FamilyCalls):
         if isinstance(compiled, MPI.Prequest):
             compiled.Start()
             run: Run | NativeRun = NativeRun(compiled, finish, self.rank, label)
-        elif isinstance(compiled, Plan):
+        elif isinstance(compiled, Plan | ShmPlan):
             if call.collective == "allreduce":
-                run = Run(compiled, call.out, call.op, self._tag_base(), label, finish,
-                          src=call.src)
+                run = _run_of(compiled)(compiled, call.out, call.op, self._tag_base(), label,
+                                        finish, src=call.src)
             else:
                 run = self._launch_family(call, label, finish)
         else:
