@@ -85,6 +85,11 @@ class PreparedCall:
         return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
                 f"algorithm={sig[3]}")
 
+    def outcome(self) -> Exception | None:
+        """What a committed call raises on every survivor of a failure (never, for an
+        allreduce: it completes over the survivors)."""
+        return None
+
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
         and a staged device result is copied back."""

@@ -130,6 +130,11 @@ class FamilyCall:
     def is_in_place(self) -> bool:
         return self.src is None
 
+    def outcome(self) -> Exception | None:
+        """What the call raises on every survivor once committed after a failure (the
+        fault-tolerant contracts, :mod:`bmlmpi.ft.family`), else None."""
+        return self.extra.get("error")
+
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
         that contributed (reduce-scatter: this rank's block; reduce: the root's result)."""
