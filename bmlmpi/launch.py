@@ -27,7 +27,8 @@ from . import config
 
 
 def find_mpiexec() -> str:
-    env = config.get("BMLMPI_MPIEXEC")
+    # The ranks warn about unknown BMLMPI_* names (rank 0); the launcher leaves it to them.
+    env = config.get("BMLMPI_MPIEXEC", os.environ)
     if env:
         return env
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
