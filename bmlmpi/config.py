@@ -197,6 +197,12 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "the `threshold` plan's bucket cap of `GradientBuckets`, bytes", _count(1)),
     Variable("BMLMPI_MPIEXEC", "program", None, "beside Python, else on PATH",
              "the `mpiexec` that `bmlmpi-run` starts", _text),
+    Variable("BMLMPI_TOLERATE_LOST", "boolean", False, "off",
+             "on: under `bmlmpi-run --ft`, ranks lost (killed, never ended) do not fail the "
+             "job when the others finished (the flag `--tolerate-lost`)", parse_bool),
+    Variable("BMLMPI_STATUS_DIR", "directory", None, "a temporary folder",
+             "where `bmlmpi-run --ft` and its ranks note how each rank ended; set by "
+             "`bmlmpi-run`, or to a folder every node shares", _path),
     Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",
              "`bmlmpi-bench` fails unless the MPI world has this many ranks", _count(1)),
 )}
