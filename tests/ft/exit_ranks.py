@@ -30,13 +30,15 @@ TIMEOUT = 60
 def check(comm, members: int) -> None:
     """One allreduce of rank-dependent data, checked against the members' sum."""
     rank = getattr(comm, "original_rank", comm.rank)
-    alive = set(range(getattr(comm, "original_size", comm.size))) - set(
-        getattr(comm, "failed", ()))
     a = np.arange(16, dtype=np.int64) * (rank + 1)
     out = np.empty_like(a)
     comm.Allreduce(a, out)
+    # after the call: a failure it survived is in ``failed`` now
+    alive = set(range(getattr(comm, "original_size", comm.size))) - set(
+        getattr(comm, "failed", ()))
     weights = sum(r + 1 for r in alive)
-    assert comm.size == members and np.array_equal(out, np.arange(16) * weights), out
+    assert comm.size == members and np.array_equal(out, np.arange(16) * weights), \
+        (comm.size, members, sorted(alive), out)
     print("EXIT-JSON " + json.dumps({"rank": rank, "size": comm.size}), flush=True)
 
 
