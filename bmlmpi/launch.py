@@ -152,11 +152,18 @@ class Outcome:
     failed: dict[int, str] = field(default_factory=dict)   # rank -> why
     lost: list[int] = field(default_factory=list)
     replaced: list[int] = field(default_factory=list)      # lost, then replaced
+    started: set[int] = field(default_factory=set)         # original ranks that wrote notes
 
-    def status(self, mpiexec_status: int, tolerate_lost: bool) -> int:
+    def complete(self, ranks: int) -> bool:
+        """Whether every one of the job's ``ranks`` ranks wrote notes: then their ends decide
+        alone. Open MPI's launcher also fails a job for a spawn that failed (the survivors
+        were told and went on without it)."""
+        return ranks > 0 and self.started >= set(range(ranks))
+
+    def status(self, mpiexec_status: int, tolerate_lost: bool, ranks: int = 0) -> int:
         if self.failed:
             return mpiexec_status or 1
-        if mpiexec_status:
+        if mpiexec_status and not self.complete(ranks):
             return mpiexec_status
         unreplaced = [r for r in self.lost if r not in self.replaced]
         if unreplaced and not (tolerate_lost and self.finished):
@@ -203,7 +210,7 @@ def read_outcome(folder: Path) -> Outcome:
         ended = [n for n in notes if n.get("event") in ("error", "exit", "end")]
         if ended:
             ends.setdefault(key, []).extend(ended)
-    out = Outcome()
+    out = Outcome(started={rank for rank, replacement in starts if not replacement})
     for rank, replacement in sorted(set(starts)):
         ended = ends.get((rank, replacement))
         errors = [n["error"] for n in ended or () if n.get("error")]
@@ -254,7 +261,8 @@ def _copy_stderr(source, sink) -> int:
     return left_out
 
 
-def run_fault_tolerant(cmd: list[str], env: dict[str, str], tolerate_lost: bool) -> int:
+def run_fault_tolerant(cmd: list[str], env: dict[str, str], tolerate_lost: bool,
+                       ranks: int = 0) -> int:
     """Run a ``--ft`` job: mpiexec as a child, stderr filtered, the exit status decided from
     the ranks' notes (module docstring)."""
     given = config.get("BMLMPI_STATUS_DIR", env)
@@ -282,7 +290,12 @@ def run_fault_tolerant(cmd: list[str], env: dict[str, str], tolerate_lost: bool)
     report = outcome.report(tolerate_lost)
     if report:
         print(report, file=sys.stderr, flush=True)
-    return outcome.status(mpiexec_status, tolerate_lost)
+    status = outcome.status(mpiexec_status, tolerate_lost, ranks)
+    if mpiexec_status and not status:
+        print(f"bmlmpi-run: mpiexec exited {mpiexec_status}, but every rank ended well "
+              f"(a failed spawn the survivors went on without): exit 0", file=sys.stderr,
+              flush=True)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -297,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     env = rank_environment()
     if "--ft" in args:
         tolerate = "--tolerate-lost" in args or config.get("BMLMPI_TOLERATE_LOST", os.environ)
-        return run_fault_tolerant(cmd, env, tolerate)
+        return run_fault_tolerant(cmd, env, tolerate, _ranks(args))
     os.execve(cmd[0], cmd, env)
     return 127  # not reached
 

@@ -58,3 +58,11 @@ def test_verdict_from_the_ranks_notes(tmp_path):
     out = launch.read_outcome(tmp_path)
     assert out.failed == {3: "exit status 4"} and out.status(0, tolerate_lost=True) == 1
     assert "failed: rank 3 (exit status 4)" in out.report(tolerate_lost=True)
+
+
+def test_a_complete_set_of_notes_decides_over_mpiexec(tmp_path):
+    for pid, rank in ((1, 0), (2, 1)):
+        _notes(tmp_path, pid, {"event": "start", "rank": rank}, {"event": "exit", "status": 0})
+    out = launch.read_outcome(tmp_path)
+    assert out.status(183, tolerate_lost=False, ranks=2) == 0   # a failed spawn, handled
+    assert out.status(183, tolerate_lost=False, ranks=3) == 183  # rank 2 wrote nothing
