@@ -41,8 +41,8 @@ DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 NATIVE_MARGIN = 1.05
 
 __all__ = ["AUTO_TREE_MAX_RANKS", "NATIVE_MARGIN", "algorithms", "calibration_wanted",
-           "candidates", "check_algorithm", "choose", "env_algorithm", "prefer_native",
-           "tree_array_bound"]
+           "candidates", "check_algorithm", "choose", "choose_collective", "env_algorithm",
+           "prefer_native", "tree_array_bound"]
 
 
 def algorithms(collective: str = "allreduce") -> list[str]:
@@ -115,6 +115,17 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=N
     times = estimate(names, count, itemsize, size, calib=calib, shape=shape, nodes=nodes,
                      collective=collective, root=root, counts=counts)
     return prefer_native(times)
+
+
+def choose_collective(collective: str, count: int, itemsize: int, size: int) -> str:
+    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
+    ``count`` elements in all, as the family's launch path asks today: ``BMLMPI_ALGORITHM``
+    where it names an algorithm of this collective, else native. (:func:`choose` with
+    ``collective=`` is the cost model's choice.)"""
+    env = env_algorithm()
+    if env and env != records.AUTO and env in records.algorithms(collective):
+        return env
+    return records.NATIVE
 
 
 def _fixed_choice(collective: str) -> str:
