@@ -682,10 +682,38 @@ class FamilyCalls:
         plan = self._family_plan(call)
         work, src = call.work_buffers()
         tag_base = self._tag_base(TAG_KIND[call.collective])
+        run_on, src, unpermute = _relaid(plan.sched, call.rank, work, src)
 
         def placed() -> None:
+            unpermute()
             call.place(work)
             if finish is not None:
                 finish()
 
-        return Run(plan, work, call.op, tag_base, label, placed, src=src)
+        return Run(plan, run_on, call.op, tag_base, label, placed, src=src)
+
+
+def _relaid(sched: Any, rank: int, work: np.ndarray, src: np.ndarray | None) -> tuple:
+    """(the buffer ``sched`` runs on, its separate input, what puts its result back into
+    ``work``). ``work`` holds the call in MPI's plain layout (:meth:`FamilyCall.work_buffers`,
+    the input in ``src`` or already in place); a schedule whose input and output copies are
+    the plain ones runs on it directly, one that lays its pieces out otherwise (BML's
+    reduce-scatter and allgather, ``bmlmpi/schedules/bml.py``) gets a buffer of its own,
+    filled through its input copies, and its output copies put the result back."""
+    from .schedules.collectives import collective
+    coll = collective(sched.collective)
+    plain_in = coll.plain_inputs(rank, sched.count, sched.root, sched.counts)
+    plain_out = coll.plain_outputs(rank, sched.count, sched.root, sched.counts)
+    if sched.input_copies() == plain_in and sched.output_copies() == plain_out:
+        return work, src, lambda: None
+    given = work if src is None else src
+    in_at = plain_in[0].at if plain_in and src is None else 0
+    out_at = plain_out[0].lo if plain_out else 0
+    own = np.empty(sched.count, work.dtype)
+    for c in sched.input_copies():
+        own[c.at:c.at + c.n] = given[in_at + c.lo:in_at + c.hi]
+
+    def unpermute() -> None:
+        for c in sched.output_copies():
+            work[out_at + c.at:out_at + c.at + c.n] = own[c.lo:c.hi]
+    return own, None, unpermute

@@ -231,6 +231,31 @@ def _bml_allreduce(ctx: Context) -> Schedule:
     return bml_schedule(ctx.rank, ctx.size, ctx.count, ctx.radices(), pipeline)
 
 
+def _bml_pipeline(ctx: Context) -> int:
+    from .ring import ring_pipeline
+    # at N = 2 BML is ring's exchange: pipelined as ring is there (bml.py's docstring)
+    return ctx.pipeline or (ring_pipeline(ctx.count, ctx.itemsize, ctx.size)
+                            if ctx.size == 2 else 1)
+
+
+def _bml_reduce_scatter(ctx: Context) -> Schedule:
+    from .bml import bml_reduce_scatter_schedule
+    return bml_reduce_scatter_schedule(ctx.rank, ctx.size, ctx.blocks(), ctx.radices(),
+                                       _bml_pipeline(ctx))
+
+
+def _bml_allgather(ctx: Context) -> Schedule:
+    from .bml import bml_allgather_schedule
+    return bml_allgather_schedule(ctx.rank, ctx.size, ctx.blocks(), ctx.radices())
+
+
+def _bml_rooted(ctx: Context) -> Schedule:
+    from .bml import bml_rooted_schedule
+    pipeline = _bml_pipeline(ctx) if ctx.collective == "reduce" else 1
+    return bml_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count, ctx.radices(),
+                               ctx.root, pipeline)
+
+
 def _ring_segmenting(ctx: Context) -> tuple[int, int]:
     """(segments, pipeline): pipelined pieces at N = 2 (measured faster there; ring.py's
     docstring), segments elsewhere."""
@@ -258,6 +283,13 @@ def _ring_allgather(ctx: Context) -> Schedule:
     from .ring import ring_allgather_schedule
     segments, _ = _ring_segmenting(ctx)
     return ring_allgather_schedule(ctx.rank, ctx.size, ctx.blocks(), segments)
+
+
+def _rabenseifner(ctx: Context) -> Schedule:
+    from .ring import ring_rooted_schedule
+    segments, pipeline = _ring_segmenting(ctx)
+    return ring_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count, ctx.root,
+                                segments, pipeline)
 
 
 def _ps_allreduce(ctx: Context) -> Schedule:
@@ -314,7 +346,9 @@ def _hierarchical_applies(ctx: Context) -> bool:
 PORTS, BCUBE = "ports", "bcube"
 
 register(Algorithm(
-    "bml", {"allreduce": _bml_allreduce}, wire_format=True, calibrated=True,
+    "bml", {"allreduce": _bml_allreduce, "reduce_scatter": _bml_reduce_scatter,
+            "allgather": _bml_allgather, "reduce": _bml_rooted, "bcast": _bml_rooted},
+    wire_format=True, calibrated=True,
     symmetric=frozenset({PORTS, BCUBE}),
     doc="BML on the BCube of the communicator's shape (Wang et al., NeurIPS 2018)"))
 register(Algorithm(
@@ -334,6 +368,10 @@ register(Algorithm(
 register(Algorithm(
     "hierarchical", {"allreduce": _hierarchical_allreduce}, applies=_hierarchical_applies,
     tiered=True, doc="inside each node, then BML or ring across nodes"))
+register(Algorithm(
+    "rabenseifner", {"reduce": _rabenseifner, "bcast": _rabenseifner},
+    doc="reduce: ring reduce-scatter then gather to the root (Rabenseifner); bcast: scatter "
+        "from the root then ring allgather (van de Geijn)"))
 register(Algorithm(
     "ps", {"allreduce": _ps_allreduce}, symmetric=frozenset({PORTS, BCUBE}), offered=False,
     doc="P2P parameter server (the BML paper's baseline; priced, never run)"))

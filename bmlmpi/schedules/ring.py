@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .collectives import collective
+from .collectives import collective as collective_record
 from .types import (
     Recv,
     Schedule,
@@ -160,6 +160,48 @@ def ring_allgather_schedule(rank: int, size: int, counts: Sequence[int],
     return _family("allgather", rank, size, counts, steps, segments, 1)
 
 
+def ring_rooted_schedule(collective: str, rank: int, size: int, count: int, root: int,
+                         segments: int = 1, pipeline: int = 1) -> Schedule:
+    """The bandwidth-optimal reduce and broadcast for large messages (Rabenseifner's reduce,
+    van de Geijn's broadcast), over ring's halves: a reduce (``collective="reduce"``) is the
+    ring reduce-scatter leaving block r on rank r, then one step in which every rank sends
+    its block to ``root``; a broadcast (``"bcast"``) is one step in which ``root`` sends
+    block j to rank j, then the ring allgather. Blocks: ``count`` cut into N balanced ranges.
+
+    Steps N (none for N = 1). The root receives (reduce) or sends (bcast) (N−1)/N·count in
+    its one direct step, every rank (N−1)/N·count in the ring half: 2(N−1)/N·count·β in all,
+    against ⌈log2 N⌉·count·β for a tree — the better choice from a few blocks per α.
+    """
+    check_arguments(rank, size, count, segments)
+    _check_pipeline(segments, pipeline)
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} outside [0, {size})")
+    chunks = balanced_bounds(0, count, size)
+    steps: list[Step] = []
+    if size > 1:
+        mine = (chunks[rank], chunks[rank + 1])
+        others = [(j, chunks[j], chunks[j + 1]) for j in range(size) if j != root]
+        if collective == "reduce":
+            steps = _ring_steps(rank, size, chunks, 1, True, segments, pipeline)
+            steps.append(Step((Transfer(root, *mine),) if rank != root else (),
+                              tuple(Recv(j, lo, hi) for j, lo, hi in others)
+                              if rank == root else ()))
+        elif collective == "bcast":
+            steps = [Step(tuple(Transfer(j, lo, hi) for j, lo, hi in others)
+                          if rank == root else (),
+                          (Recv(root, *mine),) if rank != root else ())]
+            steps += _ring_steps(rank, size, chunks, 0, False, segments, 1)
+        else:
+            raise ValueError(f"ring's rooted schedules are reduce and bcast, not "
+                             f"{collective!r}")
+    coll = collective_record(collective)
+    return Schedule("rabenseifner", rank, size, count, compact(steps), streams=segments,
+                    meta={"segments": segments, "pipeline": pipeline},
+                    collective=collective, root=root,
+                    inputs=coll.plain_inputs(rank, count, root, None),
+                    outputs=coll.plain_outputs(rank, count, root, None))
+
+
 def _blocks(size: int, counts: Sequence[int]) -> list[int]:
     if len(counts) != size:
         raise ValueError(f"need {size} block counts, got {len(counts)}")
@@ -168,7 +210,7 @@ def _blocks(size: int, counts: Sequence[int]) -> list[int]:
 
 def _family(name: str, rank: int, size: int, counts: Sequence[int], steps: list[Step],
             segments: int, pipeline: int) -> Schedule:
-    coll = collective(name)
+    coll = collective_record(name)
     counts = tuple(counts)
     count = sum(counts)
     return Schedule("ring", rank, size, count, compact(steps), streams=segments,
