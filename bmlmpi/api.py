@@ -84,6 +84,11 @@ class PreparedCall:
         return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
                 f"algorithm={sig[3]}")
 
+    def outcome(self) -> Exception | None:
+        """What a committed call raises on every survivor of a failure (never, for an
+        allreduce: it completes over the survivors)."""
+        return None
+
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
         and a staged device result is copied back."""
@@ -630,6 +635,17 @@ class Communicator(FamilyCalls):
     def _native_run(self, req: MPI.Request, finish: Callable[[], None] | None,
                     what: str) -> NativeRun:
         return NativeRun(req, finish, self.rank, what)
+
+    def _native_blocking(self) -> bool:
+        """Whether a checked native call may be MPI's blocking call under the watchdog (the
+        plain communicator with ``BMLMPI_BLOCKING=watchdog``)."""
+        return self._fast is not None and self._native_fast
+
+    def _agreed(self, call: PreparedCall | FamilyCall) -> bool:
+        """Whether ``call``'s signature was agreed on by every rank before (else it goes
+        through the checked path, whose agreement raises on every rank if it differs)."""
+        return (not self.validate or self.size == 1
+                or _signature_hash(call.signature(self.shape)) in self._validated)
 
     def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
         """``auto``'s choice for ``call`` over the current members."""

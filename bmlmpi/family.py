@@ -56,6 +56,12 @@ TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "b
 REDUCING = frozenset({"reduce_scatter", "reduce"})
 
 
+def _method(comm: MPI.Comm, name: str, form: str) -> Any:
+    if form == "I":
+        return getattr(comm, "I" + name.lower())
+    return getattr(comm, name + form)
+
+
 def _digest(values: tuple[int, ...]) -> str:
     return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
 
@@ -124,6 +130,11 @@ class FamilyCall:
     def is_in_place(self) -> bool:
         return self.src is None
 
+    def outcome(self) -> Exception | None:
+        """What the call raises on every survivor once committed after a failure (the
+        fault-tolerant contracts, :mod:`bmlmpi.ft.family`), else None."""
+        return self.extra.get("error")
+
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
         that contributed (reduce-scatter: this rank's block; reduce: the root's result)."""
@@ -134,91 +145,67 @@ class FamilyCall:
         elif self.collective == "reduce" and self.rank == self.root:
             kernels.scale_avg(self.out, size)
 
-    # -- the native launch: mpi4py's own non-blocking call on the private communicator ------
-    def start_native(self, comm: MPI.Comm) -> MPI.Request:
-        """``comm``'s own non-blocking call for this one (the buffers the user gave)."""
+    # -- the native launch: mpi4py's own call on the private communicator -------------------
+    def native(self, comm: MPI.Comm, form: str = "I") -> Any:
+        """mpi4py's own call for this one on ``comm`` with the user's buffers: ``form`` "I"
+        the non-blocking call (a Request), "" the blocking one, "_init" MPI 4's persistent
+        request. Reduce-scatter is ``Reduce_scatter_block`` or ``Reduce_scatter`` as called;
+        an allgather is ``Allgatherv`` over bytes (any layout, any datatype)."""
         what = self.collective
         if what == "reduce_scatter":
-            op = mpi_op(self.op)
             sbuf = MPI.IN_PLACE if self.src is None else self.src
             rbuf = self.out if self.src is None else self.result
-            if self.native_block:
-                return comm.Ireduce_scatter_block(sbuf, rbuf, op)
-            return comm.Ireduce_scatter(sbuf, rbuf, list(self.counts), op)
-        if what == "allgather":
-            rspec = [self.out, list(self.counts),
-                     list(self.displs or offsets(self.counts)), MPI.BYTE]
-            sbuf = MPI.IN_PLACE if self.src is None else [self.src, MPI.BYTE]
-            return comm.Iallgatherv(sbuf, rspec)
-        if what == "reduce":
             op = mpi_op(self.op)
-            if self.rank == self.root:
-                sbuf = MPI.IN_PLACE if self.src is None else self.src
-                return comm.Ireduce(sbuf, self.out, op, self.root)
-            return comm.Ireduce(self.src, None, op, self.root)
-        return comm.Ibcast([self.out, MPI.BYTE], self.root)
-
-    def init_native(self, comm: MPI.Comm) -> MPI.Prequest:
-        """The MPI 4 persistent form of :meth:`start_native` (``*_init``)."""
-        what = self.collective
-        if what == "reduce_scatter":
-            op = mpi_op(self.op)
-            sbuf = MPI.IN_PLACE if self.src is None else self.src
-            rbuf = self.out if self.src is None else self.result
             if self.native_block:
-                return comm.Reduce_scatter_block_init(sbuf, rbuf, op)
-            return comm.Reduce_scatter_init(sbuf, rbuf, list(self.counts), op)
+                return _method(comm, "Reduce_scatter_block", form)(sbuf, rbuf, op)
+            return _method(comm, "Reduce_scatter", form)(sbuf, rbuf, list(self.counts), op)
         if what == "allgather":
             rspec = [self.out, list(self.counts), list(self.displs or offsets(self.counts)),
                      MPI.BYTE]
             sbuf = MPI.IN_PLACE if self.src is None else [self.src, MPI.BYTE]
-            return comm.Allgatherv_init(sbuf, rspec)
+            return _method(comm, "Allgatherv", form)(sbuf, rspec)
         if what == "reduce":
             op = mpi_op(self.op)
             if self.rank == self.root:
                 sbuf = MPI.IN_PLACE if self.src is None else self.src
-                return comm.Reduce_init(sbuf, self.out, op, self.root)
-            return comm.Reduce_init(self.src, None, op, self.root)
-        return comm.Bcast_init([self.out, MPI.BYTE], self.root)
+                return _method(comm, "Reduce", form)(sbuf, self.out, op, self.root)
+            return _method(comm, "Reduce", form)(self.src, None, op, self.root)
+        return _method(comm, "Bcast", form)([self.out, MPI.BYTE], self.root)
 
-    # -- the scheduled launch: which buffer the schedule runs on ---------------------------
-    def work_buffers(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """(the buffer of ``total`` elements the schedule runs on, its separate input or None),
-        with this rank's contribution placed where the schedule expects it. Called at every
-        launch, so a persistent or re-run call reads the input as it is then."""
+    def start_native(self, comm: MPI.Comm) -> MPI.Request:
+        return self.native(comm, "I")
+
+    def init_native(self, comm: MPI.Comm) -> MPI.Prequest:
+        return self.native(comm, "_init")
+
+    # -- the scheduled launch: the schedule's input and output buffers ----------------------
+    def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(this rank's input, its output) as a schedule of the collective names them
+        (:mod:`bmlmpi.schedules.collectives`): the executor copies between them and its work
+        buffer (:func:`bmlmpi.execute.collective_run`). An allgather with displacements of
+        its own gathers into a packed buffer that :meth:`place` spreads out."""
         what = self.collective
         if what == "reduce_scatter":
-            if self.src is None:
-                return self.out, None
-            return np.empty(self.total, self.dtype), self.src
+            return (self.out if self.src is None else self.src), self.result
         if what == "allgather":
-            off = offsets(self.counts)
-            lo, n = off[self.rank], self.counts[self.rank]
+            lo, n = offsets(self.counts)[self.rank], self.counts[self.rank]
             if self.displs is None:
-                work = self.out[:self.total]
-                if self.src is not None:
-                    np.copyto(work[lo:lo + n], self.src)
-                return work, None
-            work = np.empty(self.total, self.dtype)
+                packed = self.out[:self.total]
+                return (packed[lo:lo + n] if self.src is None else self.src), packed
             d = self.displs[self.rank]
-            np.copyto(work[lo:lo + n], self.out[d:d + n] if self.src is None else self.src)
-            return work, None
+            mine = self.out[d:d + n] if self.src is None else self.src
+            return mine, np.empty(self.total, self.dtype)
         if what == "reduce":
             if self.rank == self.root:
-                return self.out, self.src
-            return np.empty(self.total, self.dtype), self.src
-        return self.out, None
+                return (self.out if self.src is None else self.src), self.out
+            return self.src, None
+        return (self.out if self.rank == self.root else None), self.out
 
-    def place(self, work: np.ndarray) -> None:
-        """After a scheduled exchange on ``work``: put this rank's result where the caller
-        asked for it (reduce-scatter: block ``rank`` into recvbuf; allgatherv with its own
-        displacements: every slot to its place)."""
-        if self.collective == "reduce_scatter":
-            lo = offsets(self.counts)[self.rank]
-            np.copyto(self.result, work[lo:lo + self.counts[self.rank]])
-        elif self.collective == "allgather" and self.displs is not None:
+    def place(self, output: np.ndarray | None) -> None:
+        """After a scheduled allgather into a packed buffer: every slot to its displacement."""
+        if self.collective == "allgather" and self.displs is not None:
             for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
-                np.copyto(self.out[d:d + c], work[lo:lo + c])
+                np.copyto(self.out[d:d + c], output[lo:lo + c])
 
 
 # -- argument checks and buffer resolution, one function per mpi4py call --------------------
@@ -507,7 +494,9 @@ class FamilyCalls:
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
-        self.Ireduce_scatter_block(sendbuf, recvbuf, op, algorithm=algorithm).Wait()
+        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
+                                   alg)))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Any:
@@ -525,7 +514,9 @@ class FamilyCalls:
                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: equal blocks)."""
-        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm=algorithm).Wait()
+        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
+                                   False, alg)))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                         op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
@@ -542,7 +533,8 @@ class FamilyCalls:
     # -- allgather --------------------------------------------------------------------------
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
-        self.Iallgather(sendbuf, recvbuf, algorithm=algorithm).Wait()
+        self._family_blocking("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
         return self._family_start("allgather", algorithm, lambda alg: (
@@ -555,7 +547,8 @@ class FamilyCalls:
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
-        self.Iallgatherv(sendbuf, recvbuf, algorithm=algorithm).Wait()
+        self._family_blocking("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
 
     def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
         return self._family_start("allgather", algorithm, lambda alg: (
@@ -570,7 +563,8 @@ class FamilyCalls:
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
-        self.Ireduce(sendbuf, recvbuf, op, root, algorithm=algorithm).Wait()
+        self._family_blocking("reduce", algorithm, lambda alg: (
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Any:
@@ -584,7 +578,8 @@ class FamilyCalls:
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""
-        self.Ibcast(buf, root, algorithm=algorithm).Wait()
+        self._family_blocking("bcast", algorithm, lambda alg: (
+            prepare_bcast(self.rank, self.size, buf, root, alg)))
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
         return self._family_start("bcast", algorithm, lambda alg: (
@@ -621,6 +616,30 @@ class FamilyCalls:
     def _family_start(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
         return self._submit(self._family_prepared(collective, algorithm, build))
+
+    def _family_blocking(self, collective: str, algorithm: str | None, build: Any) -> None:
+        """A blocking call. Once its signature has been agreed on, a native call on the plain
+        communicator with nothing outstanding is mpi4py's blocking call itself, bounded by
+        the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``, the
+        default: past ``timeout`` seconds it reports the call and aborts the job); otherwise
+        the call is started and waited on under the deadline."""
+        self._usable_for_calls()
+        call = self._family_prepared(collective, algorithm, build)
+        if (call.algorithm == "native" and self._native_blocking() and not self._active
+                and self._agreed(call)):
+            self._calls += 1  # as a started call would: the count names calls in messages
+            watch = self._watchdog
+            watch.start()
+            watch.calls += 1
+            watch.current = (f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
+                             f"{self.size})")
+            try:
+                call.native(self._comm, "")
+            finally:
+                watch.current = None
+            call.finish(self.size)
+            return
+        self._submit(call).Wait()
 
     def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
@@ -670,7 +689,7 @@ class FamilyCalls:
         """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
         schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
         gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
-        from .execute import Run
+        from .execute import collective_run
         if call.algorithm == "native":
             try:
                 req = call.start_native(self._comm)
@@ -680,40 +699,12 @@ class FamilyCalls:
                 raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
             return self._native_run(req, finish, label)
         plan = self._family_plan(call)
-        work, src = call.work_buffers()
+        inp, output = call.schedule_buffers()
         tag_base = self._tag_base(TAG_KIND[call.collective])
-        run_on, src, unpermute = _relaid(plan.sched, call.rank, work, src)
 
         def placed() -> None:
-            unpermute()
-            call.place(work)
+            call.place(output)
             if finish is not None:
                 finish()
 
-        return Run(plan, run_on, call.op, tag_base, label, placed, src=src)
-
-
-def _relaid(sched: Any, rank: int, work: np.ndarray, src: np.ndarray | None) -> tuple:
-    """(the buffer ``sched`` runs on, its separate input, what puts its result back into
-    ``work``). ``work`` holds the call in MPI's plain layout (:meth:`FamilyCall.work_buffers`,
-    the input in ``src`` or already in place); a schedule whose input and output copies are
-    the plain ones runs on it directly, one that lays its pieces out otherwise (BML's
-    reduce-scatter and allgather, ``bmlmpi/schedules/bml.py``) gets a buffer of its own,
-    filled through its input copies, and its output copies put the result back."""
-    from .schedules.collectives import collective
-    coll = collective(sched.collective)
-    plain_in = coll.plain_inputs(rank, sched.count, sched.root, sched.counts)
-    plain_out = coll.plain_outputs(rank, sched.count, sched.root, sched.counts)
-    if sched.input_copies() == plain_in and sched.output_copies() == plain_out:
-        return work, src, lambda: None
-    given = work if src is None else src
-    in_at = plain_in[0].at if plain_in and src is None else 0
-    out_at = plain_out[0].lo if plain_out else 0
-    own = np.empty(sched.count, work.dtype)
-    for c in sched.input_copies():
-        own[c.at:c.at + c.n] = given[in_at + c.lo:in_at + c.hi]
-
-    def unpermute() -> None:
-        for c in sched.output_copies():
-            work[out_at + c.at:out_at + c.at + c.n] = own[c.lo:c.hi]
-    return own, None, unpermute
+        return collective_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)

@@ -88,7 +88,7 @@ def test_job_script_from_the_root_activated(venv, tmp_path):
     assert os.listdir(tmp_path / "out")
 
 
-def test_readme_quick_start_from_the_root_activated(venv, tmp_path):
+def test_readme_quick_start_from_the_root_activated(venv):
     """README's quick start as written: venv activated, `bmlmpi-run -n N python train.py`.
     `python -c` from the repository root puts the root first on sys.path, as `train.py` saved
     there would, so the program imports the source folder."""
@@ -97,7 +97,7 @@ def test_readme_quick_start_from_the_root_activated(venv, tmp_path):
     assert "source .venv/bin/activate" in quick and "bmlmpi-run -n 4 python train.py" in quick
     code = quick.split("Save this as `train.py`:", 1)[1].split("```python\n", 1)[1]
     code = code.split("```", 1)[0]
-    env = bare_env(VIRTUAL_ENV=str(venv), BMLMPI_CACHE_DIR=str(tmp_path))
+    env = bare_env(VIRTUAL_ENV=str(venv))
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     out = ok(run(["timeout", str(TIMEOUT_S), "bmlmpi-run", "-n", "2", "python", "-c", code],
                  env=env, timeout=TIMEOUT_S + 30))
