@@ -280,6 +280,7 @@ def test_killed_ranks_are_replaced_and_the_job_ends_on_the_full_bcube():
             "kills": kills, "bad_command": "/nonexistent/bmlmpi-replacement"}
     res = run_ranks(9, ["tests/ft/grow_ranks.py", json.dumps(spec)], "the grow-back job")
     tail = (res.stdout + res.stderr)[-5000:]
+    assert res.returncode == 0, tail  # the replacements end with MPI_Finalize
     records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
                if line.startswith("GROW-JSON ")]
     victims = sorted((r["victim"], r["call"]) for r in records if "victim" in r)
