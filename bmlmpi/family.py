@@ -490,10 +490,13 @@ def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
                      counts: tuple[int, ...], root: int, itemsize: int, shape: Any,
                      links: Any, nodes: Any) -> Any:
     """Rank ``rank``'s schedule of ``algorithm`` for ``collective`` (the algorithm record of
-    :mod:`bmlmpi.schedules`)."""
-    from .schedules import catalog
-    return catalog.collective_schedule(collective, algorithm, rank, size, counts, root,
-                                       itemsize, shape, links, nodes=nodes)
+    :mod:`bmlmpi.schedules.algorithms`)."""
+    from .schedules import algorithms
+    blocked = collective in ("reduce_scatter", "allgather")
+    ctx = algorithms.Context(size, sum(counts), itemsize, rank, collective=collective,
+                             root=root, counts=counts if blocked else None, shape=shape,
+                             links=links, nodes=nodes)
+    return algorithms.build(algorithm, ctx)
 
 
 class FamilyCalls:
@@ -741,12 +744,12 @@ class FamilyCalls:
         from . import registry
         from .execute import Plan
         from .ops import kernel_op
-        from .schedules import catalog
+        from .schedules import algorithms
         key = (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        tiered = call.algorithm in catalog.TIERED
+        tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
