@@ -141,8 +141,9 @@ class Variable:
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_ALGORITHM", "algorithm", None, "the `auto` rule",
-             "algorithm used where `auto` was asked for (`bml`, `ring`, `tree`, `multitree`, "
-             "`native`)", _word),
+             "algorithm used where `auto` was asked for: a name `bmlmpi.algorithms()` lists "
+             "(per collective `bmlmpi.algorithms(\"reduce_scatter\")`; a collective without "
+             "it is left to `auto`)", _word),
     Variable("BMLMPI_BCUBE", "shape", None, "prime factors of N, ascending",
              "BCube shape, level 0 first: `3x3` = BCube(3,2), `2x2x3` for 12 ranks", _text),
     Variable("BMLMPI_TIMEOUT", "seconds", 120.0, "120",
