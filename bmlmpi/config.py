@@ -194,6 +194,12 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "the `mpiexec` that `bmlmpi-run` starts", _text),
     Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",
              "`bmlmpi-bench` fails unless the MPI world has this many ranks", _count(1)),
+    Variable("BMLMPI_COMPRESSION", "compressor", None, "none",
+             "torch backend `bmlmpi`: compressor spec for every SUM/AVG all_reduce of float "
+             "tensors (`fp16`, `bf16`, `tdf:PHI:D:P`, ...)", _text),
+    Variable("BMLMPI_FAULT_TOLERANT", "boolean", False, "off",
+             "torch backend `bmlmpi`: on: run on the fault-tolerant communicator "
+             "(`bmlmpi-run --ft`)", parse_bool),
 )}
 
 
