@@ -30,6 +30,8 @@ peers did not join fails at the deadline, never hangs.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -132,6 +134,8 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         super().__init__(rank, size)
         _check_thread_level()
         self.options = options
+        #: the MPI communicator this group runs over (the user's; bmlmpi sends on a duplicate)
+        self.mpi_comm = comm
         self._group_name = ""
         self._group_desc = ""
         self._lock = threading.RLock()
@@ -226,7 +230,8 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         timeout = self.options.timeout
         with self._lock:
             req = start(self.communicator.comm)
-            s = Started(what, req.Test, lambda: wait_mpi(req, timeout, what), finish, result)
+            s = Started(what, req.Test, lambda: wait_mpi(req, timeout, what), finish, result,
+                        keep=start)
             self._driver.add(s)
         return Work(self._driver, s)
 
@@ -270,12 +275,34 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         def mark() -> Any:
             return tuple(getattr(getattr(r, "run", None), "progress", None) for r in reqs)
 
-        return self._track(Started(what, poll, block, finish, tensors, mark))
+        return self._track(Started(what, poll, block, finish, tensors, mark, keep=views))
 
     def _start_allreduce(self, arr: Any, op: Any, compressed: bool) -> Any:
         if compressed:
             return self.communicator.Iallreduce(arr, arr, op, compression=self._compressor)
         return self.communicator.Iallreduce(MPI.IN_PLACE, arr, op)
+
+    def compressed_allreduce(self, tensor: torch.Tensor, compressor: Any, key: Any) -> Work:
+        """``tensor`` averaged over the ranks through bmlmpi's compressed allreduce, with the
+        error-feedback memory of ``compressor`` kept under ``key`` (the DDP compression
+        hook's call; host memory, a CUDA tensor is staged)."""
+        from ..compression.layer import start
+        if not tensor.is_floating_point() or tensor.dtype == torch.bfloat16:
+            raise UnsupportedCall(f"compressed all_reduce takes float16/32/64 tensors, not "
+                                  f"{tensor.dtype}")
+        v = view(tensor, device_path=False)
+        ft = getattr(self.communicator, "original_size", None) is not None
+        with self._lock:
+            req = start(self.communicator, MPI.IN_PLACE, v.array, AVG, compressor, key=key,
+                        fault_tolerant=ft)
+        what = f"bmlmpi compressed all_reduce ({compressor.name}, rank {self.rank()})"
+        return self._track(Started(what, req.Test, req.Wait, v.finish, [tensor]))
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the group's lock: no call into its communicator runs meanwhile."""
+        with self._lock:
+            yield
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         return self.allreduce(tensors, opts)

@@ -36,12 +36,15 @@ class Started:
     deadline, ``finish()`` runs once it completed, ``result`` is the future's value."""
 
     __slots__ = ("what", "poll_fn", "block_fn", "mark_fn", "finish_fn", "result", "future",
-                 "done", "error", "claimed", "last_mark", "last_change")
+                 "done", "error", "claimed", "last_mark", "last_change", "keep")
 
     def __init__(self, what: str, poll: Callable[[], bool], block: Callable[[], None],
                  finish: Callable[[], None] | None, result: Any,
-                 mark: Callable[[], Any] = lambda: None):
+                 mark: Callable[[], Any] = lambda: None, keep: Any = None):
         self.what = what
+        # the buffers MPI reads and writes until completion (mpi4py's non-blocking
+        # collectives do not hold them): a temporary input must outlive the call
+        self.keep = keep
         self.poll_fn = poll
         self.block_fn = block
         self.mark_fn = mark
@@ -81,6 +84,8 @@ class Started:
                 self._complete()
         except BaseException as exc:  # noqa: BLE001 - it belongs to the future
             self._fail(exc)
+        if self.done:
+            self.keep = None
 
     def block(self) -> None:
         """Wait for it with the deadline (under the lock)."""
@@ -91,6 +96,7 @@ class Started:
             self._complete()
         except BaseException as exc:  # noqa: BLE001 - raised again by Work.wait
             self._fail(exc)
+        self.keep = None
 
     def settle(self) -> None:
         """Complete the future (outside the lock: callbacks run here)."""
