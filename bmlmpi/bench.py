@@ -188,7 +188,7 @@ def device_buffers(device: str):
 
     if not gpu.gpu_available():
         raise SystemExit("bmlmpi-bench: -d cuda needs cupy and a CUDA device "
-                         "(pip install 'bmlmpi[gpu]')")
+                         "(pip install '.[gpu]' in bmlmpi's checkout)")
     import cupy
 
     return cupy.asarray, cupy.asnumpy
