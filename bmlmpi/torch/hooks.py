@@ -20,9 +20,9 @@ contributed, the survivors after a failure on the fault-tolerant backend).
   (the bucket's parameter indices), so DDP rebuilding its buckets after the first iteration
   moves each parameter's residual into its new bucket (``Compressor.regroup``) instead of
   losing it. Host memory only: a CUDA bucket is staged through the host.
-* :func:`bucket_plan_hook` — bmlmpi's bucket plans (:mod:`bmlmpi.training`, iBatch of seed 002)
+* :func:`bucket_plan_hook` — bmlmpi's bucket plans (:mod:`bmlmpi.training`, the iBatch paper)
   over DDP's buckets: every DDP bucket is one array of a :class:`bmlmpi.GradientBuckets`,
-  which fuses them by the plan (``ibatch``: profiled on three iterations, then seed 002's
+  which fuses them by the plan (``ibatch``: profiled on three iterations, then iBatch's
   greedy batching; ``layer``, ``single``, ``threshold``) and overlaps the fused allreduces with
   the rest of the backward pass. Give DDP small buckets (``bucket_cap_mb``) so that the plan
   has layers to batch. DDP waits for every bucket at the end of the backward pass, so the part

@@ -13,12 +13,15 @@ Which path each collective takes:
 * ``all_reduce`` (and ``allreduce_coalesced``): bmlmpi's allreduce, ``Communicator.Iallreduce``
   (the configured algorithm, topology, compression; the fault-tolerant communicator when
   asked), CPU tensors as numpy views, CUDA tensors as cupy views (bmlmpi's device path).
-* ``reduce_scatter_tensor``, ``reduce_scatter`` (list form), ``all_gather_into_tensor``,
-  ``all_gather``, ``broadcast``, ``reduce``, ``barrier``: the non-blocking MPI collective
-  (``MPI_Ireduce_scatter_block``, ``MPI_Iallgather``, ``MPI_Ibcast``, ``MPI_Ireduce``,
-  ``MPI_Ibarrier``) on the communicator bmlmpi sends on (``Communicator.comm``: after a
-  failure, the survivors'), waited on with the deadline; AVG is a SUM divided by the size
-  afterwards. CUDA tensors are staged through host memory on this path.
+* ``reduce_scatter_tensor`` and ``reduce_scatter`` (list form: its inputs concatenated),
+  ``all_gather_into_tensor`` and ``all_gather`` (list form: gathered into one tensor, then
+  copied out), ``broadcast``, ``reduce``: bmlmpi's collective family,
+  ``Communicator.Ireduce_scatter_block``, ``Iallgather``, ``Ibcast``, ``Ireduce`` (argument
+  agreement, deadlines, the fault-tolerant ledger; whichever algorithm the family serves for
+  that collective, ``bmlmpi.algorithms(collective)``). CUDA tensors are staged through host
+  memory on this path.
+* ``barrier``: ``MPI_Ibarrier`` on the communicator bmlmpi sends on (``Communicator.comm``:
+  after a failure, the survivors'), waited on with the deadline.
 
 Errors: an unsupported op or dtype raises :class:`~bmlmpi.torch.tensors.UnsupportedCall`
 before anything is sent. For all_reduce, bmlmpi's argument check agrees across ranks first
@@ -39,14 +42,13 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .. import config, kernels
+from .. import config
 from ..api import Communicator
 from ..execute import timeout_from_env
 from ..ops import AVG
 from .tensors import (
     UnsupportedCall,
     check_reducible,
-    is_avg,
     reduce_op,
     same_layout,
     view,
@@ -222,7 +224,6 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
     def _done(self, what: str, result: Any, finish=None) -> Work:
         s = Started(what, lambda: True, lambda: None, finish, result)
         s.poll(self.options.timeout)
-        s.settle()
         return self._track(s)
 
     def _mpi(self, what: str, start, result: Any, finish=None) -> Work:
@@ -234,9 +235,6 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
                         keep=start)
             self._driver.add(s)
         return Work(self._driver, s)
-
-    def _avg_after_sum(self, arr: Any) -> None:
-        kernels.scale_avg(arr, self.communicator.size)
 
     # -- all_reduce ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -307,19 +305,21 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         return self.allreduce(tensors, opts)
 
-    # -- broadcast and reduce -------------------------------------------------------------------
+    # -- the rest of the family: bmlmpi's Ibcast, Ireduce, Iallgather, Ireduce_scatter_block --
+    def _family(self, what: str, start, result: Any, views: list[Any]) -> Work:
+        """Start a call of bmlmpi's collective family (``start()`` returns its request)."""
+        with self._lock:
+            req = start()
+        return self._track(Started(what, req.Test, req.Wait, _finisher(views), result,
+                                   _progress(req), keep=views))
+
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Work:
         root = opts.rootRank
         views = [view(t, copy_only=True, device_path=False) for t in tensors]
         what = f"bmlmpi broadcast from rank {root} (rank {self.rank()})"
-        reqs: list[Any] = []
-
-        def start(comm: MPI.Comm) -> Any:
-            for v in views:
-                reqs.append(comm.Ibcast(v.array, root=root))
-            return _All(reqs)
-
-        return self._mpi(what, start, tensors, _finisher(views))
+        c = self.communicator
+        return self._family(what, lambda: _Several([c.Ibcast(v.array, root) for v in views]),
+                            tensors, views)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
         op = reduce_op(opts.reduceOp)
@@ -328,23 +328,15 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
             check_reducible(t, "reduce's tensor")
         views = [view(t, device_path=False) for t in tensors]
         what = f"bmlmpi reduce to rank {root} (rank {self.rank()})"
-        mop = MPI.SUM if is_avg(op) else op
-        reqs: list[Any] = []
-        is_root = self.rank() == root
+        c = self.communicator
+        at_root = self.rank() == root
 
-        def start(comm: MPI.Comm) -> Any:
-            for v in views:
-                send = MPI.IN_PLACE if is_root else v.array
-                reqs.append(comm.Ireduce(send, v.array if is_root else None, mop, root=root))
-            return _All(reqs)
+        def start() -> Any:
+            return _Several([c.Ireduce(MPI.IN_PLACE if at_root else v.array,
+                                       v.array if at_root else None, op, root)
+                             for v in views])
 
-        def finish() -> None:
-            if is_root and is_avg(op):
-                for v in views:
-                    self._avg_after_sum(v.array)
-            _finisher(views)()
-
-        return self._mpi(what, start, tensors, finish)
+        return self._family(what, start, tensors, views)
 
     # -- allgather ------------------------------------------------------------------------------
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
@@ -357,8 +349,9 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         src = view(input, copy_only=True, device_path=False)
         out = view(output, copy_only=True, device_path=False)
         what = f"bmlmpi all_gather_into_tensor (rank {self.rank()})"
-        return self._mpi(what, lambda comm: comm.Iallgather(src.array, out.array), [output],
-                         _finisher([out]))
+        c = self.communicator
+        return self._family(what, lambda: c.Iallgather(src.array, out.array), [output],
+                            [out, src])
 
     all_gather_single = _allgather_base
 
@@ -375,20 +368,18 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         srcs = [view(t, copy_only=True, device_path=False) for t in inputs]
         dsts = [view(f, copy_only=True) for f in flats]
         what = f"bmlmpi all_gather (rank {self.rank()})"
-        reqs: list[Any] = []
+        c = self.communicator
 
-        def start(comm: MPI.Comm) -> Any:
-            for s, d in zip(srcs, dsts, strict=True):
-                reqs.append(comm.Iallgather(s.array, d.array))
-            return _All(reqs)
-
-        def finish() -> None:
+        def scatter_back() -> None:
             with torch.no_grad():
                 for outs, flat in zip(outputs, flats, strict=True):
                     for o, piece in zip(outs, flat.chunk(n), strict=True):
                         o.copy_(piece.view(o.shape))
 
-        return self._mpi(what, start, outputs, finish)
+        start = lambda: _Several([c.Iallgather(s.array, d.array)  # noqa: E731
+                                  for s, d in zip(srcs, dsts, strict=True)])
+        return self._family(what, start, outputs,
+                            [*srcs, *dsts, _Then(scatter_back)])
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
@@ -407,17 +398,10 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         check_reducible(input, "reduce_scatter_tensor's input")
         src = view(input, device_path=False)
         out = view(output, device_path=False)
-        mop = MPI.SUM if is_avg(op) else op
         what = f"bmlmpi reduce_scatter_tensor (rank {self.rank()})"
-
-        def finish() -> None:
-            if is_avg(op):
-                self._avg_after_sum(out.array)
-            _finisher([out])()
-
-        return self._mpi(what, lambda comm: comm.Ireduce_scatter_block(src.array, out.array,
-                                                                      mop),
-                         [output], finish)
+        c = self.communicator
+        return self._family(what, lambda: c.Ireduce_scatter_block(src.array, out.array, op),
+                            [output], [out, src])
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -451,6 +435,38 @@ class _All:
 
     def Test(self) -> bool:
         return all(r.Test() for r in self.reqs)
+
+
+class _Several:
+    """Several bmlmpi requests seen as one (Test, Wait, the run's progress)."""
+
+    def __init__(self, reqs: list[Any]):
+        self.reqs = reqs
+
+    def Test(self) -> bool:
+        return all(r.Test() for r in self.reqs)
+
+    def Wait(self) -> None:
+        for r in self.reqs:
+            r.Wait()
+
+    @property
+    def progress(self) -> Any:
+        return tuple(_progress(r)() for r in self.reqs)
+
+
+class _Then:
+    """A step after a call completes, run with the views' write-backs (in order)."""
+
+    def __init__(self, fn):
+        self.finish = fn
+
+
+def _progress(req: Any):
+    """The progress mark of a bmlmpi request: its run's completed steps."""
+    if isinstance(req, _Several):
+        return lambda: req.progress
+    return lambda: getattr(getattr(req, "run", None), "progress", None)
 
 
 def _finisher(views: list[Any]):

@@ -123,9 +123,12 @@ class Driver:
         return bool(self._pending)
 
     def add(self, started: Started) -> None:
-        """Track a started collective (called under the lock)."""
+        """Track a started collective (called under the lock); one that is already complete
+        has its future completed now (nothing can have attached a callback to it yet)."""
         if started.done:
-            started.claimed = True
+            if not started.claimed:
+                started.claimed = True
+                started.settle()
             return
         self._pending.append(started)
         if self._thread is None:
@@ -153,8 +156,13 @@ class Driver:
             ready = self._claim()
         for s in ready:
             s.settle()
-        while not started.future.done():  # settled by the thread that claimed it
-            time.sleep(0)
+        # claimed by the progress thread, which completes its future right after
+        deadline = time.monotonic() + self._timeout
+        while not started.future.done():
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(f"{started.what}: completed, but its future was not "
+                                       f"set within {self._timeout:g} s")
+            time.sleep(1e-5)
 
     def _run(self) -> None:
         idle = 0.0
