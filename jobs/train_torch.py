@@ -34,7 +34,6 @@ import signal
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -101,7 +100,12 @@ def load_data() -> tuple[torch.Tensor, ...]:
 
 def init(a: argparse.Namespace):
     from mpi4py import MPI
+
     import bmlmpi.torch
+    expect = os.environ.get("BMLMPI_EXPECT_SIZE")   # set by the jobs/ scripts
+    if expect and int(expect) != MPI.COMM_WORLD.size:
+        raise SystemExit(f"train_torch: the MPI world has {MPI.COMM_WORLD.size} ranks, the "
+                         f"job asked for {expect} (launcher and MPI library disagree?)")
     if a.backend == "gloo":
         comm = MPI.COMM_WORLD
         dist.init_process_group("gloo", store=bmlmpi.torch.store_from_mpi(comm),
