@@ -27,7 +27,7 @@ from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_requ
 from .family import FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
-from .schedules import catalog
+from .schedules import algorithms, catalog
 from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
@@ -83,6 +83,11 @@ class PreparedCall:
             return FamilyCall.describe_signature(sig)
         return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
                 f"algorithm={sig[3]}")
+
+    def outcome(self) -> Exception | None:
+        """What a committed call raises on every survivor of a failure (never, for an
+        allreduce: it completes over the survivors)."""
+        return None
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
@@ -631,6 +636,17 @@ class Communicator(FamilyCalls):
                     what: str) -> NativeRun:
         return NativeRun(req, finish, self.rank, what)
 
+    def _native_blocking(self) -> bool:
+        """Whether a checked native call may be MPI's blocking call under the watchdog (the
+        plain communicator with ``BMLMPI_BLOCKING=watchdog``)."""
+        return self._fast is not None and self._native_fast
+
+    def _agreed(self, call: PreparedCall | FamilyCall) -> bool:
+        """Whether ``call``'s signature was agreed on by every rank before (else it goes
+        through the checked path, whose agreement raises on every rank if it differs)."""
+        return (not self.validate or self.size == 1
+                or _signature_hash(call.signature(self.shape)) in self._validated)
+
     def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
         """``auto``'s choice for ``call`` over the current members."""
         if call.collective != "allreduce":
@@ -732,13 +748,14 @@ class Communicator(FamilyCalls):
 
     def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
         """This rank's schedule of ``algorithm`` over the current members."""
-        nodes = self.nodes() if algorithm in catalog.TIERED else None
-        return catalog.schedule(algorithm, self.rank, self.size, count, itemsize, self.shape,
-                                self._links, nodes=nodes)
+        record = algorithms.get(algorithm)
+        return record.build(algorithms.Context(
+            self.size, count, itemsize, self.rank, shape=self.shape, links=self._links,
+            nodes=self.nodes() if record.tiered else None))
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """The schedule bound to this communicator (BCube levels on their own communicators)."""
-        levels = [] if algorithm in catalog.TIERED else self._levels
+        levels = [] if algorithms.get(algorithm).tiered else self._levels
         return registry.bind(self._schedule(algorithm, count, itemsize), self._comm, levels,
                              self.shape)
 

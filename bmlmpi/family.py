@@ -56,6 +56,32 @@ TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "b
 REDUCING = frozenset({"reduce_scatter", "reduce"})
 
 
+_FAST_OPS = (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)
+
+
+def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
+              *rest: Any) -> tuple | None:
+    """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
+    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call."""
+    if not any(op is o for o in _FAST_OPS):
+        return None
+    key: list = [method, algorithm, id(op), *rest]
+    for b in bufs:
+        if b is MPI.IN_PLACE or b is None:
+            key.append(b is None)
+        elif type(b) is np.ndarray and b.flags.c_contiguous and b.flags.writeable:
+            key.append((b.shape, b.dtype))
+        else:
+            return None
+    return tuple(key)
+
+
+def _method(comm: MPI.Comm, name: str, form: str) -> Any:
+    if form == "I":
+        return getattr(comm, "I" + name.lower())
+    return getattr(comm, name + form)
+
+
 def _digest(values: tuple[int, ...]) -> str:
     return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
 
@@ -124,6 +150,11 @@ class FamilyCall:
     def is_in_place(self) -> bool:
         return self.src is None
 
+    def outcome(self) -> Exception | None:
+        """What the call raises on every survivor once committed after a failure (the
+        fault-tolerant contracts, :mod:`bmlmpi.ft.family`), else None."""
+        return self.extra.get("error")
+
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
         that contributed (reduce-scatter: this rank's block; reduce: the root's result)."""
@@ -134,91 +165,67 @@ class FamilyCall:
         elif self.collective == "reduce" and self.rank == self.root:
             kernels.scale_avg(self.out, size)
 
-    # -- the native launch: mpi4py's own non-blocking call on the private communicator ------
-    def start_native(self, comm: MPI.Comm) -> MPI.Request:
-        """``comm``'s own non-blocking call for this one (the buffers the user gave)."""
+    # -- the native launch: mpi4py's own call on the private communicator -------------------
+    def native(self, comm: MPI.Comm, form: str = "I") -> Any:
+        """mpi4py's own call for this one on ``comm`` with the user's buffers: ``form`` "I"
+        the non-blocking call (a Request), "" the blocking one, "_init" MPI 4's persistent
+        request. Reduce-scatter is ``Reduce_scatter_block`` or ``Reduce_scatter`` as called;
+        an allgather is ``Allgatherv`` over bytes (any layout, any datatype)."""
         what = self.collective
         if what == "reduce_scatter":
-            op = mpi_op(self.op)
             sbuf = MPI.IN_PLACE if self.src is None else self.src
             rbuf = self.out if self.src is None else self.result
-            if self.native_block:
-                return comm.Ireduce_scatter_block(sbuf, rbuf, op)
-            return comm.Ireduce_scatter(sbuf, rbuf, list(self.counts), op)
-        if what == "allgather":
-            rspec = [self.out, list(self.counts),
-                     list(self.displs or offsets(self.counts)), MPI.BYTE]
-            sbuf = MPI.IN_PLACE if self.src is None else [self.src, MPI.BYTE]
-            return comm.Iallgatherv(sbuf, rspec)
-        if what == "reduce":
             op = mpi_op(self.op)
-            if self.rank == self.root:
-                sbuf = MPI.IN_PLACE if self.src is None else self.src
-                return comm.Ireduce(sbuf, self.out, op, self.root)
-            return comm.Ireduce(self.src, None, op, self.root)
-        return comm.Ibcast([self.out, MPI.BYTE], self.root)
-
-    def init_native(self, comm: MPI.Comm) -> MPI.Prequest:
-        """The MPI 4 persistent form of :meth:`start_native` (``*_init``)."""
-        what = self.collective
-        if what == "reduce_scatter":
-            op = mpi_op(self.op)
-            sbuf = MPI.IN_PLACE if self.src is None else self.src
-            rbuf = self.out if self.src is None else self.result
             if self.native_block:
-                return comm.Reduce_scatter_block_init(sbuf, rbuf, op)
-            return comm.Reduce_scatter_init(sbuf, rbuf, list(self.counts), op)
+                return _method(comm, "Reduce_scatter_block", form)(sbuf, rbuf, op)
+            return _method(comm, "Reduce_scatter", form)(sbuf, rbuf, list(self.counts), op)
         if what == "allgather":
             rspec = [self.out, list(self.counts), list(self.displs or offsets(self.counts)),
                      MPI.BYTE]
             sbuf = MPI.IN_PLACE if self.src is None else [self.src, MPI.BYTE]
-            return comm.Allgatherv_init(sbuf, rspec)
+            return _method(comm, "Allgatherv", form)(sbuf, rspec)
         if what == "reduce":
             op = mpi_op(self.op)
             if self.rank == self.root:
                 sbuf = MPI.IN_PLACE if self.src is None else self.src
-                return comm.Reduce_init(sbuf, self.out, op, self.root)
-            return comm.Reduce_init(self.src, None, op, self.root)
-        return comm.Bcast_init([self.out, MPI.BYTE], self.root)
+                return _method(comm, "Reduce", form)(sbuf, self.out, op, self.root)
+            return _method(comm, "Reduce", form)(self.src, None, op, self.root)
+        return _method(comm, "Bcast", form)([self.out, MPI.BYTE], self.root)
 
-    # -- the scheduled launch: which buffer the schedule runs on ---------------------------
-    def work_buffers(self) -> tuple[np.ndarray, np.ndarray | None]:
-        """(the buffer of ``total`` elements the schedule runs on, its separate input or None),
-        with this rank's contribution placed where the schedule expects it. Called at every
-        launch, so a persistent or re-run call reads the input as it is then."""
+    def start_native(self, comm: MPI.Comm) -> MPI.Request:
+        return self.native(comm, "I")
+
+    def init_native(self, comm: MPI.Comm) -> MPI.Prequest:
+        return self.native(comm, "_init")
+
+    # -- the scheduled launch: the schedule's input and output buffers ----------------------
+    def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(this rank's input, its output) as a schedule of the collective names them
+        (:mod:`bmlmpi.schedules.collectives`): the executor copies between them and its work
+        buffer (:func:`bmlmpi.execute.collective_run`). An allgather with displacements of
+        its own gathers into a packed buffer that :meth:`place` spreads out."""
         what = self.collective
         if what == "reduce_scatter":
-            if self.src is None:
-                return self.out, None
-            return np.empty(self.total, self.dtype), self.src
+            return (self.out if self.src is None else self.src), self.result
         if what == "allgather":
-            off = offsets(self.counts)
-            lo, n = off[self.rank], self.counts[self.rank]
+            lo, n = offsets(self.counts)[self.rank], self.counts[self.rank]
             if self.displs is None:
-                work = self.out[:self.total]
-                if self.src is not None:
-                    np.copyto(work[lo:lo + n], self.src)
-                return work, None
-            work = np.empty(self.total, self.dtype)
+                packed = self.out[:self.total]
+                return (packed[lo:lo + n] if self.src is None else self.src), packed
             d = self.displs[self.rank]
-            np.copyto(work[lo:lo + n], self.out[d:d + n] if self.src is None else self.src)
-            return work, None
+            mine = self.out[d:d + n] if self.src is None else self.src
+            return mine, np.empty(self.total, self.dtype)
         if what == "reduce":
             if self.rank == self.root:
-                return self.out, self.src
-            return np.empty(self.total, self.dtype), self.src
-        return self.out, None
+                return (self.out if self.src is None else self.src), self.out
+            return self.src, None
+        return (self.out if self.rank == self.root else None), self.out
 
-    def place(self, work: np.ndarray) -> None:
-        """After a scheduled exchange on ``work``: put this rank's result where the caller
-        asked for it (reduce-scatter: block ``rank`` into recvbuf; allgatherv with its own
-        displacements: every slot to its place)."""
-        if self.collective == "reduce_scatter":
-            lo = offsets(self.counts)[self.rank]
-            np.copyto(self.result, work[lo:lo + self.counts[self.rank]])
-        elif self.collective == "allgather" and self.displs is not None:
+    def place(self, output: np.ndarray | None) -> None:
+        """After a scheduled allgather into a packed buffer: every slot to its displacement."""
+        if self.collective == "allgather" and self.displs is not None:
             for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
-                np.copyto(self.out[d:d + c], work[lo:lo + c])
+                np.copyto(self.out[d:d + c], output[lo:lo + c])
 
 
 # -- argument checks and buffer resolution, one function per mpi4py call --------------------
@@ -483,10 +490,13 @@ def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
                      counts: tuple[int, ...], root: int, itemsize: int, shape: Any,
                      links: Any, nodes: Any) -> Any:
     """Rank ``rank``'s schedule of ``algorithm`` for ``collective`` (the algorithm record of
-    :mod:`bmlmpi.schedules`)."""
-    from .schedules import catalog
-    return catalog.collective_schedule(collective, algorithm, rank, size, counts, root,
-                                       itemsize, shape, links, nodes=nodes)
+    :mod:`bmlmpi.schedules.algorithms`)."""
+    from .schedules import algorithms
+    blocked = collective in ("reduce_scatter", "allgather")
+    ctx = algorithms.Context(size, sum(counts), itemsize, rank, collective=collective,
+                             root=root, counts=counts if blocked else None, shape=shape,
+                             links=links, nodes=nodes)
+    return algorithms.build(algorithm, ctx)
 
 
 class FamilyCalls:
@@ -504,7 +514,12 @@ class FamilyCalls:
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
-        self.Ireduce_scatter_block(sendbuf, recvbuf, op, algorithm=algorithm).Wait()
+        key = _fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op)):
+            return
+        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
+                                   alg)), key)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Any:
@@ -522,7 +537,16 @@ class FamilyCalls:
                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: equal blocks)."""
-        self.Ireduce_scatter(sendbuf, recvbuf, recvcounts, op, algorithm=algorithm).Wait()
+        key = None
+        if isinstance(recvcounts, (list, tuple)):
+            key = _fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
+                            tuple(recvcounts))
+            if key is not None and self._family_repeat(key, (sendbuf, recvbuf, recvcounts,
+                                                             op)):
+                return
+        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
+                                   False, alg)), key)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                         op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
@@ -539,7 +563,11 @@ class FamilyCalls:
     # -- allgather --------------------------------------------------------------------------
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
-        self.Iallgather(sendbuf, recvbuf, algorithm=algorithm).Wait()
+        key = _fast_key("Allgather", algorithm, (sendbuf, recvbuf))
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf)):
+            return
+        self._family_blocking("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)), key)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
         return self._family_start("allgather", algorithm, lambda alg: (
@@ -552,7 +580,8 @@ class FamilyCalls:
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
-        self.Iallgatherv(sendbuf, recvbuf, algorithm=algorithm).Wait()
+        self._family_blocking("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
 
     def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
         return self._family_start("allgather", algorithm, lambda alg: (
@@ -567,7 +596,11 @@ class FamilyCalls:
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
-        self.Ireduce(sendbuf, recvbuf, op, root, algorithm=algorithm).Wait()
+        key = _fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op, root)):
+            return
+        self._family_blocking("reduce", algorithm, lambda alg: (
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Any:
@@ -581,7 +614,11 @@ class FamilyCalls:
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""
-        self.Ibcast(buf, root, algorithm=algorithm).Wait()
+        key = _fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
+        if key is not None and self._family_repeat(key, (buf, root)):
+            return
+        self._family_blocking("bcast", algorithm, lambda alg: (
+            prepare_bcast(self.rank, self.size, buf, root, alg)), key)
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
         return self._family_start("bcast", algorithm, lambda alg: (
@@ -619,6 +656,71 @@ class FamilyCalls:
         self._usable_for_calls()
         return self._submit(self._family_prepared(collective, algorithm, build))
 
+    def _family_repeat(self, key: tuple, args: tuple) -> bool:
+        """A blocking call whose signature (:func:`_fast_key`) already ran natively through
+        :meth:`_family_blocking`, argument check included: mpi4py's blocking call on the
+        private communicator with the caller's own arguments, under the watchdog (no
+        resolution, no agreement). False: take the checked path."""
+        fast = self._family_fast_calls()
+        what = fast.get(key) if fast is not None and not self._active else None
+        if what is None:
+            return False
+        bufs = [a for a in args[:2] if type(a) is np.ndarray]
+        if len(bufs) == 2 and np.may_share_memory(bufs[0], bufs[1]):
+            return False  # the checked path says what is wrong
+        self._calls += 1
+        watch = self._watchdog
+        watch.calls += 1
+        watch.current = what
+        try:
+            getattr(self._comm, key[0])(*args)
+        except BufferError:
+            return False  # a buffer changed flags since (read-only...): the checked path
+        finally:
+            watch.current = None
+        return True
+
+    def _family_fast_calls(self) -> dict | None:
+        """The signatures :meth:`_family_repeat` may take (None: never, on a communicator
+        without the blocking fast path)."""
+        if not self._native_blocking():
+            return None
+        fast = self.__dict__.get("_family_fast")
+        if fast is None:
+            fast = self.__dict__["_family_fast"] = {}
+        return fast
+
+    def _family_blocking(self, collective: str, algorithm: str | None, build: Any,
+                         key: tuple | None = None) -> None:
+        """A blocking call. Once its signature has been agreed on, a native call on the plain
+        communicator with nothing outstanding is mpi4py's blocking call itself, bounded by
+        the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``, the
+        default: past ``timeout`` seconds it reports the call and aborts the job); otherwise
+        the call is started and waited on under the deadline."""
+        self._usable_for_calls()
+        call = self._family_prepared(collective, algorithm, build)
+        if (call.algorithm == "native" and self._native_blocking() and not self._active
+                and self._agreed(call)):
+            self._calls += 1  # as a started call would: the count names calls in messages
+            watch = self._watchdog
+            watch.start()
+            watch.calls += 1
+            watch.current = (f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
+                             f"{self.size})")
+            try:
+                call.native(self._comm, "")
+            finally:
+                watch.current = None
+            call.finish(self.size)
+            if key is not None and call.op != "avg" and call.dtype.kind in "iufc":
+                fast = self._family_fast_calls()
+                if fast is not None:
+                    fast[key] = (
+                        f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
+                        f"{self.size})")
+            return
+        self._submit(call).Wait()
+
     def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
         return self._persistent(self._family_prepared(collective, algorithm, build))
@@ -642,12 +744,12 @@ class FamilyCalls:
         from . import registry
         from .execute import Plan
         from .ops import kernel_op
-        from .schedules import catalog
+        from .schedules import algorithms
         key = (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        tiered = call.algorithm in catalog.TIERED
+        tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
@@ -667,7 +769,7 @@ class FamilyCalls:
         """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
         schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
         gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
-        from .execute import Run
+        from .execute import collective_run
         if call.algorithm == "native":
             try:
                 req = call.start_native(self._comm)
@@ -677,12 +779,12 @@ class FamilyCalls:
                 raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
             return self._native_run(req, finish, label)
         plan = self._family_plan(call)
-        work, src = call.work_buffers()
+        inp, output = call.schedule_buffers()
         tag_base = self._tag_base(TAG_KIND[call.collective])
 
         def placed() -> None:
-            call.place(work)
+            call.place(output)
             if finish is not None:
                 finish()
 
-        return Run(plan, work, call.op, tag_base, label, placed, src=src)
+        return collective_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)

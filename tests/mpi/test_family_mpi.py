@@ -379,3 +379,43 @@ def test_mismatches_raise_on_every_rank(comm):
     ctx.Allgather(np.array([float(rank)]), out)
     assert np.array_equal(out, np.arange(size))
     ctx.Free()
+
+
+@pytest.mark.mpi
+def test_repeated_blocking_calls_read_new_data(comm):
+    """The same signature many times (the blocking native path after its first calls): each
+    call reads the data as it is then, for every collective with a blocking fast form."""
+    size, rank = comm.size, comm.rank
+    ctx = bmlmpi.Communicator(comm)
+    failures = []
+    counts = [r % 3 + 1 for r in range(size)]
+    x, rs = np.empty(3 * size), np.empty(3)
+    v, rv = np.empty(sum(counts), np.int64), np.empty(counts[rank], np.int64)
+    g, gout = np.empty(2, np.int32), np.empty(2 * size, np.int32)
+    red, b = np.empty(5), np.empty(4)
+    for it in range(6):
+        x[:] = np.arange(3 * size) * (rank + 1) + it
+        ctx.Reduce_scatter_block(x, rs, MPI.MAX)
+        want = np.arange(3 * size)[3 * rank:3 * rank + 3] * size + it
+        if not np.array_equal(rs, want):
+            failures.append(f"Reduce_scatter_block {it}")
+        v[:] = np.arange(sum(counts)) + it * rank
+        ctx.Reduce_scatter(v, rv, counts, MPI.SUM)
+        lo = sum(counts[:rank])
+        want = (np.arange(sum(counts)) * size + it * size * (size - 1) // 2)[lo:lo + counts[rank]]
+        if not np.array_equal(rv, want):
+            failures.append(f"Reduce_scatter {it}")
+        g[:] = [rank, it]
+        ctx.Allgather(g, gout)
+        if not np.array_equal(gout, np.ravel([[r, it] for r in range(size)])):
+            failures.append(f"Allgather {it}")
+        ctx.Reduce(np.full(5, float(rank + it)), red, MPI.SUM, size - 1)
+        if rank == size - 1 and not np.array_equal(red, np.full(5, size * (size - 1) / 2
+                                                                  + size * it)):
+            failures.append(f"Reduce {it}")
+        b[:] = rank * 10 + it
+        ctx.Bcast(b, it % size)
+        if not np.array_equal(b, np.full(4, (it % size) * 10 + it)):
+            failures.append(f"Bcast {it}")
+    ctx.Free()
+    all_ranks_agree(comm, failures)
