@@ -206,6 +206,12 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "`bmlmpi-run`, or to a folder every node shares", _path),
     Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",
              "`bmlmpi-bench` fails unless the MPI world has this many ranks", _count(1)),
+    Variable("BMLMPI_COMPRESSION", "compressor", None, "none",
+             "torch backend `bmlmpi`: compressor spec for every SUM/AVG all_reduce of float "
+             "tensors (`fp16`, `bf16`, `tdf:PHI:D:P`, ...)", _text),
+    Variable("BMLMPI_FAULT_TOLERANT", "boolean", False, "off",
+             "torch backend `bmlmpi`: on: run on the fault-tolerant communicator "
+             "(`bmlmpi-run --ft`)", parse_bool),
 )}
 
 
@@ -218,7 +224,7 @@ OTHER_NAMES = frozenset((
     "BMLMPI_TRAIN_BATCH", "BMLMPI_TRAIN_OUT", "BMLMPI_PLAN", "BMLMPI_JOBS_DIR",
     "BMLMPI_SLURM_TESTS", "BMLMPI_SLURM_INSTALL", "BMLMPI_LOCAL_SLURM_DIR",
     "BMLMPI_FT_LAUNCH_TIMEOUT", "BMLMPI_TEST_RANKS", "BMLMPI_TEST_LAUNCH_TIMEOUT",
-    "BMLMPI_PLOT_PYTHON",
+    "BMLMPI_PLOT_PYTHON", "BMLMPI_TORCH_VENV", "BMLMPI_TORCH_LAUNCH_TIMEOUT",
 ))
 
 #: Environment variables that hold this process's rank under the launchers bmlmpi meets

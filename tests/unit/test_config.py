@@ -40,7 +40,7 @@ BAD_VALUES = {
     "BMLMPI_BLOCKING": ["poll", "off", "abort", "1"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
-             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR"}
+             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION"}
 
 
 def test_every_variable_is_covered_by_these_tests():
@@ -50,7 +50,8 @@ def test_every_variable_is_covered_by_these_tests():
 
 def test_boolean_variables_are_the_expected_ones():
     assert set(BOOLEANS) == {"BMLMPI_VALIDATE", "BMLMPI_CALIBRATE", "BMLMPI_RECALIBRATE",
-                             "BMLMPI_CUDA_AWARE", "BMLMPI_ULFM", "BMLMPI_TOLERATE_LOST"}
+                             "BMLMPI_CUDA_AWARE", "BMLMPI_ULFM", "BMLMPI_TOLERATE_LOST",
+                             "BMLMPI_FAULT_TOLERANT"}
 
 
 @pytest.mark.parametrize("name", BOOLEANS)
