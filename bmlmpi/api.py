@@ -27,7 +27,7 @@ from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_requ
 from .family import FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
-from .schedules import catalog
+from .schedules import algorithms, catalog
 from .schedules.types import Schedule
 from .shm import NodeTier, ShmPlan, ShmRun
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
@@ -761,14 +761,15 @@ class Communicator(FamilyCalls):
         """This rank's schedule of ``algorithm`` over the current members (hierarchical's
         node tier in shared memory where every node's ranks share it; ``shm`` refused on
         every rank alike when the communicator spans nodes)."""
-        nodes = self.nodes() if algorithm in catalog.TIERED else None
+        record = algorithms.get(algorithm)
         intra = "ring"
         if algorithm == "shm":
             self._node_tier().require_one_node()
         elif algorithm == "hierarchical" and self._node_tier().fits:
             intra = "shm"
-        return catalog.schedule(algorithm, self.rank, self.size, count, itemsize, self.shape,
-                                self._links, nodes=nodes, intra=intra)
+        return record.build(algorithms.Context(
+            self.size, count, itemsize, self.rank, shape=self.shape, links=self._links,
+            nodes=self.nodes() if record.tiered else None, intra=intra))
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
         """The schedule bound to this communicator (BCube levels on their own communicators,
@@ -776,7 +777,7 @@ class Communicator(FamilyCalls):
         sched = self._schedule(algorithm, count, itemsize)
         if sched.uses_shm:
             return self._node_tier().bind(sched, itemsize)
-        levels = [] if algorithm in catalog.TIERED else self._levels
+        levels = [] if algorithms.get(algorithm).tiered else self._levels
         return registry.bind(sched, self._comm, levels, self.shape)
 
     def _node_tier(self) -> NodeTier:

@@ -29,7 +29,7 @@ from .errors import (
     is_failure,
     ulfm_support,
 )
-from .exit import LIVE
+from .exit import LIVE, started
 from .family import Skipped, retarget
 from .grow import GrowRecord, Growth
 from .ledger import Call, Ledger
@@ -176,11 +176,13 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         self._events = 0
         self._link_watch: LinkWatch | None = None
 
-    def _start_heartbeat(self, token: str, period: float, hang: float) -> None:
+    def _start_heartbeat(self, token: str, period: float, hang: float, *,
+                         replacement: bool = False) -> None:
         self._token = token
         self._hb = Heartbeat(token, self.original_rank, period, hang)
         self._hb.watch(self._members)
         LIVE.append(self)
+        started(self.original_rank, replacement=replacement, heartbeat=self._hb.folder)
 
     def nodes(self):
         """Which current ranks share a node: the nodes at construction restricted to the
