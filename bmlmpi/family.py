@@ -740,11 +740,14 @@ class FamilyCalls:
     def _family_auto(self, call: FamilyCall) -> str:
         """``auto``'s choice for a family call (:func:`bmlmpi.select.choose_collective`)."""
         from . import select
-        key = (call.collective, call.total, call.dtype.itemsize, len(set(call.counts)) == 1)
+        key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose_collective(call.collective, call.total,
-                                              call.dtype.itemsize, self.size)
+            blocked = call.collective in ("reduce_scatter", "allgather")
+            choice = select.choose_collective(
+                call.collective, call.total, call.dtype.itemsize, self.size,
+                self.calibration, self.shape, self._nodes_for_auto(), call.root,
+                call.counts if blocked else None)
             self._choices[key] = choice
         return choice
 

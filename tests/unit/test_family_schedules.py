@@ -237,3 +237,36 @@ def test_auto_without_a_native_timing_for_the_collective_uses_the_fixed_rule():
 def test_shapes_resolve_as_the_communicator_does():
     assert Context(12, 5).radices() == tuple(default_shape(12))
     assert Context(9, 5, shape="3x3").radices() == (3, 3)
+
+
+# -- the cost model per collective -------------------------------------------------------------
+
+def test_the_model_prices_each_half_of_bml_at_one_kth_of_a_one_nic_fat_tree():
+    """BCube(3,2), 18 pieces: BML's reduce-scatter and allgather each take (N−1)/(kN)·T_F =
+    8·T_C = 4/9·T_F (half of the paper's Fig. 4 walk-through, 16·T_C), ring's on the one-NIC
+    Fat-Tree twin (N−1)/N·T_F = 8/9·T_F: the 1/k effect, per half."""
+    from fractions import Fraction as F
+
+    from bmlmpi.model import BCubeNetwork, FatTree
+    count = 18 * 9 * 4
+    for coll in ("reduce_scatter", "allgather"):
+        bml = algorithm_cost("bml", count, 4, 9, BCubeNetwork((3, 3)), collective=coll)
+        ring = algorithm_cost("ring", count, 4, 9, FatTree(9), collective=coll)
+        assert bml.t_f == F(4, 9) and bml.nsteps == 2
+        assert ring.t_f == F(8, 9) and ring.nsteps == 8
+    # reduce and broadcast: the two halves, 2(N−1)/(kN)·T_F, as the allreduce
+    for coll in ("reduce", "bcast"):
+        bml = algorithm_cost("bml", count, 4, 9, BCubeNetwork((3, 3)), collective=coll,
+                             root=4)
+        assert bml.t_f == F(8, 9) and bml.nsteps == 4
+
+
+def test_auto_prices_each_collective_against_its_own_native_call():
+    natives = tuple((coll, b, t) for coll in FAMILY for b, t in ((8, 1e-8), (1 << 22, 1.0)))
+    slow_native = Calibration(alpha=1e-6, beta=1e-10, natives=natives)
+    for coll in FAMILY:
+        kw = {"root": 1} if coll in ("reduce", "bcast") else {}
+        pick = select.choose(1 << 20, 4, 4, slow_native, collective=coll, **kw)
+        assert pick in select.algorithms(coll)[1:-1]  # a schedule beats a 1 s native call
+        assert select.choose(2, 4, 4, slow_native, collective=coll, **kw) == "native"
+        assert select.choose_collective(coll, 1 << 20, 4, 4) == "native"  # uncalibrated
