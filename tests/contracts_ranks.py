@@ -2,6 +2,8 @@
 on real ranks. ``python tests/contracts_ranks.py SCENARIO``; each rank prints one line
 ``CONTRACT {"rank": r, "failures": [...], ...}`` (a scenario that ends the job on purpose
 prints what it reached before)."""
+# Every lambda below is called at once by outcome()/expect(), inside its loop iteration.
+# ruff: noqa: B023
 
 from __future__ import annotations
 
