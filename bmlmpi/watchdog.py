@@ -108,8 +108,8 @@ class Watchdog:
                     self._alarm = None
                 if news is not None and self.current is not None:
                     self.fired = (f"bmlmpi watchdog: {what}, fast-path call {self.calls}, is "
-                                  f"blocked in MPI_Allreduce, which cannot be interrupted, and {news}: "
-                                  f"that call can never complete; aborting the job")
+                                  f"blocked in MPI_Allreduce, which cannot be interrupted, and "
+                                  f"{news}: that call can never complete; aborting the job")
                     self._report(self.fired)
                     self._abort()
                     return
