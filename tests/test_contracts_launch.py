@@ -105,3 +105,17 @@ def test_fault_tolerant_communicator_agrees_every_call():
     every rank and the communicator goes on; timeout < hang_timeout is refused."""
     res, records, _ = launch("ft", 4, {"BMLMPI_TIMEOUT": "60"}, ft=True)
     check_records(res, records, 4)
+
+
+@pytest.mark.parametrize("algorithm", ["bml", "native"])
+def test_fault_tolerant_recovery_with_survivors_at_different_calls(algorithm):
+    """Item 4 under --ft: the victim dies before its third of four outstanding calls and
+    rank 0 starts its last two 0.3 s late; the survivors differ only in how many calls they
+    had started, and every call completes on every survivor."""
+    res, records, _ = launch("ft_lag", 4, {"BMLMPI_TIMEOUT": "60",
+                                           "CONTRACT_ALGORITHM": algorithm}, ft=True)
+    out = (res.stdout + res.stderr)[-6000:]
+    assert sorted(r["rank"] for r in records) == [0, 1, 2], out
+    bad = [(r["rank"], f) for r in records for f in r["failures"]]
+    assert not bad, f"{len(bad)} failure(s): {bad[:6]}"
+    assert all(r["notes"]["failed"] == [3] for r in records), records

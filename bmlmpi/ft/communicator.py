@@ -213,6 +213,15 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         shrinks: every rank agrees on every call before any data moves (see above)."""
         return self._comm
 
+    @property
+    def _control(self) -> MPI.Comm:
+        """The control channel is the current communicator (replaced by each recovery)."""
+        return self._comm
+
+    @_control.setter
+    def _control(self, comm: MPI.Comm) -> None:
+        pass  # always the current communicator (above)
+
     def _split_levels(self) -> list[MPI.Comm]:
         return []  # one communicator for every transfer (module docstring)
 
