@@ -21,6 +21,7 @@ _EXPORTS = {
     "ArgumentMismatch": "api",
     "BufferSpecError": "buffers",
     "Communicator": "api",
+    "CommunicatorRevoked": "api",
     "DeadlineExceeded": "execute",
     "FaultToleranceError": "ft",
     "FaultToleranceUnavailable": "ft",

@@ -55,10 +55,11 @@ class RemoteArgumentError(ValueError):
     """Another rank rejected its arguments; this rank's call fails with it instead of hanging."""
 
 
-class CommunicatorRevoked(RuntimeError):
+class CommunicatorRevoked(DeadlineExceeded):
     """A call on a communicator that a deadline ended: this rank or another gave up a call
     at its deadline, so the ranks no longer agree on which calls completed. Every later call
-    on it raises this; ``Free()`` it and build another (docs/contracts.md)."""
+    on it raises this; ``Free()`` it and build another (docs/contracts.md). A
+    :class:`~bmlmpi.execute.DeadlineExceeded`: code that handles a deadline handles it."""
 
 
 class IntercommunicatorError(ValueError):
@@ -181,16 +182,17 @@ class _FastCall:
     them resizable. The overlap check (``np.may_share_memory``: byte bounds, ~0.2 µs) runs
     on every call for that reason."""
 
-    __slots__ = ("op", "what", "plan", "name", "calls", "sig")
+    __slots__ = ("op", "what", "plan", "name", "calls", "sig", "key")
 
     def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = "",
-                 sig: int = 0):
+                 sig: int = 0, key: tuple = ()):
         self.op = op          # the op object of the key (held, so its id is not reused)
         self.what = what      # native: the watchdog's description; schedule: the Run's label
         self.plan = plan
         self.name = name      # bmlmpi's op name (schedules)
         self.calls = 0        # schedules: calls that took this path
         self.sig = sig        # schedules: the signature's number (its tags, _tag_base)
+        self.key = key        # schedules: the plan's key (algorithm, count, dtype, op)
 
     @staticmethod
     def apart(send: np.ndarray, recv: np.ndarray) -> bool:
@@ -579,12 +581,10 @@ class Communicator:
                 raise CommunicatorRevoked(self._revoked)
             if self._repair_after is not None:
                 self._repair()
-            msg = self._notice(self._callno + 1)
-            if msg is None:
+            # a notice about this very call is looked at after the local check (_validate):
+            # a rank whose own arguments are wrong too raises its own error
+            if self._notice(self._callno) is None:
                 break
-            if msg.seq == self._callno + 1:
-                self._callno += 1
-                raise self._remote_error(msg)
         self._callno += 1
         if self._callno <= self._abandoned_upto:
             raise RemoteArgumentError(
@@ -624,9 +624,7 @@ class Communicator:
         """Calls numbered ``seq`` or later that this rank started are given up: each raises
         ``exc`` when waited on; MPI keeps what it may still use (:attr:`_held`)."""
         self._handled[0] = max(self._handled[0], seq)
-        self._repeat = None
-        if self._fast is not None:
-            self._fast.clear()
+        self._repeat = None   # the fast paths stay shut until the repair (_fast_entry)
         keep = []
         for entry in self._active:
             if entry.seq >= seq:
@@ -675,6 +673,9 @@ class Communicator:
         self._comm = new
         self._levels = self._split_levels()
         self._plans.clear()
+        for entry in (self._fast or {}).values():
+            if entry.plan is not None:  # bound to the old communicator: bind it again
+                entry.plan = self._plan(*entry.key)
         self._abandoned_upto = int(agreed[0])
         self._calls = int(agreed[1])
         self._repair_after = None
@@ -716,6 +717,8 @@ class Communicator:
         The last fast call's signature is remembered (:class:`_Repeat`): numpy arrays of the
         same dtype objects and sizes, with the same op and algorithm, skip the signature key
         (its tuple and hash). Anything else looks the signature up."""
+        if self._repair_after is not None:
+            self._repair()  # (collective: every rank's first call after the error repairs)
         rep = self._repeat
         # the test of _Repeat's docstring, inline (a call frame is a tenth of this path)
         if (rep is not None and rep.op is op and rep.algorithm is algorithm
@@ -765,7 +768,7 @@ class Communicator:
             if plan is not None:
                 self._fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
                                                 f"{self.rank}", plan, call.op,
-                                            self._sig_id(plan_key))
+                                            self._sig_id(plan_key), plan_key)
         elif self._native_fast and id(op) in _FAST_OPS:
             self._fast[key] = _FastCall(_FAST_OPS[id(op)],
                                         f"bmlmpi native allreduce (blocking MPI_Allreduce of "
@@ -792,7 +795,8 @@ class Communicator:
         if key is None:
             return None
         entry = self._fast.get(key)
-        if (entry is None or self._active or self._repair_after is not None
+        if (entry is None or self._active or self._revoked is not None
+                or self._callno < self._abandoned_upto
                 or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
             return None  # the checked path (which may open the fast path for the signature)
         self._repeat = _Repeat(entry, op, algorithm, sendbuf, recvbuf)
@@ -885,6 +889,7 @@ class Communicator:
             self._abandon_from(seq, error)
             self._repair_after = seq
             raise error
+        self._interrupt(seq)()   # another rank already rejected this call
         if not self.validate:
             return
         sig = (call.out.size, call.out.dtype.str, call.op, call.algorithm, self.shape)
