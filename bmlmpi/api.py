@@ -35,7 +35,9 @@ from .execute import (
     wait_for,
     wait_request,
 )
+from .family import FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
+from .persistent import PersistentRequest
 from .schedules import catalog
 from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
@@ -45,6 +47,9 @@ from .watchdog import Watchdog, mpi_abort
 _FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
 #: Algorithm names already checked, so a module-level call does not check its string again.
 _CHECKED: dict[str, str] = {}
+#: Blocks of the tag space: one per collective (:data:`bmlmpi.family.TAG_KIND`), so that
+#: messages of different collectives never match.
+TAG_KINDS = 8
 
 
 class ArgumentMismatch(ValueError):
@@ -83,6 +88,24 @@ class PreparedCall:
     out: np.ndarray              # the result, ``count`` elements (a host view when staged)
     staging: Any                 # device buffers staged through host memory, else None
     requested: str               # the algorithm asked for ("auto" stays "auto")
+
+    collective = "allreduce"     # the family's calls are FamilyCall (bmlmpi.family)
+
+    def signature(self, shape: Shape) -> tuple:
+        """What every rank must agree on (its hash is checked across ranks)."""
+        return (self.out.size, self.out.dtype.str, self.op, self.algorithm, shape)
+
+    @staticmethod
+    def describe_signature(sig: tuple | None) -> str:
+        if sig is None or len(sig) != 5:
+            return FamilyCall.describe_signature(sig)
+        return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
+                f"algorithm={sig[3]}")
+
+    def outcome(self) -> Exception | None:
+        """What a committed call raises on every survivor of a failure (never, for an
+        allreduce: it completes over the survivors)."""
+        return None
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
@@ -137,11 +160,13 @@ class NativeRun:
     alive by this object, which the communicator keeps), never the caller's buffer."""
 
     def __init__(self, req: MPI.Request, finish: Callable[[], None] | None, rank: int,
-                 private: np.ndarray | None = None, out: np.ndarray | None = None):
+                 what: str = "", private: np.ndarray | None = None,
+                 out: np.ndarray | None = None):
         self.req = req
         self.finish = finish
         self.rank = rank
         self.step = 0
+        self.what = what or f"native MPI_Iallreduce (rank {rank})"
         self.private = private
         self.out = out
 
@@ -168,7 +193,7 @@ class NativeRun:
         return [self.req]
 
     def describe_timeout(self, timeout: float) -> str:
-        return f"native MPI_Iallreduce (rank {self.rank}) made no progress in {timeout:g} s"
+        return f"{self.what} made no progress in {timeout:g} s"
 
 
 class _FastCall:
@@ -290,8 +315,10 @@ def _describe_error(exc: BaseException) -> str:
 _CALL_SLOTS = 64
 
 
-class Communicator:
-    """bmlmpi's allreduce over an MPI communicator.
+class Communicator(FamilyCalls):
+    """bmlmpi's collectives over an MPI communicator: the allreduce here, the rest of the
+    family (reduce-scatter, allgather, reduce, broadcast) from :class:`bmlmpi.family.
+    FamilyCalls`, persistent forms (``…_init``) from :mod:`bmlmpi.persistent`.
 
     ``algorithm``: one of :func:`bmlmpi.algorithms` (``auto`` by default; ``BMLMPI_ALGORITHM``
     overrides auto). ``topology``: the BCube shape for bml (``"3x3"``, ``(2, 2, 3)``); default
@@ -407,7 +434,8 @@ class Communicator:
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=self._alarm_channel())
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
-        self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
+        # each collective's calls cycle through their own block of the tag space
+        self._tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
         slots = self._tag_mod // TAG_STEPS
         self._call_slots = min(_CALL_SLOTS, slots)
         self._sig_slots = max(1, slots // self._call_slots)
@@ -617,8 +645,8 @@ class Communicator:
                 f"call is abandoned on every rank and the communicator is revoked: Free() it "
                 f"and build another (docs/contracts.md)")
         return RemoteArgumentError(
-            f"rank {msg.rank} rejected its allreduce arguments at call {msg.seq} ({msg.text}); "
-            f"this call is abandoned on all ranks")
+            f"rank {msg.rank} rejected its arguments at call {msg.seq} ({msg.text}); this "
+            f"call is abandoned on all ranks")
 
     def _abandon_from(self, seq: int, exc: BaseException) -> None:
         """Calls numbered ``seq`` or later that this rank started are given up: each raises
@@ -810,9 +838,7 @@ class Communicator:
         out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
         src = None if sendbuf is MPI.IN_PLACE else (
             sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        calls = self._calls
-        tag_base = self._tag_base(entry.sig)
-        self._calls = calls + 1
+        tag_base = self._tag_base(sig=entry.sig)
         self._callno = seq = self._callno + 1
         entry.calls += 1
         what = entry.what
@@ -892,11 +918,11 @@ class Communicator:
         self._interrupt(seq)()   # another rank already rejected this call
         if not self.validate:
             return
-        sig = (call.out.size, call.out.dtype.str, call.op, call.algorithm, self.shape)
+        sig = call.signature(self.shape)
         h = _signature_hash(sig)
         if h in self._validated:
             return
-        text = (f"count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} algorithm={sig[3]}")
+        text = PreparedCall.describe_signature(sig)
         try:
             got = self._mailbox.gather(
                 seq, h, text, self.timeout,
@@ -909,7 +935,7 @@ class Communicator:
         self._interrupt(seq)()
         if any(m.value != h for m in got.values()):
             lines = "; ".join(f"rank {r}: {got[r].text}" for r in sorted(got))
-            raise ArgumentMismatch(f"allreduce arguments differ across ranks: {lines}")
+            raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
         self._validated.add(h)
 
     def _agree_collectively(self, call: PreparedCall | None, error: Exception | None) -> None:
@@ -917,7 +943,7 @@ class Communicator:
         rank makes for every call (the rank with an error included) before any data moves."""
         sig, h = None, 0
         if call is not None:
-            sig = (call.out.size, call.out.dtype.str, call.op, call.algorithm, self.shape)
+            sig = call.signature(self.shape)
             h = _signature_hash(sig)
         vec = np.array([h, -h, 1 if error else 0, self.rank if error else -1], dtype=np.int64)
         res = np.empty_like(vec)
@@ -931,19 +957,20 @@ class Communicator:
         if error is not None:
             raise error
         if res[2]:
-            raise RemoteArgumentError(f"rank {res[3]} rejected its allreduce arguments "
-                                      f"(see its error); this call is abandoned on all ranks")
+            raise RemoteArgumentError(f"rank {res[3]} rejected its {call.collective} "
+                                      f"arguments (see its error); this call is abandoned "
+                                      f"on all ranks")
         if res[0] != -res[1]:
             everyone = self._control.allgather(sig)
-            lines = "; ".join(f"rank {r}: count={s[0]} dtype={np.dtype(s[1])} op={s[2]} "
-                              f"algorithm={s[3]}" for r, s in enumerate(everyone))
-            raise ArgumentMismatch(f"allreduce arguments differ across ranks: {lines}")
+            lines = "; ".join(f"rank {r}: {PreparedCall.describe_signature(s)}"
+                              for r, s in enumerate(everyone))
+            raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
 
     def _submit(self, call: PreparedCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
         self._validate(call, None)
         seq = self._callno
-        label = f"bmlmpi {call.algorithm} allreduce (rank {self.rank}, call {seq})"
+        label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
         entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)),
                              seq)
         if not entry.poll():
@@ -958,27 +985,119 @@ class Communicator:
             sig = self._sig_ids[key] = len(self._sig_ids)
         return sig
 
-    def _tag_base(self, sig: int) -> int:
-        """The first tag of a scheduled call: the signature's number picks a block of the tag
-        space and the launch count a slot in it, so messages of calls with different
-        signatures never match (up to ``_sig_slots`` signatures: 8192 with Open MPI's tag
-        bound), even when ranks disagree on which signature they run."""
-        slot = (sig % self._sig_slots) * self._call_slots + self._calls % self._call_slots
-        return slot * TAG_STEPS
-
     def _launch(self, call: PreparedCall, label: str,
                 finish: Callable[[], None] | None) -> Run | NativeRun:
         """Start ``call``'s exchange (native, or its schedule's plan) on this communicator;
         ``finish`` runs when the exchange completes."""
+        if call.collective != "allreduce":
+            return self._launch_family(call, label, finish)
         if call.algorithm == "native":
             return self._launch_native(call, finish)
         out = call.out
         plan = self._plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = self._tag_base(self._sig_id((call.algorithm, out.size, out.dtype, call.op)))
-        self._calls += 1
+        tag_base = self._tag_base(sig=self._sig_id((call.algorithm, out.size, out.dtype,
+                                                     call.op)))
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
         return Run(plan, out, call.op, tag_base, label, finish, src=call.src)
+
+    def _tag_base(self, kind: int = 0, sig: int = 0) -> int:
+        """The tag base of the next call (every call advances the count): the call's slot in
+        its collective's block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`).
+        Inside the block, the signature's number (``sig``, :meth:`_sig_id`) picks a part and
+        the count a slot in it, so messages of allreduces with different signatures never
+        match (up to ``_sig_slots`` signatures: 1024 with Open MPI's tag bound), even when
+        ranks disagree on which signature they run."""
+        slot = (sig % self._sig_slots) * self._call_slots + self._calls % self._call_slots
+        self._calls += 1
+        return slot * TAG_STEPS + kind * self._tag_mod
+
+    def _native_run(self, req: MPI.Request, finish: Callable[[], None] | None,
+                    what: str) -> NativeRun:
+        return NativeRun(req, finish, self.rank, what)
+
+    def _native_blocking(self) -> bool:
+        """Whether a checked native call may be MPI's blocking call under the watchdog (the
+        plain communicator with ``BMLMPI_BLOCKING=watchdog``)."""
+        return self._fast is not None and self._native_fast
+
+    def _agreed(self, call: PreparedCall | FamilyCall) -> bool:
+        """Whether ``call``'s signature was agreed on by every rank before (else it goes
+        through the checked path, whose agreement raises on every rank if it differs)."""
+        return (not self.validate or self.size == 1
+                or _signature_hash(call.signature(self.shape)) in self._validated)
+
+    def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
+        """``auto``'s choice for ``call`` over the current members."""
+        if call.collective != "allreduce":
+            return self._family_auto(call)
+        return self._auto(call.out.size, call.out.dtype.itemsize)
+
+    # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
+    def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                       algorithm: str | None = None) -> PersistentRequest:
+        """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
+        ``algorithm`` None: the communicator's."""
+        self._usable_for_calls()
+        algorithm = self.algorithm if algorithm is None else select.check_algorithm(algorithm)
+        if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
+                                   else recvbuf[0] if recvbuf else None):
+            raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
+                                  "cannot stage device memory at every start)")
+        return self._persistent(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
+
+    def _persistent(self, call: PreparedCall | FamilyCall) -> PersistentRequest:
+        """Agree on ``call`` across ranks now and compile it once (:mod:`bmlmpi.persistent`)."""
+        with self._failure_noted():
+            self._validate(call, None)
+        compiled = None
+        if self._fast is not None:  # the plain communicator (the ledger compiles per attempt)
+            if call.algorithm == "native":
+                compiled = self._native_init(call)
+            elif call.collective == "allreduce":
+                compiled = self._plan(call.algorithm, call.out.size, call.out.dtype, call.op)
+            else:
+                compiled = self._family_plan(call)
+        return PersistentRequest(self, call, compiled)
+
+    def _native_init(self, call: PreparedCall | FamilyCall) -> MPI.Prequest | None:
+        """The MPI library's persistent request for a native call; None where the library
+        has none (each start then posts the non-blocking call)."""
+        try:
+            if call.collective != "allreduce":
+                return call.init_native(self._comm)
+            sbuf = MPI.IN_PLACE if call.src is None else call.src
+            return self._comm.Allreduce_init(sbuf, call.out, mpi_op(call.op))
+        except (NotImplementedError, AttributeError):
+            return None
+        except MPI.Exception as exc:
+            if exc.Get_error_class() == MPI.ERR_UNSUPPORTED_OPERATION:
+                return None
+            raise
+
+    def _start_persistent(self, call: PreparedCall | FamilyCall, compiled: Any) -> Any:
+        """One start of a persistent call: no argument check, the compiled plan or the MPI
+        library's persistent request; the returned record is polled like an Iallreduce."""
+        def finish() -> None:
+            call.finish(self.size)
+
+        label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {self.rank}, "
+                 f"call {self._calls + 1})")
+        if isinstance(compiled, MPI.Prequest):
+            compiled.Start()
+            run: Run | NativeRun = NativeRun(compiled, finish, self.rank, label)
+        elif isinstance(compiled, Plan):
+            if call.collective == "allreduce":
+                run = Run(compiled, call.out, call.op, self._tag_base(), label, finish,
+                          src=call.src)
+            else:
+                run = self._launch_family(call, label, finish)
+        else:
+            run = self._launch(call, label, finish)
+        entry = _Outstanding(self, run)
+        if not entry.poll():
+            self._active.append(entry)
+        return entry
 
     def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
         """``MPI_Iallreduce`` into a private buffer, copied to the caller's on completion:
@@ -999,7 +1118,7 @@ class Communicator:
                     f"(ring, bml) for it: {exc}") from exc
             raise TypeError(f"native MPI_Allreduce cannot reduce dtype {call.out.dtype} "
                             f"with this MPI: {exc}") from exc
-        return NativeRun(req, finish, self.rank, private, out)
+        return NativeRun(req, finish, self.rank, private=private, out=out)
 
     def _plan(self, algorithm: str, count: int, dtype: np.dtype, op: str) -> Plan:
         """The compiled plan of a signature (cached), its kernels compiled."""
@@ -1168,6 +1287,12 @@ def _forget(comm: MPI.Comm, keyval: int, ctx: Communicator) -> None:
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_forget)
+
+
+def communicator_for(comm: MPI.Comm) -> Communicator:
+    """The Communicator the module-level calls use for the user's ``comm`` (made on first
+    use, kept as an attribute of ``comm``)."""
+    return _communicator_for(comm)
 
 
 def _communicator_for(comm: MPI.Comm) -> Communicator:

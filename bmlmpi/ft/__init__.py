@@ -39,11 +39,16 @@ bcube_preserving`, :mod:`bmlmpi.schedules.recovery`):
   default factorisation of N−x, k·(N−x) pieces. Right for a flat network (shared memory, a
   Fat-Tree), and the default when no BCube shape was given.
 * ``recovery="bcube"`` — bml keeps the original BCube addresses and routes around the dead
-  servers with auxiliary multi-hop steps (seed 001), so a server only ever talks to a server one
-  switch away. The default when the user gave a BCube shape (``topology=`` or
+  servers with auxiliary multi-hop steps (the BML slides), so a server only ever talks to a
+  server one switch away. The default when the user gave a BCube shape (``topology=`` or
   ``BMLMPI_BCUBE``). When the planner finds no such schedule (or the cube exceeds
   ``MAX_PLANNED_SERVERS``) the fresh schedule is used instead. Other algorithms always run
   fresh.
+
+The rest of the collective family (reduce-scatter, allgather, reduce, broadcast, and the
+persistent forms) runs on the same ledger; each collective's failure contract — what the
+survivors hold, what raises (:class:`RootFailed`, :class:`ContributionsLost`), where the next
+call runs — is in :mod:`bmlmpi.ft.family`.
 
 Non-blocking calls (``Iallreduce``) work as on the plain communicator; a ``Test`` or ``Wait``
 that meets a failure performs the recovery (a collective over the survivors) before returning.
@@ -67,7 +72,7 @@ by the heartbeat (its process is gone but MPI never said so) and the survivors r
 :class:`FaultToleranceError` instead of hanging.
 
 A link that goes down (:mod:`.links`): ``watch_links=`` names this server's NICs; when one
-goes down the rank fences itself (seed 001: the server at the end of a failed link is masked)
+goes down the rank fences itself (the BML slides: the server at the end of a failed link is masked)
 and the others recover from its death as from any other.
 
 Growing back (:mod:`.grow`): :meth:`FaultTolerantCommunicator.replace_failed` spawns one
@@ -94,11 +99,13 @@ from .errors import (
     ulfm_support,
 )
 from .exit import finish, install_exit_handlers
+from .family import ContributionsLost, RootFailed
 from .grow import GrowRecord, Joined, join
 from .membership import RecoveryRecord
 
 __all__ = [
-    "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES", "FaultToleranceError",
+    "ContributionsLost", "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES",
+    "FaultToleranceError", "RootFailed",
     "FaultToleranceUnavailable", "FaultTolerantCommunicator", "FaultTolerantRequest",
     "GrowRecord", "Joined", "RankMasked", "RecoveryRecord", "finish", "install_exit_handlers",
     "is_failure", "join", "ulfm_support",
