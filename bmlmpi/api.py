@@ -1094,7 +1094,8 @@ class Communicator(FamilyCalls):
                 run = self._launch_family(call, label, finish)
         else:
             run = self._launch(call, label, finish)
-        entry = _Outstanding(self, run)
+        self._callno += 1  # a start is a call: the same number on every rank
+        entry = _Outstanding(self, run, self._callno)
         if not entry.poll():
             self._active.append(entry)
         return entry
