@@ -1345,7 +1345,7 @@ _finalize_bound: list[float] = []
 
 
 def bound_finalize(seconds: float) -> None:
-    """Give this process's ``MPI_Finalize`` at most ``seconds`` (at least 5) once the program
+    """Give this process's ``MPI_Finalize`` at most ``2 * seconds`` (at least 30) once the program
     ends: a rank that gave up a call at its deadline may have a peer that is stopped or hung,
     and ``MPI_Finalize`` would wait for it for ever. At exit, before mpi4py finalizes, an
     alarm is armed (SIGALRM, the default action: the process ends, and the launcher ends the
@@ -1359,7 +1359,9 @@ def bound_finalize(seconds: float) -> None:
     import signal
 
     def arm() -> None:
-        n = max(5, int(math.ceil(_finalize_bound[0])))
+        # generous: a finalize that is merely slow (a loaded node, many communicators) must
+        # not be cut short; only one that waits for ever is
+        n = max(30, int(math.ceil(2 * _finalize_bound[0])))
         with contextlib.suppress(OSError):
             os.write(2, (f"bmlmpi: a call was given up at its deadline on this rank; "
                          f"MPI_Finalize gets {n} s before this process ends itself (a "
