@@ -327,6 +327,12 @@ def _hierarchical_allreduce(ctx: Context) -> Schedule:
     return hierarchical_schedule(ctx.rank, ctx.size, ctx.count, ctx.node_map())
 
 
+def _hierarchical_rooted(ctx: Context) -> Schedule:
+    from .hierarchical import hierarchical_rooted_schedule
+    return hierarchical_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count,
+                                        ctx.node_map(), ctx.root)
+
+
 # -- when auto considers one -------------------------------------------------------------------
 
 def tree_array_bound() -> int | None:
@@ -374,7 +380,8 @@ register(Algorithm(
     wire_format=True, calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
     doc="one topology-aware tree per root (the MXNet tree-reduce proposal)"))
 register(Algorithm(
-    "hierarchical", {"allreduce": _hierarchical_allreduce}, applies=_hierarchical_applies,
+    "hierarchical", {"allreduce": _hierarchical_allreduce, "reduce": _hierarchical_rooted,
+                     "bcast": _hierarchical_rooted}, applies=_hierarchical_applies,
     tiered=True, doc="inside each node, then BML or ring across nodes"))
 register(Algorithm(
     "rabenseifner", {"reduce": _rabenseifner, "bcast": _rabenseifner},

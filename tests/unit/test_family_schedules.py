@@ -80,6 +80,19 @@ def test_every_bcube_factorisation_verifies():
                 verify(algorithms.schedules("bml", ctx))
 
 
+def test_hierarchical_reduce_and_bcast_verify_on_two_tiers():
+    from bmlmpi.topology.nodes import Nodes, consecutive_nodes
+    cases = [consecutive_nodes(n, r) for n in (2, 4, 6, 8, 9, 12) for r in (2, 3, 4) if r < n]
+    cases += [Nodes(((0, 1, 2), (3,), (4, 5))), Nodes(((0, 3), (1, 2, 4, 5), (6,)))]
+    for nodes in cases:
+        n = nodes.size
+        for coll in ("reduce", "bcast"):
+            for count in (0, 1, n - 1, 2 * n + 1, 300):
+                for root in sorted({0, n // 2, n - 1}):
+                    verify(algorithms.schedules("hierarchical", Context(
+                        n, count, 4, collective=coll, root=root, nodes=nodes)))
+
+
 def test_ring_halves_move_what_theory_says():
     size, counts = 5, (4, 0, 7, 1, 3)
     rs = algorithms.schedules("ring", Context(size, 15, 4, collective="reduce_scatter",
@@ -91,6 +104,12 @@ def test_ring_halves_move_what_theory_says():
         assert rs[r].sent_elements() == 15 - counts[r]
         assert ag[r].sent_elements() == 15 - counts[(r + 1) % size]
         assert rs[r].received_elements() == 15 - counts[(r - 1) % size]
+    # BML's halves on BCube(3,2), equal blocks: (N−1)/N of the data each, in k = 2 steps
+    for coll in ("reduce_scatter", "allgather"):
+        for s in algorithms.schedules("bml", Context(9, 9 * 18, 4, collective=coll,
+                                                     shape=(3, 3))):
+            assert s.sent_elements() == s.received_elements() == 8 * 18
+            assert s.nsteps == 2
 
 
 # -- the verifier's contract rules -------------------------------------------------------------

@@ -27,6 +27,7 @@ from bmlmpi.schedules.tree import multitree_schedules, tree_schedules
 from bmlmpi.schedules.types import Recv, Schedule, Step, Transfer, streams_are_independent
 from bmlmpi.topology.bcube import default_shape
 from bmlmpi.topology.links import flat_links
+from bmlmpi.topology.nodes import Nodes, consecutive_nodes
 from bmlmpi.topology.trees import binary_tree, multi_trees
 
 
@@ -278,6 +279,10 @@ FAMILY_CASES = [
     ("tree bcast 6 root 5", family("tree", "bcast", 6, root=5, segments=2)),
     ("multitree reduce 6 root 2", family("multitree", "reduce", 6, root=2, segments=2)),
     ("multitree bcast 5 root 4", family("multitree", "bcast", 5, root=4)),
+    ("hierarchical reduce 3x2 root 3", family("hierarchical", "reduce", 6, root=3,
+                                              nodes=consecutive_nodes(6, 2))),
+    ("hierarchical bcast 2+1+3 root 4", family("hierarchical", "bcast", 6, root=4,
+                                               nodes=Nodes(((0, 1), (2,), (3, 4, 5))))),
     ("rabenseifner reduce 5 root 2", family("rabenseifner", "reduce", 5, root=2)),
     ("rabenseifner bcast 4 root 3", family("rabenseifner", "bcast", 4, root=3, segments=2)),
 ]
