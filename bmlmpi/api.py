@@ -38,7 +38,7 @@ from .execute import (
 from .family import FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
-from .schedules import catalog
+from .schedules import algorithms, catalog
 from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
@@ -1139,13 +1139,14 @@ class Communicator(FamilyCalls):
 
     def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
         """This rank's schedule of ``algorithm`` over the current members."""
-        nodes = self.nodes() if algorithm in catalog.TIERED else None
-        return catalog.schedule(algorithm, self.rank, self.size, count, itemsize, self.shape,
-                                self._links, nodes=nodes)
+        record = algorithms.get(algorithm)
+        return record.build(algorithms.Context(
+            self.size, count, itemsize, self.rank, shape=self.shape, links=self._links,
+            nodes=self.nodes() if record.tiered else None))
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """The schedule bound to this communicator (BCube levels on their own communicators)."""
-        levels = [] if algorithm in catalog.TIERED else self._levels
+        levels = [] if algorithms.get(algorithm).tiered else self._levels
         return registry.bind(self._schedule(algorithm, count, itemsize), self._comm, levels,
                              self.shape)
 

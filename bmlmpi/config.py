@@ -152,8 +152,9 @@ class Variable:
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_ALGORITHM", "algorithm", None, "the `auto` rule",
-             "algorithm used where `auto` was asked for (`bml`, `ring`, `tree`, `multitree`, "
-             "`native`)", _word),
+             "algorithm used where `auto` was asked for: a name `bmlmpi.algorithms()` lists "
+             "(per collective `bmlmpi.algorithms(\"reduce_scatter\")`; a collective without "
+             "it is left to `auto`)", _word),
     Variable("BMLMPI_BCUBE", "shape", None, "prime factors of N, ascending",
              "BCube shape, level 0 first: `3x3` = BCube(3,2), `2x2x3` for 12 ranks", _text),
     Variable("BMLMPI_TIMEOUT", "seconds", 120.0, "120",
@@ -219,6 +220,12 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "`bmlmpi-run`, or to a folder every node shares", _path),
     Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",
              "`bmlmpi-bench` fails unless the MPI world has this many ranks", _count(1)),
+    Variable("BMLMPI_COMPRESSION", "compressor", None, "none",
+             "torch backend `bmlmpi`: compressor spec for every SUM/AVG all_reduce of float "
+             "tensors (`fp16`, `bf16`, `tdf:PHI:D:P`, ...)", _text),
+    Variable("BMLMPI_FAULT_TOLERANT", "boolean", False, "off",
+             "torch backend `bmlmpi`: on: run on the fault-tolerant communicator "
+             "(`bmlmpi-run --ft`)", parse_bool),
 )}
 
 
@@ -231,7 +238,7 @@ OTHER_NAMES = frozenset((
     "BMLMPI_TRAIN_BATCH", "BMLMPI_TRAIN_OUT", "BMLMPI_PLAN", "BMLMPI_JOBS_DIR",
     "BMLMPI_SLURM_TESTS", "BMLMPI_SLURM_INSTALL", "BMLMPI_LOCAL_SLURM_DIR",
     "BMLMPI_FT_LAUNCH_TIMEOUT", "BMLMPI_TEST_RANKS", "BMLMPI_TEST_LAUNCH_TIMEOUT",
-    "BMLMPI_PLOT_PYTHON",
+    "BMLMPI_PLOT_PYTHON", "BMLMPI_TORCH_VENV", "BMLMPI_TORCH_LAUNCH_TIMEOUT",
 ))
 
 #: Environment variables that hold this process's rank under the launchers bmlmpi meets

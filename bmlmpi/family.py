@@ -8,14 +8,16 @@ allreduce's :class:`~bmlmpi.api.PreparedCall` — which the communicator's one l
 Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
 
 * ``Reduce_scatter_block(sendbuf, recvbuf, op)``: ``sendbuf`` holds ``size`` blocks of
-  ``recvbuf``'s count; rank r receives the reduction of block r. ``MPI.IN_PLACE``: the input is
-  ``recvbuf`` itself (``size`` blocks; its element count must divide by ``size``) and the
-  block lands at its start.
+  ``recvbuf``'s count (an explicit count in its spec is one block's, as mpi4py reads it);
+  rank r receives the reduction of block r. ``MPI.IN_PLACE``: the input is ``recvbuf``
+  itself (``size`` blocks; its element count must divide by ``size``) and the block lands
+  at its start.
 * ``Reduce_scatter(sendbuf, recvbuf, recvcounts=None, op)``: block r holds ``recvcounts[r]``
   elements (zeros allowed), in rank order; ``recvbuf`` holds exactly ``recvcounts[rank]``.
   Without ``recvcounts`` the blocks are equal (``sendbuf``'s count divided by ``size``);
   ``MPI.IN_PLACE`` needs ``recvcounts`` (as in mpi4py, which raises TypeError without).
-* ``Allgather(sendbuf, recvbuf)``: ``recvbuf`` holds ``size`` slots of ``sendbuf``'s count.
+* ``Allgather(sendbuf, recvbuf)``: ``recvbuf`` holds ``size`` slots of ``sendbuf``'s count
+  (an explicit count in its spec is one slot's, as mpi4py reads it).
   ``MPI.IN_PLACE``: this rank's slot of ``recvbuf`` is its contribution.
 * ``Allgatherv(sendbuf, recvbuf)``: ``recvbuf`` is ``[buf, counts, displs, datatype]``,
   ``[buf, (counts, displs), datatype]``, ``[buf, counts, datatype]``, ``[buf, counts]`` or a
@@ -54,6 +56,26 @@ from .ops import check_dtype_op, mpi_op, op_name
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
 TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "bcast": 4}
 REDUCING = frozenset({"reduce_scatter", "reduce"})
+
+
+_FAST_OPS = (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)
+
+
+def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
+              *rest: Any) -> tuple | None:
+    """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
+    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call."""
+    if not any(op is o for o in _FAST_OPS):
+        return None
+    key: list = [method, algorithm, id(op), *rest]
+    for b in bufs:
+        if b is MPI.IN_PLACE or b is None:
+            key.append(b is None)
+        elif type(b) is np.ndarray and b.flags.c_contiguous and b.flags.writeable:
+            key.append((b.shape, b.dtype))
+        else:
+            return None
+    return tuple(key)
 
 
 def _method(comm: MPI.Comm, name: str, form: str) -> Any:
@@ -209,13 +231,15 @@ class FamilyCall:
 
 
 # -- argument checks and buffer resolution, one function per mpi4py call --------------------
-def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True) -> buffers.Spec:
+def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True,
+               blocks: int = 0) -> buffers.Spec:
     if recvbuf is None or recvbuf is MPI.IN_PLACE:
         raise BufferSpecError(f"{what} must be a buffer (sendbuf may be MPI.IN_PLACE)")
     if isinstance(recvbuf, (list, tuple)) and not recvbuf:
         raise BufferSpecError(f"{what}: an empty buffer spec")
     _refuse_device(recvbuf)
-    spec = buffers.resolve(recvbuf, what, reducing=reducing)
+    spec = (buffers.resolve_blocks(recvbuf, what, blocks, reducing) if blocks
+            else buffers.resolve(recvbuf, what, reducing=reducing))
     if not spec.flat.flags.writeable:
         raise BufferSpecError(f"{what} is read-only")
     return spec
@@ -228,9 +252,11 @@ def _refuse_device(spec: Any) -> None:
                               "staged by Allreduce only (copy it to the host first)")
 
 
-def _send_spec(sendbuf: Any, dtype: np.dtype, reducing: bool = True) -> buffers.Spec:
+def _send_spec(sendbuf: Any, dtype: np.dtype, reducing: bool = True,
+               blocks: int = 0) -> buffers.Spec:
     _refuse_device(sendbuf)
-    send = buffers.resolve(sendbuf, "sendbuf", reducing=reducing)
+    send = (buffers.resolve_blocks(sendbuf, "sendbuf", blocks, reducing) if blocks
+            else buffers.resolve(sendbuf, "sendbuf", reducing=reducing))
     if send.flat.dtype != dtype:
         raise BufferSpecError(f"sendbuf dtype {send.flat.dtype} differs from recvbuf dtype "
                               f"{dtype}")
@@ -286,7 +312,10 @@ def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, rec
                            op: Any, block: bool, algorithm: str) -> FamilyCall:
     """``Reduce_scatter_block`` (``block``) or ``Reduce_scatter``."""
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
-    recv = _recv_spec(recvbuf)
+    # mpi4py reads an explicit count of a block reduce-scatter's whole buffer (the send
+    # buffer, or the receive buffer in place) as the count of one block
+    in_place = sendbuf is MPI.IN_PLACE or sendbuf is None
+    recv = _recv_spec(recvbuf, blocks=size if block and in_place else 0)
     dtype = recv.flat.dtype
     opname = _check_reduction(dtype, op)
     if sendbuf is MPI.IN_PLACE or sendbuf is None:
@@ -306,7 +335,7 @@ def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, rec
         out = recv.flat[:total]
         return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0,
                           rank, size, None, out, out[:counts[rank]], native_block=block)
-    send = _send_spec(sendbuf, dtype)
+    send = _send_spec(sendbuf, dtype, blocks=size if block else 0)
     if block:
         if send.count != size * recv.count:
             raise BufferSpecError(f"{name}: sendbuf holds {send.count} elements; {size} "
@@ -395,7 +424,7 @@ def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: 
     if vector:
         flat, counts, displs = _allgatherv_recv(recvbuf, size)
     else:
-        spec = _recv_spec(recvbuf, reducing=False)
+        spec = _recv_spec(recvbuf, reducing=False, blocks=size)
         flat = spec.flat
         if flat.size % size:
             raise BufferSpecError(f"Allgather: recvbuf holds {flat.size} elements, not a "
@@ -470,10 +499,13 @@ def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
                      counts: tuple[int, ...], root: int, itemsize: int, shape: Any,
                      links: Any, nodes: Any) -> Any:
     """Rank ``rank``'s schedule of ``algorithm`` for ``collective`` (the algorithm record of
-    :mod:`bmlmpi.schedules`)."""
-    from .schedules import catalog
-    return catalog.collective_schedule(collective, algorithm, rank, size, counts, root,
-                                       itemsize, shape, links, nodes=nodes)
+    :mod:`bmlmpi.schedules.algorithms`)."""
+    from .schedules import algorithms
+    blocked = collective in ("reduce_scatter", "allgather")
+    ctx = algorithms.Context(size, sum(counts), itemsize, rank, collective=collective,
+                             root=root, counts=counts if blocked else None, shape=shape,
+                             links=links, nodes=nodes)
+    return algorithms.build(algorithm, ctx)
 
 
 class FamilyCalls:
@@ -491,9 +523,12 @@ class FamilyCalls:
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
+        key = _fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op)):
+            return
         self._family_blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)))
+                                   alg)), key)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Any:
@@ -511,9 +546,16 @@ class FamilyCalls:
                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: equal blocks)."""
+        key = None
+        if isinstance(recvcounts, (list, tuple)):
+            key = _fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
+                            tuple(recvcounts))
+            if key is not None and self._family_repeat(key, (sendbuf, recvbuf, recvcounts,
+                                                             op)):
+                return
         self._family_blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
-                                   False, alg)))
+                                   False, alg)), key)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                         op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
@@ -530,8 +572,11 @@ class FamilyCalls:
     # -- allgather --------------------------------------------------------------------------
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
+        key = _fast_key("Allgather", algorithm, (sendbuf, recvbuf))
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf)):
+            return
         self._family_blocking("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)), key)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
         return self._family_start("allgather", algorithm, lambda alg: (
@@ -560,8 +605,11 @@ class FamilyCalls:
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
+        key = _fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op, root)):
+            return
         self._family_blocking("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Any:
@@ -575,8 +623,11 @@ class FamilyCalls:
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""
+        key = _fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
+        if key is not None and self._family_repeat(key, (buf, root)):
+            return
         self._family_blocking("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)))
+            prepare_bcast(self.rank, self.size, buf, root, alg)), key)
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
         return self._family_start("bcast", algorithm, lambda alg: (
@@ -615,7 +666,42 @@ class FamilyCalls:
         self._usable_for_calls()
         return self._submit(self._family_prepared(collective, algorithm, build))
 
-    def _family_blocking(self, collective: str, algorithm: str | None, build: Any) -> None:
+    def _family_repeat(self, key: tuple, args: tuple) -> bool:
+        """A blocking call whose signature (:func:`_fast_key`) already ran natively through
+        :meth:`_family_blocking`, argument check included: mpi4py's blocking call on the
+        private communicator with the caller's own arguments, under the watchdog (no
+        resolution, no agreement). False: take the checked path."""
+        fast = self._family_fast_calls()
+        what = fast.get(key) if fast is not None and not self._active else None
+        if what is None:
+            return False
+        bufs = [a for a in args[:2] if type(a) is np.ndarray]
+        if len(bufs) == 2 and np.may_share_memory(bufs[0], bufs[1]):
+            return False  # the checked path says what is wrong
+        self._calls += 1
+        watch = self._watchdog
+        watch.calls += 1
+        watch.current = what
+        try:
+            getattr(self._comm, key[0])(*args)
+        except BufferError:
+            return False  # a buffer changed flags since (read-only...): the checked path
+        finally:
+            watch.current = None
+        return True
+
+    def _family_fast_calls(self) -> dict | None:
+        """The signatures :meth:`_family_repeat` may take (None: never, on a communicator
+        without the blocking fast path)."""
+        if not self._native_blocking():
+            return None
+        fast = self.__dict__.get("_family_fast")
+        if fast is None:
+            fast = self.__dict__["_family_fast"] = {}
+        return fast
+
+    def _family_blocking(self, collective: str, algorithm: str | None, build: Any,
+                         key: tuple | None = None) -> None:
         """A blocking call. Once its signature has been agreed on, a native call on the plain
         communicator with nothing outstanding is mpi4py's blocking call itself, bounded by
         the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``, the
@@ -636,6 +722,12 @@ class FamilyCalls:
             finally:
                 watch.current = None
             call.finish(self.size)
+            if key is not None and call.op != "avg" and call.dtype.kind in "iufc":
+                fast = self._family_fast_calls()
+                if fast is not None:
+                    fast[key] = (
+                        f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
+                        f"{self.size})")
             return
         self._submit(call).Wait()
 
@@ -649,11 +741,14 @@ class FamilyCalls:
     def _family_auto(self, call: FamilyCall) -> str:
         """``auto``'s choice for a family call (:func:`bmlmpi.select.choose_collective`)."""
         from . import select
-        key = (call.collective, call.total, call.dtype.itemsize, len(set(call.counts)) == 1)
+        key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose_collective(call.collective, call.total,
-                                              call.dtype.itemsize, self.size)
+            blocked = call.collective in ("reduce_scatter", "allgather")
+            choice = select.choose_collective(
+                call.collective, call.total, call.dtype.itemsize, self.size,
+                self.calibration, self.shape, self._nodes_for_auto(), call.root,
+                call.counts if blocked else None)
             self._choices[key] = choice
         return choice
 
@@ -662,12 +757,12 @@ class FamilyCalls:
         from . import registry
         from .execute import Plan
         from .ops import kernel_op
-        from .schedules import catalog
+        from .schedules import algorithms
         key = (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        tiered = call.algorithm in catalog.TIERED
+        tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,

@@ -20,57 +20,51 @@ multi-tree above, as in the MXNet proposal.
 
 Without a calibration (``BMLMPI_CALIBRATE=0``), a fixed rule measured on the development
 machine stands in: native below 64 KiB, bml from there (``BMLMPI_AUTO_BML_BYTES``).
+
+The other collectives (``collective=``: reduce_scatter, allgather, reduce, bcast) follow the
+same rule over their own algorithms (:func:`algorithms`); the calibration's native points for
+that collective price the native call, and where it has none the fixed rule stands in (bml,
+or the collective's first algorithm where bml does not serve it). The candidates, the size
+bounds and which algorithm serves which collective all come from the algorithm records
+(:mod:`bmlmpi.schedules.algorithms`).
 """
 
 from __future__ import annotations
 
 from . import config
+from .schedules import algorithms as records
+from .schedules.algorithms import AUTO_TREE_MAX_RANKS, Context, tree_array_bound
 
-IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "hierarchical", "native")
-SCHEDULED = ("bml", "ring", "tree", "multitree", "hierarchical")
 DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 #: ``auto`` leaves native only for a schedule predicted at least this much faster: a near-tie
 #: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
-#: (It was 1.10 while "native" was timed as bmlmpi's polled pass-through, a slower baseline
-#: that the margin partly made up for; against the real blocking call it is the 1.05 that
-#: ``auto`` is held to.)
 NATIVE_MARGIN = 1.05
-AUTO_TREE_MAX_RANKS = 16
 
-
-#: The collectives besides allreduce, and the scheduled algorithms each one runs.
-FAMILY_SCHEDULED: dict[str, tuple[str, ...]] = {
-    "reduce_scatter": (), "allgather": (), "reduce": (), "bcast": (),
-}
+__all__ = ["AUTO_TREE_MAX_RANKS", "NATIVE_MARGIN", "algorithms", "calibration_wanted",
+           "candidates", "check_algorithm", "choose", "choose_collective", "env_algorithm",
+           "prefer_native", "tree_array_bound"]
 
 
 def algorithms(collective: str = "allreduce") -> list[str]:
-    """The algorithms implemented for ``collective`` (default: allreduce), ``auto`` first
-    and ``native`` last."""
-    if collective == "allreduce":
-        return list(IMPLEMENTED)
-    try:
-        scheduled = FAMILY_SCHEDULED[collective]
-    except KeyError:
-        raise ValueError(f"unknown collective {collective!r}; known: allreduce, "
-                         f"{', '.join(FAMILY_SCHEDULED)}") from None
-    return ["auto", *scheduled, "native"]
+    """The algorithms implemented for ``collective`` (the allreduce by default), ``auto``
+    first and ``native`` last (:func:`bmlmpi.schedules.algorithms.algorithms`)."""
+    return records.algorithms(collective)
 
 
-def choose_collective(collective: str, count: int, itemsize: int, size: int) -> str:
-    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
-    ``count`` elements in all: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
-    collective, else native."""
-    env = config.get("BMLMPI_ALGORITHM")
-    if env and env.lower() in FAMILY_SCHEDULED[collective]:
-        return env.lower()
-    return "native"
+def _every_algorithm() -> list[str]:
+    names = [records.AUTO]
+    for coll in records.NAMES:
+        names += [n for n in records.algorithms(coll) if n not in names]
+    return names
 
 
-def check_algorithm(name: str) -> str:
+def check_algorithm(name: str, collective: str | None = None) -> str:
+    """``name`` in lower case if it is implemented (for ``collective``, else for any)."""
     name = name.lower()
-    if name not in IMPLEMENTED:
-        raise ValueError(f"unknown algorithm {name!r}; implemented: {', '.join(IMPLEMENTED)}")
+    known = _every_algorithm() if collective is None else records.algorithms(collective)
+    if name not in known:
+        what = "implemented" if collective is None else f"implemented for {collective}"
+        raise ValueError(f"unknown algorithm {name!r}; {what}: {', '.join(known)}")
     return name
 
 
@@ -84,47 +78,66 @@ def env_algorithm() -> str | None:
         raise config.ConfigError(f"BMLMPI_ALGORITHM={env!r}: {exc}") from None
 
 
-def tree_array_bound() -> int | None:
-    return config.get("BMLMPI_TREE_ARRAY_BOUND")
+def candidates(count: int, size: int, nodes=None, collective: str = "allreduce",
+               root: int = 0, counts=None) -> list[str]:
+    """What ``auto`` prices: every algorithm of ``collective`` whose record applies, then
+    ``native``."""
+    return records.candidates(Context(size, count, collective=collective, root=root,
+                                      counts=counts, nodes=nodes))
 
 
-def candidates(count: int, size: int, nodes=None) -> list[str]:
-    names = ["bml", "ring"]
-    if nodes is not None and nodes.count > 1 and nodes.max_local > 1:
-        names.append("hierarchical")  # only where ranks share nodes: else it is bml or ring
-    if size <= AUTO_TREE_MAX_RANKS:
-        bound = tree_array_bound()
-        if bound is None:
-            names += ["tree", "multitree"]
-        else:
-            names.append("tree" if count <= bound else "multitree")
-    return names + ["native"]
-
-
-def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None) -> str:
-    """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size``
-    ranks (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`)."""
+def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None, *,
+           collective: str = "allreduce", root: int = 0, counts=None) -> str:
+    """The algorithm ``auto`` uses for ``count`` elements (the work buffer's) of ``itemsize``
+    bytes on ``size`` ranks (``nodes``: which ranks share a node,
+    :class:`bmlmpi.topology.nodes.Nodes`) for ``collective`` (its ``root`` and block
+    ``counts``). ``BMLMPI_ALGORITHM`` applies where it names an algorithm of the collective;
+    for another collective ``auto`` decides."""
     env = env_algorithm()
-    if env and env != "auto":
+    if env and env != records.AUTO and env in records.algorithms(collective):
         return env
     if count == 0:
-        return "bml"
+        # nothing to exchange: a schedule with no steps (bml's allreduce), else native
+        return "bml" if collective == "allreduce" else records.NATIVE
     if size == 1:
-        # nothing to exchange: MPI_Allreduce on one rank is a copy, and native is the
+        # nothing to exchange: the collective on one rank is a copy, and native is the
         # blocking fast path (a schedule's empty run costs ~10 µs of Python per call)
-        return "native"
-    if calib is None:
-        threshold = config.get("BMLMPI_AUTO_BML_BYTES")
-        return "bml" if count * itemsize >= threshold else "native"
+        return records.NATIVE
+    threshold = config.get("BMLMPI_AUTO_BML_BYTES")
+    fixed = "bml" if collective == "allreduce" else _fixed_choice(collective)
+    if calib is None or (collective != "allreduce"
+                         and calib.native_seconds(count * itemsize, collective) is None):
+        # no calibration, or none of this collective's native call: the fixed rule
+        return fixed if count * itemsize >= threshold else records.NATIVE
     from .model import estimate
 
-    names = candidates(count, size, nodes)
-    builders = None
-    if "hierarchical" in names:
-        from .schedules.hierarchical import hierarchical_schedule
-        builders = {"hierarchical": lambda r, n, c, i: hierarchical_schedule(r, n, c, nodes)}
-    times = estimate(names, count, itemsize, size, calib=calib, shape=shape, builders=builders)
+    names = candidates(count, size, nodes, collective, root, counts)
+    times = estimate(names, count, itemsize, size, calib=calib, shape=shape, nodes=nodes,
+                     collective=collective, root=root, counts=counts)
     return prefer_native(times)
+
+
+def choose_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
+                      shape=None, nodes=None, root: int = 0, counts=None) -> str:
+    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
+    ``count`` elements in all: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
+    collective; with a calibration, :func:`choose`'s priced choice; without one, native (the
+    family's fixed rule: no schedule of these collectives was measured against native on an
+    uncalibrated machine)."""
+    env = env_algorithm()
+    if env and env != records.AUTO and env in records.algorithms(collective):
+        return env
+    if calib is None:
+        return records.NATIVE
+    return choose(count, itemsize, size, calib, shape, nodes, collective=collective,
+                  root=root, counts=counts)
+
+
+def _fixed_choice(collective: str) -> str:
+    """The schedule the fixed rule runs for large messages of ``collective``: bml where it
+    serves it, else the first that does."""
+    names = records.algorithms(collective)[1:-1]
+    return "bml" if "bml" in names else (names[0] if names else records.NATIVE)
 
 
 def prefer_native(times: dict[str, float], margin: float = NATIVE_MARGIN) -> str:

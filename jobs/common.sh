@@ -217,3 +217,20 @@ bmlmpi_train_buckets() {
     [[ -s $out/train-buckets.json ]] || die "the training wrote no $out/train-buckets.json"
     echo "bmlmpi job: bucketed training results in $out"
 }
+
+# The PyTorch job (train_torch.py: DDP on the torch.distributed backend bmlmpi); options in
+# BMLMPI_TRAIN_ARGS (e.g. "--compression fp16", "--plan ibatch --bucket-cap-mb 0.01",
+# "--fault-tolerant"); needs torch in BMLMPI_PYTHON (pip install '.[torch,train]'); writes
+# train-torch.json to the output folder.
+bmlmpi_train_torch() {
+    local ranks out
+    ranks=$(bmlmpi_ranks) || exit 2
+    out=$(bmlmpi_out_dir train-torch) || exit 2
+    local extra=()
+    read -r -a extra <<< "${BMLMPI_TRAIN_ARGS:-}"
+    bmlmpi_check_world "$ranks"
+    bmlmpi_launch "$ranks" "$BMLMPI_PYTHON" "$BMLMPI_JOBS_DIR/train_torch.py" \
+        --out "$out/train-torch.json" "${extra[@]}"
+    [[ -s $out/train-torch.json ]] || die "the training wrote no $out/train-torch.json"
+    echo "bmlmpi job: PyTorch training results in $out"
+}

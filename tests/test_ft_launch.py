@@ -378,8 +378,10 @@ def test_family_contracts_n4_before_during_and_root():
         {"size": 4, "collectives": cycle, "calls": 6,
          "kills": [{"call": 1, "rank": 1, "when": "during", "how": "kill"},
                    {"call": 2, "rank": "root", "when": "during", "how": "kill"}]},
-        # in place and AVG: a rank dies before a reduce-scatter, a root during a broadcast
+        # BML's schedules, in place and AVG: a rank dies before a reduce-scatter, a root
+        # during a broadcast
         {"size": 4, "collectives": cycle, "calls": 5, "in_place": True, "op": "avg",
+         "algorithm": "bml",
          "kills": [{"call": 0, "rank": 2, "when": "before", "how": "kill"},
                    {"call": 3, "rank": "root", "when": "during", "how": "kill"}]},
     ]

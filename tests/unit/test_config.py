@@ -41,7 +41,7 @@ BAD_VALUES = {
     "BMLMPI_CHECK": ["first", "always", "1", "every"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
-             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR"}
+             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION"}
 
 
 def test_every_variable_is_covered_by_these_tests():
@@ -51,7 +51,8 @@ def test_every_variable_is_covered_by_these_tests():
 
 def test_boolean_variables_are_the_expected_ones():
     assert set(BOOLEANS) == {"BMLMPI_VALIDATE", "BMLMPI_CALIBRATE", "BMLMPI_RECALIBRATE",
-                             "BMLMPI_CUDA_AWARE", "BMLMPI_ULFM", "BMLMPI_TOLERATE_LOST"}
+                             "BMLMPI_CUDA_AWARE", "BMLMPI_ULFM", "BMLMPI_TOLERATE_LOST",
+                             "BMLMPI_FAULT_TOLERANT"}
 
 
 @pytest.mark.parametrize("name", BOOLEANS)
