@@ -24,8 +24,13 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   deadline of its own, so each one follows a barrier that has one: once every rank has
   passed it, all are in the same phase and make the same call; only a rank that dies inside
   that one call (microseconds to milliseconds) can still hold the others;
-* ``corrections``: bml, ring and (up to ``AUTO_TREE_MAX_RANKS`` ranks) the single and multi
-  tree, each run by the executor at 64 KiB, 256 KiB, 1, 4 and 16 MiB, in blocks of calls
+* ``natives``: the same for the other collectives (mpi4py's blocking
+  ``comm.Reduce_scatter_block``, ``Allgather``, ``Reduce`` and ``Bcast``, root 0) at 8 B,
+  64 KiB, 1 MiB and 4 MiB of work buffer (the whole input of a reduce-scatter, the whole output
+  of an allgather), so that ``auto`` prices the native call of each collective;
+* ``corrections``: the algorithms whose records say calibration corrects them (bml, ring and,
+  up to ``AUTO_TREE_MAX_RANKS`` ranks, the single and multi
+  tree), each run by the executor at 64 KiB, 256 KiB, 1, 4 and 16 MiB, in blocks of calls
   interleaved with the native allreduce of the same size on the same buffers, as the sweep
   times them (:func:`_interleaved_times`); each time divided by the model's price of the same
   schedule with the parameters above. On the development machine these factors ranged from
@@ -68,20 +73,25 @@ from .model.network import SharedMemoryNode
 from .schedules import algorithms as records
 from .schedules.types import Schedule
 
-#: 4: candidates timed in blocks on shared buffers, 256 KiB added (3: single cold calls;
-#: 2 timed the polled pass-through as ``native``).
-FORMAT = 4
+#: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
+FORMAT = 5
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
 #: the algorithms whose records say calibration corrects them, in registration order
 CORRECTED = records.corrected()
 CORRECTION_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # ⊂ NATIVE_BYTES
+#: the other collectives whose native call is timed, and the work-buffer sizes it is timed at
+#: (``auto`` interpolates between them and extrapolates along the last segment)
+FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
+FAMILY_BYTES = (8, 64 << 10, 1 << 20, 4 << 20)
 #: consecutive calls of one candidate timed together (the sweep's blocks: 20 calls in 5)
 BLOCK_CALLS = 4
 _HOST_BYTES = 64
-# cache broadcast: flag, 5 parameters, native points, one slot per (algorithm, size) factor
-_VEC = 6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
+# cache broadcast: flag, 5 parameters, native points, one slot per (algorithm, size) factor,
+# (bytes, seconds) per (collective, size) of the family's native calls
+_VEC = (6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
+        + 2 * len(FAMILY) * len(FAMILY_BYTES))
 
 
 def cache_dir() -> Path:
@@ -192,6 +202,39 @@ def _native_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> floa
     return float(np.median([_native_once(comm, send, recv, timeout) for _ in range(reps)]))
 
 
+def _native_family_call(comm: MPI.Comm, collective: str, nbytes: int) -> tuple[Callable, int]:
+    """(one blocking call of ``collective`` as user code makes it through mpi4py, with about
+    ``nbytes`` in its work buffer, root 0; the work buffer's bytes it really has)."""
+    size = comm.Get_size()
+    block = max(nbytes // 8 // size, 1)
+    if collective == "reduce_scatter":
+        send, recv = np.ones(block * size), np.empty(block)
+        return (lambda: comm.Reduce_scatter_block(send, recv, MPI.SUM)), send.nbytes
+    if collective == "allgather":
+        send, recv = np.ones(block), np.empty(block * size)
+        return (lambda: comm.Allgather(send, recv)), recv.nbytes
+    buf = np.ones(max(nbytes // 8, 1))
+    if collective == "reduce":
+        recv = np.empty_like(buf)
+        return (lambda: comm.Reduce(buf, recv, MPI.SUM, 0)), buf.nbytes
+    return (lambda: comm.Bcast(buf, 0)), buf.nbytes
+
+
+def _native_family_time(comm: MPI.Comm, collective: str, nbytes: int, reps: int,
+                        timeout: float) -> list[float]:
+    """[work-buffer bytes, seconds of the native blocking call (median of ``reps``)], each
+    call after a barrier with a deadline (as :func:`_native_once`)."""
+    call, real = _native_family_call(comm, collective, nbytes)
+
+    def once() -> float:
+        _barrier(comm, timeout, f"before a native {collective}")
+        start = time.perf_counter()
+        call()
+        return time.perf_counter() - start
+    once()  # first touch, the MPI's own setup
+    return [float(real), float(np.median([once() for _ in range(reps)]))]
+
+
 def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds: int,
                        timeout: float) -> list[float]:
     """Seconds per call of the native blocking ``MPI_Allreduce`` and of each named schedule,
@@ -300,6 +343,10 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
                   _interleaved_times(comm, n, names, r, timeout))
         else:
             phase(f"native {nbytes}", lambda n=nbytes, r=reps: _native_time(comm, n, r, timeout))
+    for coll in FAMILY:
+        for nbytes in FAMILY_BYTES:
+            phase(f"native {coll} {nbytes}", lambda c=coll, n=nbytes:
+                  _native_family_time(comm, c, n, 5 if n < (1 << 20) else 3, timeout))
     worst = _allreduce_max(comm, raw, timeout)
     small, large = float(worst[0]), float(worst[1])
     alpha = small
@@ -321,6 +368,11 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         if names and nbytes in CORRECTION_BYTES:
             measured_runs += [(a, nbytes, float(worst[i + j])) for j, a in enumerate(names)]
             i += len(names)
+    natives = []
+    for coll in FAMILY:
+        for _ in FAMILY_BYTES:
+            natives.append((coll, int(worst[i]), float(worst[i + 1])))
+            i += 2
     base = Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
                        msg_overhead=msg_overhead, gamma=gamma, native=tuple(native))
     fixes = []
@@ -330,7 +382,7 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
             fixes.append((name, nbytes, seconds / modelled))
     return Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
                        msg_overhead=msg_overhead, gamma=gamma, native=native,
-                       corrections=tuple(fixes),
+                       corrections=tuple(fixes), natives=tuple(natives),
                        meta={"size": size, "seconds": round(time.perf_counter() - started, 3),
                              "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
@@ -391,6 +443,7 @@ def _write_cache(path: Path, key: str, calib: Calibration, host: str, mpi: str) 
 
 _FIX_AT = 6 + 2 * len(NATIVE_BYTES)
 _FIX_SLOTS = [(a, b) for a in CORRECTED for b in CORRECTION_BYTES]
+_FAMILY_AT = _FIX_AT + len(_FIX_SLOTS)
 
 
 def _pack(calib: Calibration | None) -> np.ndarray:
@@ -403,6 +456,12 @@ def _pack(calib: Calibration | None) -> np.ndarray:
         for a, b, f in calib.corrections:
             if (a, b) in _FIX_SLOTS:
                 vec[_FIX_AT + _FIX_SLOTS.index((a, b))] = f
+        slot = dict.fromkeys(FAMILY, 0)
+        for c, b, t in calib.natives:
+            if c in slot and slot[c] < len(FAMILY_BYTES):
+                at = _FAMILY_AT + 2 * (FAMILY.index(c) * len(FAMILY_BYTES) + slot[c])
+                vec[at:at + 2] = (b, t)
+                slot[c] += 1
     return vec
 
 
@@ -413,8 +472,11 @@ def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
                    for i in range(len(NATIVE_BYTES)) if vec[6 + 2 * i] > 0)
     fixes = tuple((a, b, float(vec[_FIX_AT + i])) for i, (a, b) in enumerate(_FIX_SLOTS)
                   if vec[_FIX_AT + i] > 0)
+    natives = tuple((c, int(vec[at]), float(vec[at + 1]))
+                    for j, c in enumerate(FAMILY) for k in range(len(FAMILY_BYTES))
+                    if vec[at := _FAMILY_AT + 2 * (j * len(FAMILY_BYTES) + k)] > 0)
     return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta,
-                       corrections=fixes)
+                       corrections=fixes, natives=natives)
 
 
 def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
@@ -440,7 +502,7 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
         calib = Calibration(measured.alpha, measured.beta, measured.step_overhead,
                             measured.msg_overhead, measured.gamma, measured.native,
                             meta={**meta, **measured.meta, "source": "measured"},
-                            corrections=measured.corrections)
+                            corrections=measured.corrections, natives=measured.natives)
         if work.Get_rank() == 0:
             _write_cache(path, key, calib, host, mpi)
         return calib

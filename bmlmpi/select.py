@@ -117,15 +117,20 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=N
     return prefer_native(times)
 
 
-def choose_collective(collective: str, count: int, itemsize: int, size: int) -> str:
+def choose_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
+                      shape=None, nodes=None, root: int = 0, counts=None) -> str:
     """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
-    ``count`` elements in all, as the family's launch path asks today: ``BMLMPI_ALGORITHM``
-    where it names an algorithm of this collective, else native. (:func:`choose` with
-    ``collective=`` is the cost model's choice.)"""
+    ``count`` elements in all: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
+    collective; with a calibration, :func:`choose`'s priced choice; without one, native (the
+    family's fixed rule: no schedule of these collectives was measured against native on an
+    uncalibrated machine)."""
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
         return env
-    return records.NATIVE
+    if calib is None:
+        return records.NATIVE
+    return choose(count, itemsize, size, calib, shape, nodes, collective=collective,
+                  root=root, counts=counts)
 
 
 def _fixed_choice(collective: str) -> str:

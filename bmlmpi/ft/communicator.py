@@ -182,7 +182,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         self._hb = Heartbeat(token, self.original_rank, period, hang)
         self._hb.watch(self._members)
         LIVE.append(self)
-        started(self.original_rank, replacement=replacement)
+        started(self.original_rank, replacement=replacement, heartbeat=self._hb.folder)
 
     def nodes(self):
         """Which current ranks share a node: the nodes at construction restricted to the

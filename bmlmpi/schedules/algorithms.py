@@ -315,9 +315,22 @@ def _multitree_allreduce(ctx: Context) -> Schedule:
                               multi_trees_for(ctx.size, ctx.links))
 
 
+def _multitree_rooted(ctx: Context) -> Schedule:
+    from .tree import multitree_rooted_schedule
+    return multitree_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count,
+                                     multi_trees_for(ctx.size, ctx.links), ctx.root,
+                                     ctx.segments or 1)
+
+
 def _hierarchical_allreduce(ctx: Context) -> Schedule:
     from .hierarchical import hierarchical_schedule
     return hierarchical_schedule(ctx.rank, ctx.size, ctx.count, ctx.node_map())
+
+
+def _hierarchical_rooted(ctx: Context) -> Schedule:
+    from .hierarchical import hierarchical_rooted_schedule
+    return hierarchical_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count,
+                                        ctx.node_map(), ctx.root)
 
 
 # -- when auto considers one -------------------------------------------------------------------
@@ -362,11 +375,13 @@ register(Algorithm(
     calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
     doc="single topology-aware binary tree (the MXNet tree-reduce proposal)"))
 register(Algorithm(
-    "multitree", {"allreduce": _multitree_allreduce}, applies=_multitree_applies,
+    "multitree", {"allreduce": _multitree_allreduce, "reduce": _multitree_rooted,
+                  "bcast": _multitree_rooted}, applies=_multitree_applies,
     wire_format=True, calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
     doc="one topology-aware tree per root (the MXNet tree-reduce proposal)"))
 register(Algorithm(
-    "hierarchical", {"allreduce": _hierarchical_allreduce}, applies=_hierarchical_applies,
+    "hierarchical", {"allreduce": _hierarchical_allreduce, "reduce": _hierarchical_rooted,
+                     "bcast": _hierarchical_rooted}, applies=_hierarchical_applies,
     tiered=True, doc="inside each node, then BML or ring across nodes"))
 register(Algorithm(
     "rabenseifner", {"reduce": _rabenseifner, "bcast": _rabenseifner},
