@@ -74,6 +74,7 @@ class NodeSegments:
         self.generation = 0
         self.win: MPI.Win | None = None
         self.queue: list[ShmRun] = []   # runs started, oldest first; the head owns the window
+        self.broken: str | None = None  # why the window can no longer be used
         self._views: dict[tuple, list[np.ndarray]] = {}
         self._bytes: list[np.ndarray] = []
         self._flags: list[np.ndarray] = []
@@ -301,6 +302,9 @@ class ShmRun:
             return True
         if self.base >= 0:
             return True
+        if node.broken is not None:
+            raise RuntimeError(f"bmlmpi shm: this node's shared window is unusable since "
+                               f"{node.broken}; build a new Communicator")
         if node.queue[0] is not self:
             return False
         self.base = node.counter
@@ -393,9 +397,11 @@ class ShmRun:
             self.finish()
         self.done = True
 
-    def drive(self, timeout: float) -> None:
+    def drive(self, timeout: float, interrupt: Callable[[], None] | None = None) -> None:
         """Run to completion in the calling thread, with the deadline restarting whenever
-        this run or a peer flag it waits for moves; polite waits (module docstring)."""
+        this run or a peer flag it waits for moves; polite waits (module docstring).
+        ``interrupt`` is called between polls (it raises to abandon the run, as in
+        :meth:`bmlmpi.execute.Run.drive`)."""
         if self.test():
             return
         start = last = time.monotonic()
@@ -408,6 +414,8 @@ class ShmRun:
                 mark, last = cur, now
             elif now - last > timeout:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
+            if interrupt is not None:
+                interrupt()
             _back_off(now - start, spin)
 
     def _flag_marks(self) -> tuple[int, ...]:
@@ -443,9 +451,17 @@ class ShmRun:
         return (f"step {step + 1}: node rank {q} to publish its step (its flag is at step "
                 f"{got} of this call)")
 
-    def cancel(self) -> None:
-        if self.sub is not None:
-            self.sub.cancel()
+    def cancel(self, bound: float = 1.0) -> list[MPI.Request]:
+        """Give the run up: cancel its messages (:meth:`bmlmpi.execute.Run.cancel`, returning
+        the requests still not complete) and release the node's window, marked broken (its
+        flags no longer count steps every rank agrees on: a later shared-memory call on it
+        raises instead of reading stale data)."""
+        left = self.sub.cancel(bound) if self.sub is not None else []
+        node = self.node
+        if node is not None and not self.done and self in node.queue:
+            node.queue.remove(self)
+            node.broken = f"{self.label} was given up"
+        return left
 
     def describe_timeout(self, timeout: float) -> str:
         msg = (f"{self.label}: shared-memory step {self.step + 1} of {self.plan.nsteps} made "
@@ -523,9 +539,13 @@ class NodeTier:
                        {g: i for i, g in enumerate(self.members)}, itemsize)
 
     def free(self) -> None:
-        """Collective over the node: free the window and the node communicator."""
+        """Collective over the node: free the window and the node communicator (a window
+        whose run was given up is dropped instead: the others may never come to free it)."""
         if self.segments is not None:
-            self.segments.free()
+            if self.segments.broken is None:
+                self.segments.free()
+            else:
+                self.segments.abandon()
             self.segments = None
         if self._node_comm is not None:
             self._node_comm.Free()

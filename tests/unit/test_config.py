@@ -39,6 +39,7 @@ BAD_VALUES = {
     "BMLMPI_FUSION_BYTES": ["0", "-1", "25MiB", "1.5"],
     "BMLMPI_SHM_CHUNK": ["0", "-1", "256KiB", "1.5"],
     "BMLMPI_BLOCKING": ["poll", "off", "abort", "1"],
+    "BMLMPI_CHECK": ["first", "always", "1", "every"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
              "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION"}
