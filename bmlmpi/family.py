@@ -651,6 +651,7 @@ class FamilyCalls:
 
     def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
+        self._begin_call()
         try:
             call = build(self._family_algorithm(collective, algorithm))
             if call.algorithm == "auto":
