@@ -23,8 +23,17 @@ from mpi4py import MPI
 
 from . import buffers, config, kernels, registry, select
 from .buffers import BufferSpecError
-from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_request
+from .execute import (
+    TAG_STEPS,
+    Plan,
+    Run,
+    timeout_from_env,
+    wait_for,
+    wait_request,
+)
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
+from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
+from .recorder import now as _now
 from .schedules import catalog
 from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
@@ -65,6 +74,11 @@ class PreparedCall:
     out: np.ndarray              # the result, ``count`` elements (a host view when staged)
     staging: Any                 # device buffers staged through host memory, else None
     requested: str               # the algorithm asked for ("auto" stays "auto")
+    slot: Slot | None = None     # the call in the flight recorder
+
+    def signature(self) -> Signature:
+        return Signature("allreduce", int(self.out.size), self.out.dtype.name, self.op, None,
+                         self.requested, self.algorithm)
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
@@ -150,14 +164,16 @@ class _FastCall:
     them resizable. The overlap check (``np.may_share_memory``: byte bounds, ~0.2 µs) runs
     on every call for that reason."""
 
-    __slots__ = ("op", "what", "plan", "name", "calls")
+    __slots__ = ("op", "what", "plan", "name", "calls", "sig")
 
-    def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = ""):
+    def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = "",
+                 sig: Signature | None = None):
         self.op = op          # the op object of the key (held, so its id is not reused)
         self.what = what      # native: the watchdog's description; schedule: the Run's label
         self.plan = plan
         self.name = name      # bmlmpi's op name (schedules)
         self.calls = 0        # schedules: calls that took this path
+        self.sig = sig        # the flight recorder's signature of these calls
 
     @staticmethod
     def apart(send: np.ndarray, recv: np.ndarray) -> bool:
@@ -195,16 +211,25 @@ class _Outstanding:
     """A started allreduce of the plain communicator, polled until its run completes: the
     communicator's record behind a :class:`Request`."""
 
-    __slots__ = ("owner", "run", "done")
+    __slots__ = ("owner", "run", "done", "slot")
 
-    def __init__(self, owner: Communicator, run: Run | NativeRun):
+    def __init__(self, owner: Communicator, run: Run | NativeRun, slot: Slot | None = None):
         self.owner = owner
         self.run = run
         self.done = False
+        self.slot = slot
+        if slot is not None:
+            slot.run = run
 
     def poll(self) -> bool:
         if not self.done:
-            self.done = self.run.test()
+            try:
+                self.done = self.run.test()
+            except BaseException as exc:
+                self.owner._call_failed(self.slot, exc, self.run)
+                raise
+            if self.done:
+                self.owner._call_done(self.slot)
         return self.done
 
     def test(self) -> bool:
@@ -314,7 +339,14 @@ class Communicator:
         self._fast: dict[tuple, _FastCall] | None = {} if plain else None
         self._repeat: _Repeat | None = None
         self._native_fast = config.get("BMLMPI_BLOCKING") == "watchdog"
-        self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm))
+        capacity = recorder_capacity()
+        self._recorder = (FlightRecorder(capacity, self.rank, self.size, type(self).__name__,
+                                         self.timeout) if capacity else None)
+        if self._recorder is not None:
+            from .timeline import attach
+            attach(self._recorder)
+        self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
+                                  before_abort=self._watchdog_fired)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
 
@@ -332,6 +364,53 @@ class Communicator:
     def __repr__(self) -> str:
         return (f"bmlmpi.Communicator(size={self.size}, rank={self.rank}, "
                 f"algorithm={self.algorithm!r}, topology={format_shape(self.shape)!r})")
+
+    # -- the flight recorder (bmlmpi.recorder) ------------------------------------------------
+    @property
+    def recorder(self) -> FlightRecorder | None:
+        """This communicator's flight recorder (None with ``BMLMPI_TRACE_CALLS=0``)."""
+        return self._recorder
+
+    def dump_trace(self, directory: str | None = None) -> str | None:
+        """Write this rank's flight recorder (its last ``BMLMPI_TRACE_CALLS`` calls) as JSON
+        into ``directory`` (default ``BMLMPI_TRACE_DIR``, else a per-job folder under the
+        temporary directory) and return the file's path; None when the recorder is off.
+        Local: each rank writes its own (``bmlmpi-trace DIR`` reads them all)."""
+        if self._recorder is None:
+            return None
+        from pathlib import Path
+        return str(self._recorder.dump("dump_trace()", None if directory is None
+                                       else Path(directory), announce=False))
+
+    def _call_done(self, slot: Slot | None) -> None:
+        if slot is not None:
+            self._recorder.done(slot)
+
+    def _call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
+        """Record that ``slot``'s call raised ``exc``; dump the recorder unless it was this
+        rank's own argument error (every rank raises that at once, nothing to diagnose)."""
+        rec = self._recorder
+        if rec is None or slot is None:
+            return
+        own_argument_error = (isinstance(exc, (ValueError, TypeError, BufferError, LookupError,
+                                               AttributeError))
+                              and not isinstance(exc, (ArgumentMismatch, RemoteArgumentError)))
+        rec.failed_call(slot, exc, run, dump=not (own_argument_error
+                                                  or isinstance(exc, KeyboardInterrupt)))
+
+    def _watchdog_fired(self, report: str) -> None:
+        """The watchdog is about to abort the job (its thread): the blocked call is failed in
+        the recorder, which is dumped."""
+        rec = self._recorder
+        if rec is None:
+            return
+        running = [s for s in rec.slots if s.seq >= 0 and s.t1 == 0.0]
+        if running:
+            rec.fail(max(running, key=lambda s: s.seq), TimeoutError(report))
+        try:
+            rec.dump("watchdog abort")
+        except OSError:
+            pass
 
     def Free(self) -> None:
         self._watchdog.stop()
@@ -384,7 +463,27 @@ class Communicator:
     # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
     # what an MPI failure means (_failure_noted, _is_failure).
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        return self._submit(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
+        return self._begin(sendbuf, recvbuf, op, algorithm)[1]
+
+    def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
+               algorithm: str) -> tuple[PreparedCall, Request]:
+        """Prepare, record and submit one call (the checked path)."""
+        rec = self._recorder
+        try:
+            call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+        except BaseException as exc:
+            if rec is not None:
+                name = op_name(op) if id(op) in _FAST_OPS else None
+                self._call_failed(rec.begin(Signature("allreduce", None, None, name, None,
+                                                      algorithm, None)), exc)
+            raise
+        if rec is not None:
+            call.slot = rec.begin(call.signature())
+        try:
+            return call, self._submit(call)
+        except BaseException as exc:
+            self._call_failed(call.slot, exc)
+            raise
 
     def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
                         algorithm: str) -> PreparedCall:
@@ -426,6 +525,16 @@ class Communicator:
                     return
                 # else the checked path says what is wrong with the buffers
             else:
+                # the flight recorder's begin and done, inline (bmlmpi.recorder)
+                rec = self._recorder
+                if rec is not None:
+                    n = rec.next
+                    rec.next = n + 1
+                    s = rec.slots[n % rec.capacity]
+                    s.seq = n
+                    s.sig = entry.sig
+                    s.t1 = 0.0
+                    s.t0 = _now()
                 watch = self._watchdog
                 watch.calls += 1
                 watch.current = entry.what
@@ -434,29 +543,38 @@ class Communicator:
                 except BufferError:
                     # mpi4py refused a buffer (not contiguous, read-only: flags can change
                     # between calls) before anything was sent: the slow path below gives
-                    # the same error as always, on every rank
-                    pass
+                    # the same error as always, on every rank (and records the call)
+                    if rec is not None:
+                        rec.next = n
+                except MPI.Exception as exc:
+                    self._call_failed(s if rec is not None else None, exc)
+                    raise
                 else:
+                    if rec is not None:
+                        s.t1 = _now()
+                        if rec.timeline is not None:
+                            rec.timeline.call(rec, s)
                     return
                 finally:
                     watch.current = None
-        call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
-        self._submit(call).Wait()
+        call, req = self._begin(sendbuf, recvbuf, op, algorithm)
+        req.Wait()
         key = self._fast_key(sendbuf, recvbuf, op, algorithm)
         if (key is None or key in self._fast or call.staging is not None
                 or not 0 < call.out.size == recvbuf.size):
             return
         # the first call of this signature ran, argument check and deadline included
+        sig = call.slot.sig if call.slot is not None else call.signature()
         if call.algorithm != "native":
             plan = self._plans.get((call.algorithm, call.out.size, call.out.dtype, call.op))
             if plan is not None:
                 self._fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
-                                                f"{self.rank}", plan, call.op)
+                                                f"{self.rank}", plan, call.op, sig)
         elif self._native_fast and id(op) in _FAST_OPS:
             self._fast[key] = _FastCall(_FAST_OPS[id(op)],
                                         f"bmlmpi native allreduce (blocking MPI_Allreduce of "
                                         f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
-                                        f"{self.rank} of {self.size})")
+                                        f"{self.rank} of {self.size})", sig=sig)
             self._watchdog.start()
 
     def _fast_key(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> tuple | None:
@@ -497,10 +615,34 @@ class Communicator:
         self._calls = calls + 1
         entry.calls += 1
         what = entry.what
-        Run(entry.plan, out, entry.name, tag_base, lambda: f"{what}, call {calls + 1})",
-            src=src).drive(self.timeout)
+        run = Run(entry.plan, out, entry.name, tag_base, lambda: f"{what}, call {calls + 1})",
+                  src=src)
+        rec = self._recorder
+        if rec is None:
+            run.drive(self.timeout)
+            if entry.name == "avg":
+                kernels.scale_avg(out, self.size)
+            return
+        # the flight recorder's begin and done, inline (bmlmpi.recorder)
+        n = rec.next
+        rec.next = n + 1
+        s = rec.slots[n % rec.capacity]
+        s.seq = n
+        s.sig = entry.sig
+        s.t1 = 0.0
+        s.run = run
+        s.t0 = _now()
+        try:
+            run.drive(self.timeout)
+        except BaseException as exc:
+            self._call_failed(s, exc, run)
+            raise
         if entry.name == "avg":
             kernels.scale_avg(out, self.size)
+        s.run = None
+        s.t1 = _now()
+        if rec.timeline is not None:
+            rec.timeline.call(rec, s)
 
     def _prepare(self, sendbuf, recvbuf, op, algorithm) -> PreparedCall:
         requested = algorithm
@@ -576,7 +718,8 @@ class Communicator:
         """Check the call across ranks, start it and hand back its request."""
         self._validate(call, None)
         label = f"bmlmpi {call.algorithm} allreduce (rank {self.rank}, call {self._calls + 1})"
-        entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)))
+        entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)),
+                             call.slot)
         if not entry.poll():
             self._active.append(entry)
         return Request(entry)
@@ -653,10 +796,11 @@ class Communicator:
         try:
             wait_for(lambda: (self._progress(), entry.done)[1], self.timeout,
                      entry.run.describe_timeout, progress=self._progress_mark)
-        except BaseException:
+        except BaseException as exc:
             # An abandoned allreduce must not be polled by later calls.
             if entry in self._active:
                 self._active.remove(entry)
+            self._call_failed(entry.slot, exc, entry.run)
             raise
 
     def _progress(self) -> None:

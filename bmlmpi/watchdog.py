@@ -8,7 +8,8 @@ time at 64 KiB). A blocking MPI call cannot be given a deadline from inside, so 
 "nothing hangs" is kept from outside, as NCCL's watchdog keeps it for its collectives: a
 daemon thread per communicator wakes every ``min(1 s, timeout / 10)``; when the same blocking
 call has been in progress for more than ``timeout`` seconds (``BMLMPI_TIMEOUT``) it writes
-which call hung (rank, communicator size, signature, call number, seconds) to stderr and
+which call hung (rank, communicator size, signature, call number, seconds) to stderr, has
+the communicator's flight recorder dumped (:mod:`bmlmpi.recorder`) and
 aborts the job (``MPI_Abort``, since the other ranks of a hung collective cannot be told to
 stop any other way). A slow call that completes within the timeout is never touched.
 
@@ -51,13 +52,15 @@ class Watchdog:
     """
 
     def __init__(self, timeout: float, abort: Callable[[], None],
-                 report: Callable[[str], None] | None = None):
+                 report: Callable[[str], None] | None = None,
+                 before_abort: Callable[[str], None] | None = None):
         self.timeout = float(timeout)
         self.current: str | None = None   # what the call in progress is, None between calls
         self.calls = 0                    # blocking calls entered so far
         self.fired: str | None = None     # the report, once the watchdog fired
         self._abort = abort
         self._report = report or _to_stderr
+        self._before_abort = before_abort  # given the report (the flight recorder's dump)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -103,6 +106,11 @@ class Watchdog:
                               f"rank never joined it; aborting the job (set "
                               f"BMLMPI_BLOCKING=polled for a DeadlineExceeded instead)")
                 self._report(self.fired)
+                if self._before_abort is not None:
+                    try:
+                        self._before_abort(self.fired)
+                    except Exception as exc:  # noqa: BLE001 - the abort must happen
+                        _to_stderr(f"bmlmpi watchdog: the flight recorder's dump failed: {exc}")
                 self._abort()
                 return
 

@@ -356,6 +356,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         with self._failure_noted():
             self._validate(prepared, None)
             call.run = self._launch(prepared, label, None)
+        if call.slot is not None:
+            call.slot.run = call.run
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """After failures with ``recovery="bcube"``, bml keeps the original BCube addresses
