@@ -13,6 +13,7 @@ with that communicator.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from .schedules import catalog
 from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
+
+_log = logging.getLogger("bmlmpi")
 
 #: The ops the fast path hands MPI as they are, by identity (an ``MPI.Op`` is unhashable).
 _FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
@@ -818,10 +821,37 @@ class Communicator:
         key = (count, itemsize)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose(count, itemsize, self.size, self.calibration, self.shape,
-                                   nodes=self._nodes_for_auto())
-            self._choices[key] = choice
+            why = select.explain(count, itemsize, self.size, self.calibration, self.shape,
+                                 nodes=self._nodes_for_auto())
+            choice = self._choices[key] = why.chosen
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug("auto (rank %d of %d) for a new signature: %s", self.rank,
+                           self.size, why)
         return choice
+
+    def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
+                collective: str = "allreduce") -> select.Explanation:
+        """What ``Allreduce`` of ``count`` elements of ``dtype`` with ``op`` runs on this
+        communicator, and why: the candidates ``auto`` priced (predicted seconds: the cost
+        model with this machine's calibration, and the model before the calibration's
+        measured correction), the one chosen and the rule that chose it
+        (:class:`bmlmpi.select.Explanation`; ``str()`` of it is a small table). Local: no
+        communication; every rank reaches the same answer. A communicator built with a named
+        algorithm explains that it runs it."""
+        if collective != "allreduce":
+            raise ValueError(f"explain: collective {collective!r} is not one this "
+                             f"communicator chooses an algorithm for (allreduce)")
+        if count < 0:
+            raise ValueError(f"explain: count must be >= 0, got {count}")
+        dt = np.dtype(dtype)
+        check_dtype_op(dt, op_name(op))
+        if self.algorithm != "auto":
+            return select.Explanation(collective, int(count), dt.itemsize, self.size,
+                                      self.algorithm, "asked",
+                                      f"the communicator was built with "
+                                      f"algorithm={self.algorithm!r}")
+        return select.explain(int(count), dt.itemsize, self.size, self.calibration,
+                              self.shape, nodes=self._nodes_for_auto(), collective=collective)
 
     def _find_links(self) -> np.ndarray:
         """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement.

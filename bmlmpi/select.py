@@ -24,6 +24,8 @@ machine stands in: native below 64 KiB, bml from there (``BMLMPI_AUTO_BML_BYTES`
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from . import config
 
 IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "hierarchical", "native")
@@ -77,21 +79,78 @@ def candidates(count: int, size: int, nodes=None) -> list[str]:
     return names + ["native"]
 
 
-def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None) -> str:
-    """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size``
-    ranks (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`)."""
+@dataclass(frozen=True)
+class Candidate:
+    """One algorithm ``auto`` priced: ``predicted`` seconds (what the choice compares),
+    ``model`` seconds (the α-β model with the calibration's overheads, before its measured
+    correction; None for native, which is measured) and the ``correction`` factor between."""
+
+    name: str
+    predicted: float
+    model: float | None
+    correction: float
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why ``auto`` runs ``chosen`` for one signature: the ``rule`` that decided
+    (``BMLMPI_ALGORITHM``, ``asked``, ``empty``, ``one rank``, ``fixed rule``, ``cost
+    model``), in words (``why``), and the ``candidates`` it priced, cheapest first."""
+
+    collective: str
+    count: int
+    itemsize: int
+    size: int
+    chosen: str
+    rule: str
+    why: str
+    candidates: tuple[Candidate, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["nbytes"] = self.nbytes
+        return d
+
+    def __str__(self) -> str:
+        lines = [f"{self.collective} of {self.count} x {self.itemsize} B on {self.size} "
+                 f"ranks: {self.chosen} ({self.rule}: {self.why})"]
+        for c in self.candidates:
+            model = "measured" if c.model is None else f"model {c.model * 1e6:.1f} us x " \
+                                                      f"{c.correction:.2f}"
+            mark = "  <- chosen" if c.name == self.chosen else ""
+            lines.append(f"  {c.name:<13} {c.predicted * 1e6:10.1f} us  ({model}){mark}")
+        return "\n".join(lines)
+
+
+def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None,
+            collective: str = "allreduce") -> Explanation:
+    """What ``auto`` runs for ``count`` elements of ``itemsize`` bytes on ``size`` ranks
+    (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`), and why."""
+    def decided(chosen: str, rule: str, why: str, cands=()) -> Explanation:
+        return Explanation(collective, count, itemsize, size, chosen, rule, why, tuple(cands))
+
     env = env_algorithm()
     if env and env != "auto":
-        return env
+        return decided(env, "BMLMPI_ALGORITHM", f"BMLMPI_ALGORITHM={env} overrides auto")
     if count == 0:
-        return "bml"
+        return decided("bml", "empty", "an empty buffer has nothing to exchange (bml: no "
+                                       "steps)")
     if size == 1:
         # nothing to exchange: MPI_Allreduce on one rank is a copy, and native is the
         # blocking fast path (a schedule's empty run costs ~10 µs of Python per call)
-        return "native"
+        return decided("native", "one rank", "one rank has nothing to exchange: native is a "
+                                             "copy through the blocking fast path")
     if calib is None:
         threshold = config.get("BMLMPI_AUTO_BML_BYTES")
-        return "bml" if count * itemsize >= threshold else "native"
+        chosen = "bml" if count * itemsize >= threshold else "native"
+        return decided(chosen, "fixed rule",
+                       f"no calibration (BMLMPI_CALIBRATE=0): native below "
+                       f"BMLMPI_AUTO_BML_BYTES={threshold} B, bml from it; this call is "
+                       f"{count * itemsize} B")
     from .model import estimate
 
     names = candidates(count, size, nodes)
@@ -100,7 +159,30 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=N
         from .schedules.hierarchical import hierarchical_schedule
         builders = {"hierarchical": lambda r, n, c, i: hierarchical_schedule(r, n, c, nodes)}
     times = estimate(names, count, itemsize, size, calib=calib, shape=shape, builders=builders)
-    return prefer_native(times)
+    raw = estimate([n for n in times if n != "native"], count, itemsize, size, calib=calib,
+                   shape=shape, builders=builders, corrected=False)
+    chosen = prefer_native(times)
+    cands = sorted((Candidate(n, t, raw.get(n), t / raw[n] if raw.get(n) else 1.0)
+                    for n, t in times.items()), key=lambda c: c.predicted)
+    best = cands[0]
+    if chosen == "native" and best.name != "native":
+        why = (f"native kept: {best.name} is predicted {best.predicted * 1e6:.1f} us against "
+               f"native's measured {times['native'] * 1e6:.1f} us, less than the "
+               f"{NATIVE_MARGIN:g}x margin a schedule must win by")
+    elif chosen == "native":
+        why = "native is the cheapest (its time measured by the calibration)"
+    elif "native" in times:
+        why = (f"{chosen} is predicted {times[chosen] * 1e6:.1f} us, at least "
+               f"{NATIVE_MARGIN:g}x faster than native's measured {times['native'] * 1e6:.1f} us")
+    else:
+        why = f"{chosen} is predicted the cheapest"
+    return decided(chosen, "cost model", why, cands)
+
+
+def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None) -> str:
+    """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size``
+    ranks (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`)."""
+    return explain(count, itemsize, size, calib, shape, nodes).chosen
 
 
 def prefer_native(times: dict[str, float], margin: float = NATIVE_MARGIN) -> str:
