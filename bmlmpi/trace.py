@@ -135,7 +135,10 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
         cur = state[r].get("current")
         return cur["seq"] if cur else state[r]["recorded"]
     front = max((position(r) for r in ranks), default=0)
-    behind = [r for r in ranks if position(r) < front]
+    # behind: not as far as the furthest, or not inside the call others are stuck in
+    stuck_at_front = any("current" in state[r] and position(r) == front for r in ranks)
+    behind = [r for r in ranks if position(r) < front
+              or (stuck_at_front and "current" not in state[r])]
 
     # desyncs: a sequence number whose signature differs across ranks
     mismatches = []
