@@ -222,6 +222,10 @@ class RunObserver:
         """The lane's step's reductions are applied (its sends may still be in flight on the
         blocking path of a one-lane plan, which completes them before the next post)."""
 
+    def sent(self, run: Run, lane: int) -> None:
+        """The blocking path of a one-lane plan: the step's sends, completed after its
+        reductions, are done (before the next post)."""
+
     def finishing(self, run: Run) -> None:
         """Every lane is done; the run's last copies from the input come next."""
 
@@ -438,6 +442,8 @@ class Run:
             self._reduce(0)
             if sends and not _testall(sends):
                 self._poll(sends, timeout, clock)
+            if self.observer is not None:
+                self.observer.sent(self, 0)
             self.lane_reqs[0] = None
             self.pos[0] += 1
             self.progress += 1

@@ -8,7 +8,8 @@ on :func:`write`): one track per rank (``pid`` = world rank), one row per lane o
 sequence number and state in its arguments), drawn from the flight recorder's start and end
 times; inside it, each step of a schedule is cut into ``post`` (copies from the input it must
 make first, then its ``Irecv``/``Isend`` posted), ``wait`` (until its receives are in),
-``reduce`` (its reductions, where the step reduces) and, at the end of a run with a separate
+``reduce`` (its reductions, where the step reduces; the blocking path of a one-lane schedule
+then waits for the step's sends: a second ``wait``) and, at the end of a run with a separate
 input, ``copy`` (the ranges still taken from the input). A native call is one span: MPI runs
 it. ``bmlmpi-trace --timeline DIR`` merges the ranks' files into one. Times are the wall
 clock (``time.time``), the same clock on all ranks of a node.
@@ -71,16 +72,19 @@ class Timeline(RunObserver):
             "op": sig.op, "root": sig.root, "asked": sig.asked, "algorithm": sig.chosen,
             "state": "failed" if s.t1 < 0 else "done"})
 
-    def _phase(self, run: Run, lane: int, name: str, t: float) -> None:
+    def _phase(self, run: Run, lane: int, name: str, t: float, what: str = "") -> None:
         key = (id(run), lane)
         t0 = self._open.get(key)
         self._open[key] = t
         if t0 is None or not name:
             return
         st = run.plan.lanes[lane][run.pos[lane]]
-        self._span(name, t0, t, lane, {"step": st.index + 1, "of": run.plan.nsteps,
-                                       "recv_from": sorted({p.world_peer for p in st.recvs}),
-                                       "send_to": sorted({p.world_peer for p in st.sends})})
+        args = {"step": st.index + 1, "of": run.plan.nsteps,
+                "recv_from": sorted({p.world_peer for p in st.recvs}),
+                "send_to": sorted({p.world_peer for p in st.sends})}
+        if what:
+            args["for"] = what
+        self._span(name, t0, t, lane, args)
 
     # RunObserver: post -> posted -> received -> complete, per lane step
     def post(self, run: Run, lane: int) -> None:
@@ -90,7 +94,10 @@ class Timeline(RunObserver):
         self._phase(run, lane, "post", now())
 
     def received(self, run: Run, lane: int) -> None:
-        self._phase(run, lane, "wait", now())
+        self._phase(run, lane, "wait", now(), "receives")
+
+    def sent(self, run: Run, lane: int) -> None:
+        self._phase(run, lane, "wait", now(), "sends")
 
     def complete(self, run: Run, lane: int) -> None:
         reduces = run.prog[lane][run.pos[lane]].reduces
