@@ -142,7 +142,7 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     if size == 1:
         # nothing to exchange: MPI_Allreduce on one rank is a copy, and native is the
         # blocking fast path (a schedule's empty run costs ~10 µs of Python per call)
-        return decided("native", "one rank", "one rank has nothing to exchange: native is a "
+        return decided("native", "one rank", "nothing to exchange: native is a "
                                              "copy through the blocking fast path")
     if calib is None:
         threshold = config.get("BMLMPI_AUTO_BML_BYTES")
