@@ -17,18 +17,38 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "AVG": "ops",
+    "Allgather": "collectives",
+    "Allgather_init": "collectives",
+    "Allgatherv": "collectives",
+    "Allgatherv_init": "collectives",
     "Allreduce": "api",
+    "Allreduce_init": "collectives",
     "ArgumentMismatch": "api",
+    "Bcast": "collectives",
+    "Bcast_init": "collectives",
     "BufferSpecError": "buffers",
     "Communicator": "api",
     "DeadlineExceeded": "execute",
     "FaultToleranceError": "ft",
     "FaultToleranceUnavailable": "ft",
     "GradientBuckets": "training",
-    "PLANS": "training",
+    "Iallgather": "collectives",
+    "Iallgatherv": "collectives",
     "Iallreduce": "api",
+    "Ibcast": "collectives",
     "IntercommunicatorError": "api",
+    "Ireduce": "collectives",
+    "Ireduce_scatter": "collectives",
+    "Ireduce_scatter_block": "collectives",
+    "PLANS": "training",
+    "PersistentRequest": "persistent",
     "RankMasked": "ft",
+    "Reduce": "collectives",
+    "Reduce_init": "collectives",
+    "Reduce_scatter": "collectives",
+    "Reduce_scatter_block": "collectives",
+    "Reduce_scatter_block_init": "collectives",
+    "Reduce_scatter_init": "collectives",
     "RegistrationMismatch": "training",
     "RemoteArgumentError": "api",
     "Request": "api",
@@ -54,8 +74,9 @@ def __getattr__(name: str) -> Any:
     except ModuleNotFoundError as exc:
         if exc.name == "bmlmpi.kernels":
             raise ImportError(
-                "bmlmpi.kernels is missing: install the package (pip install -e . in a "
-                "checkout) rather than importing the source folder directly") from exc
+                "bmlmpi.kernels is missing: bmlmpi/kernels should be a link to ../kernels; a "
+                "checkout made without symbolic links lacks it (git config core.symlinks true, "
+                "then check out again), or install the package (pip install .)") from exc
         raise
     globals()[name] = value
     return value

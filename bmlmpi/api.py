@@ -24,15 +24,10 @@ from mpi4py import MPI
 
 from . import buffers, config, kernels, registry, select
 from .buffers import BufferSpecError
-from .execute import (
-    TAG_STEPS,
-    Plan,
-    Run,
-    timeout_from_env,
-    wait_for,
-    wait_request,
-)
+from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_request
+from .family import FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
+from .persistent import PersistentRequest
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .recorder import now as _now
 from .schedules import catalog
@@ -46,6 +41,9 @@ _log = logging.getLogger("bmlmpi")
 _FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
 #: Algorithm names already checked, so a module-level call does not check its string again.
 _CHECKED: dict[str, str] = {}
+#: Blocks of the tag space: one per collective (:data:`bmlmpi.family.TAG_KIND`), so that
+#: messages of different collectives never match.
+TAG_KINDS = 8
 
 
 class ArgumentMismatch(ValueError):
@@ -79,9 +77,23 @@ class PreparedCall:
     requested: str               # the algorithm asked for ("auto" stays "auto")
     slot: Slot | None = None     # the call in the flight recorder
 
-    def signature(self) -> Signature:
+    def traced(self) -> Signature:
+        """The flight recorder's description of this call."""
         return Signature("allreduce", int(self.out.size), self.out.dtype.name, self.op, None,
                          self.requested, self.algorithm)
+
+    collective = "allreduce"     # the family's calls are FamilyCall (bmlmpi.family)
+
+    def signature(self, shape: Shape) -> tuple:
+        """What every rank must agree on (its hash is checked across ranks)."""
+        return (self.out.size, self.out.dtype.str, self.op, self.algorithm, shape)
+
+    @staticmethod
+    def describe_signature(sig: tuple | None) -> str:
+        if sig is None or len(sig) != 5:
+            return FamilyCall.describe_signature(sig)
+        return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
+                f"algorithm={sig[3]}")
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
@@ -131,11 +143,13 @@ class Request:
 class NativeRun:
     """A native ``MPI_Iallreduce`` seen through the same interface as a schedule Run."""
 
-    def __init__(self, req: MPI.Request, finish: Callable[[], None] | None, rank: int):
+    def __init__(self, req: MPI.Request, finish: Callable[[], None] | None, rank: int,
+                 what: str = ""):
         self.req = req
         self.finish = finish
         self.rank = rank
         self.step = 0
+        self.what = what or f"native MPI_Iallreduce (rank {rank})"
 
     def test(self) -> bool:
         if self.step == 0 and self.req.Test():
@@ -153,7 +167,7 @@ class NativeRun:
         return [self.req]
 
     def describe_timeout(self, timeout: float) -> str:
-        return f"native MPI_Iallreduce (rank {self.rank}) made no progress in {timeout:g} s"
+        return f"{self.what} made no progress in {timeout:g} s"
 
 
 class _FastCall:
@@ -253,8 +267,10 @@ def _validation_enabled(value: bool | None) -> bool:
     return config.get("BMLMPI_VALIDATE")
 
 
-class Communicator:
-    """bmlmpi's allreduce over an MPI communicator.
+class Communicator(FamilyCalls):
+    """bmlmpi's collectives over an MPI communicator: the allreduce here, the rest of the
+    family (reduce-scatter, allgather, reduce, broadcast) from :class:`bmlmpi.family.
+    FamilyCalls`, persistent forms (``…_init``) from :mod:`bmlmpi.persistent`.
 
     ``algorithm``: one of :func:`bmlmpi.algorithms` (``auto`` by default; ``BMLMPI_ALGORITHM``
     overrides auto). ``topology``: the BCube shape for bml (``"3x3"``, ``(2, 2, 3)``); default
@@ -351,7 +367,8 @@ class Communicator:
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   before_abort=self._watchdog_fired)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
-        self._tag_mod = ((tag_ub + 1) // TAG_STEPS) * TAG_STEPS
+        # each collective's calls cycle through their own block of the tag space
+        self._tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -471,22 +488,36 @@ class Communicator:
     def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
                algorithm: str) -> tuple[PreparedCall, Request]:
         """Prepare, record and submit one call (the checked path)."""
-        rec = self._recorder
         try:
             call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
         except BaseException as exc:
-            if rec is not None:
-                name = op_name(op) if id(op) in _FAST_OPS else None
-                self._call_failed(rec.begin(Signature("allreduce", None, None, name, None,
-                                                      algorithm, None)), exc)
+            self._refused("allreduce", algorithm, op, exc)
             raise
-        if rec is not None:
-            call.slot = rec.begin(call.signature())
+        return call, self._submit_recorded(call)
+
+    def _record(self, call: PreparedCall | FamilyCall) -> Slot | None:
+        """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``)."""
+        rec = self._recorder
+        call.slot = None if rec is None else rec.begin(call.traced())
+        return call.slot
+
+    def _submit_recorded(self, call: PreparedCall | FamilyCall) -> Request:
+        """:meth:`_submit`, the call entered in the flight recorder first."""
+        self._record(call)
         try:
-            return call, self._submit(call)
+            return self._submit(call)
         except BaseException as exc:
             self._call_failed(call.slot, exc)
             raise
+
+    def _refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
+        """A call this rank refused before it was prepared: recorded (failed) all the same,
+        so that the sequence numbers of every rank's recorder stay in step."""
+        rec = self._recorder
+        if rec is not None:
+            name = op_name(op) if id(op) in _FAST_OPS else None
+            self._call_failed(rec.begin(Signature(collective, None, None, name, None,
+                                                  algorithm, None)), exc)
 
     def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
                         algorithm: str) -> PreparedCall:
@@ -567,7 +598,7 @@ class Communicator:
                 or not 0 < call.out.size == recvbuf.size):
             return
         # the first call of this signature ran, argument check and deadline included
-        sig = call.slot.sig if call.slot is not None else call.signature()
+        sig = call.slot.sig if call.slot is not None else call.traced()
         if call.algorithm != "native":
             plan = self._plans.get((call.algorithm, call.out.size, call.out.dtype, call.op))
             if plan is not None:
@@ -614,8 +645,7 @@ class Communicator:
         src = None if sendbuf is MPI.IN_PLACE else (
             sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
         calls = self._calls
-        tag_base = (calls * TAG_STEPS) % self._tag_mod
-        self._calls = calls + 1
+        tag_base = self._tag_base()
         entry.calls += 1
         what = entry.what
         run = Run(entry.plan, out, entry.name, tag_base, lambda: f"{what}, call {calls + 1})",
@@ -697,7 +727,7 @@ class Communicator:
             return
         sig, h = None, 0
         if call is not None:
-            sig = (call.out.size, call.out.dtype.str, call.op, call.algorithm, self.shape)
+            sig = call.signature(self.shape)
             h = _signature_hash(sig)
             if error is None and h in self._validated:
                 return
@@ -708,19 +738,21 @@ class Communicator:
         if error is not None:
             raise error
         if res[2]:
-            raise RemoteArgumentError(f"rank {res[3]} rejected its allreduce arguments "
-                                      f"(see its error); this call is abandoned on all ranks")
+            raise RemoteArgumentError(f"rank {res[3]} rejected its {call.collective} "
+                                      f"arguments (see its error); this call is abandoned "
+                                      f"on all ranks")
         if res[0] != -res[1]:
             everyone = self._comm.allgather(sig)
-            lines = "; ".join(f"rank {r}: count={s[0]} dtype={np.dtype(s[1])} op={s[2]} "
-                              f"algorithm={s[3]}" for r, s in enumerate(everyone))
-            raise ArgumentMismatch(f"allreduce arguments differ across ranks: {lines}")
+            lines = "; ".join(f"rank {r}: {PreparedCall.describe_signature(s)}"
+                              for r, s in enumerate(everyone))
+            raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
         self._validated.add(h)
 
     def _submit(self, call: PreparedCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
         self._validate(call, None)
-        label = f"bmlmpi {call.algorithm} allreduce (rank {self.rank}, call {self._calls + 1})"
+        label = (f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call "
+                 f"{self._calls + 1})")
         entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)),
                              call.slot)
         if not entry.poll():
@@ -731,15 +763,110 @@ class Communicator:
                 finish: Callable[[], None] | None) -> Run | NativeRun:
         """Start ``call``'s exchange (native, or its schedule's plan) on this communicator;
         ``finish`` runs when the exchange completes."""
+        if call.collective != "allreduce":
+            return self._launch_family(call, label, finish)
         if call.algorithm == "native":
             return self._launch_native(call, finish)
         out = call.out
         plan = self._plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = (self._calls * TAG_STEPS) % self._tag_mod
-        self._calls += 1
+        tag_base = self._tag_base()
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
         return Run(plan, out, call.op, tag_base, label, finish, src=call.src)
+
+    def _tag_base(self, kind: int = 0) -> int:
+        """The tag base of the next call (every call advances the count): the call's slot in
+        its collective's block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`)."""
+        base = (self._calls * TAG_STEPS) % self._tag_mod + kind * self._tag_mod
+        self._calls += 1
+        return base
+
+    def _native_run(self, req: MPI.Request, finish: Callable[[], None] | None,
+                    what: str) -> NativeRun:
+        return NativeRun(req, finish, self.rank, what)
+
+    def _native_blocking(self) -> bool:
+        """Whether a checked native call may be MPI's blocking call under the watchdog (the
+        plain communicator with ``BMLMPI_BLOCKING=watchdog``)."""
+        return self._fast is not None and self._native_fast
+
+    def _agreed(self, call: PreparedCall | FamilyCall) -> bool:
+        """Whether ``call``'s signature was agreed on by every rank before (else it goes
+        through the checked path, whose agreement raises on every rank if it differs)."""
+        return (not self.validate or self.size == 1
+                or _signature_hash(call.signature(self.shape)) in self._validated)
+
+    def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
+        """``auto``'s choice for ``call`` over the current members."""
+        if call.collective != "allreduce":
+            return self._family_auto(call)
+        return self._auto(call.out.size, call.out.dtype.itemsize)
+
+    # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
+    def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                       algorithm: str | None = None) -> PersistentRequest:
+        """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
+        ``algorithm`` None: the communicator's."""
+        self._usable_for_calls()
+        algorithm = self.algorithm if algorithm is None else select.check_algorithm(algorithm)
+        if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
+                                   else recvbuf[0] if recvbuf else None):
+            raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
+                                  "cannot stage device memory at every start)")
+        return self._persistent(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
+
+    def _persistent(self, call: PreparedCall | FamilyCall) -> PersistentRequest:
+        """Agree on ``call`` across ranks now and compile it once (:mod:`bmlmpi.persistent`)."""
+        with self._failure_noted():
+            self._validate(call, None)
+        compiled = None
+        if self._fast is not None:  # the plain communicator (the ledger compiles per attempt)
+            if call.algorithm == "native":
+                compiled = self._native_init(call)
+            elif call.collective == "allreduce":
+                compiled = self._plan(call.algorithm, call.out.size, call.out.dtype, call.op)
+            else:
+                compiled = self._family_plan(call)
+        return PersistentRequest(self, call, compiled)
+
+    def _native_init(self, call: PreparedCall | FamilyCall) -> MPI.Prequest | None:
+        """The MPI library's persistent request for a native call; None where the library
+        has none (each start then posts the non-blocking call)."""
+        try:
+            if call.collective != "allreduce":
+                return call.init_native(self._comm)
+            sbuf = MPI.IN_PLACE if call.src is None else call.src
+            return self._comm.Allreduce_init(sbuf, call.out, mpi_op(call.op))
+        except (NotImplementedError, AttributeError):
+            return None
+        except MPI.Exception as exc:
+            if exc.Get_error_class() == MPI.ERR_UNSUPPORTED_OPERATION:
+                return None
+            raise
+
+    def _start_persistent(self, call: PreparedCall | FamilyCall, compiled: Any) -> Any:
+        """One start of a persistent call: no argument check, the compiled plan or the MPI
+        library's persistent request; the returned record is polled like an Iallreduce."""
+        def finish() -> None:
+            call.finish(self.size)
+
+        label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {self.rank}, "
+                 f"call {self._calls + 1})")
+        if isinstance(compiled, MPI.Prequest):
+            compiled.Start()
+            run: Run | NativeRun = NativeRun(compiled, finish, self.rank, label)
+        elif isinstance(compiled, Plan):
+            if call.collective == "allreduce":
+                run = Run(compiled, call.out, call.op, self._tag_base(), label, finish,
+                          src=call.src)
+            else:
+                run = self._launch_family(call, label, finish)
+        else:
+            run = self._launch(call, label, finish)
+        entry = _Outstanding(self, run, self._record(call))
+        if not entry.poll():
+            self._active.append(entry)
+        return entry
 
     def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
         sbuf = MPI.IN_PLACE if call.src is None else call.src
@@ -925,6 +1052,12 @@ def _forget(comm: MPI.Comm, keyval: int, ctx: Communicator) -> None:
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_forget)
+
+
+def communicator_for(comm: MPI.Comm) -> Communicator:
+    """The Communicator the module-level calls use for the user's ``comm`` (made on first
+    use, kept as an attribute of ``comm``)."""
+    return _communicator_for(comm)
 
 
 def _communicator_for(comm: MPI.Comm) -> Communicator:

@@ -16,6 +16,12 @@ algorithm ``native``: ``MPI_Iallreduce`` on bmlmpi's duplicate communicator, com
 bmlmpi's polling ``Wait``) is the row ``passthrough``; ``auto`` is the public
 ``Communicator.Allreduce``; every schedule goes through the same call with its algorithm named.
 ``--busbw`` adds nccl-tests style bandwidths (algbw = bytes/time, busbw = algbw·2(N−1)/N).
+``--collective`` times another collective of the family with the table of its OSU benchmark
+(``osu_reduce_scatter``: the size is the whole send buffer, ``Reduce_scatter_block``;
+``osu_allgather``: each rank's contribution; ``osu_reduce`` and ``osu_bcast``: the buffer,
+root 0), its ``native`` row mpi4py's blocking call of the same name on the user's
+communicator, and nccl-tests' busbw for it (reduce-scatter, allgather: algbw·(N−1)/N over the
+whole buffer, N times the contribution for allgather; reduce, broadcast: algbw).
 ``--csv``/``--json`` save every row with the machine, rank count, library versions and the
 load average at the start and the end of the run; a ratio-to-native table closes the output
 when native is among the algorithms. ``-d cuda`` (OSU's flag) puts both buffers on the GPU as
@@ -44,6 +50,15 @@ from . import __version__, config
 from .api import Communicator
 from .select import algorithms as implemented
 
+#: ``--collective`` -> (OSU's test title, the mpi4py method the baseline calls)
+COLLECTIVE_TESTS = {
+    "allreduce": ("Allreduce", "Allreduce"),
+    "reduce_scatter": ("Reduce_scatter", "Reduce_scatter_block"),
+    "allgather": ("Allgather", "Allgather"),
+    "reduce": ("Reduce", "Reduce"),
+    "bcast": ("Broadcast", "Bcast"),
+}
+
 LARGE_MESSAGE = 8192
 FIELD = 18
 #: The sweep's row names beyond bmlmpi's algorithms. ``native`` is the baseline (mpi4py's
@@ -58,10 +73,10 @@ CALLS = {BASELINE: "mpi4py comm.Allreduce (blocking, user's communicator)",
          "auto": "bmlmpi Communicator.Allreduce (algorithm 'auto')"}
 
 
-def sweep_names() -> list[str]:
-    """The rows the sweep can time: bmlmpi's algorithms (its ``native`` renamed
-    ``passthrough``), then the baseline ``native``."""
-    return [a for a in implemented() if a != "native"] + [PASSTHROUGH, BASELINE]
+def sweep_names(collective: str = "allreduce") -> list[str]:
+    """The rows the sweep can time: bmlmpi's algorithms for ``collective`` (its ``native``
+    renamed ``passthrough``), then the baseline ``native``."""
+    return [a for a in implemented(collective) if a != "native"] + [PASSTHROUGH, BASELINE]
 
 
 def bmlmpi_algorithm(name: str) -> str | None:
@@ -97,6 +112,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("-d", "--device", choices=["host", "cuda"], default="host",
                    help="where the buffers live (cuda: cupy arrays on the current GPU)")
     p.add_argument("--topology", help="BCube shape for bml, e.g. 3x3 (default BMLMPI_BCUBE)")
+    p.add_argument("--collective", default="allreduce", choices=list(COLLECTIVE_TESTS),
+                   help="the collective timed, with its OSU benchmark's table "
+                        "(default allreduce)")
     p.add_argument("--busbw", action="store_true", help="add algbw/busbw columns (GB/s)")
     p.add_argument("--csv", help="write every row to this CSV file")
     p.add_argument("--json", help="write rows and run metadata to this JSON file")
@@ -111,11 +129,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(f"--blocks must be at least 1, got {args.blocks}")
     if args.min_size < 1 or args.max_size < args.min_size:
         p.error(f"bad message size range {args.message_size!r}")
-    names = sweep_names() if args.algorithms == "all" else args.algorithms.split(",")
+    known = sweep_names(args.collective)
+    if args.collective != "allreduce" and args.device != "host":
+        p.error("--collective other than allreduce runs on host buffers only")
+    names = known if args.algorithms == "all" else args.algorithms.split(",")
     names = [n.strip().lower() for n in names if n.strip()]
     for n in names:
-        if n not in sweep_names():
-            p.error(f"unknown algorithm {n!r}; the sweep times: {', '.join(sweep_names())}")
+        if n not in known:
+            p.error(f"unknown algorithm {n!r}; the {args.collective} sweep times: "
+                    f"{', '.join(known)}")
     args.algorithm_list = names
     return args
 
@@ -188,7 +210,7 @@ def device_buffers(device: str):
 
     if not gpu.gpu_available():
         raise SystemExit("bmlmpi-bench: -d cuda needs cupy and a CUDA device "
-                         "(pip install 'bmlmpi[gpu]')")
+                         "(pip install '.[gpu]' in bmlmpi's checkout)")
     import cupy
 
     return cupy.asarray, cupy.asnumpy
@@ -224,9 +246,91 @@ def timed_call(name: str, ctx: Communicator, comm: MPI.Comm, send: Any, recv: An
     return lambda: ctx._blocking(send, recv, MPI.SUM, algorithm)
 
 
+class FamilyCase:
+    """One size of a ``--collective`` sweep: the buffers (float32, position- and
+    rank-dependent data), the call each row times, the check of the result, the bytes the
+    table's Size column shows and nccl-tests' busbw factor."""
+
+    def __init__(self, collective: str, ctx: Communicator, comm: MPI.Comm, nbytes: int):
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.collective = collective
+        self.rank, self.root = rank, 0
+        n = max(1, nbytes // 4)
+        if collective == "reduce_scatter":
+            n = max(size, n - n % size)  # the whole send buffer: a block per rank
+            self.send = np.empty(n, np.float32)
+            _fill(self.send, rank)
+            self.recv = np.empty(n // size, np.float32)
+            block = n // size
+            self.expected = _expected(n, size)[rank * block:(rank + 1) * block]
+            self.size_bytes, self.bus_bytes = n * 4, n * 4
+            self.factor = (size - 1) / size
+        elif collective == "allgather":
+            self.send = np.empty(n, np.float32)
+            _fill(self.send, rank)
+            self.recv = np.empty(n * size, np.float32)
+            self.expected = np.concatenate([(np.arange(n) % 64 + r).astype(np.float32)
+                                            for r in range(size)])
+            self.size_bytes, self.bus_bytes = n * 4, n * 4 * size
+            self.factor = (size - 1) / size
+        elif collective == "reduce":
+            self.send = np.empty(n, np.float32)
+            _fill(self.send, rank)
+            self.recv = np.empty(n, np.float32)
+            self.expected = _expected(n, size) if rank == self.root else None
+            self.size_bytes = self.bus_bytes = n * 4
+            self.factor = 1.0
+        else:
+            self.send = None
+            self.recv = np.empty(n, np.float32)
+            self.expected = (np.arange(n) % 64 + self.root).astype(np.float32)
+            self.size_bytes = self.bus_bytes = n * 4
+            self.factor = 1.0
+        self.ctx, self.comm = ctx, comm
+
+    def reset(self) -> None:
+        """Before a checked call: a broadcast's receivers hold something else again (else
+        a call that moved nothing would pass); the others' inputs never change."""
+        if self.collective != "bcast":
+            return
+        if self.rank == self.root:
+            _fill(self.recv, self.rank)
+        else:
+            self.recv.fill(-1)
+
+    def check(self) -> bool:
+        return self.expected is None or bool(np.array_equal(self.recv, self.expected))
+
+    def call(self, name: str) -> Callable[[], None]:
+        """The call row ``name`` times (:func:`timed_call`'s rules, for this collective)."""
+        send, recv, root, ctx = self.send, self.recv, self.root, self.ctx
+        method = COLLECTIVE_TESTS[self.collective][1]
+        if name == BASELINE:
+            own = getattr(self.comm, method)
+        else:
+            algorithm = bmlmpi_algorithm(name)
+            if name == PASSTHROUGH:
+                start = getattr(ctx, "I" + method.lower())
+
+                def own(*args: Any) -> None:
+                    start(*args, algorithm="native").Wait()
+            else:
+                mine = getattr(ctx, method)
+
+                def own(*args: Any) -> None:
+                    mine(*args, algorithm=algorithm)
+        if self.collective in ("reduce_scatter", "allgather"):
+            if self.collective == "reduce_scatter":
+                return lambda: own(send, recv, MPI.SUM)
+            return lambda: own(send, recv)
+        if self.collective == "reduce":
+            return lambda: own(send, recv, MPI.SUM, root)
+        return lambda: own(recv, root)
+
+
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,
             validate: bool, blocks: int = 1, device: str = "host",
-            comm: MPI.Comm | None = None) -> list[dict[str, Any]]:
+            comm: MPI.Comm | None = None, collective: str = "allreduce") -> list[dict[str, Any]]:
     """Time every algorithm at one size; one row per algorithm (:func:`timed_call`: the
     baseline ``native`` runs on ``comm``, the user's communicator, default COMM_WORLD).
 
@@ -240,27 +344,44 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
     user_comm = MPI.COMM_WORLD if comm is None else comm
     comm = ctx.comm
     n = max(1, nbytes // 4)
-    to_device, to_host = device_buffers(device)
-    host_send = np.empty(n, dtype=np.float32)
-    _fill(host_send, comm.Get_rank())
-    send, recv = to_device(host_send), to_device(np.empty(n, dtype=np.float32))
-    expected = _expected(n, comm.Get_size()) if validate else None
+    if collective == "allreduce":
+        to_device, to_host = device_buffers(device)
+        host_send = np.empty(n, dtype=np.float32)
+        _fill(host_send, comm.Get_rank())
+        send, recv = to_device(host_send), to_device(np.empty(n, dtype=np.float32))
+        expected = _expected(n, comm.Get_size()) if validate else None
+        calls = {a: timed_call(a, ctx, user_comm, send, recv, device) for a in algorithms}
+        size_bytes = bus_bytes = n * 4
+        factor = 2 * (comm.Get_size() - 1) / comm.Get_size()
+
+        def reset() -> None:
+            pass
+
+        def correct() -> bool:
+            return bool(np.array_equal(to_host(recv), expected))
+    else:
+        case = FamilyCase(collective, ctx, user_comm, nbytes)
+        calls = {a: case.call(a) for a in algorithms}
+        size_bytes, bus_bytes, factor = case.size_bytes, case.bus_bytes, case.factor
+        reset, correct = case.reset, case.check
     blocks = max(1, min(blocks, iters)) if iters else 1
     bounds = [iters * b // blocks for b in range(blocks + 1)]
     ok = {a: True for a in algorithms}
     times: dict[str, list[float]] = {a: [] for a in algorithms}
-    calls = {a: timed_call(a, ctx, user_comm, send, recv, device) for a in algorithms}
 
     def run(algorithm: str, count: int, timed: bool, check: bool) -> None:
         call = calls[algorithm]
         for i in range(count):
+            checked = check and i in (0, count - 1)
+            if checked:
+                reset()
             t0 = MPI.Wtime()
             call()
             t1 = MPI.Wtime()
             if timed:
                 times[algorithm].append(t1 - t0)
-            if check and i in (0, count - 1):
-                ok[algorithm] &= bool(np.array_equal(to_host(recv), expected))
+            if checked:
+                ok[algorithm] &= correct()
             comm.Barrier()
 
     for a in algorithms:
@@ -282,24 +403,37 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
         comm.Allreduce(mine, sm, MPI.SUM)
         passed = comm.allreduce(ok[a], op=MPI.LAND)
         avg = float(sm[0]) / size
-        algbw = (n * 4) / (avg * 1e-6) / 1e9 if avg > 0 else 0.0
+        algbw = bus_bytes / (avg * 1e-6) / 1e9 if avg > 0 else 0.0
         rows.append({
-            "algorithm": a, "call": CALLS.get(a, f"bmlmpi.Allreduce(..., algorithm={a!r})"),
-            "size": n * 4, "avg_us": avg, "min_us": float(mn[0]),
+            "algorithm": a, "call": call_name(a, collective), "collective": collective,
+            "size": size_bytes, "avg_us": avg, "min_us": float(mn[0]),
             "max_us": float(mx[0]), "iterations": iters, "blocks": blocks,
             "median_block_us": float(sm[1]) / size,
             "validation": ("Pass" if passed else "Fail") if validate else "",
             "device": device,
             "algbw_GBps": algbw,
-            "busbw_GBps": algbw * 2 * (size - 1) / size if size > 1 else 0.0})
-        if a == "auto":
+            "busbw_GBps": algbw * factor if size > 1 else 0.0})
+        if a == "auto" and collective == "allreduce":
             rows[-1]["chose"] = ctx.explain(n, np.float32).chosen
     return rows
 
 
+def call_name(name: str, collective: str) -> str:
+    """What row ``name`` of a ``collective`` sweep times (the CSV/JSON column ``call``)."""
+    if collective == "allreduce":
+        return CALLS.get(name, f"bmlmpi.Allreduce(..., algorithm={name!r})")
+    method = COLLECTIVE_TESTS[collective][1]
+    if name == BASELINE:
+        return f"mpi4py comm.{method} (blocking, user's communicator)"
+    if name == PASSTHROUGH:
+        return f"bmlmpi algorithm 'native' (I{method.lower()} on bmlmpi's duplicate, polled Wait)"
+    return f"bmlmpi Communicator.{method}(..., algorithm={name!r})"
+
+
 def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
     algo = rows[0]["algorithm"] if rows else "?"
-    lines = [f"# OSU MPI Allreduce Latency Test (bmlmpi {__version__}, algorithm: {algo})",
+    title = COLLECTIVE_TESTS[getattr(args, "collective", "allreduce")][0]
+    lines = [f"# OSU MPI {title} Latency Test (bmlmpi {__version__}, algorithm: {algo})",
              f"# Ranks: {info['ranks']}{' (oversubscribed)' if info['oversubscribed'] else ''}"
              f"; MPI: {info['mpi_library']}",
              "# Datatype: MPI_FLOAT."]
@@ -331,7 +465,9 @@ def ratio_table(rows: list[dict], names: list[str]) -> str:
     others = [n for n in names if n != "native"]
     by = {(r["algorithm"], r["size"]): r for r in rows}
     sizes_ = sorted({r["size"] for r in rows})
-    lines = ["# Latency ratio to native MPI_Allreduce (mpi4py comm.Allreduce, blocking; same "
+    coll = rows[0].get("collective", "allreduce") if rows else "allreduce"
+    method = COLLECTIVE_TESTS[coll][1]
+    lines = [f"# Latency ratio to native MPI_{method} (mpi4py comm.{method}, blocking; same "
              "run; < 1 is faster than native)",
              f"{'# Size':<10}" + "".join(f"{n:>{FIELD}}" for n in others)]
     for s in sizes_:
@@ -364,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
         iters = args.iterations if args.iterations is not None else (100 if large else 1000)
         skip = args.warmup if args.warmup is not None else (10 if large else 100)
         rows += measure(ctx, args.algorithm_list, nbytes, iters, skip, args.validation,
-                        args.blocks, args.device, comm=world)
+                        args.blocks, args.device, comm=world, collective=args.collective)
         if bar is not None:
             bar.set_postfix_str(f"{nbytes} B")
             bar.update(len(args.algorithm_list))

@@ -36,7 +36,7 @@ _LOGICAL = ("a logical type: MPI reduces it with logical operations (LAND, LOR),
             "not SUM/PROD/MIN/MAX")
 _CHARACTER = "a character type, not a number"
 # Predefined MPI datatypes that mpi4py.util.dtlib maps to a numpy dtype but whose meaning in a
-# reduction differs from that dtype's arithmetic: bmlmpi refuses them (README, conformance).
+# reduction differs from that dtype's arithmetic: bmlmpi refuses them (docs/api.md, conformance).
 _REFUSED_NAMES = {
     **dict.fromkeys(("BOOL", "C_BOOL", "CXX_BOOL", "F_BOOL", "LOGICAL", "LOGICAL1",
                      "LOGICAL2", "LOGICAL4", "LOGICAL8"), _LOGICAL),
@@ -141,9 +141,9 @@ def _as_ndarray(obj: Any, what: str) -> np.ndarray:
                        f"the buffer protocol, DLPack or __cuda_array_interface__)")
 
 
-def _to_dtype(datatype: Any, what: str) -> np.dtype:
+def _to_dtype(datatype: Any, what: str, reducing: bool = True) -> np.dtype:
     if isinstance(datatype, MPI.Datatype):
-        why = refused_datatype(datatype)
+        why = refused_datatype(datatype) if reducing else None
         if why is not None:
             raise BufferSpecError(f"{what}: bmlmpi does not reduce {why}")
         try:
@@ -190,8 +190,10 @@ class Spec:
     count: int
 
 
-def resolve(spec: Any, what: str) -> Spec:
+def resolve(spec: Any, what: str, reducing: bool = True) -> Spec:
     """Resolve a (host) buffer spec to a flat contiguous ndarray view in memory order.
+    ``reducing`` False (a collective that only moves data: allgather, broadcast) accepts the
+    datatypes a reduction refuses (:func:`refused_datatype`).
 
     Arrays neither C- nor Fortran-contiguous are refused with a clear error rather than
     silently copied, so a receive buffer is always written where the caller expects.
@@ -201,7 +203,8 @@ def resolve(spec: Any, what: str) -> Spec:
         # mpi4py's zero-count spec: no memory, only a datatype
         if count not in (None, 0):
             raise BufferSpecError(f"{what}: buffer is None but count is {count}")
-        dtype = np.dtype(np.uint8) if datatype is None else _to_dtype(datatype, what)
+        dtype = np.dtype(np.uint8) if datatype is None else _to_dtype(datatype, what,
+                                                                      reducing)
         return Spec(owner=None, flat=np.empty(0, dtype), count=0)
     arr = _as_ndarray(buf, what)
     if arr.flags.c_contiguous:
@@ -212,7 +215,7 @@ def resolve(spec: Any, what: str) -> Spec:
         raise BufferSpecError(f"{what}: array is not contiguous; pass np.ascontiguousarray(a) "
                            f"(a non-contiguous receive buffer cannot be filled in place)")
     if datatype is not None:
-        dtype = _to_dtype(datatype, what)
+        dtype = _to_dtype(datatype, what, reducing)
         if flat.dtype != dtype:
             nbytes = flat.nbytes
             if nbytes % dtype.itemsize:

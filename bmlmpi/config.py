@@ -10,9 +10,10 @@ same as an unset one (the default). Booleans take ``1/0``, ``true/false``, ``yes
 ``on/off`` in any case. Text the parser refuses raises :class:`ConfigError` (a ``ValueError``)
 naming the variable and the value, never a silent fallback to the default.
 
-The README's environment table is :func:`markdown_table` (a test holds them equal). The
-scripts in ``jobs/`` and the test suite have variables of their own (``BMLMPI_RANKS``,
-``BMLMPI_SLURM_TESTS``, ...), documented where they are used; they are not library settings.
+The environment table in docs/environment.md is :func:`markdown_table` (a test holds them
+equal). The scripts in ``jobs/`` and the test suite have variables of their own
+(``BMLMPI_RANKS``, ``BMLMPI_SLURM_TESTS``, ...), documented where they are used; they are not
+library settings.
 
 This module imports nothing from bmlmpi, so any module (``bmlmpi.kernels`` included) may
 import it without an import cycle.
@@ -238,7 +239,7 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def markdown_table() -> str:
-    """The README's environment table."""
+    """The environment table of docs/environment.md."""
     rows = ["| variable | meaning | default |", "| --- | --- | --- |"]
     rows += [f"| `{v.name}` | {v.meaning} | {v.default_text} |" for v in VARIABLES.values()]
     return "\n".join(rows) + "\n"

@@ -580,3 +580,51 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
         elif now - last > timeout:
             raise DeadlineExceeded(describe(timeout))
         _back_off(now - start, spin)
+
+
+def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, op: str,
+                   tag_base: int, label: str | Callable[[], str],
+                   finish: Callable[[], None] | None = None,
+                   dtype: np.dtype | None = None) -> Run:
+    """A :class:`Run` of any collective's schedule, with its input and output copies
+    (:meth:`~bmlmpi.schedules.types.Schedule.input_copies`, ``output_copies``).
+
+    ``inp``: this rank's input buffer (None where it has none: a broadcast's non-roots);
+    ``out``: its output buffer (None where it has none: a reduce's non-roots). The schedule
+    runs on ``out`` itself when its output is the identity over a buffer of ``count`` elements
+    (allreduce, allgather, broadcast), else on a new work buffer (a reduce-scatter's block is
+    copied out of it after the last step, a non-root of a reduce keeps nothing). An input
+    copied whole into the work buffer is left to the Run's deferred copies
+    (:mod:`bmlmpi.deferred`: only the ranges the schedule needs before it writes them); other
+    input copies are made before step 0 (a copy of memory onto itself is skipped: an
+    in-place allgather's slot, a broadcast root's buffer)."""
+    from .schedules.types import Copy
+    sched = plan.sched
+    count = sched.count
+    identity = (Copy(0, count, 0),) if count else ()
+    outs = sched.output_copies()
+    if out is not None and out.size == count and outs == identity:
+        work, outs = out, ()
+    else:
+        work = np.empty(count, dtype if dtype is not None else
+                        (out.dtype if out is not None else inp.dtype))
+    src = None
+    if inp is not None:
+        ins = sched.input_copies()
+        if ins == identity and inp.size == count and not np.may_share_memory(inp, work):
+            src = inp
+        else:
+            for c in ins:
+                piece, dest = inp[c.lo:c.hi], work[c.at:c.at + c.n]
+                if not (piece.ctypes.data == dest.ctypes.data and piece.size == dest.size):
+                    np.copyto(dest, piece)
+    if not outs:
+        return Run(plan, work, op, tag_base, label, finish, src=src)
+
+    def copied_out() -> None:
+        for c in outs:
+            np.copyto(out[c.at:c.at + c.n], work[c.lo:c.hi])
+        if finish is not None:
+            finish()
+
+    return Run(plan, work, op, tag_base, label, copied_out, src=src)

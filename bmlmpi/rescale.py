@@ -1,4 +1,4 @@
-"""Mini-batch rescaling after failures (seed 001), MPI-free.
+"""Mini-batch rescaling after failures (the BML slides), MPI-free.
 
 When x of n data-parallel workers fail, each survivor's mini-batch grows from u to
 u + u·x/(n−x) = u·n/(n−x), so that the survivors together still process the global batch u·n
@@ -13,7 +13,7 @@ import numpy as np
 
 
 def rescaled_batch(u: float, n: int, x: int, *, rank: int | None = None) -> float | int:
-    """Each survivor's mini-batch after x of n ranks failed: u + u·x/(n−x) (seed 001), so the
+    """Each survivor's mini-batch after x of n ranks failed: u + u·x/(n−x) (the BML slides), so the
     n−x survivors together still process the global batch u·n.
 
     Floats get the exact value. Integers: with ``rank`` (this survivor's index among the n−x,

@@ -40,9 +40,33 @@ NATIVE_MARGIN = 1.05
 AUTO_TREE_MAX_RANKS = 16
 
 
-def algorithms() -> list[str]:
-    """The implemented algorithms, ``auto`` first and ``native`` last."""
-    return list(IMPLEMENTED)
+#: The collectives besides allreduce, and the scheduled algorithms each one runs.
+FAMILY_SCHEDULED: dict[str, tuple[str, ...]] = {
+    "reduce_scatter": (), "allgather": (), "reduce": (), "bcast": (),
+}
+
+
+def algorithms(collective: str = "allreduce") -> list[str]:
+    """The algorithms implemented for ``collective`` (default: allreduce), ``auto`` first
+    and ``native`` last."""
+    if collective == "allreduce":
+        return list(IMPLEMENTED)
+    try:
+        scheduled = FAMILY_SCHEDULED[collective]
+    except KeyError:
+        raise ValueError(f"unknown collective {collective!r}; known: allreduce, "
+                         f"{', '.join(FAMILY_SCHEDULED)}") from None
+    return ["auto", *scheduled, "native"]
+
+
+def choose_collective(collective: str, count: int, itemsize: int, size: int) -> str:
+    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
+    ``count`` elements in all: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
+    collective, else native."""
+    env = config.get("BMLMPI_ALGORITHM")
+    if env and env.lower() in FAMILY_SCHEDULED[collective]:
+        return env.lower()
+    return "native"
 
 
 def check_algorithm(name: str) -> str:

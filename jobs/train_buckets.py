@@ -14,7 +14,7 @@ slices at once): its losses are what the distributed run must reproduce to float
 (the mean over the global batch versus the average of the ranks' means; float64).
 
 The data set: ``sklearn.datasets.load_digits`` (1797 8×8 images, 10 classes; ``pip install
-bmlmpi[train]``); without scikit-learn a generated set of the same shape stands in (noisy
+'.[train]'``); without scikit-learn a generated set of the same shape stands in (noisy
 class prototypes), and the output says which was used.
 
     mpiexec -n 4 python jobs/train_buckets.py --plan ibatch --epochs 3 --out train.json
@@ -94,7 +94,7 @@ def load_dataset(which: str, seed: int) -> tuple[np.ndarray, np.ndarray, str]:
         except ImportError:
             if which == "digits":
                 raise SystemExit("train_buckets: --dataset digits needs scikit-learn "
-                                 "(pip install 'bmlmpi[train]')") from None
+                                 "(pip install '.[train]')") from None
         else:
             d = load_digits()
             return d.data / 16.0, d.target.astype(np.int64), "sklearn digits"

@@ -7,7 +7,7 @@ completes over the survivors, and before the next step every survivor
 
 * takes a new shard of the dataset (the samples split over the survivors, so none is lost),
 * rescales its mini-batch with ``bmlmpi.rescaled_batch(u, N, x, rank=...)`` so that the
-  survivors still process the original global batch u·N per step (seed 001's u + u·x/(N−x);
+  survivors still process the original global batch u·N per step (the BML slides' u + u·x/(N−x);
   the integer split adds up exactly),
 
 and training goes on with the same learning rate. The gradient is reduced as a weighted sum

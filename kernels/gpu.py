@@ -57,7 +57,7 @@ def _cupy():
         import cupy
     except ImportError as exc:
         raise ImportError("a GPU array was given but cupy is not installed: "
-                          "pip install 'bmlmpi[gpu]' (cupy-cuda12x)") from exc
+                          "pip install '.[gpu]' in bmlmpi's checkout (cupy-cuda12x)") from exc
     return cupy
 
 

@@ -92,7 +92,7 @@ def plot(runs: dict[int, list[dict]], algos: list[str], out: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib not installed (pip install .[plot]); no plots", flush=True)
+        print("matplotlib not installed (pip install '.[plot]'); no plots", flush=True)
         return
     fig, axes = plt.subplots(1, len(runs), figsize=(5 * len(runs), 4), squeeze=False)
     for ax, (n, rows) in zip(axes[0], sorted(runs.items()), strict=True):

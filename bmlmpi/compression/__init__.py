@@ -1,4 +1,4 @@
-"""Compressed allreduce with error feedback: Timed Dataflow's filters (seed 004) and 16-bit
+"""Compressed allreduce with error feedback: Timed Dataflow's filters (TDF) and 16-bit
 wire formats, as a layer around any bmlmpi algorithm.
 
 * :mod:`.wire` — fp16/bf16 codecs and the overflow-safe power-of-two scale (G-LNP).

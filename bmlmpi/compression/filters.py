@@ -1,7 +1,7 @@
 """Gradient compressors with error feedback: TDF's hybrid gradient filter (G-SMP, G-RP) and the
 16-bit wire formats (G-LNP). MPI-free: this module decides what a rank sends and keeps.
 
-Algorithm (seed 004, "TDF's push operation", in this order):
+Algorithm (Timed Dataflow, "TDF's push operation", in this order):
 
 1. y = g + r: the new gradient plus what this array kept at the previous iteration (Eq. 2).
 2. G-SMP selects j with |y_j| < φ / (1 + d·ln t) (Eq. 1; t = 1, 2, … counts the calls on this
@@ -19,12 +19,12 @@ G-RP's seed is the same on every rank (mixed with t and the array's key, never t
 ranks drop the same random positions, so the kept positions of the ranks overlap as much as
 G-SMP lets them and the sparse allreduce's union (its fill-in) stays small; with per-rank seeds
 the union of N random keeps of density 1−p is 1−p^N, which undoes the saving of an allreduce
-(a parameter server, seed 004's setting, sums sparse pushes and does not care). Error feedback
+(a parameter server, TDF's setting, sums sparse pushes and does not care). Error feedback
 sends every dropped position later, so no position is starved.
 
 Cost: a few passes over the array per call (numpy); memory: one residual per registered array.
-Source: seed 004 (Timed Dataflow, Sec. III-C); error feedback as in PyTorch's PowerSGD hook and
-GRACE.
+Source: "Timed Dataflow: Reducing Communication Overhead for Distributed Machine Learning"
+(TDF, Sec. III-C); error feedback as in PyTorch's PowerSGD hook and GRACE.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ input accumulates in float32). Anything else raises ValueError before any commun
 every rank, through the agreement). Cost: one extra latency-bound allreduce per call (step 2)
 and two passes over the array (filters, residual); the saving is the bytes of step 4.
 
-Source: seed 004 (TDF push, G-LNP); Horovod Compression.fp16 and PyTorch DDP comm hooks for
+Source: Timed Dataflow (TDF push, G-LNP); Horovod Compression.fp16 and PyTorch DDP comm hooks for
 where a compressor sits (around the allreduce).
 """
 

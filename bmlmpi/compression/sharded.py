@@ -8,7 +8,7 @@ range r):
    rank r receives the summed gradient of its range only.
 2. Rank r applies ``update(grad_shard, master_shard)`` to its **master** copy of its range (the
    full-precision parameters only the owner holds: the parameter server's global storage).
-3. P-SMP (seed 004, Eq. 3): the owner publishes θ'_j unless |(θ'_j − θ_j)/θ_j| < φ'/(1 + d'·ln
+3. P-SMP (TDF, Eq. 3): the owner publishes θ'_j unless |(θ'_j − θ_j)/θ_j| < φ'/(1 + d'·ln
    t), where θ_j is the value last published (what every replica holds; θ_j = 0 counts as
    changed unless θ'_j = 0). Unpublished changes stay in the master and accumulate until they
    pass the filter: nothing is lost (the paper's server drops them; we keep them, the same
@@ -32,7 +32,7 @@ allgather's itemsize bytes per parameter by (4 + itemsize) per *published* param
 when fewer than itemsize/(4 + itemsize) of them change (1/2 for float32, 2/3 for float64).
 Replicas then compute with parameters up to one filter threshold (relative) out of date.
 
-Source: seed 004 (Sec. III-B timed parameter storage, III-D hybrid parameter filter); the
+Source: Timed Dataflow (Sec. III-B timed parameter storage, III-D hybrid parameter filter); the
 sharded step is ZeRO/"reduce-scatter, update, allgather" data parallelism.
 """
 

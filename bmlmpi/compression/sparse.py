@@ -36,7 +36,7 @@ computes the identical result. It equals the dense allreduce of the same kept el
 floating-point association (exactly, where sums are exact: integers, small-integer floats).
 
 Source: GRACE (sparsifiers need an allgather of index/value pairs); BCube levels as in BML
-(seed 000); the exchange-counts-first discipline of MPI's v-collectives.
+(Wang et al., NeurIPS 2018); the exchange-counts-first discipline of MPI's v-collectives.
 """
 
 from __future__ import annotations

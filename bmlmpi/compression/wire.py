@@ -39,7 +39,7 @@ underflow to zero) in fp16: the input's rounded-away part is what error feedback
 roundings of partial sums inside the reduction are not fed back: they belong to no rank).
 
 Cost: one pass over the data per encode/decode (numpy); half the bytes of float32 on the wire.
-Source: seed 004 (TDF's G-LNP: gradients pushed as Float16); Horovod ``Compression.fp16`` and
+Source: Timed Dataflow (TDF's G-LNP: gradients pushed as Float16); Horovod ``Compression.fp16`` and
 PyTorch DDP's fp16/bf16 compress hooks (prescaling against overflow).
 """
 

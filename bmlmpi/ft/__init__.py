@@ -39,8 +39,8 @@ bcube_preserving`, :mod:`bmlmpi.schedules.recovery`):
   default factorisation of N−x, k·(N−x) pieces. Right for a flat network (shared memory, a
   Fat-Tree), and the default when no BCube shape was given.
 * ``recovery="bcube"`` — bml keeps the original BCube addresses and routes around the dead
-  servers with auxiliary multi-hop steps (seed 001), so a server only ever talks to a server one
-  switch away. The default when the user gave a BCube shape (``topology=`` or
+  servers with auxiliary multi-hop steps (the BML slides), so a server only ever talks to a
+  server one switch away. The default when the user gave a BCube shape (``topology=`` or
   ``BMLMPI_BCUBE``). When the planner finds no such schedule (or the cube exceeds
   ``MAX_PLANNED_SERVERS``) the fresh schedule is used instead. Other algorithms always run
   fresh.
@@ -67,7 +67,7 @@ by the heartbeat (its process is gone but MPI never said so) and the survivors r
 :class:`FaultToleranceError` instead of hanging.
 
 A link that goes down (:mod:`.links`): ``watch_links=`` names this server's NICs; when one
-goes down the rank fences itself (seed 001: the server at the end of a failed link is masked)
+goes down the rank fences itself (the BML slides: the server at the end of a failed link is masked)
 and the others recover from its death as from any other.
 
 Growing back (:mod:`.grow`): :meth:`FaultTolerantCommunicator.replace_failed` spawns one

@@ -321,8 +321,19 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         self._usable()
         return super()._start(sendbuf, recvbuf, op, algorithm)
 
+    def _usable_for_calls(self) -> None:
+        self._usable()
+
     def _submit(self, prepared: PreparedCall) -> Request:
         """Enter the call in the ledger and start its first attempt."""
+        return FaultTolerantRequest(self._enter(prepared))
+
+    def _start_persistent(self, prepared: PreparedCall, compiled: Any) -> Call:
+        """A persistent call's start is one call of the ledger (compiled per attempt)."""
+        self._record(prepared)
+        return self._enter(prepared)
+
+    def _enter(self, prepared: PreparedCall) -> Call:
         self._seq += 1
         call = Call(self, self._seq, prepared)
         self._pending.append(call)
@@ -333,7 +344,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             except (ArgumentMismatch, RemoteArgumentError):
                 self._pending.remove(call)
                 raise
-        return FaultTolerantRequest(call)
+        return call
 
     def _attempt(self, call: Call) -> None:
         """Start (or restart) ``call`` over the current members; a failure is only noted here,
@@ -349,10 +360,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             return
         algorithm = call.algorithm
         if algorithm == "auto":
-            algorithm = self._auto(call.out.size, call.out.dtype.itemsize)
+            algorithm = self._resolve_auto(call.prepared)
         prepared = dataclasses.replace(call.prepared, algorithm=algorithm)
-        label = (f"bmlmpi fault-tolerant {algorithm} allreduce (rank {self.rank} of "
-                 f"{self.size}, call {call.seq}, attempt {call.attempts})")
+        label = (f"bmlmpi fault-tolerant {algorithm} {prepared.collective} (rank {self.rank} "
+                 f"of {self.size}, call {call.seq}, attempt {call.attempts})")
         with self._failure_noted():
             self._validate(prepared, None)
             call.run = self._launch(prepared, label, None)

@@ -1,6 +1,6 @@
 """Growing back to the full shape: spawned processes take the places of failed ranks (ULFM).
 
-After failures the survivors run on N−x ranks (a fresh schedule, or seed 001's BCube-
+After failures the survivors run on N−x ranks (a fresh schedule, or the BML slides' BCube-
 preserving recovery schedule) for as long as the job lasts. :meth:`Growth.replace_failed`
 gives the job its shape back: the survivors spawn one process per lost original rank, each
 takes over the BCube address (the original rank) of the rank it replaces, receives the

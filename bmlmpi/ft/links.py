@@ -1,4 +1,4 @@
-"""A failed link masks the server at its end (seed 001): the NIC watch that makes it so.
+"""A failed link masks the server at its end (the BML slides): the NIC watch that makes it so.
 
 A link that goes down does not kill a process, and MPI does not report it: the server behind it
 is alive, its heartbeat keeps beating (the heartbeat is a file, not the network), and its peers

@@ -13,7 +13,7 @@
 * **Reconcile**: every survivor must have committed the same calls, or
   :class:`~bmlmpi.ft.errors.FaultToleranceError`.
 * **Mask** (:meth:`Membership.mask_link`): a failed link is handled as the failure of one of its
-  servers (seed 001); the masked rank stops taking part.
+  servers (the BML slides); the masked rank stops taking part.
 * **Vanished** ranks: the heartbeat saw a process gone that MPI never reported (a non-zero
   exit): the survivors cannot agree to drop it and raise ``FaultToleranceError``.
 

@@ -135,7 +135,7 @@ def schedule(name: str, rank: int, size: int, count: int, itemsize: int,
 
 def bcube_preserving(name: str, rank: int, home_shape: Shape, failed: Iterable[int],
                      count: int) -> Schedule | None:
-    """The survivors' schedule that keeps the BCube addresses of ``home_shape`` (seed 001):
+    """The survivors' schedule that keeps the BCube addresses of ``home_shape`` (the BML slides):
     ``rank`` and the schedule's peers are original ranks. None when it does not apply — not
     bml, nobody failed, a cube over ``MAX_PLANNED_SERVERS``, or no such schedule found — and
     the survivors run the fresh :func:`schedule` over their new ranks instead."""

@@ -4,10 +4,10 @@ rank on its own shard, gather inside each node.
 Sources: Horovod's hierarchical allreduce (``HOROVOD_HIERARCHICAL_ALLREDUCE``: a local
 reduce-scatter, a cross-node allreduce of each shard by the local rank that holds it, a local
 allgather); BlueConnect (Cho et al., MLSys 2019: the same decomposition mapped onto each tier
-of the network, every tier busy at once); the MXNet tree-reduce proposal
-(``shared/seeds/003_c9eea3ecac030166.txt``: reduce inside the machine over its link matrix,
-then across machines); the inter-node step is BML on the BCube of nodes (seed 000, Wang et
-al., NeurIPS 2018).
+of the network, every tier busy at once); the MXNet tree-reduce proposal (reduce inside the
+machine over its link matrix, then across machines); the inter-node step is BML on the BCube
+of nodes (Wang et al., "BML: A High-performance, Low-cost Gradient Synchronization Algorithm
+for DML Training", NeurIPS 2018).
 
 Algorithm. N ranks sit on M nodes (:class:`~bmlmpi.topology.nodes.Nodes`); node g holds m_g
 ranks, L = max m_g. The buffer is cut into L balanced shards; on node g shard j belongs to

@@ -8,8 +8,9 @@ pipelines, one piece per survivor per pipeline, balanced element ranges):
   level). Right on a flat network (shared memory, a Fat-Tree), where every pair of ranks is one
   hop apart and the old addresses mean nothing. Costs what BML costs on N−x ranks.
 
-* **BCube-preserving** (:func:`bcube_recovery_schedule`), after seed 001 (BML's fault tolerance):
-  on real BCube hardware a server's links are fixed, so the survivors keep their addresses and
+* **BCube-preserving** (:func:`bcube_recovery_schedule`), after the server-failure part of the
+  BML slides (slide notes on Wang et al., NeurIPS 2018): on real BCube hardware a server's
+  links are fixed, so the survivors keep their addresses and
   only ever talk to a server one digit away (one switch). Dead servers leave holes in the level
   groups; the work that would have passed through a hole goes around it through live servers.
 
@@ -22,7 +23,7 @@ piece), each candidate proven by the verifier, and the cheapest taken (ties: few
 * *timed trees* (:mod:`.recovery_search`, up to :data:`MAX_SEARCHED_SERVERS` servers): every
   piece reduced along its own searched spanning tree of the survivors, one step count per
   candidate. BCube(3,2) without [0,0]: 16·T_C = T_F in BML's 4 steps, against the relay
-  planner's 20·T_C and seed 001's 18·T_C; the lower bound is 14·T_C (perf/paper/REPORT.md §5).
+  planner's 20·T_C and the BML slides' 18·T_C; the lower bound is 14·T_C (perf/paper/REPORT.md §5).
 
 The relay planner. Pipeline e visits the levels in BML's rotated order
 L = (l_0, …, l_{k−1}) = (e, e+1, …) mod k. Its slice is cut into N−x pieces, piece j owned by
@@ -36,11 +37,11 @@ it collects the sum over every live server agreeing with u, and step w merges th
 nodes of each level-l_w group into their parent. Around dead servers:
 
 * a live node is held by its own server; a dead node (with live servers below it) by a
-  *stand-in*: one of its live children, rotating over them piece by piece (seed 001's row
+  *stand-in*: one of its live children, rotating over them piece by piece (the BML slides' row
   [0,*] splitting dead [0,0]'s pieces between [0,1] and [0,2]), else the stand-in of one of
   its children, else (rarely) it stays *split*, each child's holder keeping a part;
 * a part travels from its holder to its node's holder in one hop when they share a switch
-  (differ in one digit), otherwise along the earliest path through live relays (seed 001's
+  (differ in one digit), otherwise along the earliest path through live relays (the BML slides'
   auxiliary 2-hop transfers; with two dead servers of a small cube, up to 4 hops); when its
   node's holder cannot be reached at all it is reduced into another holder of the same depth
   instead (every holder's sum ends at the owner, so nothing is lost or counted twice);

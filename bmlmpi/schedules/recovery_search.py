@@ -1,6 +1,6 @@
 """Search for BCube-preserving recovery schedules: timed reduction trees (MPI-free).
 
-The problem (seed 001, server failure): BCube ``radices`` (N servers, k levels) has lost the
+The problem (the BML slides' server failure): BCube ``radices`` (N servers, k levels) has lost the
 servers in ``dead``; the S = N − x survivors keep their addresses and talk only to a live
 server one switch away. The buffer is cut into k·S pieces as :func:`recovery_pieces
 <bmlmpi.schedules.recovery.recovery_pieces>` cuts it (one per survivor per pipeline); with
@@ -11,7 +11,7 @@ the survivors rooted at o_p, each edge one BCube hop between live servers. Every
 v ≠ o_p sends its partial sum of p once, to its parent, in reduce step t_p(v) ∈ [0, T), after
 all its children: t_p(child) < t_p(v). The allgather replays each tree backwards, a parent
 copying the finished piece to v in step 2T−1−t_p(v). BML is the member whose trees fix one
-address digit per step in the pipeline's level order; seed 001's relays (the servers that
+address digit per step in the pipeline's level order; the BML slides' relays (the servers that
 carry dead [0,0]'s row share round it, its "auxiliary" 2-hop steps) are inner tree nodes off
 BML's paths, and its auxiliary steps are extra steps T > k. A member is one (parent, step)
 for every survivor in every piece: at most Π_v (deg(v)·T) timed trees per piece (deg: live
@@ -49,8 +49,9 @@ reach a live server, d_v those of survivor v):
   servers (all servers of one digit value, or one server) leave it through its NICs; the
   allgather doubles the reduce phase's bound.
 
-Source: seed 001 (k·(N−x) pieces, auxiliary steps around a dead server, BCube(3,2) without
-[0,0] in 18·T_C = 9/8·T_F); the timed-tree family and its search are ours.
+Source: the server-failure part of the BML slides (slide notes on Wang et al., NeurIPS 2018:
+k·(N−x) pieces, auxiliary steps around a dead server, BCube(3,2) without [0,0] in
+18·T_C = 9/8·T_F); the timed-tree family and its search are ours.
 """
 
 from __future__ import annotations

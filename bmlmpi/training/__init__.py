@@ -2,7 +2,7 @@
 
 * :mod:`.buckets` — :class:`GradientBuckets` (fusion, progress thread, registration check);
 * :mod:`.plans` — the bucket plans ``layer``, ``single``, ``threshold``, ``ibatch``;
-* :mod:`.ibatch` — seed 002's greedy batching, its allreduce mapping and the exhaustive check;
+* :mod:`.ibatch` — iBatch's greedy batching, its allreduce mapping and the exhaustive check;
 * :mod:`.costs` — the startup and per-byte times, from the cost model or measured on the comm.
 """
 

@@ -1,4 +1,7 @@
-"""iBatch (seed 002): batch communication and computation so that one hides the other. MPI-free.
+"""iBatch: batch communication and computation so that one hides the other. MPI-free.
+
+Source: Wang, Pi, Zhou, "Scalable Distributed DL Training: Batching Communication and
+Computation" (iBatch).
 
 The paper (a parameter server). A worker pulls the parameters of layers 1..L from the servers
 and computes the forward pass layer by layer. Each communication costs a startup time T_s plus

@@ -10,7 +10,7 @@ A plan is a :class:`~bmlmpi.training.ibatch.Batching`: buckets are contiguous ru
 * ``threshold`` — Horovod / PyTorch DDP style: walking back from the last layer, a bucket
   fills until the next array would take it past a byte cap (``BMLMPI_FUSION_BYTES``, default
   25 MiB as DDP); an array larger than the cap is a bucket of its own.
-* ``ibatch`` — seed 002's greedy batching on a measured :class:`~bmlmpi.training.ibatch.Profile`
+* ``ibatch`` — iBatch's greedy batching on a measured :class:`~bmlmpi.training.ibatch.Profile`
   (:func:`bmlmpi.training.ibatch.ibatch_plan`).
 
 :func:`start_order` gives the order every rank starts the buckets in (it must be the same on

@@ -658,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"drew {drawn}, but the report names {PLOTS}")
         if not drawn:
             print("(plots not redrawn: matplotlib is not installed, pip install "
-                  "'bmlmpi[plot]'; the report names the committed ones)", file=sys.stderr)
+                  "'.[plot]'; the report names the committed ones)", file=sys.stderr)
     return 0
 
 

@@ -82,9 +82,8 @@ def check(timeout: float = 60.0) -> str:
     imports this checkout's bmlmpi (kernels included) the way the ranks will."""
     if not venv_python().exists():
         raise RuntimeError(f"no venv at {VENV}: run 'python -m perf.testbed setup'")
-    # bmlmpi.kernels comes from the editable install's mapping (kernels/ is not inside
-    # bmlmpi/), so a venv made for another checkout imports that checkout's kernels even
-    # when bmlmpi itself comes from here: check both.
+    # A venv made for another checkout may import that checkout's bmlmpi (and its kernels,
+    # linked into it): check both.
     probe = ("from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0]); "
              "import bmlmpi, bmlmpi.kernels; print(bmlmpi.__file__); "
              "print(bmlmpi.kernels.__file__)")

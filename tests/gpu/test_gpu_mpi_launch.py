@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bmlmpi.kernels import gpu  # noqa: E402
 from test_mpi_launch import run_ranks, sweep_tables  # noqa: E402
+
+from bmlmpi.kernels import gpu  # noqa: E402
 
 pytest.importorskip("cupy")
 if not gpu.gpu_available():

@@ -1,5 +1,5 @@
 """bmlmpi against mpi4py 4.1: every Allreduce/Iallreduce call mpi4py accepts gives mpi4py's
-exact result, or raises a documented error on every rank (README, "Conformance with mpi4py").
+exact result, or raises a documented error on every rank (docs/api.md, "Conformance with mpi4py").
 
 Each case runs the same inputs through ``comm.Allreduce`` (mpi4py, the MPI library's answer)
 and through bmlmpi, and checks both against values derived from the communicator's size, as
@@ -25,7 +25,7 @@ N_ELEMS = 13
 
 # MPI datatypes mpi4py maps to a numpy dtype whose arithmetic is not what MPI does with them
 # (logical and character types, packed bytes, Fortran quadruple precision, which numpy's
-# float128 is not on x86): bmlmpi refuses them (README, "Conformance with mpi4py").
+# float128 is not on x86): bmlmpi refuses them (docs/api.md, "Conformance with mpi4py").
 REFUSED_DATATYPES = ("LOGICAL", "LOGICAL1", "LOGICAL2", "LOGICAL4", "LOGICAL8", "F_BOOL",
                      "BOOL", "C_BOOL", "CXX_BOOL", "CHAR", "CHARACTER", "WCHAR", "PACKED", "BYTE",
                      "REAL16", "COMPLEX32")

@@ -8,11 +8,11 @@ device, so a misplaced range or a stale staging copy fails.
 
 import numpy as np
 import pytest
-from bmlmpi.kernels import gpu
 from conftest import all_ranks_agree, rank_input, reference
 from mpi4py import MPI
 
 import bmlmpi
+from bmlmpi.kernels import gpu
 
 cupy = pytest.importorskip("cupy")
 if not gpu.gpu_available():

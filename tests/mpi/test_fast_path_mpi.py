@@ -3,7 +3,7 @@ to MPI_Allreduce) gives exactly what the checked path gives: mpi4py's results, a
 errors on every rank when a later call of the same shapes passes a bad buffer.
 
 Every case calls three times: the first call takes the checked, polled path; the next two
-must take the fast path where the README says they do (the watchdog's call count tells)."""
+must take the fast path where docs/api.md says they do (the watchdog's call count tells)."""
 
 import numpy as np
 import pytest

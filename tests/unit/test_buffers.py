@@ -5,12 +5,12 @@ import array
 
 import numpy as np
 import pytest
-from bmlmpi.kernels import dispatch, gpu
 from dlpack_exporters import DLPack1, LegacyDLPack
 from mpi4py import MPI
 
 from bmlmpi import buffers
 from bmlmpi.buffers import BufferSpecError, resolve
+from bmlmpi.kernels import dispatch, gpu
 
 
 class CudaDLPackOnly:

@@ -29,3 +29,17 @@ def test_readme_says_what_ci_does():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "`.ci/run` runs these two commands, verbatim" in readme
     assert "in this order, in one clone" in readme
+
+
+def test_ci_checks_command_1s_venv_before_command_2():
+    """Command 2 makes .venv editable; command 1's own venv is used from the root before that."""
+    run = (ROOT / ".ci" / "run").read_text()
+    first, check, second = (run.index('bash -euo pipefail -c "${commands[0]}"'),
+                            run.index("\n.ci/after-install\n"),
+                            run.index('bash -euo pipefail -c "${commands[1]}"'))
+    assert first < check < second
+    after = (ROOT / ".ci" / "after-install").read_text()
+    assert '"editable"' in after and "jobs/sweep-mpirun.sh" in after
+    for step in ("bmlmpi.Communicator", "-m bmlmpi.bench", "-m bmlmpi.calibrate",
+                 "-m perf.baseline"):
+        assert step in after, step

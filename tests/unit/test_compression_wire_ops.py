@@ -9,12 +9,12 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from bmlmpi.kernels import dispatch
 
 from bmlmpi import kernels
 from bmlmpi.compression import engine, layer
 from bmlmpi.compression.wire import LARGEST, SUM_OP, UNIT, bound, decode, encode, scale
 from bmlmpi.execute import TAG_STEPS
+from bmlmpi.kernels import dispatch
 
 WIRES = ("fp16", "bf16")
 BACKENDS = ("numpy", "numba")

@@ -1,6 +1,6 @@
 """bmlmpi.config: every BMLMPI_* variable declared once, one truth rule, errors that name the
-variable, the README table generated from the declarations, and no other module reading the
-environment on its own."""
+variable, the table in docs/environment.md generated from the declarations, and no other module
+reading the environment on its own."""
 
 import ast
 from pathlib import Path
@@ -178,11 +178,11 @@ def test_explicit_arguments_still_win(monkeypatch):
 
 # -- documentation and structure ---------------------------------------------------------------
 
-def test_readme_table_is_the_declared_variables():
-    readme = (ROOT / "README.md").read_text()
+def test_docs_table_is_the_declared_variables():
+    page = (ROOT / "docs" / "environment.md").read_text()
     table = config.markdown_table()
-    assert table in readme, "README's environment table differs from bmlmpi.config:\n" + table
-    rows = [line for line in readme.splitlines() if line.startswith("| `BMLMPI_")]
+    assert table in page, "docs/environment.md's table differs from bmlmpi.config:\n" + table
+    rows = [line for line in page.splitlines() if line.startswith("| `BMLMPI_")]
     assert [r.split("`")[1] for r in rows] == list(config.VARIABLES)
     for v in config.VARIABLES.values():
         assert v.meaning and v.default_text

@@ -1,0 +1,128 @@
+"""The collective family as module-level calls, mpi4py's method signatures plus keyword-only
+``comm=`` and ``algorithm=``: ``comm.Reduce_scatter_block(a, b)`` becomes
+``bmlmpi.Reduce_scatter_block(a, b, comm=comm)``. Each call runs on the
+:class:`bmlmpi.Communicator` kept for ``comm`` (the one ``bmlmpi.Allreduce`` uses); the
+conventions, checks and failure behaviour are those of its methods (:mod:`bmlmpi.family`,
+:mod:`bmlmpi.persistent`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+from .api import Request, communicator_for
+from .persistent import PersistentRequest
+
+_WORLD = MPI.COMM_WORLD
+
+
+def Reduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                         comm: MPI.Comm = _WORLD, algorithm: str = "auto") -> None:
+    """Drop-in ``comm.Reduce_scatter_block(sendbuf, recvbuf, op)``."""
+    communicator_for(comm).Reduce_scatter_block(sendbuf, recvbuf, op, algorithm=algorithm)
+
+
+def Ireduce_scatter_block(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                          comm: MPI.Comm = _WORLD, algorithm: str = "auto") -> Request:
+    return communicator_for(comm).Ireduce_scatter_block(sendbuf, recvbuf, op,
+                                                        algorithm=algorithm)
+
+
+def Reduce_scatter_block_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                              comm: MPI.Comm = _WORLD,
+                              algorithm: str = "auto") -> PersistentRequest:
+    return communicator_for(comm).Reduce_scatter_block_init(sendbuf, recvbuf, op,
+                                                            algorithm=algorithm)
+
+
+def Reduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
+                   comm: MPI.Comm = _WORLD, algorithm: str = "auto") -> None:
+    """Drop-in ``comm.Reduce_scatter(sendbuf, recvbuf, recvcounts, op)``."""
+    communicator_for(comm).Reduce_scatter(sendbuf, recvbuf, recvcounts, op,
+                                          algorithm=algorithm)
+
+
+def Ireduce_scatter(sendbuf: Any, recvbuf: Any, recvcounts: Any = None, op: Any = MPI.SUM, *,
+                    comm: MPI.Comm = _WORLD, algorithm: str = "auto") -> Request:
+    return communicator_for(comm).Ireduce_scatter(sendbuf, recvbuf, recvcounts, op,
+                                                  algorithm=algorithm)
+
+
+def Reduce_scatter_init(sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                        op: Any = MPI.SUM, *, comm: MPI.Comm = _WORLD,
+                        algorithm: str = "auto") -> PersistentRequest:
+    return communicator_for(comm).Reduce_scatter_init(sendbuf, recvbuf, recvcounts, op,
+                                                      algorithm=algorithm)
+
+
+def Allgather(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+              algorithm: str = "auto") -> None:
+    """Drop-in ``comm.Allgather(sendbuf, recvbuf)``."""
+    communicator_for(comm).Allgather(sendbuf, recvbuf, algorithm=algorithm)
+
+
+def Iallgather(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+               algorithm: str = "auto") -> Request:
+    return communicator_for(comm).Iallgather(sendbuf, recvbuf, algorithm=algorithm)
+
+
+def Allgather_init(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+                   algorithm: str = "auto") -> PersistentRequest:
+    return communicator_for(comm).Allgather_init(sendbuf, recvbuf, algorithm=algorithm)
+
+
+def Allgatherv(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+               algorithm: str = "auto") -> None:
+    """Drop-in ``comm.Allgatherv(sendbuf, [buf, counts, displs, datatype])``."""
+    communicator_for(comm).Allgatherv(sendbuf, recvbuf, algorithm=algorithm)
+
+
+def Iallgatherv(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+                algorithm: str = "auto") -> Request:
+    return communicator_for(comm).Iallgatherv(sendbuf, recvbuf, algorithm=algorithm)
+
+
+def Allgatherv_init(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+                    algorithm: str = "auto") -> PersistentRequest:
+    return communicator_for(comm).Allgatherv_init(sendbuf, recvbuf, algorithm=algorithm)
+
+
+def Reduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+           comm: MPI.Comm = _WORLD, algorithm: str = "auto") -> None:
+    """Drop-in ``comm.Reduce(sendbuf, recvbuf, op, root)``."""
+    communicator_for(comm).Reduce(sendbuf, recvbuf, op, root, algorithm=algorithm)
+
+
+def Ireduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+            comm: MPI.Comm = _WORLD, algorithm: str = "auto") -> Request:
+    return communicator_for(comm).Ireduce(sendbuf, recvbuf, op, root, algorithm=algorithm)
+
+
+def Reduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                comm: MPI.Comm = _WORLD, algorithm: str = "auto") -> PersistentRequest:
+    return communicator_for(comm).Reduce_init(sendbuf, recvbuf, op, root, algorithm=algorithm)
+
+
+def Bcast(buf: Any, root: int = 0, *, comm: MPI.Comm = _WORLD,
+          algorithm: str = "auto") -> None:
+    """Drop-in ``comm.Bcast(buf, root)``."""
+    communicator_for(comm).Bcast(buf, root, algorithm=algorithm)
+
+
+def Ibcast(buf: Any, root: int = 0, *, comm: MPI.Comm = _WORLD,
+           algorithm: str = "auto") -> Request:
+    return communicator_for(comm).Ibcast(buf, root, algorithm=algorithm)
+
+
+def Bcast_init(buf: Any, root: int = 0, *, comm: MPI.Comm = _WORLD,
+               algorithm: str = "auto") -> PersistentRequest:
+    return communicator_for(comm).Bcast_init(buf, root, algorithm=algorithm)
+
+
+def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = _WORLD,
+                   algorithm: str = "auto") -> PersistentRequest:
+    """Drop-in ``comm.Allreduce_init(sendbuf, recvbuf, op)`` (MPI 4 persistent)."""
+    ctx = communicator_for(comm)
+    return ctx.Allreduce_init(sendbuf, recvbuf, op, algorithm=algorithm)

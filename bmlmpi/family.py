@@ -1,0 +1,717 @@
+"""The rest of the collective family: reduce-scatter, allgather, reduce and broadcast.
+
+Each call is checked and resolved here into a :class:`FamilyCall` — the analogue of the
+allreduce's :class:`~bmlmpi.api.PreparedCall` — which the communicator's one launch path
+(argument agreement, progress engine, fault-tolerant ledger) consumes like an allreduce.
+:class:`FamilyCalls` holds the public methods that :class:`bmlmpi.Communicator` inherits.
+
+Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
+
+* ``Reduce_scatter_block(sendbuf, recvbuf, op)``: ``sendbuf`` holds ``size`` blocks of
+  ``recvbuf``'s count; rank r receives the reduction of block r. ``MPI.IN_PLACE``: the input is
+  ``recvbuf`` itself (``size`` blocks; its element count must divide by ``size``) and the
+  block lands at its start.
+* ``Reduce_scatter(sendbuf, recvbuf, recvcounts=None, op)``: block r holds ``recvcounts[r]``
+  elements (zeros allowed), in rank order; ``recvbuf`` holds exactly ``recvcounts[rank]``.
+  Without ``recvcounts`` the blocks are equal (``sendbuf``'s count divided by ``size``);
+  ``MPI.IN_PLACE`` needs ``recvcounts`` (as in mpi4py, which raises TypeError without).
+* ``Allgather(sendbuf, recvbuf)``: ``recvbuf`` holds ``size`` slots of ``sendbuf``'s count.
+  ``MPI.IN_PLACE``: this rank's slot of ``recvbuf`` is its contribution.
+* ``Allgatherv(sendbuf, recvbuf)``: ``recvbuf`` is ``[buf, counts, displs, datatype]``,
+  ``[buf, (counts, displs), datatype]``, ``[buf, counts, datatype]``, ``[buf, counts]`` or a
+  plain buffer (equal counts); displacements default to the running sum of the counts and
+  may be in any order, but the slots must not overlap.
+* ``Reduce(sendbuf, recvbuf, op, root)``: ``recvbuf`` is read at the root only (may be None
+  elsewhere); ``MPI.IN_PLACE`` only at the root (Open MPI refuses it elsewhere).
+* ``Bcast(buf, root)``.
+
+Reductions take the dtypes and ops of ``Allreduce`` (``bmlmpi.AVG`` included: a sum divided
+by the number of contributing ranks). Allgather and broadcast move bytes: any datatype
+mpi4py accepts (``MPI.BYTE``, ``MPI.BOOL``, structured arrays) travels unchanged.
+
+Argument agreement: the first call of each signature — collective, every rank's block
+count, dtype, op, root, algorithm — is checked across ranks as ``Allreduce``'s is, so ranks
+that disagree raise :class:`~bmlmpi.api.ArgumentMismatch` (or
+:class:`~bmlmpi.api.RemoteArgumentError` where another rank's arguments were refused) on
+every rank instead of hanging. Messages of different collectives never match: a scheduled
+call's tags lie in its collective's own block of the tag space (``TAG_KINDS``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import buffers, kernels
+from .buffers import BufferSpecError
+from .ops import check_dtype_op, mpi_op, op_name
+from .recorder import Signature
+
+#: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
+COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
+TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "bcast": 4}
+REDUCING = frozenset({"reduce_scatter", "reduce"})
+
+
+def _method(comm: MPI.Comm, name: str, form: str) -> Any:
+    if form == "I":
+        return getattr(comm, "I" + name.lower())
+    return getattr(comm, name + form)
+
+
+def _digest(values: tuple[int, ...]) -> str:
+    return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
+
+
+def offsets(counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Where each rank's block starts when the blocks lie one after another in rank order."""
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return tuple(out)
+
+
+@dataclass(slots=True, eq=False)
+class FamilyCall:
+    """One reduce-scatter, allgather, reduce or broadcast after its arguments were checked.
+
+    The exchange runs over one flat buffer of ``total`` elements (``total`` = the sum of
+    ``counts``, in rank order, for reduce-scatter and allgather; the count for reduce and
+    broadcast): ``out`` and ``src`` follow the allreduce's convention that the fault-tolerant
+    ledger relies on — ``src`` is this rank's input when it is not already in ``out`` (None:
+    it is, and a re-run restores ``out`` first).
+    """
+
+    collective: str             # reduce_scatter | allgather | reduce | bcast
+    mpi_name: str               # the mpi4py method this call stands for
+    algorithm: str              # resolved ("auto" already decided)
+    requested: str              # as asked ("auto" stays "auto")
+    op: str                     # bmlmpi op name; "sum" (unused) for allgather and bcast
+    counts: tuple[int, ...]     # elements per rank (reduce_scatter, allgather); (count,) else
+    root: int                   # reduce, bcast; 0 otherwise
+    rank: int
+    size: int
+    src: np.ndarray | None      # the input when it is not in ``out``
+    out: np.ndarray             # reduce_scatter in place: the whole input; see the methods
+    result: np.ndarray | None   # reduce_scatter: this rank's block of recvbuf (else None)
+    displs: tuple[int, ...] | None = None  # allgather: slot starts in ``out`` (None: packed)
+    staging: Any = None         # never set: device arrays are refused (module docstring)
+    native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
+    extra: dict = field(default_factory=dict)
+    slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
+
+    # -- what the launch path and the ledger read ------------------------------------------
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.out.dtype
+
+    def signature(self, shape: Any) -> tuple:
+        """What every rank must agree on (its hash is checked across ranks)."""
+        return (self.collective, self.size, len(self.counts), self.total,
+                _digest(self.counts), self.dtype.str, self.op, self.root, self.algorithm,
+                tuple(shape))
+
+    def traced(self) -> Signature:
+        """The flight recorder's description of this call."""
+        return Signature(self.collective, int(self.total), self.dtype.name,
+                         self.op if self.collective in REDUCING else None,
+                         self.root if self.collective in ("reduce", "bcast") else None,
+                         self.requested, self.algorithm)
+
+    @staticmethod
+    def describe_signature(sig: tuple) -> str:
+        if sig is None or sig[0] not in TAG_KIND:
+            return repr(sig)
+        what, _, nblocks, total, _, dtype, op, root, algorithm, _ = sig
+        return (f"{what} of {total} x {np.dtype(dtype)} ({nblocks} block(s)) op={op} "
+                f"root={root} algorithm={algorithm}")
+
+    @property
+    def is_in_place(self) -> bool:
+        return self.src is None
+
+    def finish(self, size: int) -> None:
+        """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
+        that contributed (reduce-scatter: this rank's block; reduce: the root's result)."""
+        if self.op != "avg":
+            return
+        if self.collective == "reduce_scatter":
+            kernels.scale_avg(self.result, size)
+        elif self.collective == "reduce" and self.rank == self.root:
+            kernels.scale_avg(self.out, size)
+
+    # -- the native launch: mpi4py's own call on the private communicator -------------------
+    def native(self, comm: MPI.Comm, form: str = "I") -> Any:
+        """mpi4py's own call for this one on ``comm`` with the user's buffers: ``form`` "I"
+        the non-blocking call (a Request), "" the blocking one, "_init" MPI 4's persistent
+        request. Reduce-scatter is ``Reduce_scatter_block`` or ``Reduce_scatter`` as called;
+        an allgather is ``Allgatherv`` over bytes (any layout, any datatype)."""
+        what = self.collective
+        if what == "reduce_scatter":
+            sbuf = MPI.IN_PLACE if self.src is None else self.src
+            rbuf = self.out if self.src is None else self.result
+            op = mpi_op(self.op)
+            if self.native_block:
+                return _method(comm, "Reduce_scatter_block", form)(sbuf, rbuf, op)
+            return _method(comm, "Reduce_scatter", form)(sbuf, rbuf, list(self.counts), op)
+        if what == "allgather":
+            rspec = [self.out, list(self.counts), list(self.displs or offsets(self.counts)),
+                     MPI.BYTE]
+            sbuf = MPI.IN_PLACE if self.src is None else [self.src, MPI.BYTE]
+            return _method(comm, "Allgatherv", form)(sbuf, rspec)
+        if what == "reduce":
+            op = mpi_op(self.op)
+            if self.rank == self.root:
+                sbuf = MPI.IN_PLACE if self.src is None else self.src
+                return _method(comm, "Reduce", form)(sbuf, self.out, op, self.root)
+            return _method(comm, "Reduce", form)(self.src, None, op, self.root)
+        return _method(comm, "Bcast", form)([self.out, MPI.BYTE], self.root)
+
+    def start_native(self, comm: MPI.Comm) -> MPI.Request:
+        return self.native(comm, "I")
+
+    def init_native(self, comm: MPI.Comm) -> MPI.Prequest:
+        return self.native(comm, "_init")
+
+    # -- the scheduled launch: the schedule's input and output buffers ----------------------
+    def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(this rank's input, its output) as a schedule of the collective names them
+        (:mod:`bmlmpi.schedules.collectives`): the executor copies between them and its work
+        buffer (:func:`bmlmpi.execute.collective_run`). An allgather with displacements of
+        its own gathers into a packed buffer that :meth:`place` spreads out."""
+        what = self.collective
+        if what == "reduce_scatter":
+            return (self.out if self.src is None else self.src), self.result
+        if what == "allgather":
+            lo, n = offsets(self.counts)[self.rank], self.counts[self.rank]
+            if self.displs is None:
+                packed = self.out[:self.total]
+                return (packed[lo:lo + n] if self.src is None else self.src), packed
+            d = self.displs[self.rank]
+            mine = self.out[d:d + n] if self.src is None else self.src
+            return mine, np.empty(self.total, self.dtype)
+        if what == "reduce":
+            if self.rank == self.root:
+                return (self.out if self.src is None else self.src), self.out
+            return self.src, None
+        return (self.out if self.rank == self.root else None), self.out
+
+    def place(self, output: np.ndarray | None) -> None:
+        """After a scheduled allgather into a packed buffer: every slot to its displacement."""
+        if self.collective == "allgather" and self.displs is not None:
+            for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
+                np.copyto(self.out[d:d + c], output[lo:lo + c])
+
+
+# -- argument checks and buffer resolution, one function per mpi4py call --------------------
+def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True) -> buffers.Spec:
+    if recvbuf is None or recvbuf is MPI.IN_PLACE:
+        raise BufferSpecError(f"{what} must be a buffer (sendbuf may be MPI.IN_PLACE)")
+    if isinstance(recvbuf, (list, tuple)) and not recvbuf:
+        raise BufferSpecError(f"{what}: an empty buffer spec")
+    _refuse_device(recvbuf)
+    spec = buffers.resolve(recvbuf, what, reducing=reducing)
+    if not spec.flat.flags.writeable:
+        raise BufferSpecError(f"{what} is read-only")
+    return spec
+
+
+def _refuse_device(spec: Any) -> None:
+    obj = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
+    if buffers.is_device_array(obj):
+        raise BufferSpecError("the collective family takes host buffers; a device array is "
+                              "staged by Allreduce only (copy it to the host first)")
+
+
+def _send_spec(sendbuf: Any, dtype: np.dtype, reducing: bool = True) -> buffers.Spec:
+    _refuse_device(sendbuf)
+    send = buffers.resolve(sendbuf, "sendbuf", reducing=reducing)
+    if send.flat.dtype != dtype:
+        raise BufferSpecError(f"sendbuf dtype {send.flat.dtype} differs from recvbuf dtype "
+                              f"{dtype}")
+    return send
+
+
+def _apart(src: np.ndarray | None, out: np.ndarray) -> np.ndarray | None:
+    """``src``, or None when it is ``out``'s own memory (an in-place call spelled with two
+    names); any other overlap is refused."""
+    if src is None or not np.may_share_memory(src, out):
+        return src
+    if (src.__array_interface__["data"][0] == out.__array_interface__["data"][0]
+            and src.size == out.size):
+        return None
+    raise BufferSpecError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
+
+
+def _check_reduction(dtype: np.dtype, op: Any) -> str:
+    name = op_name(op)
+    check_dtype_op(dtype, name)
+    return name
+
+
+def _check_root(root: Any, size: int) -> int:
+    try:
+        r = int(root)
+    except (TypeError, ValueError):
+        raise TypeError(f"root must be an integer rank, got {root!r}") from None
+    if r != root or not 0 <= r < size:
+        raise ValueError(f"root {root!r} is not a rank of this communicator (size {size})")
+    return r
+
+
+def _check_counts(counts: Any, size: int) -> tuple[int, ...]:
+    try:
+        seq = [int(c) for c in counts]
+    except (TypeError, ValueError):
+        raise TypeError(f"recvcounts must be a sequence of {size} integers, got "
+                        f"{counts!r}") from None
+    if len(seq) != size:
+        raise ValueError(f"recvcounts has {len(seq)} entries; the communicator has {size} "
+                         f"ranks")
+    if any(c < 0 for c in seq):
+        raise ValueError(f"recvcounts must not be negative: {seq}")
+    return tuple(seq)
+
+
+def _as_bytes(a: np.ndarray) -> np.ndarray:
+    return a.view(np.uint8) if a.size else np.empty(0, np.uint8)
+
+
+def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
+                           op: Any, block: bool, algorithm: str) -> FamilyCall:
+    """``Reduce_scatter_block`` (``block``) or ``Reduce_scatter``."""
+    name = "Reduce_scatter_block" if block else "Reduce_scatter"
+    recv = _recv_spec(recvbuf)
+    dtype = recv.flat.dtype
+    opname = _check_reduction(dtype, op)
+    if sendbuf is MPI.IN_PLACE or sendbuf is None:
+        if block:
+            if recv.count % size:
+                raise BufferSpecError(f"{name} in place: recvbuf holds {recv.count} "
+                                      f"elements, not a multiple of the {size} ranks")
+            counts = (recv.count // size,) * size
+        else:
+            if recvcounts is None:
+                raise TypeError(f"{name} with MPI.IN_PLACE needs recvcounts (as mpi4py)")
+            counts = _check_counts(recvcounts, size)
+        total = sum(counts)
+        if recv.count < total:
+            raise BufferSpecError(f"{name} in place: recvbuf holds {recv.count} elements, "
+                                  f"fewer than the {total} of all blocks")
+        out = recv.flat[:total]
+        return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0,
+                          rank, size, None, out, out[:counts[rank]], native_block=block)
+    send = _send_spec(sendbuf, dtype)
+    if block:
+        if send.count != size * recv.count:
+            raise BufferSpecError(f"{name}: sendbuf holds {send.count} elements; {size} "
+                                  f"blocks of recvbuf's {recv.count} are needed")
+        counts = (recv.count,) * size
+    else:
+        if recvcounts is None:
+            if send.count % size:
+                raise BufferSpecError(f"{name}: sendbuf holds {send.count} elements, not a "
+                                      f"multiple of the {size} ranks (pass recvcounts)")
+            counts = (send.count // size,) * size
+        else:
+            counts = _check_counts(recvcounts, size)
+        if recv.count != counts[rank]:
+            raise BufferSpecError(f"{name}: recvbuf holds {recv.count} elements but "
+                                  f"recvcounts[{rank}] is {counts[rank]}")
+        if send.count != sum(counts):
+            raise BufferSpecError(f"{name}: sendbuf holds {send.count} elements but the "
+                                  f"recvcounts add up to {sum(counts)}")
+    result = recv.flat[:counts[rank]]
+    src = _apart(send.flat, result)
+    if src is None:
+        raise BufferSpecError(f"{name}: sendbuf and recvbuf overlap; use MPI.IN_PLACE")
+    return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0, rank,
+                      size, src, result, result, native_block=block)
+
+
+def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ...],
+                                                       tuple[int, ...] | None]:
+    """(the flat receive buffer, counts, displacements or None when packed) of an
+    Allgatherv receive spec (module docstring)."""
+    counts = displs = datatype = None
+    buf = recvbuf
+    if isinstance(recvbuf, (list, tuple)):
+        if not recvbuf:
+            raise BufferSpecError("recvbuf: an empty buffer spec")
+        items = list(recvbuf)
+        buf = items[0]
+        rest = items[1:]
+        if rest and (rest[-1] is None or isinstance(rest[-1], (MPI.Datatype, str))):
+            datatype = rest.pop()
+        if len(rest) == 1:
+            if (isinstance(rest[0], tuple) and len(rest[0]) == 2
+                    and not isinstance(rest[0][0], (int, np.integer))):
+                counts, displs = rest[0]
+            else:
+                counts = rest[0]
+        elif len(rest) == 2:
+            counts, displs = rest
+        elif rest:
+            raise BufferSpecError("Allgatherv recvbuf: [buf, counts, displs, datatype], "
+                                  "[buf, (counts, displs), datatype], [buf, counts, "
+                                  "datatype], [buf, counts] or a buffer")
+    spec = _recv_spec(buf if datatype is None else [buf, datatype], reducing=False)
+    flat = spec.flat
+    if counts is None:
+        if flat.size % size:
+            raise BufferSpecError(f"Allgatherv: recvbuf holds {flat.size} elements, not a "
+                                  f"multiple of the {size} ranks (give counts)")
+        counts = (flat.size // size,) * size
+    else:
+        counts = _check_counts(counts, size)
+    if displs is None:
+        return flat, counts, None
+    try:
+        d = tuple(int(x) for x in displs)
+    except (TypeError, ValueError):
+        raise TypeError(f"displs must be a sequence of {size} integers") from None
+    if len(d) != size or any(x < 0 for x in d):
+        raise ValueError(f"displs must be {size} non-negative integers, got {list(d)}")
+    ends = [x + c for x, c in zip(d, counts, strict=True)]
+    if max(ends, default=0) > flat.size:
+        raise BufferSpecError(f"Allgatherv: a slot ends at element {max(ends)}, past recvbuf's "
+                              f"{flat.size}")
+    slots = sorted((x, e) for x, e in zip(d, ends, strict=True) if e > x)
+    if any(a[1] > b[0] for a, b in zip(slots, slots[1:], strict=False)):
+        raise BufferSpecError("Allgatherv: the slots of recvbuf overlap (the result would "
+                              "depend on the order of arrival)")
+    return flat, counts, (None if d == offsets(counts) else d)
+
+
+def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
+                      algorithm: str) -> FamilyCall:
+    """``Allgather`` or (``vector``) ``Allgatherv``; the exchange moves bytes."""
+    name = "Allgatherv" if vector else "Allgather"
+    if vector:
+        flat, counts, displs = _allgatherv_recv(recvbuf, size)
+    else:
+        spec = _recv_spec(recvbuf, reducing=False)
+        flat = spec.flat
+        if flat.size % size:
+            raise BufferSpecError(f"Allgather: recvbuf holds {flat.size} elements, not a "
+                                  f"multiple of the {size} ranks")
+        counts, displs = (flat.size // size,) * size, None
+    item = flat.dtype.itemsize
+    mine = counts[rank]
+    if sendbuf is MPI.IN_PLACE or sendbuf is None:
+        src = None
+    else:
+        send = _send_spec(sendbuf, flat.dtype, reducing=False)
+        if send.count != mine:
+            raise BufferSpecError(f"{name}: sendbuf holds {send.count} elements; this rank's "
+                                  f"slot holds {mine}")
+        start = (displs or offsets(counts))[rank]
+        src = _apart(send.flat, flat[start:start + mine])
+    bcounts = tuple(c * item for c in counts)
+    bdispls = None if displs is None else tuple(x * item for x in displs)
+    out = _as_bytes(flat[:sum(counts)] if displs is None else flat)
+    return FamilyCall("allgather", name, algorithm, algorithm, "sum", bcounts, 0, rank, size,
+                      None if src is None else _as_bytes(src), out, None, bdispls,
+                      native_block=not vector)
+
+
+def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any,
+                   algorithm: str) -> FamilyCall:
+    root = _check_root(root, size)
+    if rank == root:
+        recv = _recv_spec(recvbuf)
+        dtype = recv.flat.dtype
+        opname = _check_reduction(dtype, op)
+        if sendbuf is MPI.IN_PLACE or sendbuf is None:
+            return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (recv.count,),
+                              root, rank, size, None, recv.flat, None)
+        send = _send_spec(sendbuf, dtype)
+        if recv.count < send.count:
+            raise BufferSpecError(f"Reduce: the root's recvbuf holds {recv.count} elements, "
+                                  f"fewer than the {send.count} sent")
+        out = recv.flat[:send.count]
+        return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,),
+                          root, rank, size, _apart(send.flat, out), out, None)
+    if sendbuf is MPI.IN_PLACE or sendbuf is None:
+        raise BufferSpecError("Reduce: MPI.IN_PLACE is the root's alone (MPI); pass the "
+                              "input as sendbuf on the other ranks")
+    _refuse_device(sendbuf)
+    send = buffers.resolve(sendbuf, "sendbuf")
+    opname = _check_reduction(send.flat.dtype, op)
+    return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,), root,
+                      rank, size, send.flat, np.empty(0, send.flat.dtype), None)
+
+
+def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> FamilyCall:
+    root = _check_root(root, size)
+    if buf is None or buf is MPI.IN_PLACE:
+        raise BufferSpecError("Bcast: buf must be a buffer")
+    _refuse_device(buf)
+    spec = buffers.resolve(buf, "buf", reducing=False)
+    if rank != root and not spec.flat.flags.writeable:
+        raise BufferSpecError("Bcast: buf is read-only on a receiving rank")
+    out = _as_bytes(spec.flat)
+    return FamilyCall("bcast", "Bcast", algorithm, algorithm, "sum", (out.size,), root, rank,
+                      size, None, out, None)
+
+
+def family_algorithms(collective: str) -> tuple[str, ...]:
+    """The algorithms implemented for ``collective``: ``auto`` first, ``native`` last."""
+    from . import select
+    return tuple(select.algorithms(collective))
+
+
+def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
+                     counts: tuple[int, ...], root: int, itemsize: int, shape: Any,
+                     links: Any, nodes: Any) -> Any:
+    """Rank ``rank``'s schedule of ``algorithm`` for ``collective`` (the algorithm record of
+    :mod:`bmlmpi.schedules`)."""
+    from .schedules import catalog
+    return catalog.collective_schedule(collective, algorithm, rank, size, counts, root,
+                                       itemsize, shape, links, nodes=nodes)
+
+
+class FamilyCalls:
+    """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them.
+
+    Blocking, non-blocking (``I…``: a :class:`~bmlmpi.api.Request` that progresses inside
+    ``Test``/``Wait`` of any of the communicator's requests) and persistent (``…_init``: a
+    :class:`~bmlmpi.persistent.PersistentRequest`, MPI 4's ``Prequest``) forms, with
+    mpi4py's positional arguments. ``algorithm`` (keyword-only): one of
+    ``bmlmpi.algorithms(collective)``; None takes the communicator's own when that one
+    serves the collective, else ``auto``.
+    """
+
+    # -- reduce-scatter ---------------------------------------------------------------------
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                             algorithm: str | None = None) -> None:
+        """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
+        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
+                                   alg)))
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                              algorithm: str | None = None) -> Any:
+        return self._family_start("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
+                                   alg)))
+
+    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                                  algorithm: str | None = None) -> Any:
+        return self._family_init("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
+                                   alg)))
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                       op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+        """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
+        block r (``recvcounts`` None: equal blocks)."""
+        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
+                                   False, alg)))
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
+        return self._family_start("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
+                                   False, alg)))
+
+    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                            op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
+        return self._family_init("reduce_scatter", algorithm, lambda alg: (
+            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
+                                   False, alg)))
+
+    # -- allgather --------------------------------------------------------------------------
+    def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
+        self._family_blocking("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
+        return self._family_start("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
+
+    def Allgather_init(self, sendbuf: Any, recvbuf: Any, *,
+                       algorithm: str | None = None) -> Any:
+        return self._family_init("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
+        self._family_blocking("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
+        return self._family_start("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
+
+    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, *,
+                        algorithm: str | None = None) -> Any:
+        return self._family_init("allgather", algorithm, lambda alg: (
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
+
+    # -- reduce and broadcast ---------------------------------------------------------------
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+               algorithm: str | None = None) -> None:
+        """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
+        self._family_blocking("reduce", algorithm, lambda alg: (
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                algorithm: str | None = None) -> Any:
+        return self._family_start("reduce", algorithm, lambda alg: (
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
+
+    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                    algorithm: str | None = None) -> Any:
+        return self._family_init("reduce", algorithm, lambda alg: (
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
+
+    def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Copy the root's ``buf`` into every rank's ``buf``."""
+        self._family_blocking("bcast", algorithm, lambda alg: (
+            prepare_bcast(self.rank, self.size, buf, root, alg)))
+
+    def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
+        return self._family_start("bcast", algorithm, lambda alg: (
+            prepare_bcast(self.rank, self.size, buf, root, alg)))
+
+    def Bcast_init(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
+        return self._family_init("bcast", algorithm, lambda alg: (
+            prepare_bcast(self.rank, self.size, buf, root, alg)))
+
+    # -- the launch path --------------------------------------------------------------------
+    def _family_algorithm(self, collective: str, algorithm: str | None) -> str:
+        implemented = family_algorithms(collective)
+        if algorithm is None:
+            own = self.algorithm
+            return own if own in implemented else "auto"
+        name = algorithm.lower() if isinstance(algorithm, str) else algorithm
+        if name not in implemented:
+            raise ValueError(f"algorithm {algorithm!r} does not implement {collective}; "
+                             f"implemented: {', '.join(implemented)}")
+        return name
+
+    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
+        try:
+            call = build(self._family_algorithm(collective, algorithm))
+            if call.algorithm == "auto":
+                call.algorithm = self._family_auto(call)
+            return call
+        except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
+            self._refused(collective, algorithm or self.algorithm, None, exc)
+            with self._failure_noted():
+                self._validate(None, exc)
+            raise
+
+    def _family_start(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        self._usable_for_calls()
+        return self._submit_recorded(self._family_prepared(collective, algorithm, build))
+
+    def _family_blocking(self, collective: str, algorithm: str | None, build: Any) -> None:
+        """A blocking call. Once its signature has been agreed on, a native call on the plain
+        communicator with nothing outstanding is mpi4py's blocking call itself, bounded by
+        the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``, the
+        default: past ``timeout`` seconds it reports the call and aborts the job); otherwise
+        the call is started and waited on under the deadline."""
+        self._usable_for_calls()
+        call = self._family_prepared(collective, algorithm, build)
+        if (call.algorithm == "native" and self._native_blocking() and not self._active
+                and self._agreed(call)):
+            self._calls += 1  # as a started call would: the count names calls in messages
+            slot = self._record(call)
+            watch = self._watchdog
+            watch.start()
+            watch.calls += 1
+            watch.current = (f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
+                             f"{self.size})")
+            try:
+                call.native(self._comm, "")
+            except BaseException as exc:
+                self._call_failed(slot, exc)
+                raise
+            finally:
+                watch.current = None
+            call.finish(self.size)
+            self._call_done(slot)
+            return
+        self._submit_recorded(call).Wait()
+
+    def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        self._usable_for_calls()
+        return self._persistent(self._family_prepared(collective, algorithm, build))
+
+    def _usable_for_calls(self) -> None:
+        """Where a fault-tolerant communicator refuses a masked rank's calls."""
+
+    def _family_auto(self, call: FamilyCall) -> str:
+        """``auto``'s choice for a family call (:func:`bmlmpi.select.choose_collective`)."""
+        from . import select
+        key = (call.collective, call.total, call.dtype.itemsize, len(set(call.counts)) == 1)
+        choice = self._choices.get(key)
+        if choice is None:
+            choice = select.choose_collective(call.collective, call.total,
+                                              call.dtype.itemsize, self.size)
+            self._choices[key] = choice
+        return choice
+
+    def _family_plan(self, call: FamilyCall) -> Any:
+        """The compiled plan of a scheduled family call (cached per signature)."""
+        from . import registry
+        from .execute import Plan
+        from .ops import kernel_op
+        from .schedules import catalog
+        key = (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        tiered = call.algorithm in catalog.TIERED
+        nodes = self.nodes() if tiered else None
+        sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
+                                 call.counts, call.root, call.dtype.itemsize, self.shape,
+                                 self._links, nodes)
+        levels = [] if tiered else self._levels
+        plan = registry.bind(sched, self._comm, levels, self.shape) if levels else \
+            Plan.flat(sched, self._comm)
+        if call.collective in REDUCING:
+            fan_in = max((len(offs) for lane in plan.lanes for st in lane
+                          for _, _, offs in st.reduces), default=0)
+            if fan_in:
+                kernels.warmup([call.dtype], [kernel_op(call.op)], sources=sorted({1, fan_in}))
+        self._plans[key] = plan
+        return plan
+
+    def _launch_family(self, call: FamilyCall, label: str, finish: Any) -> Any:
+        """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
+        schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
+        gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
+        from .execute import collective_run
+        if call.algorithm == "native":
+            try:
+                req = call.start_native(self._comm)
+            except (KeyError, ValueError, MPI.Exception) as exc:
+                if isinstance(exc, MPI.Exception) and self._is_failure(exc):
+                    raise
+                raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
+            return self._native_run(req, finish, label)
+        plan = self._family_plan(call)
+        inp, output = call.schedule_buffers()
+        tag_base = self._tag_base(TAG_KIND[call.collective])
+
+        def placed() -> None:
+            call.place(output)
+            if finish is not None:
+                finish()
+
+        return collective_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)

@@ -1,0 +1,89 @@
+"""Persistent collectives (MPI 4's ``MPI_Allreduce_init`` and kin, mpi4py's ``Prequest``).
+
+``req = c.Allreduce_init(sendbuf, recvbuf, op)`` (and ``Reduce_scatter_block_init``,
+``Reduce_scatter_init``, ``Allgather_init``, ``Allgatherv_init``, ``Reduce_init``,
+``Bcast_init``) checks the arguments on every rank and across ranks once, picks the algorithm
+(``auto`` decided once) and compiles the plan once: a schedule's
+:class:`~bmlmpi.execute.Plan`, or for ``native`` the MPI library's own persistent request
+(``comm.Allreduce_init`` …). Then, as often as wanted::
+
+    req.Start(); ...; req.Wait()      # or Test() until True
+
+``Start`` checks only that the request is not already active (or freed); the buffers given
+at ``_init`` are read and written at every start, as MPI's persistent requests do: they must
+stay alive, and keep their shape and dtype. ``Free`` releases it (not while active).
+Every rank must start its persistent requests in the same order (MPI's rule for persistent
+collectives). A start progresses like a non-blocking call: inside ``Test``/``Wait`` of any of
+the communicator's requests, with the communicator's deadline. On a fault-tolerant
+communicator every start is one call of its ledger, with that call's failure contract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PersistentRequest:
+    """A persistent collective: ``Start``, ``Test``, ``Wait``, ``Free`` as ``MPI.Prequest``."""
+
+    __slots__ = ("_owner", "_call", "_compiled", "_entry", "_freed")
+
+    def __init__(self, owner: Any, call: Any, compiled: Any):
+        self._owner = owner        # the bmlmpi.Communicator
+        self._call = call          # PreparedCall or FamilyCall, checked
+        self._compiled = compiled  # a Plan, an MPI Prequest (native), or None
+        self._entry: Any = None    # the outstanding start, None while inactive
+        self._freed = False
+
+    @property
+    def active(self) -> bool:
+        """Started and not yet completed by ``Test``/``Wait``."""
+        return self._entry is not None
+
+    def Start(self) -> None:
+        """Start the collective once more with the buffers given at ``_init``."""
+        if self._freed:
+            raise ValueError("Start of a freed persistent request")
+        if self._entry is not None:
+            raise ValueError("Start of an active persistent request: Wait for (or Test until "
+                             "True) the previous start first")
+        self._entry = self._owner._start_persistent(self._call, self._compiled)
+
+    def Test(self) -> bool:
+        """Advance the communicator's calls; True once this start is complete (and for an
+        inactive request, as MPI's ``Test``)."""
+        entry = self._entry
+        if entry is None:
+            return True
+        if entry.test():
+            self._entry = None
+            return True
+        return False
+
+    def Wait(self) -> None:
+        """Return once this start is complete (at once for an inactive request);
+        :class:`bmlmpi.DeadlineExceeded` after the communicator's ``timeout`` without
+        progress, after which the request is inactive again."""
+        entry = self._entry
+        if entry is None:
+            return
+        try:
+            entry.wait()
+        finally:
+            self._entry = None
+
+    def Free(self) -> None:
+        """Release the request (and the MPI library's own for native); not while active."""
+        if self._entry is not None:
+            raise ValueError("Free of an active persistent request: Wait for it first")
+        if not self._freed:
+            self._freed = True
+            free = getattr(self._compiled, "Free", None)
+            if free is not None:
+                free()
+            self._compiled = None
+
+    start = Start
+    test = Test
+    wait = Wait
+    free = Free

@@ -1,0 +1,381 @@
+"""The collective family (reduce-scatter, allgather, reduce, broadcast) and the persistent
+calls: every algorithm each collective lists × dtypes × ops, in place and not, roots first,
+middle and last, uneven counts with zeros, against numpy's exact result and mpi4py's own
+call, with position- and rank-dependent data. One test per collective loops over its cases
+(few test ids, one argument check per new signature)."""
+
+import numpy as np
+import pytest
+from conftest import ALL_DTYPES, OP_IDS, OPS, all_ranks_agree, rank_input, reference
+from mpi4py import MPI
+
+import bmlmpi
+
+REDUCING_OPS = list(zip(OPS, OP_IDS, strict=True))
+FEW_DTYPES = [np.int32, np.uint8, np.float64, np.complex64]
+
+
+def _cases(dtypes):
+    """(dtype, op, op id) for every dtype with SUM and AVG, and the other ops on a few."""
+    for dtype in dtypes:
+        for op, op_id in REDUCING_OPS:
+            if op not in (MPI.SUM, bmlmpi.AVG) and dtype not in FEW_DTYPES:
+                continue
+            if np.dtype(dtype).kind == "c" and op in (MPI.MIN, MPI.MAX):
+                continue
+            yield dtype, op, op_id
+
+
+def _exact_in(dtype, n, size, op) -> bool:
+    """Whether the reduction fits ``dtype`` (no overflow): MPI libraries then agree with
+    numpy (Open MPI's 8-bit SUM saturates where numpy wraps)."""
+    kind = np.dtype(dtype).kind
+    wide = reference(n, size, np.complex128 if kind == "c" else np.float64, op)
+    return np.array_equal(reference(n, size, dtype, op).astype(wide.dtype), wide)
+
+
+def _block_counts(size: int, base: int) -> list[list[int]]:
+    """Equal blocks, uneven blocks with zeros, and (base 0) all empty."""
+    even = [base] * size
+    uneven = [(r * 5 + base) % 4 for r in range(size)]  # zeros where (5r + base) % 4 == 0
+    uneven[-1] += 1
+    return [even, uneven] if base else [even, [0] * size]
+
+
+def _roots(size: int) -> list[int]:
+    return sorted({0, size // 2, size - 1})
+
+
+def _first_bad(got, want) -> str:
+    bad = np.nonzero(got != want)[0]
+    return "shape" if got.shape != want.shape else f"index {bad[0]} got {got[bad[0]]} " \
+        f"want {want[bad[0]]}"
+
+
+@pytest.mark.mpi
+def test_reduce_scatter(comm):
+    size, rank = comm.size, comm.rank
+    failures = []
+    for algorithm in bmlmpi.algorithms("reduce_scatter"):
+        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        for counts in _block_counts(size, 3) + _block_counts(size, 0) + [[1031] * size]:
+            total, off = sum(counts), int(np.cumsum([0] + counts)[rank])
+            block = len(set(counts)) == 1
+            for dtype, op, op_id in _cases(ALL_DTYPES if counts[0] != 1031 else FEW_DTYPES):
+                x = rank_input(total, rank, dtype, op)
+                want = reference(total, size, dtype, op)[off:off + counts[rank]]
+                for in_place in (False, True):
+                    for use_block in ((True, False) if block else (False,)):
+                        what = (f"{algorithm} counts={counts} {np.dtype(dtype).name} {op_id} "
+                                f"in_place={in_place} block={use_block}")
+                        if in_place:
+                            out = x.copy()
+                            args = (MPI.IN_PLACE, out)
+                        else:
+                            out = np.full(counts[rank], 77, dtype)
+                            args = (x, out)
+                        if use_block:
+                            ctx.Reduce_scatter_block(*args, op)
+                        else:
+                            ctx.Reduce_scatter(*args, counts, op)
+                        got = out[:counts[rank]]
+                        if not np.array_equal(got, want):
+                            failures.append(f"{what}: {_first_bad(got, want)}")
+                        if not in_place and not np.array_equal(
+                                x, rank_input(total, rank, dtype, op)):
+                            failures.append(f"{what}: sendbuf modified")
+                if op is not bmlmpi.AVG and _exact_in(dtype, total, size, op):
+                    mine = np.empty(counts[rank], dtype)
+                    comm.Reduce_scatter(x, mine, counts, op)
+                    ours = np.empty(counts[rank], dtype)
+                    ctx.Reduce_scatter(x, ours, counts, op)
+                    if not np.array_equal(ours, mine):
+                        failures.append(f"{algorithm} {counts} {op_id}: differs from mpi4py")
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+def _contribution(n: int, rank: int, dtype) -> np.ndarray:
+    return rank_input(n, rank, dtype, MPI.SUM) + np.asarray(rank % 3, dtype=dtype)
+
+
+@pytest.mark.mpi
+def test_allgather(comm):
+    size, rank = comm.size, comm.rank
+    failures = []
+    for algorithm in bmlmpi.algorithms("allgather"):
+        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        for counts in _block_counts(size, 3) + _block_counts(size, 0) + [[777] * size]:
+            total = sum(counts)
+            off = np.cumsum([0] + counts).tolist()
+            for dtype in ALL_DTYPES + [np.bool_]:
+                parts = [_contribution(c, r, dtype) for r, c in enumerate(counts)]
+                want = np.concatenate(parts)
+                mine = parts[rank]
+                for in_place in (False, True):
+                    what = f"{algorithm} counts={counts} {np.dtype(dtype).name} in_place={in_place}"
+                    # Allgatherv, packed
+                    out = np.zeros(total, dtype)
+                    if in_place:
+                        out[off[rank]:off[rank + 1]] = mine
+                    ctx.Allgatherv(MPI.IN_PLACE if in_place else mine, [out, counts])
+                    if not np.array_equal(out, want):
+                        failures.append(f"{what} v: {_first_bad(out, want)}")
+                    # Allgatherv, slots in reverse rank order with gaps
+                    displs, at = [0] * size, 2
+                    for r in reversed(range(size)):
+                        displs[r] = at
+                        at += counts[r] + 1
+                    out = np.zeros(at, dtype)
+                    if in_place:
+                        out[displs[rank]:displs[rank] + counts[rank]] = mine
+                    ctx.Allgatherv(MPI.IN_PLACE if in_place else mine, [out, counts, displs, None])
+                    expect = np.zeros(at, dtype)
+                    for r in range(size):
+                        expect[displs[r]:displs[r] + counts[r]] = parts[r]
+                    if not np.array_equal(out, expect):
+                        failures.append(f"{what} v displs: {_first_bad(out, expect)}")
+                    if len(set(counts)) == 1:
+                        out = np.zeros(total, dtype)
+                        if in_place:
+                            out[off[rank]:off[rank + 1]] = mine
+                        ctx.Allgather(MPI.IN_PLACE if in_place else mine, out)
+                        if not np.array_equal(out, want):
+                            failures.append(f"{what}: {_first_bad(out, want)}")
+                if counts[0] == 3 and len(set(counts)) == 1:
+                    ref = np.empty(total, dtype)
+                    comm.Allgather(mine, ref)
+                    if not np.array_equal(ref, want):
+                        failures.append(f"{what}: numpy's expectation differs from mpi4py")
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_reduce(comm):
+    size, rank = comm.size, comm.rank
+    failures = []
+    for algorithm in bmlmpi.algorithms("reduce"):
+        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        for n in (0, 1, 5, 3 * size + 1, 1031):
+            for dtype, op, op_id in _cases(ALL_DTYPES if n < 1000 else FEW_DTYPES):
+                x = rank_input(n, rank, dtype, op)
+                want = reference(n, size, dtype, op)
+                for root in _roots(size):
+                    for in_place in (False, True):
+                        what = (f"{algorithm} n={n} {np.dtype(dtype).name} {op_id} root={root} "
+                                f"in_place={in_place}")
+                        out = np.full(n, 77, dtype) if rank == root else None
+                        if in_place and rank == root:
+                            out = x.copy()
+                            ctx.Reduce(MPI.IN_PLACE, out, op, root)
+                        else:
+                            ctx.Reduce(x, out, op, root)
+                        if rank == root and not np.array_equal(out, want):
+                            failures.append(f"{what}: {_first_bad(out, want)}")
+                        if not np.array_equal(x, rank_input(n, rank, dtype, op)):
+                            failures.append(f"{what}: sendbuf modified")
+                if n == 5 and op is not bmlmpi.AVG and _exact_in(dtype, n, size, op):
+                    ref = np.empty(n, dtype)
+                    comm.Reduce(x, ref, op, size - 1)
+                    ours = np.empty(n, dtype)
+                    ctx.Reduce(x, ours, op, size - 1)
+                    if rank == size - 1 and not np.array_equal(ours, ref):
+                        failures.append(f"{algorithm} {op_id}: differs from mpi4py")
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_bcast(comm):
+    size, rank = comm.size, comm.rank
+    failures = []
+    for algorithm in bmlmpi.algorithms("bcast"):
+        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        for n in (0, 1, 5, 3 * size + 1, 4099):
+            for dtype in ALL_DTYPES + [np.bool_]:
+                for root in _roots(size):
+                    buf = _contribution(n, rank, dtype)
+                    ctx.Bcast(buf, root)
+                    want = _contribution(n, root, dtype)
+                    if not np.array_equal(buf, want):
+                        failures.append(f"{algorithm} n={n} {np.dtype(dtype).name} root={root}: "
+                                        f"{_first_bad(buf, want)}")
+            ref = _contribution(n, rank, np.int64)
+            comm.Bcast(ref, size - 1)
+            ours = _contribution(n, rank, np.int64)
+            ctx.Bcast([ours, MPI.INT64_T], size - 1)
+            if not np.array_equal(ours, ref):
+                failures.append(f"{algorithm} n={n}: differs from mpi4py")
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_module_level_calls_and_nonblocking(comm):
+    """The module-level calls on a user communicator, and the I-forms waited on in reverse
+    order (each Wait progresses every outstanding call of the communicator)."""
+    size, rank = comm.size, comm.rank
+    failures = []
+    x = rank_input(4 * size, rank, np.float64, MPI.SUM)
+    rs = np.empty(4)
+    bmlmpi.Reduce_scatter_block(x, rs, comm=comm)
+    want = reference(4 * size, size, np.float64, MPI.SUM)[4 * rank:4 * rank + 4]
+    if not np.array_equal(rs, want):
+        failures.append("module-level Reduce_scatter_block")
+    ag = np.empty(3 * size, np.int16)
+    bmlmpi.Allgather(np.full(3, rank, np.int16), ag, comm=comm)
+    if not np.array_equal(ag, np.repeat(np.arange(size, dtype=np.int16), 3)):
+        failures.append("module-level Allgather")
+    bc = np.full(6, rank, np.int32)
+    bmlmpi.Bcast(bc, size - 1, comm=comm)
+    if not np.array_equal(bc, np.full(6, size - 1, np.int32)):
+        failures.append("module-level Bcast")
+    red = np.empty(7)
+    bmlmpi.Reduce(np.full(7, rank + 1.0), red if rank == 0 else None, comm=comm)
+    if rank == 0 and not np.array_equal(red, np.full(7, size * (size + 1) / 2)):
+        failures.append("module-level Reduce")
+    # non-blocking, several outstanding, waited on in reverse order
+    for algorithm in bmlmpi.algorithms("allgather"):
+        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        outs = [np.empty(2 * size, np.int64) for _ in range(3)]
+        reqs = [ctx.Iallgather(np.full(2, 10 * i + rank, np.int64), outs[i]) for i in range(3)]
+        b = np.full(5, rank, np.float32)
+        reqs.append(ctx.Ibcast(b, 0))
+        for q in reversed(reqs):
+            q.Wait()
+        for i in range(3):
+            if not np.array_equal(outs[i], np.repeat(10 * i + np.arange(size), 2)):
+                failures.append(f"{algorithm}: Iallgather {i}")
+        if not np.array_equal(b, np.zeros(5, np.float32)):
+            failures.append(f"{algorithm}: Ibcast")
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", bmlmpi.algorithms())
+def test_allreduce_init(comm, algorithm):
+    """Persistent allreduce: compiled once, started many times, the input changed between
+    starts (read at every start), in place and not, Test until done."""
+    ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+    failures = []
+    n = 3 * comm.size + 2
+    for dtype, op in ((np.float64, MPI.SUM), (np.int32, MPI.MAX), (np.int64, bmlmpi.AVG)):
+        x = np.empty(n, dtype)
+        out = np.empty(n, dtype)
+        req = ctx.Allreduce_init(x, out, op)
+        inp = np.empty(n, dtype)
+        req_ip = ctx.Allreduce_init(MPI.IN_PLACE, inp, op)
+        for it in range(3):
+            x[:] = rank_input(n, comm.rank + it, dtype, op)
+            want = reference(n, comm.size, dtype, op) if it == 0 else None
+            req.Start()
+            if it % 2:
+                while not req.Test():
+                    pass
+            else:
+                req.Wait()
+            if want is not None and not np.array_equal(out, want):
+                failures.append(f"{np.dtype(dtype).name} start {it}: {_first_bad(out, want)}")
+            check = np.empty(n, dtype)
+            comm.Allreduce(x, check, MPI.SUM if op is bmlmpi.AVG else op)
+            if op is bmlmpi.AVG:
+                check //= comm.size
+            if not np.array_equal(out, check):
+                failures.append(f"{np.dtype(dtype).name} start {it}: differs from mpi4py")
+            inp[:] = x
+            req_ip.Start()
+            req_ip.Wait()
+            if not np.array_equal(inp, check):
+                failures.append(f"{np.dtype(dtype).name} start {it} in place")
+        assert req.Test()  # inactive: true at once
+        req.Free()
+        req_ip.Free()
+        with pytest.raises(ValueError):
+            req.Start()
+    ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_family_init(comm):
+    """Persistent forms of the family, each started twice with new input."""
+    size, rank = comm.size, comm.rank
+    failures = []
+    for collective in ("reduce_scatter", "allgather", "reduce", "bcast"):
+        for algorithm in bmlmpi.algorithms(collective):
+            ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+            counts = [(r % 3) + 1 for r in range(size)]
+            total = sum(counts)
+            off = int(np.sum(counts[:rank]))
+            x = np.empty(total, np.int64)
+            out = np.empty(counts[rank], np.int64)
+            full = np.empty(total, np.int64)
+            if collective == "reduce_scatter":
+                req = ctx.Reduce_scatter_init(x, out, counts, MPI.SUM)
+            elif collective == "allgather":
+                req = ctx.Allgatherv_init(x[:counts[rank]], [full, counts])
+            elif collective == "reduce":
+                req = ctx.Reduce_init(x, full, MPI.SUM, size - 1)
+            else:
+                req = ctx.Bcast_init(full, size // 2)
+            for it in range(2):
+                x[:] = np.arange(total) * (rank + 1) + it
+                full[:] = x
+                req.Start()
+                req.Wait()
+                ref = np.empty(total, np.int64)
+                if collective == "reduce_scatter":
+                    comm.Allreduce(x, ref)
+                    ok = np.array_equal(out, ref[off:off + counts[rank]])
+                elif collective == "allgather":
+                    comm.Allgatherv(x[:counts[rank]], [ref, counts])
+                    ok = np.array_equal(full, ref)
+                elif collective == "reduce":
+                    comm.Allreduce(x, ref)
+                    ok = rank != size - 1 or np.array_equal(full, ref)
+                else:
+                    ref[:] = np.arange(total) * (size // 2 + 1) + it
+                    ok = np.array_equal(full, ref)
+                if not ok:
+                    failures.append(f"{collective} {algorithm} start {it}")
+            req.Free()
+            ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_mismatches_raise_on_every_rank(comm):
+    """Counts, roots, ops or collectives that differ across ranks raise on every rank."""
+    if comm.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    ctx = bmlmpi.Communicator(comm)
+    rank, size = comm.rank, comm.size
+    # different recvcounts
+    counts = [2] * size
+    if rank == 0:
+        counts[0] = 3
+    with pytest.raises((bmlmpi.ArgumentMismatch, ValueError)):
+        ctx.Reduce_scatter(np.zeros(sum(counts)), np.zeros(counts[rank]), counts)
+    # different roots
+    with pytest.raises(bmlmpi.ArgumentMismatch):
+        ctx.Bcast(np.zeros(4), root=rank % 2)
+    # one rank refuses its arguments (a bad root): the others raise RemoteArgumentError
+    with pytest.raises(ValueError):
+        ctx.Reduce(np.zeros(3), np.zeros(3), root=size if rank == 0 else 0)
+    # different collectives at the same point
+    buf = np.zeros(2 * size)
+    with pytest.raises(bmlmpi.ArgumentMismatch):
+        if rank == 0:
+            ctx.Allgather(np.zeros(2), buf)
+        else:
+            ctx.Reduce_scatter_block(buf, np.zeros(2))
+    # an algorithm that does not serve the collective: refused on every rank
+    with pytest.raises(ValueError):
+        ctx.Bcast(np.zeros(2), algorithm="no-such")
+    # the communicator still works
+    out = np.zeros(size)
+    ctx.Allgather(np.array([float(rank)]), out)
+    assert np.array_equal(out, np.arange(size))
+    ctx.Free()
