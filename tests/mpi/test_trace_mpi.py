@@ -104,6 +104,34 @@ def test_recorder_sees_every_call_path():
 
 
 @pytest.mark.mpi
+def test_recorder_sees_the_family_and_persistent_starts():
+    world = MPI.COMM_WORLD
+    n = world.size
+    c = bmlmpi.Communicator(world)
+    a = np.arange(4 * n, dtype=np.float64) + world.rank
+    block = np.empty(4)
+    gathered = np.empty(4 * n * n)
+    root_out = np.empty_like(a)
+    c.Reduce_scatter_block(a, block)
+    c.Allgather(a, gathered)
+    c.Reduce(a, root_out, root=0)
+    c.Bcast(a, root=0)
+    req = c.Allreduce_init(a, root_out)
+    for _ in range(2):
+        req.Start()
+        req.Wait()
+    req.Free()
+    calls = c.recorder.calls()
+    assert [x["collective"] for x in calls] == ["reduce_scatter", "allgather", "reduce",
+                                                "bcast", "allreduce", "allreduce"]
+    assert [x["seq"] for x in calls] == list(range(6))
+    assert all(x["state"] == "done" and x["chosen"] not in (None, "auto") for x in calls)
+    assert calls[2]["root"] == 0 and calls[3]["root"] == 0 and calls[1]["op"] is None
+    assert calls[0]["count"] == 4 * n and calls[0]["op"] == "sum"
+    c.Free()
+
+
+@pytest.mark.mpi
 def test_sigusr1_dumps_the_recorder(monkeypatch):
     world = MPI.COMM_WORLD
     folder = shared_dir(world)
