@@ -25,12 +25,12 @@ from mpi4py import MPI
 from . import buffers, config, kernels, registry, select
 from .buffers import BufferSpecError
 from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_request
-from .family import FamilyCall, FamilyCalls
+from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .recorder import now as _now
-from .schedules import catalog
+from .schedules import algorithms, catalog
 from .schedules.types import Schedule
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
@@ -94,6 +94,11 @@ class PreparedCall:
             return FamilyCall.describe_signature(sig)
         return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
                 f"algorithm={sig[3]}")
+
+    def outcome(self) -> Exception | None:
+        """What a committed call raises on every survivor of a failure (never, for an
+        allreduce: it completes over the survivors)."""
+        return None
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
@@ -897,13 +902,14 @@ class Communicator(FamilyCalls):
 
     def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
         """This rank's schedule of ``algorithm`` over the current members."""
-        nodes = self.nodes() if algorithm in catalog.TIERED else None
-        return catalog.schedule(algorithm, self.rank, self.size, count, itemsize, self.shape,
-                                self._links, nodes=nodes)
+        record = algorithms.get(algorithm)
+        return record.build(algorithms.Context(
+            self.size, count, itemsize, self.rank, shape=self.shape, links=self._links,
+            nodes=self.nodes() if record.tiered else None))
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """The schedule bound to this communicator (BCube levels on their own communicators)."""
-        levels = [] if algorithm in catalog.TIERED else self._levels
+        levels = [] if algorithms.get(algorithm).tiered else self._levels
         return registry.bind(self._schedule(algorithm, count, itemsize), self._comm, levels,
                              self.shape)
 
@@ -964,21 +970,29 @@ class Communicator(FamilyCalls):
         measured correction), the one chosen and the rule that chose it
         (:class:`bmlmpi.select.Explanation`; ``str()`` of it is a small table). Local: no
         communication; every rank reaches the same answer. A communicator built with a named
-        algorithm explains that it runs it."""
-        if collective != "allreduce":
-            raise ValueError(f"explain: collective {collective!r} is not one this "
-                             f"communicator chooses an algorithm for (allreduce)")
+        algorithm explains that it runs it. ``collective``: also ``reduce_scatter``,
+        ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
+        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.select.
+        explain_collective`)."""
+        if collective not in ("allreduce", *COLLECTIVES):
+            raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
+                             f"{', '.join(COLLECTIVES)}")
         if count < 0:
             raise ValueError(f"explain: count must be >= 0, got {count}")
         dt = np.dtype(dtype)
-        check_dtype_op(dt, op_name(op))
-        if self.algorithm != "auto":
+        if collective in ("allreduce", *REDUCING):
+            check_dtype_op(dt, op_name(op))
+        asked = (self.algorithm if collective == "allreduce"
+                 else self._family_algorithm(collective, None))
+        if asked != "auto":
             return select.Explanation(collective, int(count), dt.itemsize, self.size,
-                                      self.algorithm, "asked",
+                                      asked, "asked",
                                       f"the communicator was built with "
                                       f"algorithm={self.algorithm!r}")
+        if collective != "allreduce":
+            return select.explain_collective(collective, int(count), dt.itemsize, self.size)
         return select.explain(int(count), dt.itemsize, self.size, self.calibration,
-                              self.shape, nodes=self._nodes_for_auto(), collective=collective)
+                              self.shape, nodes=self._nodes_for_auto())
 
     def _find_links(self) -> np.ndarray:
         """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement.

@@ -88,8 +88,85 @@ def _long_double_hint(obj: Any, message: str) -> str:
         long = False
     if named or long:
         return ("; numpy's long double types (longdouble, clongdouble) cannot travel over "
-                "DLPack: pass the numpy array itself (the buffer protocol carries them)")
+                "numpy's own DLPack export (mpi4py fails on it too): pass the numpy array "
+                "itself, or an exporter that writes long double tensors (bmlmpi reads them)")
     return ""
+
+
+# -- DLPack tensors numpy does not import: C long double ------------------------------------
+# numpy's from_dlpack refuses float and complex tensors of sizeof(long double) bits; mpi4py
+# maps them to MPI_LONG_DOUBLE / MPI_C_LONG_DOUBLE_COMPLEX. bmlmpi reads such a tensor from
+# the capsule itself (the DLPack 1.0 header, dlpack.h) and hands the rest to numpy.
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_DL_FLOAT = 2
+_DL_READ_ONLY = 1
+# (code, bits, lanes): complex long double has 256 bits, more than DLPack's 8-bit field holds,
+# so it travels as two lanes of long double (mpi4py reads it so: format "Zg").
+_LONG_BITS = np.dtype(np.longdouble).itemsize * 8
+_LONG_DOUBLE = {(_DL_FLOAT, _LONG_BITS, 1): np.dtype(np.longdouble),
+                (_DL_FLOAT, _LONG_BITS, 2): np.dtype(np.clongdouble)}
+_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid.restype, _capsule_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _long_double_tensor(capsule: Any) -> np.ndarray | None:
+    """The CPU tensor in an unused DLPack capsule as a numpy array when its dtype is C long
+    double (real or complex), else None. The array keeps the capsule alive; the capsule's own
+    destructor releases the tensor when the array is gone."""
+    if _capsule_valid(capsule, b"dltensor_versioned"):
+        managed = _DLManagedTensorVersioned.from_address(
+            _capsule_pointer(capsule, b"dltensor_versioned"))
+        read_only = bool(managed.flags & _DL_READ_ONLY)
+    elif _capsule_valid(capsule, b"dltensor"):
+        managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+        read_only = False  # a legacy capsule cannot say; mpi4py writes it, so does bmlmpi
+    else:
+        return None
+    tensor = managed.dl_tensor
+    dtype = _LONG_DOUBLE.get((tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes))
+    if dtype is None or tensor.device_type != 1:  # kDLCPU
+        return None
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    strides = (None if not tensor.strides else
+               tuple(tensor.strides[i] * dtype.itemsize for i in range(tensor.ndim)))
+    count = int(np.prod(shape, dtype=np.int64))
+    if count == 0:
+        return np.empty(shape, dtype)
+    span = dtype.itemsize * (1 + sum((n - 1) * abs(st // dtype.itemsize)
+                                     for n, st in zip(shape, strides, strict=True))
+                             if strides else count)
+    if strides and any(st < 0 for st in strides):
+        return None  # numpy's own refusal (negative strides) names the problem
+    memory = (ctypes.c_char * span).from_address((tensor.data or 0) + tensor.byte_offset)
+    memory.owner = capsule
+    arr = np.ndarray(shape, dtype, buffer=memory, strides=strides)
+    arr.flags.writeable = not read_only
+    return arr
 
 
 def _writable_alias(arr: np.ndarray) -> np.ndarray:
@@ -114,6 +191,9 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
             capsule, legacy = obj.__dlpack__(max_version=(1, 0), copy=False), False
         except TypeError:
             capsule, legacy = obj.__dlpack__(), True
+        long_double = _long_double_tensor(capsule) if device[0] == 1 else None
+        if long_double is not None:
+            return long_double
         arr = np.from_dlpack(_Capsule(capsule, device))
     except (TypeError, ValueError, RuntimeError, BufferError) as exc:
         raise BufferSpecError(f"{what}: {type(obj).__name__} could not be taken over DLPack: "

@@ -65,7 +65,7 @@ from .execute import Plan, Run, timeout_from_env, wait_for
 from .model.cost import price_symmetric
 from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
-from .schedules import catalog
+from .schedules import algorithms as records
 from .schedules.types import Schedule
 
 #: 4: candidates timed in blocks on shared buffers, 256 KiB added (3: single cold calls;
@@ -74,7 +74,8 @@ FORMAT = 4
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
-CORRECTED = ("bml", "ring", "tree", "multitree")
+#: the algorithms whose records say calibration corrects them, in registration order
+CORRECTED = records.corrected()
 CORRECTION_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # ⊂ NATIVE_BYTES
 #: consecutive calls of one candidate timed together (the sweep's blocks: 20 calls in 5)
 BLOCK_CALLS = 4
@@ -335,16 +336,13 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
 
 
 def _corrected_algorithms(size: int) -> list[str]:
-    from .select import AUTO_TREE_MAX_RANKS
-    if size < 2:
-        return []
-    return [a for a in CORRECTED if a in ("bml", "ring") or size <= AUTO_TREE_MAX_RANKS]
+    return records.calibrated(size)
 
 
 def _schedule(name: str, rank: int, size: int, nbytes: int) -> Schedule:
     """The schedule ``auto`` would run for ``nbytes`` of float64 (the builders the model
     prices: bml on the default shape, ring segmented, trees from a flat link matrix)."""
-    return catalog.schedule(name, rank, size, max(nbytes // 8, 1), 8)
+    return records.build(name, records.Context(size, max(nbytes // 8, 1), 8, rank))
 
 
 # -- the cache ---------------------------------------------------------------------------------
@@ -480,7 +478,7 @@ def main(argv: Sequence[str] | None = None,
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--itemsize", type=int, default=4)
     args = ap.parse_args(argv)
-    runnable = [*select.SCHEDULED, "native"]
+    runnable = select.algorithms()[1:]  # every allreduce algorithm but auto
     if args.algorithms is not None:
         asked = [a.strip().lower() for a in args.algorithms.split(",") if a.strip()]
         bad = [a for a in asked if a not in runnable]

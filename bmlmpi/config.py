@@ -13,7 +13,9 @@ naming the variable and the value, never a silent fallback to the default.
 The environment table in docs/environment.md is :func:`markdown_table` (a test holds them
 equal). The scripts in ``jobs/`` and the test suite have variables of their own
 (``BMLMPI_RANKS``, ``BMLMPI_SLURM_TESTS``, ...), documented where they are used; they are not
-library settings.
+library settings, but they are known here (:data:`OTHER_NAMES`): the first time the library
+reads its environment, any other ``BMLMPI_*`` name (a typo such as ``BMLMPI_ALGORTHM``) gets a
+warning on the ``bmlmpi`` logger naming the nearest known one, on rank 0 only.
 
 This module imports nothing from bmlmpi, so any module (``bmlmpi.kernels`` included) may
 import it without an import cycle.
@@ -21,6 +23,8 @@ import it without an import cycle.
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -137,8 +141,9 @@ class Variable:
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_ALGORITHM", "algorithm", None, "the `auto` rule",
-             "algorithm used where `auto` was asked for (`bml`, `ring`, `tree`, `multitree`, "
-             "`native`)", _word),
+             "algorithm used where `auto` was asked for: a name `bmlmpi.algorithms()` lists "
+             "(per collective `bmlmpi.algorithms(\"reduce_scatter\")`; a collective without "
+             "it is left to `auto`)", _word),
     Variable("BMLMPI_BCUBE", "shape", None, "prime factors of N, ascending",
              "BCube shape, level 0 first: `3x3` = BCube(3,2), `2x2x3` for 12 ranks", _text),
     Variable("BMLMPI_TIMEOUT", "seconds", 120.0, "120",
@@ -193,8 +198,20 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "the `threshold` plan's bucket cap of `GradientBuckets`, bytes", _count(1)),
     Variable("BMLMPI_MPIEXEC", "program", None, "beside Python, else on PATH",
              "the `mpiexec` that `bmlmpi-run` starts", _text),
+    Variable("BMLMPI_TOLERATE_LOST", "boolean", False, "off",
+             "on: under `bmlmpi-run --ft`, ranks lost (killed, never ended) do not fail the "
+             "job when the others finished (the flag `--tolerate-lost`)", parse_bool),
+    Variable("BMLMPI_STATUS_DIR", "directory", None, "a temporary folder",
+             "where `bmlmpi-run --ft` and its ranks note how each rank ended; set by "
+             "`bmlmpi-run`, or to a folder every node shares", _path),
     Variable("BMLMPI_EXPECT_SIZE", "ranks", None, "no check",
              "`bmlmpi-bench` fails unless the MPI world has this many ranks", _count(1)),
+    Variable("BMLMPI_COMPRESSION", "compressor", None, "none",
+             "torch backend `bmlmpi`: compressor spec for every SUM/AVG all_reduce of float "
+             "tensors (`fp16`, `bf16`, `tdf:PHI:D:P`, ...)", _text),
+    Variable("BMLMPI_FAULT_TOLERANT", "boolean", False, "off",
+             "torch backend `bmlmpi`: on: run on the fault-tolerant communicator "
+             "(`bmlmpi-run --ft`)", parse_bool),
     Variable("BMLMPI_TRACE_CALLS", "calls", 256, "256",
              "calls each communicator's flight recorder keeps (the last ones); 0 turns it off",
              _count(0)),
@@ -207,6 +224,67 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
 )}
 
 
+#: ``BMLMPI_*`` names that are not library settings: the job scripts' (jobs/common.sh,
+#: jobs/README.md), the test suite's and perf/'s. They get no unknown-variable warning.
+OTHER_NAMES = frozenset((
+    "BMLMPI_RANKS", "BMLMPI_OUT", "BMLMPI_PYTHON", "BMLMPI_LAUNCHER", "BMLMPI_SRUN_MPI",
+    "BMLMPI_MPIRUN", "BMLMPI_ALGORITHMS", "BMLMPI_SIZES", "BMLMPI_ITERS", "BMLMPI_WARMUP",
+    "BMLMPI_BENCH_ARGS", "BMLMPI_TRAIN_ARGS", "BMLMPI_TRAIN_EPOCHS", "BMLMPI_TRAIN_STEPS",
+    "BMLMPI_TRAIN_BATCH", "BMLMPI_TRAIN_OUT", "BMLMPI_PLAN", "BMLMPI_JOBS_DIR",
+    "BMLMPI_SLURM_TESTS", "BMLMPI_SLURM_INSTALL", "BMLMPI_LOCAL_SLURM_DIR",
+    "BMLMPI_FT_LAUNCH_TIMEOUT", "BMLMPI_TEST_RANKS", "BMLMPI_TEST_LAUNCH_TIMEOUT",
+    "BMLMPI_PLOT_PYTHON", "BMLMPI_TORCH_VENV", "BMLMPI_TORCH_LAUNCH_TIMEOUT",
+))
+
+#: Environment variables that hold this process's rank under the launchers bmlmpi meets
+#: (Open MPI, PMIx, MPICH's hydra, Slurm): read without initialising MPI.
+RANK_NAMES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+#: Where the unknown-variable warning goes (Python's last-resort handler prints it on stderr
+#: when the program configured no logging).
+log = logging.getLogger("bmlmpi")
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """Each ``BMLMPI_*`` name in ``env`` that is neither a library variable nor one of
+    :data:`OTHER_NAMES`, with the nearest known name (None when nothing is close)."""
+    env = os.environ if env is None else env
+    known = [*VARIABLES, *sorted(OTHER_NAMES)]
+    found = []
+    for name in sorted(env):
+        if name.startswith("BMLMPI_") and name not in VARIABLES and name not in OTHER_NAMES:
+            near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            found.append((name, near[0] if near else None))
+    return found
+
+
+def _is_rank_zero(env: Mapping[str, str]) -> bool:
+    return all(env.get(name, "0").strip() in ("", "0") for name in RANK_NAMES)
+
+
+_environment_checked = False
+
+
+def warn_unknown(env: Mapping[str, str] | None = None) -> None:
+    """Log a warning (rank 0 only) for each unknown ``BMLMPI_*`` name in ``env`` (default
+    ``os.environ``)."""
+    env = os.environ if env is None else env
+    if not _is_rank_zero(env):
+        return
+    for name, near in unknown_variables(env):
+        hint = f"; did you mean {near}?" if near else ""
+        log.warning("bmlmpi: %s is not a bmlmpi variable and is ignored%s "
+                    "(python -m bmlmpi.config lists them)", name, hint)
+
+
+def _check_environment_once() -> None:
+    global _environment_checked
+    if not _environment_checked:
+        _environment_checked = True
+        warn_unknown()
+
+
 def variable(name: str) -> Variable:
     try:
         return VARIABLES[name]
@@ -215,8 +293,11 @@ def variable(name: str) -> Variable:
 
 
 def text(name: str, env: Mapping[str, str] | None = None) -> str:
-    """The variable's text, stripped ("" when unset)."""
+    """The variable's text, stripped ("" when unset). The first read of the process
+    environment also checks it for unknown ``BMLMPI_*`` names (:func:`warn_unknown`)."""
     variable(name)
+    if env is None:
+        _check_environment_once()
     return (os.environ if env is None else env).get(name, "").strip()
 
 

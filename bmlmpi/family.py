@@ -40,6 +40,7 @@ call's tags lie in its collective's own block of the tag space (``TAG_KINDS``).
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,26 @@ from .recorder import Signature
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
 TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "bcast": 4}
 REDUCING = frozenset({"reduce_scatter", "reduce"})
+
+
+_FAST_OPS = (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)
+
+
+def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
+              *rest: Any) -> tuple | None:
+    """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
+    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call."""
+    if not any(op is o for o in _FAST_OPS):
+        return None
+    key: list = [method, algorithm, id(op), *rest]
+    for b in bufs:
+        if b is MPI.IN_PLACE or b is None:
+            key.append(b is None)
+        elif type(b) is np.ndarray and b.flags.c_contiguous and b.flags.writeable:
+            key.append((b.shape, b.dtype))
+        else:
+            return None
+    return tuple(key)
 
 
 def _method(comm: MPI.Comm, name: str, form: str) -> Any:
@@ -138,6 +159,11 @@ class FamilyCall:
     @property
     def is_in_place(self) -> bool:
         return self.src is None
+
+    def outcome(self) -> Exception | None:
+        """What the call raises on every survivor once committed after a failure (the
+        fault-tolerant contracts, :mod:`bmlmpi.ft.family`), else None."""
+        return self.extra.get("error")
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
@@ -474,10 +500,13 @@ def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
                      counts: tuple[int, ...], root: int, itemsize: int, shape: Any,
                      links: Any, nodes: Any) -> Any:
     """Rank ``rank``'s schedule of ``algorithm`` for ``collective`` (the algorithm record of
-    :mod:`bmlmpi.schedules`)."""
-    from .schedules import catalog
-    return catalog.collective_schedule(collective, algorithm, rank, size, counts, root,
-                                       itemsize, shape, links, nodes=nodes)
+    :mod:`bmlmpi.schedules.algorithms`)."""
+    from .schedules import algorithms
+    blocked = collective in ("reduce_scatter", "allgather")
+    ctx = algorithms.Context(size, sum(counts), itemsize, rank, collective=collective,
+                             root=root, counts=counts if blocked else None, shape=shape,
+                             links=links, nodes=nodes)
+    return algorithms.build(algorithm, ctx)
 
 
 class FamilyCalls:
@@ -495,9 +524,12 @@ class FamilyCalls:
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
+        key = _fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op)):
+            return
         self._family_blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)))
+                                   alg)), key)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Any:
@@ -515,9 +547,16 @@ class FamilyCalls:
                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: equal blocks)."""
+        key = None
+        if isinstance(recvcounts, (list, tuple)):
+            key = _fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
+                            tuple(recvcounts))
+            if key is not None and self._family_repeat(key, (sendbuf, recvbuf, recvcounts,
+                                                             op)):
+                return
         self._family_blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
-                                   False, alg)))
+                                   False, alg)), key)
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                         op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
@@ -534,8 +573,11 @@ class FamilyCalls:
     # -- allgather --------------------------------------------------------------------------
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
+        key = _fast_key("Allgather", algorithm, (sendbuf, recvbuf))
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf)):
+            return
         self._family_blocking("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
+            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)), key)
 
     def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
         return self._family_start("allgather", algorithm, lambda alg: (
@@ -564,8 +606,11 @@ class FamilyCalls:
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                algorithm: str | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
+        key = _fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
+        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op, root)):
+            return
         self._family_blocking("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Any:
@@ -579,8 +624,11 @@ class FamilyCalls:
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""
+        key = _fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
+        if key is not None and self._family_repeat(key, (buf, root)):
+            return
         self._family_blocking("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)))
+            prepare_bcast(self.rank, self.size, buf, root, alg)), key)
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
         return self._family_start("bcast", algorithm, lambda alg: (
@@ -619,7 +667,53 @@ class FamilyCalls:
         self._usable_for_calls()
         return self._submit_recorded(self._family_prepared(collective, algorithm, build))
 
-    def _family_blocking(self, collective: str, algorithm: str | None, build: Any) -> None:
+    def _family_repeat(self, key: tuple, args: tuple) -> bool:
+        """A blocking call whose signature (:func:`_fast_key`) already ran natively through
+        :meth:`_family_blocking`, argument check included: mpi4py's blocking call on the
+        private communicator with the caller's own arguments, under the watchdog (no
+        resolution, no agreement). False: take the checked path."""
+        fast = self._family_fast_calls()
+        entry = fast.get(key) if fast is not None and not self._active else None
+        if entry is None:
+            return False
+        what, sig = entry
+        bufs = [a for a in args[:2] if type(a) is np.ndarray]
+        if len(bufs) == 2 and np.may_share_memory(bufs[0], bufs[1]):
+            return False  # the checked path says what is wrong
+        rec = self._recorder
+        slot = None if rec is None else rec.begin(sig)
+        self._calls += 1
+        watch = self._watchdog
+        watch.calls += 1
+        watch.current = what
+        try:
+            getattr(self._comm, key[0])(*args)
+        except BufferError:
+            # a buffer changed flags since (read-only...): the checked path, which records
+            # the call itself
+            if rec is not None:
+                rec.next -= 1
+            return False
+        except BaseException as exc:
+            self._call_failed(slot, exc)
+            raise
+        finally:
+            watch.current = None
+        self._call_done(slot)
+        return True
+
+    def _family_fast_calls(self) -> dict | None:
+        """The signatures :meth:`_family_repeat` may take (None: never, on a communicator
+        without the blocking fast path)."""
+        if not self._native_blocking():
+            return None
+        fast = self.__dict__.get("_family_fast")
+        if fast is None:
+            fast = self.__dict__["_family_fast"] = {}
+        return fast
+
+    def _family_blocking(self, collective: str, algorithm: str | None, build: Any,
+                         key: tuple | None = None) -> None:
         """A blocking call. Once its signature has been agreed on, a native call on the plain
         communicator with nothing outstanding is mpi4py's blocking call itself, bounded by
         the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``, the
@@ -644,6 +738,12 @@ class FamilyCalls:
             finally:
                 watch.current = None
             call.finish(self.size)
+            if key is not None and call.op != "avg" and call.dtype.kind in "iufc":
+                fast = self._family_fast_calls()
+                if fast is not None:
+                    fast[key] = (
+                        f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
+                        f"{self.size})", call.traced())
             self._call_done(slot)
             return
         self._submit_recorded(call).Wait()
@@ -661,9 +761,13 @@ class FamilyCalls:
         key = (call.collective, call.total, call.dtype.itemsize, len(set(call.counts)) == 1)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose_collective(call.collective, call.total,
-                                              call.dtype.itemsize, self.size)
-            self._choices[key] = choice
+            why = select.explain_collective(call.collective, call.total, call.dtype.itemsize,
+                                            self.size)
+            choice = self._choices[key] = why.chosen
+            log = logging.getLogger("bmlmpi")
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("auto (rank %d of %d) for a new signature: %s", self.rank,
+                          self.size, why)
         return choice
 
     def _family_plan(self, call: FamilyCall) -> Any:
@@ -671,12 +775,12 @@ class FamilyCalls:
         from . import registry
         from .execute import Plan
         from .ops import kernel_op
-        from .schedules import catalog
+        from .schedules import algorithms
         key = (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
-        tiered = call.algorithm in catalog.TIERED
+        tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,

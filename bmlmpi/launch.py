@@ -13,21 +13,51 @@ Finds the ``mpiexec`` installed beside this Python (the embedded Open MPI wheel)
 * MPICH (hydra): nothing is needed for root or oversubscription; ``--ft`` is refused, since
   MPICH's ch4 device has no ULFM.
 
+A bare ``python``/``python3`` program is replaced by the interpreter ``bmlmpi-run`` runs
+under (as ``torchrun`` does), and that interpreter's folder goes first on the ranks' PATH, so
+``.venv/bin/bmlmpi-run -n 2 python train.py`` uses the venv without activating it.
+
+The exit status (docs/launching.md): without ``--ft`` it is mpiexec's. With ``--ft`` the
+launcher stays in between: a rank's uncaught error or non-zero exit fails the job, even where
+Open MPI's launcher would return 0 (an error turned into SIGKILL by the exit handlers); a
+rank lost (killed, it never ended) fails it too unless ``--tolerate-lost``
+(``BMLMPI_TOLERATE_LOST=1``) and another rank finished; a lost rank replaced by
+``replace_failed`` does not. Lost, failed and replaced ranks are listed on stderr at the end.
+Open MPI's ``NBC_Progress: an error ... was found`` lines, which every survived failure
+prints (libnbc writes them unconditionally: no MCA parameter silences them), are left out of
+stderr; the survivors' rank 0 prints bmlmpi's own line about each recovery instead.
+
 Every other argument is passed to mpiexec unchanged. ``--dry-run`` prints the command.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from . import config
 
+#: Launcher options of bmlmpi-run itself (removed before mpiexec sees the arguments).
+OWN_FLAGS = ("--ft", "--dry-run", "--tolerate-lost")
+#: Program names replaced by this interpreter.
+BARE_PYTHON = re.compile(r"python(3(\.\d+)?)?")
+#: What libnbc prints for a request that failed because a peer died (no MCA parameter
+#: silences it); the launcher leaves these lines out under --ft.
+NBC_NOISE = re.compile(rb"^NBC_Progress: an error \d+ was found during schedule")
+
 
 def find_mpiexec() -> str:
-    env = config.get("BMLMPI_MPIEXEC")
+    # The ranks warn about unknown BMLMPI_* names (rank 0); the launcher leaves it to them.
+    env = config.get("BMLMPI_MPIEXEC", os.environ)
     if env:
         return env
     beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -65,12 +95,35 @@ def _ranks(args: list[str]) -> int:
     return 0
 
 
+def own_python(args: list[str]) -> list[str]:
+    """``args`` with the program of each MPMD part (``:``-separated), when it is a bare
+    ``python``/``python3``/``python3.N``, replaced by this interpreter."""
+    out: list[str] = []
+    replaced = False
+    for a in args:
+        if a == ":":
+            replaced = False
+        elif not replaced and BARE_PYTHON.fullmatch(a):
+            a, replaced = sys.executable, True
+        out.append(a)
+    return out
+
+
+def rank_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for the ranks: this interpreter's folder first on PATH."""
+    env = dict(os.environ if env is None else env)
+    here = os.path.dirname(sys.executable)
+    rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != here]
+    env["PATH"] = os.pathsep.join([here, *rest])
+    return env
+
+
 def build_command(args: list[str], mpiexec: str | None = None,
                   kind: str | None = None) -> list[str]:
     mpiexec = mpiexec or find_mpiexec()
     kind = kind or flavour(mpiexec)
     ft = "--ft" in args
-    args = [a for a in args if a not in ("--ft", "--dry-run")]
+    args = own_python([a for a in args if a not in OWN_FLAGS])
     extra: list[str] = []
     if kind == "openmpi":
         if os.geteuid() == 0 and "--allow-run-as-root" not in args:
@@ -83,10 +136,166 @@ def build_command(args: list[str], mpiexec: str | None = None,
                 extra += ["--mca", "mpi_yield_when_idle", "1"]
         if ft and "--with-ft" not in args:
             extra += ["--with-ft", "ulfm"]
+        if ft:
+            extra += ["-x", "BMLMPI_STATUS_DIR"]  # to the ranks on other nodes too
     elif ft:
         raise SystemExit(f"bmlmpi-run: --ft needs an MPI with ULFM (the Open MPI wheel); "
                          f"{mpiexec} is {kind}")
     return [mpiexec, *extra, *args]
+
+
+@dataclass
+class Outcome:
+    """How the ranks of a ``--ft`` job ended, from their notes in ``BMLMPI_STATUS_DIR``."""
+
+    finished: list[int] = field(default_factory=list)
+    failed: dict[int, str] = field(default_factory=dict)   # rank -> why
+    lost: list[int] = field(default_factory=list)
+    replaced: list[int] = field(default_factory=list)      # lost, then replaced
+    started: set[int] = field(default_factory=set)         # original ranks that wrote notes
+
+    def complete(self, ranks: int) -> bool:
+        """Whether every one of the job's ``ranks`` ranks wrote notes: then their ends decide
+        alone. Open MPI's launcher also fails a job for a spawn that failed (the survivors
+        were told and went on without it)."""
+        return ranks > 0 and self.started >= set(range(ranks))
+
+    def status(self, mpiexec_status: int, tolerate_lost: bool, ranks: int = 0) -> int:
+        if self.failed:
+            return mpiexec_status or 1
+        if mpiexec_status and not self.complete(ranks):
+            return mpiexec_status
+        unreplaced = [r for r in self.lost if r not in self.replaced]
+        if unreplaced and not (tolerate_lost and self.finished):
+            return 1
+        return 0
+
+    def report(self, tolerate_lost: bool) -> str | None:
+        def ranks(rs) -> str:
+            return ", ".join(str(r) for r in sorted(rs))
+        parts = []
+        if self.failed:
+            parts.append("failed: " + "; ".join(f"rank {r} ({why})"
+                                                 for r, why in sorted(self.failed.items())))
+        unreplaced = [r for r in self.lost if r not in self.replaced]
+        if unreplaced:
+            verdict = ("tolerated: --tolerate-lost" if tolerate_lost and self.finished
+                       else "this fails the job; --tolerate-lost accepts it")
+            parts.append(f"lost (killed, never ended): rank {ranks(unreplaced)} ({verdict})")
+        if self.replaced:
+            parts.append(f"lost and replaced: rank {ranks(self.replaced)}")
+        if not parts:
+            return None
+        parts.append(f"finished: rank {ranks(self.finished)}" if self.finished
+                     else "no rank finished")
+        return "bmlmpi-run: " + "; ".join(parts)
+
+
+def read_outcome(folder: Path) -> Outcome:
+    """Each process's notes (one JSON line per event, one file per process) -> an Outcome.
+    A process that started but wrote no end was lost; a replacement's rank counts as
+    replaced when the replacement ended well."""
+    ends: dict[tuple[int, bool], list[dict]] = {}
+    starts: list[tuple[int, bool]] = []
+    for path in sorted(folder.glob("*.jsonl")):
+        notes = []
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                notes.append(json.loads(line))
+        start = next((n for n in notes if n.get("event") == "start"), None)
+        if start is None:
+            continue
+        key = (int(start["rank"]), bool(start.get("replacement")))
+        starts.append(key)
+        ended = [n for n in notes if n.get("event") in ("error", "exit", "end")]
+        if ended:
+            ends.setdefault(key, []).extend(ended)
+    out = Outcome(started={rank for rank, replacement in starts if not replacement})
+    for rank, replacement in sorted(set(starts)):
+        ended = ends.get((rank, replacement))
+        errors = [n["error"] for n in ended or () if n.get("error")]
+        statuses = [n["status"] for n in ended or () if n.get("status")]
+        if not ended:
+            out.lost.append(rank)
+        elif errors:
+            out.failed[rank] = errors[0]
+        elif statuses:
+            out.failed[rank] = f"exit status {statuses[0]}"
+        elif replacement:
+            out.replaced.append(rank)
+        else:
+            out.finished.append(rank)
+    out.finished = sorted(set(out.finished) | set(out.replaced))
+    out.lost = sorted(set(out.lost) | set(out.replaced))
+    return out
+
+
+def _copy_stderr(source, sink) -> int:
+    """Copy ``source`` to ``sink`` without libnbc's failure lines (and the blank line each
+    is followed by); returns how many were left out. Partial lines that cannot be such a line
+    (a progress bar) pass at once."""
+    left_out, pending, skip_blank = 0, b"", False
+    fd = source.fileno()
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            if NBC_NOISE.match(line):
+                left_out, skip_blank = left_out + 1, True
+                continue
+            if skip_blank and not line.strip():
+                skip_blank = False
+                continue
+            skip_blank = False
+            sink.write(line + b"\n")
+        if pending and not b"NBC_Progress: an error".startswith(pending[:22]):
+            sink.write(pending)
+            pending = b""
+        sink.flush()
+    if pending:
+        sink.write(pending)
+        sink.flush()
+    return left_out
+
+
+def run_fault_tolerant(cmd: list[str], env: dict[str, str], tolerate_lost: bool,
+                       ranks: int = 0) -> int:
+    """Run a ``--ft`` job: mpiexec as a child, stderr filtered, the exit status decided from
+    the ranks' notes (module docstring)."""
+    given = config.get("BMLMPI_STATUS_DIR", env)
+    folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="bmlmpi-run-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {**env, "BMLMPI_STATUS_DIR": str(folder)}
+    try:
+        proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE)
+        forwarded = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
+                     signal.SIGUSR2)
+        previous = {s: signal.signal(s, lambda sig, _frame: proc.send_signal(sig))
+                    for s in forwarded}
+        try:
+            _copy_stderr(proc.stderr, sys.stderr.buffer)
+            mpiexec_status = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        outcome = read_outcome(folder)
+    finally:
+        if not given:
+            shutil.rmtree(folder, ignore_errors=True)
+    if mpiexec_status < 0:  # mpiexec itself was killed by a signal
+        mpiexec_status = 128 - mpiexec_status
+    report = outcome.report(tolerate_lost)
+    if report:
+        print(report, file=sys.stderr, flush=True)
+    status = outcome.status(mpiexec_status, tolerate_lost, ranks)
+    if mpiexec_status and not status:
+        print(f"bmlmpi-run: mpiexec exited {mpiexec_status}, but every rank ended well "
+              f"(a failed spawn the survivors went on without): exit 0", file=sys.stderr,
+              flush=True)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +307,11 @@ def main(argv: list[str] | None = None) -> int:
     if "--dry-run" in args:
         print(" ".join(cmd))
         return 0
-    os.execv(cmd[0], cmd)
+    env = rank_environment()
+    if "--ft" in args:
+        tolerate = "--tolerate-lost" in args or config.get("BMLMPI_TOLERATE_LOST", os.environ)
+        return run_fault_tolerant(cmd, env, tolerate, _ranks(args))
+    os.execve(cmd[0], cmd, env)
     return 127  # not reached
 
 

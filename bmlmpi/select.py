@@ -20,6 +20,13 @@ multi-tree above, as in the MXNet proposal.
 
 Without a calibration (``BMLMPI_CALIBRATE=0``), a fixed rule measured on the development
 machine stands in: native below 64 KiB, bml from there (``BMLMPI_AUTO_BML_BYTES``).
+
+The other collectives (``collective=``: reduce_scatter, allgather, reduce, bcast) follow the
+same rule over their own algorithms (:func:`algorithms`); the calibration's native points for
+that collective price the native call, and where it has none the fixed rule stands in (bml,
+or the collective's first algorithm where bml does not serve it). The candidates, the size
+bounds and which algorithm serves which collective all come from the algorithm records
+(:mod:`bmlmpi.schedules.algorithms`).
 """
 
 from __future__ import annotations
@@ -27,52 +34,40 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from . import config
+from .schedules import algorithms as records
+from .schedules.algorithms import AUTO_TREE_MAX_RANKS, Context, tree_array_bound
 
-IMPLEMENTED = ("auto", "bml", "ring", "tree", "multitree", "hierarchical", "native")
-SCHEDULED = ("bml", "ring", "tree", "multitree", "hierarchical")
 DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 #: ``auto`` leaves native only for a schedule predicted at least this much faster: a near-tie
 #: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
-#: (It was 1.10 while "native" was timed as bmlmpi's polled pass-through, a slower baseline
-#: that the margin partly made up for; against the real blocking call it is the 1.05 that
-#: ``auto`` is held to.)
 NATIVE_MARGIN = 1.05
-AUTO_TREE_MAX_RANKS = 16
 
-
-#: The collectives besides allreduce, and the scheduled algorithms each one runs.
-FAMILY_SCHEDULED: dict[str, tuple[str, ...]] = {
-    "reduce_scatter": (), "allgather": (), "reduce": (), "bcast": (),
-}
+__all__ = ["AUTO_TREE_MAX_RANKS", "NATIVE_MARGIN", "Candidate", "Explanation", "algorithms",
+           "calibration_wanted", "candidates", "check_algorithm", "choose",
+           "choose_collective", "env_algorithm", "explain", "explain_collective",
+           "prefer_native", "tree_array_bound"]
 
 
 def algorithms(collective: str = "allreduce") -> list[str]:
-    """The algorithms implemented for ``collective`` (default: allreduce), ``auto`` first
-    and ``native`` last."""
-    if collective == "allreduce":
-        return list(IMPLEMENTED)
-    try:
-        scheduled = FAMILY_SCHEDULED[collective]
-    except KeyError:
-        raise ValueError(f"unknown collective {collective!r}; known: allreduce, "
-                         f"{', '.join(FAMILY_SCHEDULED)}") from None
-    return ["auto", *scheduled, "native"]
+    """The algorithms implemented for ``collective`` (the allreduce by default), ``auto``
+    first and ``native`` last (:func:`bmlmpi.schedules.algorithms.algorithms`)."""
+    return records.algorithms(collective)
 
 
-def choose_collective(collective: str, count: int, itemsize: int, size: int) -> str:
-    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
-    ``count`` elements in all: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
-    collective, else native."""
-    env = config.get("BMLMPI_ALGORITHM")
-    if env and env.lower() in FAMILY_SCHEDULED[collective]:
-        return env.lower()
-    return "native"
+def _every_algorithm() -> list[str]:
+    names = [records.AUTO]
+    for coll in records.NAMES:
+        names += [n for n in records.algorithms(coll) if n not in names]
+    return names
 
 
-def check_algorithm(name: str) -> str:
+def check_algorithm(name: str, collective: str | None = None) -> str:
+    """``name`` in lower case if it is implemented (for ``collective``, else for any)."""
     name = name.lower()
-    if name not in IMPLEMENTED:
-        raise ValueError(f"unknown algorithm {name!r}; implemented: {', '.join(IMPLEMENTED)}")
+    known = _every_algorithm() if collective is None else records.algorithms(collective)
+    if name not in known:
+        what = "implemented" if collective is None else f"implemented for {collective}"
+        raise ValueError(f"unknown algorithm {name!r}; {what}: {', '.join(known)}")
     return name
 
 
@@ -86,21 +81,12 @@ def env_algorithm() -> str | None:
         raise config.ConfigError(f"BMLMPI_ALGORITHM={env!r}: {exc}") from None
 
 
-def tree_array_bound() -> int | None:
-    return config.get("BMLMPI_TREE_ARRAY_BOUND")
-
-
-def candidates(count: int, size: int, nodes=None) -> list[str]:
-    names = ["bml", "ring"]
-    if nodes is not None and nodes.count > 1 and nodes.max_local > 1:
-        names.append("hierarchical")  # only where ranks share nodes: else it is bml or ring
-    if size <= AUTO_TREE_MAX_RANKS:
-        bound = tree_array_bound()
-        if bound is None:
-            names += ["tree", "multitree"]
-        else:
-            names.append("tree" if count <= bound else "multitree")
-    return names + ["native"]
+def candidates(count: int, size: int, nodes=None, collective: str = "allreduce",
+               root: int = 0, counts=None) -> list[str]:
+    """What ``auto`` prices: every algorithm of ``collective`` whose record applies, then
+    ``native``."""
+    return records.candidates(Context(size, count, collective=collective, root=root,
+                                      counts=counts, nodes=nodes))
 
 
 @dataclass(frozen=True)
@@ -119,7 +105,8 @@ class Candidate:
 class Explanation:
     """Why ``auto`` runs ``chosen`` for one signature: the ``rule`` that decided
     (``BMLMPI_ALGORITHM``, ``asked``, ``empty``, ``one rank``, ``fixed rule``, ``cost
-    model``), in words (``why``), and the ``candidates`` it priced, cheapest first."""
+    model``, ``family``), in words (``why``), and the ``candidates`` it priced, cheapest
+    first."""
 
     collective: str
     count: int
@@ -143,59 +130,65 @@ class Explanation:
         lines = [f"{self.collective} of {self.count} x {self.itemsize} B on {self.size} "
                  f"ranks: {self.chosen} ({self.rule}: {self.why})"]
         for c in self.candidates:
-            model = "measured" if c.model is None else f"model {c.model * 1e6:.1f} us x " \
-                                                      f"{c.correction:.2f}"
+            model = ("measured" if c.model is None
+                     else f"model {c.model * 1e6:.1f} us x {c.correction:.2f}")
             mark = "  <- chosen" if c.name == self.chosen else ""
             lines.append(f"  {c.name:<13} {c.predicted * 1e6:10.1f} us  ({model}){mark}")
         return "\n".join(lines)
 
 
-def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None,
-            collective: str = "allreduce") -> Explanation:
-    """What ``auto`` runs for ``count`` elements of ``itemsize`` bytes on ``size`` ranks
-    (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`), and why."""
+def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None, *,
+            collective: str = "allreduce", root: int = 0, counts=None) -> Explanation:
+    """What ``auto`` runs for ``count`` elements (the work buffer's) of ``itemsize`` bytes on
+    ``size`` ranks (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`)
+    for ``collective`` (its ``root`` and block ``counts``), and why. ``BMLMPI_ALGORITHM``
+    applies where it names an algorithm of the collective; for another collective ``auto``
+    decides."""
     def decided(chosen: str, rule: str, why: str, cands=()) -> Explanation:
         return Explanation(collective, count, itemsize, size, chosen, rule, why, tuple(cands))
 
     env = env_algorithm()
-    if env and env != "auto":
+    if env and env != records.AUTO and env in records.algorithms(collective):
         return decided(env, "BMLMPI_ALGORITHM", f"BMLMPI_ALGORITHM={env} overrides auto")
     if count == 0:
-        return decided("bml", "empty", "an empty buffer has nothing to exchange (bml: no "
-                                       "steps)")
+        # nothing to exchange: a schedule with no steps (bml's allreduce), else native
+        chosen = "bml" if collective == "allreduce" else records.NATIVE
+        return decided(chosen, "empty", f"an empty buffer has nothing to exchange ({chosen})")
     if size == 1:
-        # nothing to exchange: MPI_Allreduce on one rank is a copy, and native is the
+        # nothing to exchange: the collective on one rank is a copy, and native is the
         # blocking fast path (a schedule's empty run costs ~10 µs of Python per call)
-        return decided("native", "one rank", "nothing to exchange: native is a "
-                                             "copy through the blocking fast path")
-    if calib is None:
-        threshold = config.get("BMLMPI_AUTO_BML_BYTES")
-        chosen = "bml" if count * itemsize >= threshold else "native"
+        return decided(records.NATIVE, "one rank", "nothing to exchange: native is a copy "
+                                                   "through the blocking fast path")
+    threshold = config.get("BMLMPI_AUTO_BML_BYTES")
+    fixed = "bml" if collective == "allreduce" else _fixed_choice(collective)
+    if calib is None or (collective != "allreduce"
+                         and calib.native_seconds(count * itemsize, collective) is None):
+        # no calibration, or none of this collective's native call: the fixed rule
+        chosen = fixed if count * itemsize >= threshold else records.NATIVE
+        what = ("no calibration (BMLMPI_CALIBRATE=0)" if calib is None
+                else f"the calibration has no native {collective} timings")
         return decided(chosen, "fixed rule",
-                       f"no calibration (BMLMPI_CALIBRATE=0): native below "
-                       f"BMLMPI_AUTO_BML_BYTES={threshold} B, bml from it; this call is "
-                       f"{count * itemsize} B")
+                       f"{what}: native below BMLMPI_AUTO_BML_BYTES={threshold} B, {fixed} "
+                       f"from it; this call is {count * itemsize} B")
     from .model import estimate
 
-    names = candidates(count, size, nodes)
-    builders = None
-    if "hierarchical" in names:
-        from .schedules.hierarchical import hierarchical_schedule
-        builders = {"hierarchical": lambda r, n, c, i: hierarchical_schedule(r, n, c, nodes)}
-    times = estimate(names, count, itemsize, size, calib=calib, shape=shape, builders=builders)
-    raw = estimate([n for n in times if n != "native"], count, itemsize, size, calib=calib,
-                   shape=shape, builders=builders, corrected=False)
+    names = candidates(count, size, nodes, collective, root, counts)
+    kw = dict(calib=calib, shape=shape, nodes=nodes, collective=collective, root=root,
+              counts=counts)
+    times = estimate(names, count, itemsize, size, **kw)
+    raw = estimate([n for n in times if n != records.NATIVE], count, itemsize, size,
+                   corrected=False, **kw)
     chosen = prefer_native(times)
     cands = sorted((Candidate(n, t, raw.get(n), t / raw[n] if raw.get(n) else 1.0)
                     for n, t in times.items()), key=lambda c: c.predicted)
     best = cands[0]
-    if chosen == "native" and best.name != "native":
+    if chosen == records.NATIVE and best.name != records.NATIVE:
         why = (f"native kept: {best.name} is predicted {best.predicted * 1e6:.1f} us against "
                f"native's measured {times['native'] * 1e6:.1f} us, less than the "
                f"{NATIVE_MARGIN:g}x margin a schedule must win by")
-    elif chosen == "native":
+    elif chosen == records.NATIVE:
         why = "native is the cheapest (its time measured by the calibration)"
-    elif "native" in times:
+    elif records.NATIVE in times:
         why = (f"{chosen} is predicted {times[chosen] * 1e6:.1f} us, at least "
                f"{NATIVE_MARGIN:g}x faster than native's measured {times['native'] * 1e6:.1f} us")
     else:
@@ -203,10 +196,40 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     return decided(chosen, "cost model", why, cands)
 
 
-def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None) -> str:
-    """The algorithm ``auto`` uses for ``count`` elements of ``itemsize`` bytes on ``size``
-    ranks (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`)."""
-    return explain(count, itemsize, size, calib, shape, nodes).chosen
+def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None, *,
+           collective: str = "allreduce", root: int = 0, counts=None) -> str:
+    """The algorithm ``auto`` uses (:func:`explain`'s choice)."""
+    return explain(count, itemsize, size, calib, shape, nodes, collective=collective,
+                   root=root, counts=counts).chosen
+
+
+def explain_collective(collective: str, count: int, itemsize: int,
+                       size: int) -> Explanation:
+    """What ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of ``count``
+    elements in all, as the family's launch path asks today, and why: ``BMLMPI_ALGORITHM``
+    where it names an algorithm of this collective, else native."""
+    env = env_algorithm()
+    if env and env != records.AUTO and env in records.algorithms(collective):
+        return Explanation(collective, count, itemsize, size, env, "BMLMPI_ALGORITHM",
+                           f"BMLMPI_ALGORITHM={env} overrides auto")
+    return Explanation(collective, count, itemsize, size, records.NATIVE, "family",
+                       f"auto runs the MPI library's own {collective} (the family's "
+                       f"schedules run when named)")
+
+
+def choose_collective(collective: str, count: int, itemsize: int, size: int) -> str:
+    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
+    ``count`` elements in all, as the family's launch path asks today: ``BMLMPI_ALGORITHM``
+    where it names an algorithm of this collective, else native. (:func:`choose` with
+    ``collective=`` is the cost model's choice.)"""
+    return explain_collective(collective, count, itemsize, size).chosen
+
+
+def _fixed_choice(collective: str) -> str:
+    """The schedule the fixed rule runs for large messages of ``collective``: bml where it
+    serves it, else the first that does."""
+    names = records.algorithms(collective)[1:-1]
+    return "bml" if "bml" in names else (names[0] if names else records.NATIVE)
 
 
 def prefer_native(times: dict[str, float], margin: float = NATIVE_MARGIN) -> str:

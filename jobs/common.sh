@@ -4,15 +4,15 @@
 # Environment (all optional; jobs/README.md has the full story):
 #   BMLMPI_RANKS       ranks to start (default: the allocation's tasks under Slurm, else 4)
 #   BMLMPI_OUT         output folder (default: bmlmpi-results/<kind>-<job id> in the submit dir)
-#   BMLMPI_PYTHON      the Python that has bmlmpi and mpi4py (default: python3 on PATH)
+#   BMLMPI_PYTHON      the Python that has bmlmpi and mpi4py (default: the active venv's, else
+#                      the checkout's .venv made by README command 1, else python3 on PATH)
 #   BMLMPI_LAUNCHER    srun (default inside a Slurm job) or mpiexec (default elsewhere)
 #   BMLMPI_SRUN_MPI    the value for `srun --mpi=` (default: chosen from mpi4py's MPI library)
-#   BMLMPI_MPIRUN      the mpirun command line (default: bmlmpi-run if on PATH, else mpiexec)
+#   BMLMPI_MPIRUN      the mpirun command line (default: bmlmpi-run or mpiexec beside
+#                      BMLMPI_PYTHON, else bmlmpi-run or mpiexec on PATH)
 #   sweep: BMLMPI_ALGORITHMS, BMLMPI_SIZES, BMLMPI_ITERS, BMLMPI_WARMUP, BMLMPI_BENCH_ARGS
 #   train: BMLMPI_TRAIN_ARGS, BMLMPI_TRAIN_EPOCHS, BMLMPI_TRAIN_STEPS, BMLMPI_TRAIN_BATCH
 #   train-buckets: the train variables and BMLMPI_PLAN, BMLMPI_FUSION_BYTES
-
-BMLMPI_PYTHON=${BMLMPI_PYTHON:-python3}
 
 die() {
     echo "bmlmpi job: error: $*" >&2
@@ -22,6 +22,51 @@ die() {
 # The folder of this file: the scripts source it by its real path (under sbatch, a script runs
 # from a spool copy, so each one finds jobs/ through Slurm before sourcing this).
 BMLMPI_JOBS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# The Python of the environment the job was started from: the active venv's, else the
+# checkout's own .venv (README command 1), else python3 on PATH.
+bmlmpi_default_python() {
+    local venv
+    for venv in "${VIRTUAL_ENV:-}" "$(dirname "$BMLMPI_JOBS_DIR")/.venv"; do
+        if [[ -n $venv && -x $venv/bin/python ]]; then
+            echo "$venv/bin/python"
+            return
+        fi
+    done
+    echo python3
+}
+BMLMPI_PYTHON=${BMLMPI_PYTHON:-$(bmlmpi_default_python)}
+
+# bmlmpi_require_mpi: fails the job, before it creates anything, unless BMLMPI_PYTHON imports
+# bmlmpi and mpi4py and (outside Slurm) an mpirun is found; sets BMLMPI_MPIRUN.
+bmlmpi_require_mpi() {
+    "$BMLMPI_PYTHON" -c 'import bmlmpi, mpi4py' 2>/dev/null \
+        || die "$BMLMPI_PYTHON cannot import bmlmpi and mpi4py: activate the venv of README" \
+               "command 1 (source .venv/bin/activate) or set BMLMPI_PYTHON"
+    local launcher=${BMLMPI_LAUNCHER:-}
+    if [[ $launcher == srun || ( -z $launcher && -n ${SLURM_JOB_ID:-} ) ]]; then
+        return
+    fi
+    if [[ -n ${BMLMPI_MPIRUN:-} ]]; then
+        return
+    fi
+    local beside candidate
+    beside=$(dirname "$(command -v "$BMLMPI_PYTHON")")
+    for candidate in "$beside/bmlmpi-run" "$beside/mpiexec"; do
+        if [[ -x $candidate ]]; then
+            BMLMPI_MPIRUN=$candidate
+            return
+        fi
+    done
+    for candidate in bmlmpi-run mpiexec mpirun; do
+        if command -v "$candidate" >/dev/null; then
+            BMLMPI_MPIRUN=$candidate
+            return
+        fi
+    done
+    die "no MPI launcher: neither bmlmpi-run nor mpiexec beside $BMLMPI_PYTHON or on PATH" \
+        "(activate the venv of README command 1, load your MPI, or set BMLMPI_MPIRUN)"
+}
 
 # The MPI library mpi4py is linked to, read without initialising MPI (MPI_Get_library_version
 # may be called before MPI_Init).
@@ -82,10 +127,8 @@ bmlmpi_launch() {
             srun --ntasks="$ranks" --mpi="$pmi" --kill-on-bad-exit=1 "$@"
             ;;
         mpiexec)
-            local mpirun=${BMLMPI_MPIRUN:-}
-            if [[ -z $mpirun ]]; then
-                if command -v bmlmpi-run >/dev/null; then mpirun=bmlmpi-run; else mpirun=mpiexec; fi
-            fi
+            [[ -n ${BMLMPI_MPIRUN:-} ]] || bmlmpi_require_mpi
+            local mpirun=$BMLMPI_MPIRUN
             echo "bmlmpi job: $mpirun -n $ranks $*" >&2
             # shellcheck disable=SC2086  # BMLMPI_MPIRUN may carry options
             $mpirun -n "$ranks" "$@"
@@ -126,6 +169,7 @@ bmlmpi_out_dir() {
 bmlmpi_sweep() {
     local ranks out
     ranks=$(bmlmpi_ranks) || exit 2
+    bmlmpi_require_mpi
     out=$(bmlmpi_out_dir sweep) || exit 2
     local args=(--algorithms "${BMLMPI_ALGORITHMS:-all}" --no-progress
                 --csv "$out/sweep.csv" --json "$out/sweep.json")
@@ -145,6 +189,7 @@ bmlmpi_sweep() {
 bmlmpi_train() {
     local ranks out
     ranks=$(bmlmpi_ranks) || exit 2
+    bmlmpi_require_mpi
     out=$(bmlmpi_out_dir train) || exit 2
     local extra=()
     read -r -a extra <<< "${BMLMPI_TRAIN_ARGS:-}"
@@ -161,6 +206,7 @@ bmlmpi_train() {
 bmlmpi_train_buckets() {
     local ranks out
     ranks=$(bmlmpi_ranks) || exit 2
+    bmlmpi_require_mpi
     out=$(bmlmpi_out_dir train-buckets) || exit 2
     local extra=()
     read -r -a extra <<< "${BMLMPI_TRAIN_ARGS:-}"
@@ -170,4 +216,21 @@ bmlmpi_train_buckets() {
         --timeline "$out/timeline.json" "${extra[@]}"
     [[ -s $out/train-buckets.json ]] || die "the training wrote no $out/train-buckets.json"
     echo "bmlmpi job: bucketed training results in $out"
+}
+
+# The PyTorch job (train_torch.py: DDP on the torch.distributed backend bmlmpi); options in
+# BMLMPI_TRAIN_ARGS (e.g. "--compression fp16", "--plan ibatch --bucket-cap-mb 0.01",
+# "--fault-tolerant"); needs torch in BMLMPI_PYTHON (pip install '.[torch,train]'); writes
+# train-torch.json to the output folder.
+bmlmpi_train_torch() {
+    local ranks out
+    ranks=$(bmlmpi_ranks) || exit 2
+    out=$(bmlmpi_out_dir train-torch) || exit 2
+    local extra=()
+    read -r -a extra <<< "${BMLMPI_TRAIN_ARGS:-}"
+    bmlmpi_check_world "$ranks"
+    bmlmpi_launch "$ranks" "$BMLMPI_PYTHON" "$BMLMPI_JOBS_DIR/train_torch.py" \
+        --out "$out/train-torch.json" "${extra[@]}"
+    [[ -s $out/train-torch.json ]] || die "the training wrote no $out/train-torch.json"
+    echo "bmlmpi job: PyTorch training results in $out"
 }

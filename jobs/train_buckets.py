@@ -9,6 +9,15 @@ right after ``wait(i)`` (so a plan that reduces the front layers last hides thei
 behind the forward pass). After every epoch every rank evaluates the loss over the whole
 training set.
 
+``--shard`` trains ZeRO-1 style instead of through the buckets: the parameters and gradients
+are one flat float64 vector cut into one shard per rank; each step reduce-scatters the
+gradients (``Communicator.Reduce_scatter``, ``op=bmlmpi.AVG``: each rank receives the average
+of its shard), updates its shard of the parameters, and allgathers the parameters
+(``Communicator.Allgatherv`` in place). It gives the parameters of the allreduce run (same
+averages, same updates) to float rounding. ``--params-out FILE`` saves rank 0's final
+parameters (``.npy``; with several plans, the last run's) to compare runs. Under Slurm or
+the mpirun scripts: ``BMLMPI_TRAIN_ARGS=--shard``.
+
 ``--reference`` trains the same model in one process on the summed batch (all ``ranks``
 slices at once): its losses are what the distributed run must reproduce to float rounding
 (the mean over the global batch versus the average of the ranks' means; float64).
@@ -66,6 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default=os.environ.get("BMLMPI_TRAIN_OUT") or None,
                    help="JSON file for the results (written by rank 0)")
     p.add_argument("--expect-size", type=int, default=None, metavar="N")
+    p.add_argument("--shard", action="store_true",
+                   help="ZeRO-1: reduce-scatter the gradients, update the local shard, "
+                        "allgather the parameters (instead of the buckets' allreduces)")
+    p.add_argument("--params-out", default=None,
+                   help=".npy file for rank 0's final parameters (flat, float64)")
     p.add_argument("--compression", default="none",
                    help="gradient compression (bmlmpi.compression spec): none, fp16, bf16, "
                         "threshold:PHI[:D], random:P[:SEED], tdf:PHI:D:P[:WIRE]; @sparse or "
@@ -264,6 +278,7 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
                   flush=True)
     buckets.close()
     flat = np.concatenate([p.reshape(-1) for p in model.params])
+    params = flat
     first = flat.copy()
     comm.Bcast(first, root=0)
     differ = comm.allgather(not np.array_equal(first.view(np.uint64), flat.view(np.uint64)))
@@ -277,6 +292,7 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
               "step_seconds_median": float(np.median(warm)),
               "step_seconds_mean": float(np.mean(warm)),
               "ranks_with_other_parameters": [r for r, d in enumerate(differ) if d],
+              "params": params,
               "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0]}
     if buckets.compression is not None:
         # bytes this rank sent for its gradients, per training step (all epochs)
@@ -303,6 +319,68 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
     return result
 
 
+def train_sharded(args: argparse.Namespace, comm) -> dict:
+    """ZeRO-1 (module docstring): one reduce-scatter and one allgather per step."""
+    from mpi4py import MPI
+
+    import bmlmpi
+
+    rank, size = comm.rank, comm.size
+    x, y, source = load_dataset(args.dataset, args.seed)
+    model = MLP(args.seed)
+    communicator = bmlmpi.Communicator(comm, algorithm=args.algorithm)
+    total = sum(p.size for p in model.params)
+    flat_params = np.concatenate([p.reshape(-1) for p in model.params])
+    flat_grads = np.zeros(total)
+    # the model's arrays become views of the flat vectors, so the collectives move them
+    at, grads = 0, []
+    for i, p in enumerate(model.params):
+        model.params[i] = flat_params[at:at + p.size].reshape(p.shape)
+        grads.append(flat_grads[at:at + p.size].reshape(p.shape))
+        at += p.size
+    counts = [total // size + (1 if r < total % size else 0) for r in range(size)]
+    lo = sum(counts[:rank])
+    shard = np.zeros(counts[rank])
+    glob = args.batch * size
+    steps = len(y) // glob if args.steps is None else min(args.steps, len(y) // glob)
+    if steps == 0:
+        raise SystemExit(f"train_buckets: the global batch {glob} exceeds the {len(y)} samples")
+    losses, accuracies = [model.loss(x, y)], [model.accuracy(x, y)]
+    if rank == 0:
+        print(f"train_buckets: {size} ranks, ZeRO-1 shards of {counts[0]} parameters, "
+              f"{source}, {steps} steps per epoch", flush=True)
+    step_times = []
+    for epoch in range(1, args.epochs + 1):
+        order = epoch_order(args.seed, epoch, len(y))
+        for s in range(steps):
+            idx = order[s * glob + rank * args.batch:s * glob + (rank + 1) * args.batch]
+            t0 = time.perf_counter()
+            model.backward(model.forward(x[idx]), y[idx], grads)
+            communicator.Reduce_scatter(flat_grads, shard, counts, bmlmpi.AVG)
+            flat_params[lo:lo + counts[rank]] -= args.lr * shard
+            communicator.Allgatherv(MPI.IN_PLACE, [flat_params, counts])
+            step_times.append(time.perf_counter() - t0)
+        losses.append(model.loss(x, y))
+        accuracies.append(model.accuracy(x, y))
+        if rank == 0:
+            print(f"epoch {epoch:3d}  loss {losses[-1]:.10f}  accuracy {accuracies[-1]:.4f}",
+                  flush=True)
+    first = flat_params.copy()
+    comm.Bcast(first, root=0)
+    differ = comm.allgather(not np.array_equal(first.view(np.uint64),
+                                               flat_params.view(np.uint64)))
+    warm = step_times[min(len(step_times) // 4, 10):] or step_times
+    communicator.Free()
+    return {"ranks": size, "plan": "shard", "algorithm": args.algorithm, "dataset": source,
+            "losses": losses, "accuracies": accuracies, "steps_per_epoch": steps,
+            "global_batch": glob, "shard_counts": counts,
+            "step_seconds_median": float(np.median(warm)),
+            "step_seconds_mean": float(np.mean(warm)),
+            "ranks_with_other_parameters": [r for r, d in enumerate(differ) if d],
+            "params": flat_params,
+            "mpi_library": MPI.Get_library_version().replace("\0", "").splitlines()[0]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.reference:
@@ -320,12 +398,16 @@ def main(argv: list[str] | None = None) -> int:
         print(mismatch_message(comm.size, expected), file=sys.stderr, flush=True)
         return 2
     runs = []
-    for plan in args.plans:
-        result = train(args, comm, plan)
+    for plan in (["shard"] if args.shard else args.plans):
+        result = train_sharded(args, comm) if args.shard else train(args, comm, plan)
+        params = result.pop("params")
         runs.append(result)
         if comm.rank == 0:
             print(f"train_buckets: median step {result['step_seconds_median'] * 1e3:.2f} ms "
-                  f"(plan {plan}, buckets {result['buckets']})", flush=True)
+                  f"(plan {plan}, buckets {result.get('buckets', 'none: sharded')})",
+                  flush=True)
+            if args.params_out:
+                np.save(args.params_out, params)
     if comm.rank == 0 and args.out:
         with open(args.out, "w") as f:
             json.dump({"ranks": comm.size, "runs": runs}, f, indent=1)

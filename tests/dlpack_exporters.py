@@ -1,6 +1,8 @@
 """Hand-written DLPack exporters for the buffer tests (unit and MPI): numpy arrays seen only
 through the protocol, as other libraries export them."""
 
+import ctypes
+
 import numpy as np
 
 
@@ -29,3 +31,71 @@ class DLPack1:
 
     def __dlpack_device__(self):
         return self._a.__dlpack_device__()
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+class _Managed(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
+                ("deleter", ctypes.c_void_p)]
+
+
+class _ManagedVersioned(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
+                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new.restype = ctypes.py_object
+_capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class CtypesDLPack:
+    """Exports any numpy array, long double included, over DLPack with capsules built by
+    ctypes, as mpi4py's own test suite builds them (numpy's exporter refuses long double).
+    ``legacy``: the protocol before 1.0. The exporter owns the tensor's header and keeps the
+    array alive; its capsules have no destructor."""
+
+    CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+
+    def __init__(self, a: np.ndarray, *, legacy: bool = False):
+        self._a = a
+        self._legacy = legacy
+        self._keep: list = []
+
+    def _tensor(self) -> _DLTensor:
+        a = self._a
+        shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+        strides = (ctypes.c_int64 * max(a.ndim, 1))(*(s // a.itemsize for s in a.strides))
+        self._keep += [shape, strides]
+        if a.dtype == np.clongdouble:  # 256 bits: two lanes of long double, as mpi4py reads it
+            dtype = _DLDataType(self.CODES["f"], a.itemsize * 4, 2)
+        else:
+            dtype = _DLDataType(self.CODES[a.dtype.kind], a.itemsize * 8, 1)
+        return _DLTensor(a.ctypes.data, 1, 0, a.ndim, dtype, shape, strides, 0)
+
+    def __dlpack__(self, *args, **kwargs):
+        if self._legacy:
+            if kwargs.get("max_version") is not None:
+                raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
+            managed = _Managed(self._tensor(), None, None)
+            name = b"dltensor"
+        else:
+            read_only = 0 if self._a.flags.writeable else 1
+            managed = _ManagedVersioned(1, 0, None, None, read_only, self._tensor())
+            name = b"dltensor_versioned"
+        self._keep.append(managed)
+        return _capsule_new(ctypes.addressof(managed), name, None)
+
+    def __dlpack_device__(self):
+        return (1, 0)

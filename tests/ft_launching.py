@@ -19,8 +19,11 @@ def launch_spec(program: str, spec: dict, n: int, marker: str, *, timeout: float
               ft: bool = True) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run ``program`` (relative to the repository) on ``n`` ranks with ``spec`` as its one
     argument; returns the finished process and the records of the lines starting ``marker``.
-    The job's own algorithm and BCube settings are cleared, calibration is off."""
-    cmd = [sys.executable, "-m", "bmlmpi.launch", *(["--ft"] if ft else []), "-n", str(n),
+    The job's own algorithm and BCube settings are cleared, calibration is off. The programs
+    kill ranks on purpose: ``--tolerate-lost`` keeps those from failing the job, so its exit
+    status says whether the survivors ended well."""
+    cmd = [sys.executable, "-m", "bmlmpi.launch", *(["--ft", "--tolerate-lost"] if ft else []),
+           "-n", str(n),
            sys.executable, program, json.dumps(spec)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     env.pop("BMLMPI_ALGORITHM", None)

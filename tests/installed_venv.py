@@ -4,9 +4,9 @@ folder ``bmlmpi/`` before site-packages, so a source tree that differs from the 
 package (a module mapped in only at install time) fails there.
 
 Building it costs about a minute (the dependencies come from pip's cache), so it is made once
-per source tree and kept under /tmp, keyed by a hash of what the wheel is built from; other keys
-older than a day are removed. A lock file keeps concurrent test sessions from building the same
-venv twice.
+per source tree and kept under /tmp, keyed by a hash of what the wheel is built from; those of
+other trees unused for an hour are removed (the two most recent stay). A lock file keeps
+concurrent test sessions from building the same venv twice.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("bmlmpi", "kernels", "setup.cfg", "pyproject.toml", "README.md")
 BASE = Path(os.environ.get("TMPDIR", "/tmp"))
 PREFIX = "bmlmpi-installed-"
-STALE_S = 24 * 3600
+#: Venvs of other source trees are removed once unused this long, except the most recent few
+#: (another test session may be using one).
+STALE_S = 3600
+KEEP_RECENT = 2
 BUILD_TIMEOUT_S = 900
 
 
@@ -69,9 +72,10 @@ def _locked(path: Path, blocking: bool = True) -> Iterator[bool]:
 
 
 def _remove_stale(keep: Path) -> None:
-    for old in BASE.glob(PREFIX + "*"):
-        if old == keep or old.suffix == ".lock" or not old.is_dir():
-            continue
+    others = sorted((p for p in BASE.glob(PREFIX + "*")
+                     if p != keep and p.suffix != ".lock" and p.is_dir()),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in others[KEEP_RECENT:]:
         if time.time() - old.stat().st_mtime < STALE_S:
             continue
         with _locked(old.with_suffix(".lock"), blocking=False) as mine:

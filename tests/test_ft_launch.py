@@ -280,6 +280,7 @@ def test_killed_ranks_are_replaced_and_the_job_ends_on_the_full_bcube():
             "kills": kills, "bad_command": "/nonexistent/bmlmpi-replacement"}
     res = run_ranks(9, ["tests/ft/grow_ranks.py", json.dumps(spec)], "the grow-back job")
     tail = (res.stdout + res.stderr)[-5000:]
+    assert res.returncode == 0, tail  # the replacements end with MPI_Finalize
     records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
                if line.startswith("GROW-JSON ")]
     victims = sorted((r["victim"], r["call"]) for r in records if "victim" in r)
@@ -347,3 +348,63 @@ def test_a_link_that_goes_down_masks_its_server():
     assert not [r for r in records if "unfenced" in r], "the link watch did not fence rank 4"
     victim = next(r for r in records if "victim" in r)
     assert victim["must_exclude"], victim
+
+
+# -- the collective family's failure contracts (bmlmpi.ft.family) ----------------------------
+
+def _family_check(groups: list[dict], res, records: list[dict]) -> None:
+    tail = (res.stdout + res.stderr)[-6000:]
+    assert res.returncode == 0, tail
+    if any("unavailable" in r for r in records):
+        pytest.skip("this MPI has no ULFM")
+    for gi, g in enumerate(groups):
+        survivors = [r for r in records if r.get("group") == gi and "survivor" in r]
+        assert len(survivors) == g["size"] - len(g["kills"]), f"group {gi}\n{tail}"
+        sizes = set()
+        for s in survivors:
+            bad = [r for r in s["results"] if not r["ok"]]
+            assert not bad, f"group {gi} rank {s['survivor']}: {bad}\n{tail}"
+            sizes.add(s["size"])
+            raised = [(r["call"], r["raised"]) for r in s["results"]]
+            assert raised == [(r["call"], r["raised"]) for r in survivors[0]["results"]], \
+                f"group {gi}: survivors raised differently\n{tail}"
+        assert sizes == {g["size"] - len(g["kills"])}, sizes
+
+
+def test_family_contracts_n4_before_during_and_root():
+    cycle = ["reduce_scatter", "allgather", "reduce", "bcast"]
+    groups = [
+        # a rank dies during an allgather, then a root during a reduce
+        {"size": 4, "collectives": cycle, "calls": 6,
+         "kills": [{"call": 1, "rank": 1, "when": "during", "how": "kill"},
+                   {"call": 2, "rank": "root", "when": "during", "how": "kill"}]},
+        # BML's schedules, in place and AVG: a rank dies before a reduce-scatter, a root
+        # during a broadcast
+        {"size": 4, "collectives": cycle, "calls": 5, "in_place": True, "op": "avg",
+         "algorithm": "bml",
+         "kills": [{"call": 0, "rank": 2, "when": "before", "how": "kill"},
+                   {"call": 3, "rank": "root", "when": "during", "how": "kill"}]},
+    ]
+    spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 8, "FAMILY-JSON",
+                               timeout=LAUNCH_TIMEOUT)
+    _family_check(groups, res, records)
+    # a rank gone before a reduce-scatter: every survivor's own block over the survivors
+    first = [s["results"][0] for s in records if s.get("group") == 1 and "survivor" in s]
+    assert {(r["raised"], r["size"]) for r in first} == {(None, 3)}, first
+
+
+def test_family_contracts_n8():
+    cycle = ["reduce_scatter", "allgather", "reduce", "bcast"]
+    groups = [{"size": 8, "collectives": cycle, "calls": 8,
+               "kills": [{"call": 0, "rank": 5, "when": "during", "how": "kill"},
+                         {"call": 1, "rank": 2, "when": "before", "how": "kill"},
+                         {"call": 3, "rank": "root", "when": "during", "how": "kill"},
+                         {"call": 5, "rank": 6, "when": "during", "how": "kill"}]}]
+    spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 8, "FAMILY-JSON",
+                               timeout=LAUNCH_TIMEOUT)
+    _family_check(groups, res, records)
+    # the allgather that a rank missed entirely: its slot zeroed, ContributionsLost everywhere
+    call1 = {s["results"][1]["raised"] for s in records if "survivor" in s}
+    assert call1 == {"ContributionsLost"}, call1

@@ -88,7 +88,7 @@ def test_job_script_from_the_root_activated(venv, tmp_path):
     assert os.listdir(tmp_path / "out")
 
 
-def test_readme_quick_start_from_the_root_activated(venv, tmp_path):
+def test_readme_quick_start_from_the_root_activated(venv):
     """README's quick start as written: venv activated, `bmlmpi-run -n N python train.py`.
     `python -c` from the repository root puts the root first on sys.path, as `train.py` saved
     there would, so the program imports the source folder."""
@@ -97,8 +97,63 @@ def test_readme_quick_start_from_the_root_activated(venv, tmp_path):
     assert "source .venv/bin/activate" in quick and "bmlmpi-run -n 4 python train.py" in quick
     code = quick.split("Save this as `train.py`:", 1)[1].split("```python\n", 1)[1]
     code = code.split("```", 1)[0]
-    env = bare_env(VIRTUAL_ENV=str(venv), BMLMPI_CACHE_DIR=str(tmp_path))
+    env = bare_env(VIRTUAL_ENV=str(venv))
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     out = ok(run(["timeout", str(TIMEOUT_S), "bmlmpi-run", "-n", "2", "python", "-c", code],
                  env=env, timeout=TIMEOUT_S + 30))
     assert "2 ranks: mean of element 1 = 1.5" in out, out
+
+
+# -- launching from a venv that is not activated -------------------------------------------
+
+def test_bmlmpi_run_starts_its_own_python(venv):
+    """``.venv/bin/bmlmpi-run -n 2 python ...`` with the venv not activated: the ranks run the
+    venv's interpreter (the system's has no bmlmpi), with the venv's bin first on PATH; an
+    unknown BMLMPI_* name gets one warning, from rank 0."""
+    program = ("import os, sys, bmlmpi, bmlmpi.config; from mpi4py import MPI; "
+               "bmlmpi.config.get('BMLMPI_TIMEOUT'); "
+               "print('RANK', MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size, sys.executable, "
+               "os.environ['PATH'].split(':')[0], flush=True)")
+    res = run(["timeout", str(TIMEOUT_S), str(venv / "bin" / "bmlmpi-run"), "-n", "2",
+               "python", "-c", program], env=bare_env(BMLMPI_ALGORTHM="ring"))
+    out = ok(res)
+    ranks = sorted(line.split()[1:] for line in out.splitlines() if line.startswith("RANK "))
+    bin_dir = str(venv / "bin")
+    assert [(r[0], r[1], str(Path(r[2]).parent), r[3]) for r in ranks] == \
+        [(str(r), "2", bin_dir, bin_dir) for r in (0, 1)], out
+    warned = [line for line in res.stderr.splitlines() if "BMLMPI_ALGORTHM" in line]
+    assert warned == ["bmlmpi: BMLMPI_ALGORTHM is not a bmlmpi variable and is ignored; did "
+                      "you mean BMLMPI_ALGORITHM? (python -m bmlmpi.config lists them)"], \
+        res.stderr
+
+
+def _jobs_copy(tmp_path: Path, venv: Path | None) -> Path:
+    """jobs/ in a checkout of its own whose .venv is ``venv`` (None: no .venv)."""
+    import shutil
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "jobs", checkout / "jobs")
+    if venv is not None:
+        (checkout / ".venv").symlink_to(venv)
+    return checkout / "jobs"
+
+
+def test_job_script_finds_the_checkouts_venv_not_activated(venv, tmp_path):
+    jobs = _jobs_copy(tmp_path, venv)
+    env = bare_env(BMLMPI_RANKS="2", BMLMPI_SIZES="4:64", BMLMPI_ALGORITHMS="bml,native",
+                   BMLMPI_ITERS="3", BMLMPI_WARMUP="1", BMLMPI_OUT=str(tmp_path / "out"))
+    res = run(["timeout", str(TIMEOUT_S), str(jobs / "sweep-mpirun.sh")], env=env,
+              timeout=TIMEOUT_S + 30)
+    ok(res)
+    assert f"{jobs.parent}/.venv/bin/bmlmpi-run -n 2" in res.stderr, res.stderr
+    assert (tmp_path / "out" / "sweep.csv").stat().st_size > 0
+
+
+def test_job_script_without_mpi_fails_clearly_and_creates_nothing(tmp_path):
+    jobs = _jobs_copy(tmp_path, None)
+    work = tmp_path / "work"
+    work.mkdir()
+    res = subprocess.run([str(jobs / "train-mpirun.sh")], cwd=work, env=bare_env(
+        BMLMPI_PYTHON="/usr/bin/python3"), capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "bmlmpi job: error: /usr/bin/python3 cannot import bmlmpi and mpi4py" in res.stderr
+    assert not list(work.iterdir()), "the job left a results folder behind"

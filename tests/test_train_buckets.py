@@ -71,3 +71,25 @@ def test_compressed_run_reports_the_measured_links(tmp_path):
     alpha, beta = r["compression_links_alpha_beta"]
     assert 0 < alpha < 1 and 0 < beta < 1e-6
     assert sum(r["compression_paths"].values()) > 0 and r["dropped_fraction"] > 0.5
+
+
+def test_sharded_training_gives_the_allreduce_runs_parameters(tmp_path):
+    """ZeRO-1 (--shard: reduce-scatter the gradients, update the local shard, allgather the
+    parameters) ends with the parameters of the buckets' allreduce run, float64, 1e-9
+    relative, and the same losses."""
+    import numpy as np
+
+    ranks = 3
+    common = ["--epochs", "2", "--steps", "5", "--batch", "8"]
+    runs = {}
+    for name, extra in (("allreduce", ["--plan", "threshold"]), ("shard", ["--shard"])):
+        params, out = tmp_path / f"{name}.npy", tmp_path / f"{name}.json"
+        res = run([*common, *extra, "--params-out", str(params), "--out", str(out)], ranks)
+        assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+        runs[name] = (np.load(params), json.loads(out.read_text())["runs"][0])
+    (want, ar), (got, sh) = runs["allreduce"], runs["shard"]
+    assert sh["plan"] == "shard" and sum(sh["shard_counts"]) == want.size
+    assert sh["ranks_with_other_parameters"] == []
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=0)
+    assert sh["losses"] == pytest.approx(ar["losses"], rel=1e-9)
+    assert sh["losses"][-1] < sh["losses"][0]

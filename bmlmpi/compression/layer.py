@@ -76,6 +76,7 @@ from .. import kernels
 from ..execute import Plan, Run
 from ..ops import op_name
 from ..recorder import FlightRecorder, Signature, Slot
+from ..schedules.algorithms import with_wire_format
 from .engine import RunRequest, StagedRequest, drop_private_comm, next_tag_base, private_comm
 from .filters import Compressor, parse
 from .links import DEFAULT_ALPHA, DEFAULT_BETA, alpha_beta, known
@@ -123,11 +124,12 @@ def _problem(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[str | None, Any, Any,
 
 
 def _algorithm(comm: Any, count: int, itemsize: int) -> str:
-    """The schedule a compressed call follows: the communicator's, bml for native/tiered."""
+    """The schedule a compressed call follows: the communicator's where its record can carry
+    a wire format, else bml (native, tiered)."""
     alg = comm.algorithm
     if alg == "auto":
         alg = comm._auto(count, itemsize)
-    return alg if alg in ("bml", "ring", "tree", "multitree") else "bml"
+    return alg if alg in with_wire_format() else "bml"
 
 
 def _dense_seconds(comm: Any, alg: str, count: int, itemsize: int, alpha: float,

@@ -45,6 +45,11 @@ bcube_preserving`, :mod:`bmlmpi.schedules.recovery`):
   ``MAX_PLANNED_SERVERS``) the fresh schedule is used instead. Other algorithms always run
   fresh.
 
+The rest of the collective family (reduce-scatter, allgather, reduce, broadcast, and the
+persistent forms) runs on the same ledger; each collective's failure contract — what the
+survivors hold, what raises (:class:`RootFailed`, :class:`ContributionsLost`), where the next
+call runs — is in :mod:`bmlmpi.ft.family`.
+
 Non-blocking calls (``Iallreduce``) work as on the plain communicator; a ``Test`` or ``Wait``
 that meets a failure performs the recovery (a collective over the survivors) before returning.
 
@@ -94,11 +99,13 @@ from .errors import (
     ulfm_support,
 )
 from .exit import finish, install_exit_handlers
+from .family import ContributionsLost, RootFailed
 from .grow import GrowRecord, Joined, join
 from .membership import RecoveryRecord
 
 __all__ = [
-    "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES", "FaultToleranceError",
+    "ContributionsLost", "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES",
+    "FaultToleranceError", "RootFailed",
     "FaultToleranceUnavailable", "FaultTolerantCommunicator", "FaultTolerantRequest",
     "GrowRecord", "Joined", "RankMasked", "RecoveryRecord", "finish", "install_exit_handlers",
     "is_failure", "join", "ulfm_support",

@@ -29,7 +29,8 @@ from .errors import (
     is_failure,
     ulfm_support,
 )
-from .exit import LIVE
+from .exit import LIVE, started
+from .family import Skipped, retarget
 from .grow import GrowRecord, Growth
 from .ledger import Call, Ledger
 from .links import LinkWatch
@@ -175,11 +176,13 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         self._events = 0
         self._link_watch: LinkWatch | None = None
 
-    def _start_heartbeat(self, token: str, period: float, hang: float) -> None:
+    def _start_heartbeat(self, token: str, period: float, hang: float, *,
+                         replacement: bool = False) -> None:
         self._token = token
         self._hb = Heartbeat(token, self.original_rank, period, hang)
         self._hb.watch(self._members)
         LIVE.append(self)
+        started(self.original_rank, replacement=replacement)
 
     def nodes(self):
         """Which current ranks share a node: the nodes at construction restricted to the
@@ -324,6 +327,13 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
     def _usable_for_calls(self) -> None:
         self._usable()
 
+    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """The family's call, remembering the members it was made for: a failure during it
+        re-runs it over the survivors by its collective's contract (:mod:`.family`)."""
+        call = super()._family_prepared(collective, algorithm, build)
+        call.extra["members"] = tuple(self._members)
+        return call
+
     def _submit(self, prepared: PreparedCall) -> Request:
         """Enter the call in the ledger and start its first attempt."""
         return FaultTolerantRequest(self._enter(prepared))
@@ -362,11 +372,16 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         if algorithm == "auto":
             algorithm = self._resolve_auto(call.prepared)
         prepared = dataclasses.replace(call.prepared, algorithm=algorithm)
+        if prepared.collective != "allreduce":
+            prepared = retarget(prepared, self._members, self.rank)
+        call.effective = prepared
         label = (f"bmlmpi fault-tolerant {algorithm} {prepared.collective} (rank {self.rank} "
                  f"of {self.size}, call {call.seq}, attempt {call.attempts})")
         with self._failure_noted():
             self._validate(prepared, None)
-            call.run = self._launch(prepared, label, None)
+            skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
+            call.run = (Skipped() if skip
+                        else self._launch(prepared, label, None))
         if call.slot is not None:
             call.slot.run = call.run
 

@@ -235,7 +235,8 @@ class Growth:
         self._init_ledger()
         self._seq = settings["seq"]
         self._committed = settings["committed"]
-        self._start_heartbeat(settings["token"], settings["period"], settings["hang"])
+        self._start_heartbeat(settings["token"], settings["period"], settings["hang"],
+                              replacement=True)
         rebuilt = time.time()
         with self._hb.watching():
             state = _receive(self._comm, settings["donor"], self.timeout,

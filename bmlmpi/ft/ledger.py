@@ -36,6 +36,7 @@ class Call:
         self.seq = seq
         self.algorithm = prepared.requested  # "auto" is resolved again for each attempt
         self.prepared = prepared
+        self.effective = prepared           # as the current attempt runs it (.family)
         self.out = prepared.out
         saved = prepared.src is None
         self.saved = prepared.out.copy() if saved else None  # IN_PLACE input, for a re-run
@@ -118,7 +119,7 @@ class Ledger:
     def _commit(self, call: Call) -> None:
         self._pending.pop(0)
         self._committed += 1
-        call.prepared.finish(call.size)
+        call.effective.finish(call.size)
         call.committed = True
         self._call_done(call.slot)
 
@@ -146,10 +147,19 @@ class Ledger:
         try:
             with self._hb.watching():
                 self._advance()
+            if call.committed:
+                self._raise_outcome(call)
         except BaseException as exc:
             self._call_failed(call.slot, exc, call.run)
             raise
         return call.committed
+
+    @staticmethod
+    def _raise_outcome(call: Call) -> None:
+        """A committed call whose contract raises on every survivor (:mod:`.family`)."""
+        error = call.effective.outcome()
+        if error is not None:
+            raise error
 
     def _wait_call(self, call: Call) -> None:
         def describe(t: float) -> str:
@@ -171,6 +181,7 @@ class Ledger:
             with self._hb.watching():
                 wait_for(lambda: (self._advance(), call.committed)[1], self.timeout, describe,
                          progress=self._progress_mark)
+            self._raise_outcome(call)
         except BaseException as exc:
             self._call_failed(call.slot, exc, call.run)
             raise

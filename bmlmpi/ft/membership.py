@@ -24,6 +24,7 @@ it owns ``_members``, ``failed``, ``recoveries`` and ``_masked``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +37,10 @@ from mpi4py import MPI
 from ..execute import wait_for, wait_request
 from ..schedules.recovery import fresh_shape
 from .errors import FaultToleranceError, is_failure
+
+#: One line per survived failure, from the survivors' rank 0 (Python's last-resort handler
+#: prints it on stderr when the program configured no logging).
+log = logging.getLogger("bmlmpi.ft")
 
 
 @dataclass
@@ -67,11 +72,20 @@ class Membership:
         lost = tuple(sorted(set(self._members) - set(members)))
         self._adopt(new, members, lost)
         self.recoveries.append(RecoveryRecord(lost, noticed, agreed, time.time(), self.size))
+        self._account(lost, "died")
         self._reconcile()
         if lost and self.on_failure is not None:
             self.on_failure(self, lost)
         for call in self._pending:
             self._attempt(call)
+
+    def _account(self, lost: tuple[int, ...], how: str) -> None:
+        """bmlmpi's own line about a survived failure, on the survivors' rank 0 (the MPI
+        library's lines about it are left out by ``bmlmpi-run --ft``)."""
+        if lost and self.rank == 0:
+            ranks = ", ".join(str(r) for r in lost)
+            log.warning("bmlmpi: rank %s %s; %d of %d ranks carry on", ranks, how,
+                        self.size, self.original_size)
 
     def _blocking(self, fn: Callable[[], Any], what: str) -> Any:
         """Run a blocking MPI call under the deadline: in a helper thread when the MPI library
@@ -215,6 +229,7 @@ class Membership:
             self._adopt(new, members, (victim,))
             now = time.time()
             self.recoveries.append(RecoveryRecord((victim,), now, now, now, self.size))
+            self._account((victim,), "was masked")
         if self.on_failure is not None:
             self.on_failure(self, (victim,))
         return True

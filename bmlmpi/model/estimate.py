@@ -8,6 +8,11 @@ predicted seconds of each; :func:`cheapest` names the lowest. The decision ``aut
 from these estimates is :func:`bmlmpi.select.choose`. ``native`` has no schedule: its time is
 interpolated from the calibration's measured (bytes, seconds) points.
 
+Every collective is priced the same way (``collective=``, with its ``root`` and block
+``counts``): the algorithm records (:mod:`bmlmpi.schedules.algorithms`) build the schedules,
+the model prices them; the native call's time comes from the calibration's points measured for
+that collective (none: no native estimate).
+
 Every input is the same on every rank (the calibration is agreed collectively), so every rank
 reaches the same choice without communicating.
 """
@@ -16,11 +21,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..schedules import catalog
+from ..schedules import algorithms as records
+from ..schedules.algorithms import Context
 from ..schedules.types import Schedule
 from .cost import Cost, price, price_symmetric
 from .network import (
@@ -31,8 +37,6 @@ from .network import (
     SharedMemoryNode,
     TwoTierNetwork,
 )
-
-Builder = Callable[[int, int, int, int], Schedule]  # (rank, size, count, itemsize) -> Schedule
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,9 @@ class Calibration:
     #: executor on the calibrated ranks: what the α-β model misses on this machine (cores
     #: shared by several ranks, cache effects, the kernels), applied by :meth:`correction`.
     corrections: tuple[tuple[str, int, float], ...] = ()
+    #: (collective, bytes, seconds) of the MPI library's own call of each collective other
+    #: than allreduce (``native`` holds allreduce's), as user code calls it.
+    natives: tuple[tuple[str, int, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "step_overhead", "msg_overhead", "gamma"):
@@ -71,6 +78,10 @@ class Calibration:
         if any(not (math.isfinite(f) and f > 0) or b <= 0 for _, b, f in fixes):
             raise ValueError(f"calibration corrections must be positive and finite: {fixes}")
         object.__setattr__(self, "corrections", fixes)
+        others = tuple(sorted((str(c), int(b), float(t)) for c, b, t in self.natives))
+        if any(t < 0 or not math.isfinite(t) for _, _, t in others):
+            raise ValueError(f"calibration native times must be finite and >= 0: {others}")
+        object.__setattr__(self, "natives", others)
 
     def correction(self, algorithm: str, nbytes: int) -> float:
         """The factor on ``algorithm``'s modelled time at ``nbytes``: interpolated linearly in
@@ -87,10 +98,12 @@ class Calibration:
                 return f0 + (f1 - f0) * (x - x0) / (x1 - x0)
         return pts[-1][1]
 
-    def native_seconds(self, nbytes: int) -> float | None:
-        """The native allreduce's time for ``nbytes``, interpolated linearly between measured
-        sizes and extrapolated along the last segment; None when nothing was measured."""
-        pts = self.native
+    def native_seconds(self, nbytes: int, collective: str = "allreduce") -> float | None:
+        """The native call's time for ``nbytes`` of ``collective`` (the bytes of its work
+        buffer), interpolated linearly between measured sizes and extrapolated along the last
+        segment; None when nothing was measured."""
+        pts = (self.native if collective == "allreduce" else
+               tuple((b, t) for c, b, t in self.natives if c == collective))
         if not pts:
             return None
         if len(pts) == 1 or nbytes <= pts[0][0]:
@@ -105,6 +118,7 @@ class Calibration:
         d = asdict(self)
         d["native"] = [list(p) for p in self.native]
         d["corrections"] = [list(c) for c in self.corrections]
+        d["natives"] = [list(c) for c in self.natives]
         return d
 
     @classmethod
@@ -116,37 +130,45 @@ class Calibration:
                    native=tuple((int(b), float(s)) for b, s in d.get("native", ())),
                    meta=dict(d.get("meta", {})),
                    corrections=tuple((str(a), int(b), float(f))
-                                     for a, b, f in d.get("corrections", ())))
+                                     for a, b, f in d.get("corrections", ())),
+                   natives=tuple((str(c), int(b), float(t))
+                                 for c, b, t in d.get("natives", ())))
 
 
-def symmetric_on(name: str, network: Network) -> bool:
+def symmetric_on(name: str, network: Network, collective: str = "allreduce") -> bool:
     """Whether ``name``'s schedule set is equivariant under ``network``'s symmetry, so that
-    :func:`price_symmetric` prices it exactly from rank 0 (see :mod:`bmlmpi.model.cost`)."""
-    ports = isinstance(network, SharedMemoryNode | FatTree)
-    if name in ("bml", "ps"):
-        return ports or isinstance(network, BCubeNetwork)
-    return name == "ring" and ports
+    :func:`price_symmetric` prices it exactly from rank 0 (see :mod:`bmlmpi.model.cost`): the
+    record's :attr:`~bmlmpi.schedules.algorithms.Algorithm.symmetric` network kinds, for the
+    allreduce (a rooted collective or uneven blocks are not symmetric)."""
+    if collective != "allreduce":
+        return False
+    kinds = records.get(name).symmetric
+    if isinstance(network, SharedMemoryNode | FatTree):
+        return records.PORTS in kinds
+    return isinstance(network, BCubeNetwork) and records.BCUBE in kinds
 
 
 def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Network, *,
-                   shape: Any = None, builders: Mapping[str, Builder] | None = None) -> Cost:
-    """Price algorithm ``name`` for ``count`` elements of ``itemsize`` bytes on ``network``."""
-    custom = builders is not None and name in builders
-    if not custom and name not in catalog.BUILDERS:
-        raise ValueError(f"no schedule for algorithm {name!r}; known: "
-                         f"{', '.join(sorted(catalog.BUILDERS))}")
+                   shape: Any = None, nodes: Any = None, collective: str = "allreduce",
+                   root: int = 0, counts: Sequence[int] | None = None) -> Cost:
+    """Price algorithm ``name`` for ``count`` elements of ``itemsize`` bytes on ``network``
+    (``collective`` with its ``root`` and block ``counts``; ``nodes`` for the tiered ones)."""
+    alg = records.get(name)
+    if not alg.scheduled or not alg.serves(collective):
+        raise ValueError(f"no {collective} schedule for algorithm {name!r}; known: "
+                         f"{', '.join(records.scheduled(collective))}")
     if network.size != size:
         raise ValueError(f"{network.name} has {network.size} ranks, not {size}")
     if shape is None and isinstance(network, BCubeNetwork):
         shape = network.cube.radices  # bml on BCube hardware follows its wiring
     links = network.weights if isinstance(network, LinkMatrixNetwork | TwoTierNetwork) else None
-    if custom:
-        def make(r: int) -> Schedule:
-            return builders[name](r, size, count, itemsize)
-    else:
-        def make(r: int) -> Schedule:
-            return catalog.schedule(name, r, size, count, itemsize, shape, links)
-    if not custom and symmetric_on(name, network):
+    ctx = Context(size, count, itemsize, collective=collective, root=root,
+                  counts=None if counts is None else tuple(counts), shape=shape, links=links,
+                  nodes=nodes)
+
+    def make(r: int) -> Schedule:
+        return alg.build(ctx.at(r))
+    if symmetric_on(name, network, collective):
         first = make(0)
         # With fewer elements than pieces some ranges are empty, unevenly across ranks, and
         # rank 0 no longer stands for the others: then every rank's schedule is priced.
@@ -163,8 +185,10 @@ def _default_network(size: int) -> Network:
 
 @functools.lru_cache(maxsize=4096)
 def _cached_cost(name: str, count: int, itemsize: int, size: int, network: Network,
-                 shape: Any) -> Cost:
-    return algorithm_cost(name, count, itemsize, size, network, shape=shape)
+                 shape: Any, nodes: Any, collective: str, root: int,
+                 counts: tuple[int, ...] | None) -> Cost:
+    return algorithm_cost(name, count, itemsize, size, network, shape=shape, nodes=nodes,
+                          collective=collective, root=root, counts=counts)
 
 
 def _params(calib: Calibration | None, alpha: float | None, beta: float | None) -> Calibration:
@@ -177,42 +201,42 @@ def _params(calib: Calibration | None, alpha: float | None, beta: float | None) 
                            beta=calib.beta if beta is None else beta,
                            step_overhead=calib.step_overhead, msg_overhead=calib.msg_overhead,
                            gamma=calib.gamma, native=calib.native, meta=calib.meta,
-                           corrections=calib.corrections)
+                           corrections=calib.corrections, natives=calib.natives)
     return calib
 
 
 def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
              topology: Network | None = None, alpha: float | None = None,
              beta: float | None = None, *, calib: Calibration | None = None,
-             shape: Any = None, builders: Mapping[str, Builder] | None = None,
+             shape: Any = None, nodes: Any = None, collective: str = "allreduce",
+             root: int = 0, counts: Sequence[int] | None = None,
              corrected: bool = True) -> dict[str, float]:
     """Predicted seconds of each algorithm (``native`` only when the calibration measured it;
     ``auto`` is skipped). Arguments as :func:`cheapest`; ``corrected=False`` leaves out the
     calibration's measured corrections (they apply only on the default network, the
-    calibrated machine itself)."""
+    calibrated machine itself, and only to the allreduce, the one they were measured on)."""
     if count < 0 or itemsize <= 0 or size < 1:
         raise ValueError(f"need count >= 0, itemsize > 0, size >= 1; got {count}, {itemsize}, "
                          f"{size}")
     p = _params(calib, alpha, beta)
     network = topology if topology is not None else _default_network(size)
     shape_key = tuple(shape) if isinstance(shape, list) else shape
+    counts_key = None if counts is None else tuple(int(c) for c in counts)
     out: dict[str, float] = {}
     for name in algorithms:
         name = name.lower()
         if name == "auto" or name in out:
             continue
-        if name == "native":
-            t = p.native_seconds(count * itemsize)
+        if name == records.NATIVE:
+            t = p.native_seconds(count * itemsize, collective)
             if t is not None:
                 out[name] = t
             continue
-        if builders is not None and name in builders:
-            cost = algorithm_cost(name, count, itemsize, size, network, builders=builders)
-        else:
-            cost = _cached_cost(name, count, itemsize, size, network, shape_key)
+        cost = _cached_cost(name, count, itemsize, size, network, shape_key, nodes, collective,
+                            root, counts_key)
         seconds = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
                                msg_overhead=p.msg_overhead, gamma=p.gamma)
-        if topology is None and corrected:
+        if topology is None and corrected and collective == "allreduce":
             # the calibrated machine itself: scale by what its runs measured against the model
             seconds *= p.correction(name, count * itemsize)
         out[name] = seconds
@@ -222,18 +246,21 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
 def cheapest(algorithms: Iterable[str], count: int, itemsize: int, size: int,
              topology: Network | None = None, alpha: float | None = None,
              beta: float | None = None, *, calib: Calibration | None = None,
-             shape: Any = None, builders: Mapping[str, Builder] | None = None) -> str:
+             shape: Any = None, nodes: Any = None, collective: str = "allreduce",
+             root: int = 0, counts: Sequence[int] | None = None) -> str:
     """The algorithm among ``algorithms`` with the lowest predicted time for ``count``
     elements of ``itemsize`` bytes on ``size`` ranks.
 
     ``topology``: the network (default: one shared-memory node). ``alpha``/``beta`` override
     the calibration's (or stand alone, with no executor overheads). ``shape``: the BCube shape
-    bml runs (default as bml resolves it). ``builders`` replaces the schedule of a name:
-    ``builders[name](rank, size, count, itemsize) -> Schedule``. Ties go to the earlier name.
+    bml runs (default as bml resolves it). ``nodes``: which ranks share a node (for the tiered
+    algorithms). ``collective``, ``root``, ``counts``: what is priced (an allreduce by
+    default; ``count`` is always the work buffer's elements). Ties go to the earlier name.
     """
     names = [a.lower() for a in algorithms]
     times = estimate(names, count, itemsize, size, topology, alpha, beta, calib=calib,
-                     shape=shape, builders=builders)
+                     shape=shape, nodes=nodes, collective=collective, root=root,
+                     counts=counts)
     if not times:
         raise ValueError(f"no estimate for any of {names} (native needs calibrated timings)")
     return min(times, key=lambda n: (times[n], names.index(n)))
@@ -241,15 +268,15 @@ def cheapest(algorithms: Iterable[str], count: int, itemsize: int, size: int,
 
 def crossover(cheap_small: str, cheap_large: str, itemsize: int, size: int,
               topology: Network | None = None, *, calib: Calibration,
-              max_count: int = 1 << 30, shape: Any = None,
-              builders: Mapping[str, Builder] | None = None) -> int | None:
+              max_count: int = 1 << 30, shape: Any = None, nodes: Any = None,
+              collective: str = "allreduce", root: int = 0) -> int | None:
     """The smallest count (to within 1%) from which ``cheap_large`` is predicted strictly
     faster than ``cheap_small``: the first power of two where it is, refined by bisection
     below it. None if it never is up to ``max_count``. Assumes one crossing (both costs are
     affine in count apart from rounding; at tiny counts the two may tie)."""
     def large_wins(c: int) -> bool:
         t = estimate([cheap_small, cheap_large], c, itemsize, size, topology, calib=calib,
-                     shape=shape, builders=builders)
+                     shape=shape, nodes=nodes, collective=collective, root=root)
         return t[cheap_large] < t[cheap_small]
 
     lo, hi = 0, 1

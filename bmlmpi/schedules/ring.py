@@ -37,8 +37,19 @@ segmenting buys concurrency for the price of α per extra message; pipelining co
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
+from .collectives import collective as collective_record
+from .types import (
+    Recv,
+    Schedule,
+    Step,
+    Transfer,
+    balanced_bounds,
+    block_offsets,
+    check_arguments,
+    compact,
+)
 
 #: Target bytes per ring segment in :func:`ring_segments`: large enough that each message
 #: stays well above MPI eager limits (so α stays small relative to the payload), small enough
@@ -81,14 +92,11 @@ def ring_pipeline(count: int, itemsize: int, size: int,
     return max(1, min(max_pieces, chunk_bytes // target_bytes))
 
 
-def ring_schedule(rank: int, size: int, count: int, segments: int = 1,
-                  pipeline: int = 1) -> Schedule:
-    """The ring schedule of ``rank`` for ``count`` elements over ``size`` ranks."""
-    check_arguments(rank, size, count, segments)
-    if pipeline < 1 or pipeline > 1 and segments > 1:
-        raise ValueError(f"pipeline must be >= 1 and needs segments == 1, got pipeline="
-                         f"{pipeline}, segments={segments}")
-    chunks = balanced_bounds(0, count, size)
+def _ring_steps(rank: int, size: int, chunks: list[int], shift: int, reduce: bool,
+                segments: int, pipeline: int) -> list[Step]:
+    """The N−1 steps of one ring half over the chunks ``chunks`` (N+1 boundaries): in step k
+    rank r sends chunk (r−k−shift) mod N to r+1 and receives chunk (r−k−1−shift) mod N from
+    r−1, reducing or copying; reduce steps cut into ``pipeline`` pieces (module docstring)."""
     right, left = (rank + 1) % size, (rank - 1) % size
 
     def pieces(chunk: int) -> list[tuple[int, int, int]]:
@@ -96,9 +104,9 @@ def ring_schedule(rank: int, size: int, count: int, segments: int = 1,
         return [(b[j], b[j + 1], j) for j in range(segments)]
 
     steps = []
-    for k in range(size - 1):  # reduce-scatter
-        out, into = (rank - k) % size, (rank - k - 1) % size
-        if pipeline > 1:  # one piece a step, every rank cutting both chunks alike
+    for k in range(size - 1):
+        out, into = (rank - k - shift) % size, (rank - k - 1 - shift) % size
+        if reduce and pipeline > 1:  # one piece a step, every rank cutting both chunks alike
             bo = balanced_bounds(chunks[out], chunks[out + 1], pipeline)
             bi = balanced_bounds(chunks[into], chunks[into + 1], pipeline)
             steps += [Step((Transfer(right, bo[j], bo[j + 1]),),
@@ -106,15 +114,109 @@ def ring_schedule(rank: int, size: int, count: int, segments: int = 1,
                       for j in range(pipeline)]
             continue
         steps.append(Step(tuple(Transfer(right, lo, hi, stream=j) for lo, hi, j in pieces(out)),
-                          tuple(Recv(left, lo, hi, stream=j, reduce=True)
+                          tuple(Recv(left, lo, hi, stream=j, reduce=reduce)
                                 for lo, hi, j in pieces(into))))
-    for k in range(size - 1):  # allgather
-        out, into = (rank + 1 - k) % size, (rank - k) % size
-        steps.append(Step(tuple(Transfer(right, lo, hi, stream=j) for lo, hi, j in pieces(out)),
-                          tuple(Recv(left, lo, hi, stream=j, reduce=False)
-                                for lo, hi, j in pieces(into))))
+    return steps
+
+
+def _check_pipeline(segments: int, pipeline: int) -> None:
+    if pipeline < 1 or pipeline > 1 and segments > 1:
+        raise ValueError(f"pipeline must be >= 1 and needs segments == 1, got pipeline="
+                         f"{pipeline}, segments={segments}")
+
+
+def ring_schedule(rank: int, size: int, count: int, segments: int = 1,
+                  pipeline: int = 1) -> Schedule:
+    """The ring schedule of ``rank`` for ``count`` elements over ``size`` ranks."""
+    check_arguments(rank, size, count, segments)
+    _check_pipeline(segments, pipeline)
+    chunks = balanced_bounds(0, count, size)
+    # the reduce-scatter leaves chunk r+1 on rank r, which the allgather sends first
+    steps = (_ring_steps(rank, size, chunks, 0, True, segments, pipeline)
+             + _ring_steps(rank, size, chunks, -1, False, segments, 1))
     return Schedule("ring", rank, size, count, compact(steps), streams=segments,
                     meta={"segments": segments, "pipeline": pipeline})
+
+
+def ring_reduce_scatter_schedule(rank: int, size: int, counts: Sequence[int],
+                                 segments: int = 1, pipeline: int = 1) -> Schedule:
+    """Ring's reduce-scatter half as MPI's reduce-scatter: chunk j is rank j's block
+    (``counts[j]`` elements, MPI's layout), and the rotation by one makes rank r finish with
+    block r — no permutation and no copy beyond taking block r out of the work buffer."""
+    check_arguments(rank, size, sum(counts), segments)
+    _check_pipeline(segments, pipeline)
+    chunks = _blocks(size, counts)
+    steps = _ring_steps(rank, size, chunks, 1, True, segments, pipeline)
+    return _family("reduce_scatter", rank, size, counts, steps, segments, pipeline)
+
+
+def ring_allgather_schedule(rank: int, size: int, counts: Sequence[int],
+                            segments: int = 1) -> Schedule:
+    """Ring's allgather half as MPI's allgather(v): rank r starts with its block r (copied
+    from its sendbuf into its place in the recvbuf) and passes blocks on, N−1 steps."""
+    check_arguments(rank, size, sum(counts), segments)
+    chunks = _blocks(size, counts)
+    steps = _ring_steps(rank, size, chunks, 0, False, segments, 1)
+    return _family("allgather", rank, size, counts, steps, segments, 1)
+
+
+def ring_rooted_schedule(collective: str, rank: int, size: int, count: int, root: int,
+                         segments: int = 1, pipeline: int = 1) -> Schedule:
+    """The bandwidth-optimal reduce and broadcast for large messages (Rabenseifner's reduce,
+    van de Geijn's broadcast), over ring's halves: a reduce (``collective="reduce"``) is the
+    ring reduce-scatter leaving block r on rank r, then one step in which every rank sends
+    its block to ``root``; a broadcast (``"bcast"``) is one step in which ``root`` sends
+    block j to rank j, then the ring allgather. Blocks: ``count`` cut into N balanced ranges.
+
+    Steps N (none for N = 1). The root receives (reduce) or sends (bcast) (N−1)/N·count in
+    its one direct step, every rank (N−1)/N·count in the ring half: 2(N−1)/N·count·β in all,
+    against ⌈log2 N⌉·count·β for a tree — the better choice from a few blocks per α.
+    """
+    check_arguments(rank, size, count, segments)
+    _check_pipeline(segments, pipeline)
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} outside [0, {size})")
+    chunks = balanced_bounds(0, count, size)
+    steps: list[Step] = []
+    if size > 1:
+        mine = (chunks[rank], chunks[rank + 1])
+        others = [(j, chunks[j], chunks[j + 1]) for j in range(size) if j != root]
+        if collective == "reduce":
+            steps = _ring_steps(rank, size, chunks, 1, True, segments, pipeline)
+            steps.append(Step((Transfer(root, *mine),) if rank != root else (),
+                              tuple(Recv(j, lo, hi) for j, lo, hi in others)
+                              if rank == root else ()))
+        elif collective == "bcast":
+            steps = [Step(tuple(Transfer(j, lo, hi) for j, lo, hi in others)
+                          if rank == root else (),
+                          (Recv(root, *mine),) if rank != root else ())]
+            steps += _ring_steps(rank, size, chunks, 0, False, segments, 1)
+        else:
+            raise ValueError(f"ring's rooted schedules are reduce and bcast, not "
+                             f"{collective!r}")
+    coll = collective_record(collective)
+    return Schedule("rabenseifner", rank, size, count, compact(steps), streams=segments,
+                    meta={"segments": segments, "pipeline": pipeline},
+                    collective=collective, root=root,
+                    inputs=coll.plain_inputs(rank, count, root, None),
+                    outputs=coll.plain_outputs(rank, count, root, None))
+
+
+def _blocks(size: int, counts: Sequence[int]) -> list[int]:
+    if len(counts) != size:
+        raise ValueError(f"need {size} block counts, got {len(counts)}")
+    return block_offsets(counts)
+
+
+def _family(name: str, rank: int, size: int, counts: Sequence[int], steps: list[Step],
+            segments: int, pipeline: int) -> Schedule:
+    coll = collective_record(name)
+    counts = tuple(counts)
+    count = sum(counts)
+    return Schedule("ring", rank, size, count, compact(steps), streams=segments,
+                    meta={"segments": segments, "pipeline": pipeline}, collective=name,
+                    counts=counts, inputs=coll.plain_inputs(rank, count, 0, counts),
+                    outputs=coll.plain_outputs(rank, count, 0, counts))
 
 
 def ring_schedules(size: int, count: int, segments: int = 1,

@@ -39,13 +39,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..topology.trees import Tree
+from .collectives import collective as collective_record
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
 
 
 def _add_tree(sends: list[list[Transfer]], recvs: list[list[Recv]], rank: int, tree: Tree,
-              lo: int, hi: int, segments: int, stream: int, bcast_start: int) -> None:
-    """Append ``rank``'s transfers for reducing ``[lo, hi)`` over ``tree`` (starting at step 0)
-    and broadcasting it back (starting at step ``bcast_start``)."""
+              lo: int, hi: int, segments: int, stream: int, bcast_start: int | None,
+              reduce: bool = True) -> None:
+    """Append ``rank``'s transfers for reducing ``[lo, hi)`` over ``tree`` (starting at step 0;
+    not when ``reduce`` is False) and broadcasting it back (starting at step ``bcast_start``;
+    not when it is None)."""
     bounds = balanced_bounds(lo, hi, segments)
     depth = tree.depth
     mine = tree.send_step[rank]
@@ -54,12 +57,16 @@ def _add_tree(sends: list[list[Transfer]], recvs: list[list[Recv]], rank: int, t
         seg = (bounds[j], bounds[j + 1])
         for child in tree.children[rank]:  # ordered by step, one per step
             s = tree.send_step[child]
-            recvs[s - 1 + j].append(Recv(child, *seg, stream=stream, reduce=True))
-            sends[bcast_start + depth - s + j].append(Transfer(child, *seg, stream=stream))
+            if reduce:
+                recvs[s - 1 + j].append(Recv(child, *seg, stream=stream, reduce=True))
+            if bcast_start is not None:
+                sends[bcast_start + depth - s + j].append(Transfer(child, *seg, stream=stream))
         if parent >= 0:
-            sends[mine - 1 + j].append(Transfer(parent, *seg, stream=stream))
-            recvs[bcast_start + depth - mine + j].append(
-                Recv(parent, *seg, stream=stream, reduce=False))
+            if reduce:
+                sends[mine - 1 + j].append(Transfer(parent, *seg, stream=stream))
+            if bcast_start is not None:
+                recvs[bcast_start + depth - mine + j].append(
+                    Recv(parent, *seg, stream=stream, reduce=False))
 
 def _steps(sends: list[list[Transfer]], recvs: list[list[Recv]]) -> tuple[Step, ...]:
     return compact([Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)])
@@ -99,6 +106,30 @@ def multitree_schedule(rank: int, size: int, count: int, trees: Sequence[Tree],
     return Schedule("multitree", rank, size, count, _steps(sends, recvs), streams=size,
                     meta={"roots": tuple(t.root for t in trees), "depth": depth,
                           "segments": segs})
+
+def rooted_tree_schedule(collective: str, rank: int, size: int, count: int, tree: Tree,
+                         segments: int = 1, name: str = "tree") -> Schedule:
+    """Reduce ``count`` elements to ``tree.root`` (``collective="reduce"``: the reduce half)
+    or broadcast them from it (``"bcast"``: the broadcast half), for ``rank``."""
+    check_arguments(rank, size, count, segments)
+    if tree.size != size:
+        raise ValueError(f"tree has {tree.size} nodes but the communicator has {size} ranks")
+    if collective not in ("reduce", "bcast"):
+        raise ValueError(f"a rooted tree serves reduce and bcast, not {collective!r}")
+    segs = max(1, min(segments, count))
+    phase = tree.depth + segs - 1 if tree.depth else 0
+    sends: list[list[Transfer]] = [[] for _ in range(phase)]
+    recvs: list[list[Recv]] = [[] for _ in range(phase)]
+    if phase:
+        reducing = collective == "reduce"
+        _add_tree(sends, recvs, rank, tree, 0, count, segs, 0, None if reducing else 0,
+                  reduce=reducing)
+    coll = collective_record(collective)
+    return Schedule(name, rank, size, count, _steps(sends, recvs), streams=1,
+                    meta={"root": tree.root, "depth": tree.depth, "segments": segs},
+                    collective=collective, root=tree.root,
+                    inputs=coll.plain_inputs(rank, count, tree.root, None),
+                    outputs=coll.plain_outputs(rank, count, tree.root, None))
 
 def tree_schedules(size: int, count: int, tree: Tree, segments: int = 1) -> list[Schedule]:
     return [tree_schedule(r, size, count, tree, segments) for r in range(size)]

@@ -1,9 +1,22 @@
 """Schedule data types: what every algorithm returns and everything else consumes.
 
-A :class:`Schedule` is the plan of ONE rank for one allreduce of ``count`` elements over a
-communicator of ``size`` ranks. It is a sequence of :class:`Step` s; inside a step every
-transfer is in flight at once (non-blocking sends and receives, waited on together), and
-the reductions of the step are applied when all of its transfers have completed.
+A :class:`Schedule` is the plan of ONE rank for one collective (allreduce by default) over a
+communicator of ``size`` ranks, run on a *work buffer* of ``count`` elements. It is a sequence
+of :class:`Step` s; inside a step every transfer is in flight at once (non-blocking sends and
+receives, waited on together), and the reductions of the step are applied when all of its
+transfers have completed.
+
+How data enters and leaves the work buffer (:class:`Copy` lists, local, no messages):
+``inputs`` are copied from the rank's input buffer (``sendbuf``; for a broadcast the root's
+``buf``) into the work buffer before step 0, ``outputs`` from the work buffer into the rank's
+output buffer (``recvbuf``) after the last step. ``None`` (every allreduce schedule) means the
+identity over ``[0, count)`` both ways: the work buffer is the recvbuf, filled from the sendbuf.
+The other collectives' schedules name their copies explicitly (:mod:`.collectives` gives each
+collective's plain layout): a reduce-scatter copies rank r's block out of the work buffer into
+its small recvbuf, an allgather copies the rank's sendbuf into its block, and an algorithm
+whose pieces do not fall on MPI's fixed block layout (BML) permutes the input on the way in or
+the result on the way out. An output that is the identity over ``[0, count)``
+(:meth:`Schedule.output_is_identity`) lets an executor run on the recvbuf itself.
 
 Conventions every algorithm follows (the verifier checks them):
 
@@ -26,6 +39,7 @@ Conventions every algorithm follows (the verifier checks them):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -55,6 +69,19 @@ Send = Transfer
 
 
 @dataclass(frozen=True, slots=True)
+class Copy:
+    """A local copy of ``[lo, hi)`` of one buffer to ``[at, at + hi - lo)`` of another."""
+
+    lo: int
+    hi: int
+    at: int
+
+    @property
+    def n(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     sends: tuple[Transfer, ...] = ()
     recvs: tuple[Recv, ...] = ()
@@ -66,10 +93,14 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Schedule:
-    """The plan of ``rank`` for an allreduce of ``count`` elements over ``size`` ranks.
+    """The plan of ``rank`` for a ``collective`` on a work buffer of ``count`` elements over
+    ``size`` ranks.
 
     ``participants`` lists the ranks that contribute input (all ranks when ``None``); a
-    recovery schedule after failures names only the survivors.
+    recovery schedule after failures names only the survivors. ``root``: the root of a reduce
+    or broadcast. ``counts``: the block of each rank of a reduce-scatter or allgather (rank j's
+    block is ``[sum(counts[:j]), sum(counts[:j+1]))`` of the work buffer, MPI's layout),
+    ``None`` for the other collectives. ``inputs``/``outputs``: the module docstring.
     """
 
     algorithm: str
@@ -80,6 +111,28 @@ class Schedule:
     streams: int = 1
     participants: tuple[int, ...] | None = None
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    collective: str = "allreduce"
+    root: int = 0
+    counts: tuple[int, ...] | None = None
+    inputs: tuple[Copy, ...] | None = None
+    outputs: tuple[Copy, ...] | None = None
+
+    def input_copies(self) -> tuple[Copy, ...]:
+        """The copies into the work buffer before step 0 (``inputs``, identity when None)."""
+        if self.inputs is not None:
+            return self.inputs
+        return (Copy(0, self.count, 0),) if self.count else ()
+
+    def output_copies(self) -> tuple[Copy, ...]:
+        """The copies out of the work buffer after the last step (identity when None)."""
+        if self.outputs is not None:
+            return self.outputs
+        return (Copy(0, self.count, 0),) if self.count else ()
+
+    def output_is_identity(self) -> bool:
+        """Whether the result is the whole work buffer in place (the executor may then run
+        on the output buffer itself, when it holds ``count`` elements)."""
+        return self.output_copies() == ((Copy(0, self.count, 0),) if self.count else ())
 
     @property
     def nsteps(self) -> int:
@@ -146,6 +199,16 @@ def balanced_bounds(lo: int, hi: int, parts: int) -> list[int]:
     for i in range(parts):
         bounds.append(bounds[-1] + q + (1 if i < r else 0))
     return bounds
+
+
+def block_offsets(counts: Sequence[int]) -> list[int]:
+    """The ``len(counts) + 1`` boundaries of blocks of ``counts`` elements laid end to end."""
+    out = [0]
+    for c in counts:
+        if c < 0:
+            raise ValueError(f"negative block count {c} in {tuple(counts)}")
+        out.append(out[-1] + c)
+    return out
 
 
 def compact(steps: list[Step]) -> tuple[Step, ...]:

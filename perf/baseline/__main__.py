@@ -14,6 +14,13 @@ in the CSV). Small sizes (<= 8 KiB) take OSU's 1000 iterations (100 warm-up;
 ``--small-iters``), larger ones ``--large-iters`` (3 warm-up). The load average is recorded
 at the start and the end; ``auto`` calibrates afresh into a private cache.
 
+``--collectives`` adds the rest of the family (``reduce_scatter,allgather,reduce,bcast``, or
+``all``; default none): at each rank count, after the allreduce rows, one sweep per collective
+(``bmlmpi.bench --collective``) with its ``native`` row mpi4py's own blocking call
+(``comm.Reduce_scatter_block``, ``comm.Allgather``, ``comm.Reduce``, ``comm.Bcast``), its
+``passthrough``, ``auto`` and every algorithm the collective lists, interleaved likewise; a
+table per collective and its targets follow the allreduce's.
+
 Writes ``same-run.json`` (everything, machine and versions included), ``same-run.csv`` (one
 row per rank count, size and row) and ``same-run.md`` (the tables and the issue's targets).
 """
@@ -43,10 +50,14 @@ def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
+
+
 def bench(n: int, lo: int, hi: int, out: Path, extra: list[str], blocks: int, timeout: int,
-          env: dict) -> dict:
+          env: dict, rows: list[str] | None = None) -> dict:
     cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", str(n), sys.executable, "-m",
-           "bmlmpi.bench", "-m", f"{lo}:{hi}", "-f", "-c", "--algorithms", ",".join(ROWS),
+           "bmlmpi.bench", "-m", f"{lo}:{hi}", "-f", "-c", "--algorithms",
+           ",".join(rows or ROWS),
            "--blocks", str(blocks), "--json", str(out), "--no-progress",
            "--expect-size", str(n), *extra]
     print("+", " ".join(cmd), flush=True)
@@ -101,6 +112,8 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
                         ["-i", str(args.large_iters), "-x", "3"], args.blocks, args.timeout, env)
             rows += got["rows"]
             machine = got["machine"]
+        for coll in args.collectives:
+            run.setdefault("family", {})[coll] = family_rows(n, coll, args, out, env)
         run["c_after"] = c_loop(binary, n, args, out / f"c-n{n}-after.txt")
         run["rows"], run["machine"] = rows, machine
         if n == 2 and args.max >= args.floor_bytes:
@@ -120,6 +133,66 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
     data["loadavg_end"] = loadavg()
     data["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return data
+
+
+def family_rows(n: int, collective: str, args: argparse.Namespace, out: Path,
+                env: dict) -> list[dict]:
+    """The sweep of one collective of the family at ``n`` ranks (every algorithm it lists,
+    ``passthrough`` and mpi4py's own call), small and large sizes as the allreduce's."""
+    rows = []
+    common = ["--collective", collective]
+    if args.min <= SMALL_MAX:
+        rows += bench(n, args.min, min(SMALL_MAX, args.max),
+                      out / f"bench-n{n}-{collective}-small.json",
+                      [*common, "-i", str(args.small_iters),
+                       "-x", str(max(args.small_iters // 10, 1))],
+                      args.blocks, args.timeout, env, ["all"])["rows"]
+    if args.max > SMALL_MAX:
+        rows += bench(n, max(2 * SMALL_MAX, args.min), args.max,
+                      out / f"bench-n{n}-{collective}-large.json",
+                      [*common, "-i", str(args.large_iters), "-x", "3"], args.blocks,
+                      args.timeout, env, ["all"])["rows"]
+    return rows
+
+
+def family_markdown(data: dict) -> list[str]:
+    """A table per collective of the family and rank count, then the issue's targets: for
+    reduce-scatter and allgather the best schedule ≥ 1.0× native's speed from 1 MiB and
+    ≥ 1.5× at 16–64 MiB; for every collective auto ≤ 1.05× the best of all from 64 KiB."""
+    lines, checks = [], []
+    for n_text, run in sorted(data["runs"].items(), key=lambda kv: int(kv[0])):
+        for coll, rows in run.get("family", {}).items():
+            cells: dict[int, dict[str, float]] = {}
+            for r in rows:
+                cells.setdefault(r["size"], {})[r["algorithm"]] = r["median_block_us"]
+            names = list(dict.fromkeys(r["algorithm"] for r in rows))
+            scheds = [a for a in names if a not in ("native", "passthrough", "auto")]
+            lines += [f"## {coll}, N = {n_text}", "",
+                      "| size | " + " | ".join(names) + " | native / best schedule | "
+                      "auto / best of all |",
+                      "|---:|" + "---:|" * (len(names) + 2)]
+            for size in sorted(cells):
+                c = cells[size]
+                best_sched = min((c[a] for a in scheds if a in c), default=None)
+                best_all = min(c[a] for a in ("native", *scheds) if a in c)
+                lines.append(f"| {_size(size)} | " + " | ".join(_us(c.get(a)) for a in names)
+                             + f" | {c['native'] / best_sched if best_sched else float('nan'):.2f}"
+                             f" | {c['auto'] / best_all:.2f} |")
+                if size >= 64 << 10:
+                    ok = c["auto"] <= 1.05 * best_all
+                    checks.append(f"- {coll}, N = {n_text}, {_size(size)}: auto / best of all "
+                                  f"{c['auto'] / best_all:.2f} — "
+                                  f"{'met' if ok else '**missed**'} (≤ 1.05).")
+                if coll in ("reduce_scatter", "allgather") and size >= 1 << 20:
+                    need = 1.5 if 16 << 20 <= size <= 64 << 20 else 1.0
+                    speed = c["native"] / best_sched if best_sched else 0.0
+                    checks.append(f"- {coll}, N = {n_text}, {_size(size)}: best schedule at "
+                                  f"{speed:.2f}× native's speed (target ≥ {need}) — "
+                                  f"{'met' if speed >= need else '**missed**'}.")
+            lines.append("")
+    if checks:
+        lines += ["## The family's targets in this run", "", *checks, ""]
+    return lines
 
 
 def assemble(out: Path, ranks: list[int]) -> dict:
@@ -229,6 +302,7 @@ def markdown(data: dict) -> str:
                 f"{c['native'] / best_sched:.2f}", f"{c['auto'] / best_all:.2f}"]) + " |")
         lines.append("")
     lines += targets(data, grid)
+    lines += ["", *family_markdown(data)]
     return "\n".join(lines) + "\n"
 
 
@@ -292,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--large-iters", type=int, default=20)
     p.add_argument("--blocks", type=int, default=5)
     p.add_argument("--floor-bytes", type=int, default=64 << 20)
+    p.add_argument("--collectives", default="",
+                   help="the family's collectives to add (comma list of reduce_scatter, "
+                        "allgather, reduce, bcast, or 'all'; default none)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per launched run")
     p.add_argument("--out", default=str(HERE / "results"))
     p.add_argument("--summarise-only", action="store_true",
@@ -300,6 +377,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="rebuild same-run.json from the per-step files of an interrupted run")
     args = p.parse_args(argv)
     args.ranks = [int(x) for x in args.ranks.split(",")]
+    args.collectives = list(FAMILY) if args.collectives == "all" else [
+        c.strip() for c in args.collectives.split(",") if c.strip()]
+    bad = [c for c in args.collectives if c not in FAMILY]
+    if bad:
+        p.error(f"unknown collectives {bad}; the family: {', '.join(FAMILY)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.assemble:

@@ -5,7 +5,7 @@ import array
 
 import numpy as np
 import pytest
-from dlpack_exporters import DLPack1, LegacyDLPack
+from dlpack_exporters import CtypesDLPack, DLPack1, LegacyDLPack
 from mpi4py import MPI
 
 from bmlmpi import buffers
@@ -53,10 +53,31 @@ def test_read_only_dlpack_1_0_export_stays_read_only():
 @pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
 @pytest.mark.parametrize("exporter", [LegacyDLPack, DLPack1], ids=["legacy", "dlpack-1.0"])
 def test_long_double_over_dlpack_is_named(dtype, exporter):
-    with pytest.raises(BufferSpecError, match="long double types .* cannot travel over DLPack"):
+    """numpy's own exporter refuses long double (these exporters wrap it)."""
+    with pytest.raises(BufferSpecError,
+                       match="long double types .* cannot travel over numpy's own DLPack"):
         resolve(exporter(np.zeros(3, dtype)), "sendbuf")
     # the numpy array itself carries them
     assert resolve(np.zeros(3, dtype), "sendbuf").flat.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [np.longdouble, np.clongdouble])
+@pytest.mark.parametrize("legacy", [True, False], ids=["legacy", "dlpack-1.0"])
+def test_long_double_from_an_exporter_that_writes_it(dtype, legacy):
+    """A DLPack tensor of C long double (complex: two lanes), as mpi4py reads it: the same
+    memory, its shape, writable unless a 1.0 capsule says read-only."""
+    memory = np.arange(12, dtype=dtype).reshape(3, 4)
+    spec = resolve(CtypesDLPack(memory, legacy=legacy), "recvbuf")
+    assert spec.flat.dtype == dtype and spec.count == 12
+    assert spec.flat.ctypes.data == memory.ctypes.data and spec.flat.flags.writeable
+    spec.flat[5] = 99
+    assert memory.flat[5] == 99
+    fortran = np.asfortranarray(memory)
+    assert resolve(CtypesDLPack(fortran, legacy=legacy), "sendbuf").flat.ctypes.data == \
+        fortran.ctypes.data
+    if not legacy:
+        memory.flags.writeable = False
+        assert not resolve(CtypesDLPack(memory), "recvbuf").flat.flags.writeable
 
 
 @pytest.mark.parametrize("spec", [[None, MPI.INT], [None, 0, MPI.INT], [None, (0, 0), MPI.INT],

@@ -41,7 +41,8 @@ BAD_VALUES = {
     "BMLMPI_TRACE_CALLS": ["-1", "many", "2.5"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
-             "BMLMPI_CACHE_DIR", "BMLMPI_TRACE_DIR", "BMLMPI_TIMELINE"}
+             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION", "BMLMPI_TRACE_DIR",
+             "BMLMPI_TIMELINE"}
 
 
 def test_every_variable_is_covered_by_these_tests():
@@ -51,7 +52,8 @@ def test_every_variable_is_covered_by_these_tests():
 
 def test_boolean_variables_are_the_expected_ones():
     assert set(BOOLEANS) == {"BMLMPI_VALIDATE", "BMLMPI_CALIBRATE", "BMLMPI_RECALIBRATE",
-                             "BMLMPI_CUDA_AWARE", "BMLMPI_ULFM"}
+                             "BMLMPI_CUDA_AWARE", "BMLMPI_ULFM", "BMLMPI_TOLERATE_LOST",
+                             "BMLMPI_FAULT_TOLERANT"}
 
 
 @pytest.mark.parametrize("name", BOOLEANS)
@@ -291,3 +293,50 @@ def test_describe_reports_values_and_errors():
     assert lines["BMLMPI_VALIDATE"] == "False (set: 'Off')"
     assert lines["BMLMPI_SPIN"].startswith("ERROR: BMLMPI_SPIN='x'")
     assert lines["BMLMPI_TIMEOUT"] == "120 (default)"
+
+
+# -- names nothing reads -------------------------------------------------------------------
+
+def test_unknown_names_get_the_nearest_known_one():
+    env = {"BMLMPI_ALGORTHM": "ring", "BMLMPI_TIMEOUT": "5", "BMLMPI_RANKS": "4",
+           "BMLMPI_HANG_TIMOUT": "3", "BMLMPI_ZZZZZZ": "1", "OTHER_ALGORTHM": "x"}
+    assert config.unknown_variables(env) == [
+        ("BMLMPI_ALGORTHM", "BMLMPI_ALGORITHM"), ("BMLMPI_HANG_TIMOUT", "BMLMPI_HANG_TIMEOUT"),
+        ("BMLMPI_ZZZZZZ", None)]
+
+
+def test_job_and_test_names_are_known():
+    """Every BMLMPI_* name the repository's scripts, tests and perf tools use is known."""
+    import re
+    used = set()
+    for folder in ("jobs", "tests", "perf", ".ci"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and path.suffix in ("", ".py", ".sh", ".sbatch", ".md"):
+                used |= set(re.findall(r"\bBMLMPI_[A-Z0-9_]*[A-Z0-9]\b", path.read_text(
+                    errors="replace")))
+    fixtures = {"BMLMPI_X", "BMLMPI_Y", "BMLMPI_Z", "BMLMPI_W", "BMLMPI_NOPE",
+                "BMLMPI_ALGORTHM", "BMLMPI_HANG_TIMOUT", "BMLMPI_ZZZZZZ"}
+    assert not {n for n, _ in config.unknown_variables(dict.fromkeys(used, "1"))} - fixtures
+
+
+def test_warning_on_rank_zero_only(caplog):
+    env = {"BMLMPI_ALGORTHM": "ring"}
+    with caplog.at_level("WARNING", logger="bmlmpi"):
+        config.warn_unknown({**env, "OMPI_COMM_WORLD_RANK": "1"})
+        config.warn_unknown({**env, "PMI_RANK": "2"})
+        assert not caplog.records
+        config.warn_unknown({**env, "OMPI_COMM_WORLD_RANK": "0"})
+    assert [r.getMessage() for r in caplog.records] == [
+        "bmlmpi: BMLMPI_ALGORTHM is not a bmlmpi variable and is ignored; did you mean "
+        "BMLMPI_ALGORITHM? (python -m bmlmpi.config lists them)"]
+
+
+def test_the_first_read_of_the_environment_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(config, "_environment_checked", False)
+    monkeypatch.setenv("BMLMPI_ALGORTHM", "ring")
+    for name in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    with caplog.at_level("WARNING", logger="bmlmpi"):
+        assert config.get("BMLMPI_ALGORITHM") is None
+        config.get("BMLMPI_TIMEOUT")
+    assert len([r for r in caplog.records if "BMLMPI_ALGORTHM" in r.getMessage()]) == 1

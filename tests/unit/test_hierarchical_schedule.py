@@ -258,9 +258,8 @@ def test_auto_considers_hierarchical_only_with_shared_nodes():
     nodes = consecutive_nodes(8, 4)
     pick = select.choose(1 << 16, 4, 8, calib=calib, nodes=nodes)
     assert pick in select.candidates(1 << 16, 8, nodes)
-    builders = {"hierarchical": lambda r, n, c, i: hierarchical_schedule(r, n, c, nodes)}
     times = estimate(select.candidates(1 << 16, 8, nodes), 1 << 16, 4, 8, calib=calib,
-                     builders=builders)
+                     nodes=nodes)
     assert pick == min(times, key=times.__getitem__)
     assert "hierarchical" in select.algorithms()
 

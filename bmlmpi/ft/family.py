@@ -1,0 +1,111 @@
+"""Failure contracts of the collective family on the fault-tolerant communicator.
+
+A reduce-scatter, allgather, reduce or broadcast is one call of the ledger like an allreduce
+(:mod:`.ledger`): it commits on every survivor or on none, a failure during it is recovered
+inside its ``Wait``/``Test`` (agree, shrink, ``on_failure``), and it then runs again over the
+survivors with its input restored. Its arguments describe the membership it was called with;
+this module says what the re-run over the survivors is (:func:`retarget`), one contract per
+collective. In every case the communicator stays usable, ``size``/``rank`` describe the
+survivors, and **the next call runs over the survivors** (its counts, displacements and root
+given for the new ``size``, in the new ranks).
+
+* **Broadcast**: root alive — every survivor's ``buf`` holds the root's data. Root lost —
+  :class:`RootFailed` on every survivor, each ``buf`` as it was before the call.
+* **Reduce**: root alive — the root's ``recvbuf`` holds the reduction over exactly the
+  survivors' inputs (``AVG`` divides by their number). Root lost — :class:`RootFailed` on
+  every survivor (there is no root to hold a result).
+* **Reduce-scatter**: each survivor receives *its own block* (the block of its original rank,
+  with the original ``recvcounts``) reduced over exactly the survivors' inputs (``AVG``: by
+  their number); the blocks of lost ranks are delivered to nobody. Nothing raises.
+* **Allgather(v)**: each survivor's slot holds that survivor's contribution; the slots of
+  ranks lost during the call are filled with zeros (never stale data) and the call raises
+  :class:`ContributionsLost` on every survivor, naming them (original ranks).
+
+A rank that dies after delivering everything a call needed from it counts as dying after the
+call (the ledger's rule): the call commits with its data, and the next call recovers. Ranks
+lost *before* a call was made are not its concern: the call was made for the survivors then.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from ..family import FamilyCall, offsets
+from .errors import FaultToleranceError
+
+
+class RootFailed(FaultToleranceError):
+    """The root of a reduce or broadcast died during the call: no survivor has its result.
+    Raised on every survivor; the communicator stays usable (over the survivors)."""
+
+    def __init__(self, message: str, root: int):
+        super().__init__(message)
+        self.root = root  # original rank
+
+
+class ContributionsLost(FaultToleranceError):
+    """An allgather lost the contributions of ranks that died during it: their slots hold
+    zeros, every survivor's slot its data. Raised on every survivor; the communicator stays
+    usable (over the survivors)."""
+
+    def __init__(self, message: str, lost: tuple[int, ...]):
+        super().__init__(message)
+        self.lost = lost  # original ranks whose slots are zero
+
+
+def retarget(call: FamilyCall, members: list[int], rank: int) -> FamilyCall:
+    """``call`` (made when ``call.extra["members"]`` were the members) as it runs over
+    ``members`` (original ranks in current rank order), this rank being ``rank`` now: the
+    module docstring's contracts. A call that cannot run (its root lost) comes back with
+    ``extra["error"]`` set and nothing to exchange."""
+    before = call.extra.get("members")
+    if before is None or list(before) == list(members):
+        return call
+    alive = set(members)
+    keep = [i for i, o in enumerate(before) if o in alive]
+    lost = tuple(o for o in before if o not in alive)
+    size = len(members)
+    what = call.collective
+    if what in ("bcast", "reduce"):
+        root = before[call.root]
+        if root not in alive:
+            err = RootFailed(f"the root of this {call.mpi_name} (original rank {root}) died "
+                             f"during it; the survivors hold no result", root)
+            return dataclasses.replace(call, extra={**call.extra, "error": err,
+                                                    "skip": True})
+        return dataclasses.replace(call, rank=rank, size=size, root=members.index(root))
+    counts = tuple(call.counts[i] for i in keep)
+    if what == "reduce_scatter":
+        inp = call.out if call.src is None else call.src
+        off = offsets(call.counts)
+        packed = (np.concatenate([inp[off[i]:off[i] + call.counts[i]] for i in keep])
+                  if keep else inp[:0].copy())
+        return dataclasses.replace(call, rank=rank, size=size, counts=counts, src=packed,
+                                   native_block=False)
+    # allgather: the survivors' slots where they were, the lost ones zeroed
+    displs = call.displs or offsets(call.counts)
+    for i, o in enumerate(before):
+        if o not in alive:
+            call.out[displs[i]:displs[i] + call.counts[i]] = 0
+    err = ContributionsLost(f"this {call.mpi_name} lost the contributions of original ranks "
+                            f"{list(lost)} (their slots hold zeros)", lost)
+    return dataclasses.replace(call, rank=rank, size=size, counts=counts,
+                               displs=tuple(displs[i] for i in keep), native_block=False,
+                               extra={**call.extra, "error": err})
+
+
+class Skipped:
+    """The run of a call that has nothing to exchange (its root was lost): complete at once,
+    so that every survivor votes for it and raises its error after the commit."""
+
+    progress = 0
+    reqs: list[Any] = []
+
+    def test(self) -> bool:
+        return True
+
+    def describe_timeout(self, timeout: float) -> str:
+        return "a call with nothing to exchange"

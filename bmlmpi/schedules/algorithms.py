@@ -1,0 +1,412 @@
+"""The algorithm records: one registered object per algorithm, the one place that says which
+algorithms exist, which collectives each serves, how it builds its schedule and what it is.
+
+Everything that needs an algorithm by name derives from :data:`REGISTRY`: the communicators
+(:func:`build` through :mod:`bmlmpi.registry`, which binds a schedule to MPI communicators),
+``auto`` (:mod:`bmlmpi.select`: the names a collective offers and :meth:`Algorithm.applies`),
+the cost model (:mod:`bmlmpi.model.estimate`: :attr:`Algorithm.symmetric`), calibration
+(:attr:`Algorithm.calibrated`), compression (:attr:`Algorithm.wire_format`), the sweep and the
+public :func:`bmlmpi.algorithms`. Adding an algorithm is one module and one :func:`register`.
+
+An algorithm's :attr:`~Algorithm.build` takes one :class:`Context` — which collective, which
+rank of how many, the element count of the work buffer and the item size, the root, the block
+counts, the BCube shape, the link matrix, the nodes, pipelining — and returns that rank's
+:class:`~bmlmpi.schedules.types.Schedule`. ``native`` (the MPI library's own call through
+mpi4py) is an algorithm too, with no schedule. ``ps`` (the P2P parameter server) has a schedule
+the model prices but is never run nor offered.
+
+Trees are generated once per (size, root, matrix) and kept: the multi-tree set costs seconds of
+CPU at 64 ranks, the single tree milliseconds. Every rank derives the same trees from the same
+matrix without talking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from ..topology.bcube import resolve_shape
+from .catalog import binary_tree_for, multi_trees_for
+from .collectives import NAMES, collective
+from .types import Schedule, balanced_bounds
+
+#: ``auto`` offers the tree algorithms up to this many ranks: generating the multi-tree set
+#: costs seconds of CPU beyond it.
+AUTO_TREE_MAX_RANKS = 16
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything a builder may need to make one rank's schedule.
+
+    ``count``: elements of the work buffer (for a reduce-scatter the whole input, for an
+    allgather the whole output: the sum of ``counts``). ``counts``: each rank's block for a
+    reduce-scatter or allgather (None: ``count`` cut into balanced blocks, larger first).
+    ``shape``: the BCube radices (or a spec, resolved as a communicator resolves it).
+    ``links``: the link-weight matrix trees are generated from (None: a flat network).
+    ``nodes``: which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`; the tiered
+    algorithms read the placement from ``links`` without it). ``pipeline``/``segments``: None
+    leaves the algorithm's own choice from the message size.
+    """
+
+    size: int
+    count: int
+    itemsize: int = 8
+    rank: int = 0
+    collective: str = "allreduce"
+    root: int = 0
+    counts: tuple[int, ...] | None = None
+    shape: Any = None
+    links: Any = field(default=None, compare=False, hash=False)
+    nodes: Any = None
+    pipeline: int | None = None
+    segments: int | None = None
+
+    def __post_init__(self) -> None:
+        coll = collective(self.collective)
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ValueError(f"rank {self.rank} outside [0, {self.size})")
+        if self.count < 0 or self.itemsize <= 0:
+            raise ValueError(f"need count >= 0 and itemsize > 0, got {self.count}, "
+                             f"{self.itemsize}")
+        if coll.rooted and not 0 <= self.root < self.size:
+            raise ValueError(f"root {self.root} outside [0, {self.size})")
+        if self.counts is not None:
+            counts = tuple(int(c) for c in self.counts)
+            if len(counts) != self.size or min(counts) < 0 or sum(counts) != self.count:
+                raise ValueError(f"block counts {counts} must be {self.size} counts >= 0 "
+                                 f"summing to count {self.count}")
+            object.__setattr__(self, "counts", counts)
+
+    def at(self, rank: int) -> Context:
+        """The same call seen from ``rank``."""
+        return replace(self, rank=rank)
+
+    def blocks(self) -> tuple[int, ...]:
+        """Each rank's block count (``counts``, else balanced)."""
+        if self.counts is not None:
+            return self.counts
+        b = balanced_bounds(0, self.count, self.size)
+        return tuple(b[i + 1] - b[i] for i in range(self.size))
+
+    def radices(self) -> tuple[int, ...]:
+        return tuple(resolve_shape(self.size, self.shape))
+
+    def link_matrix(self) -> np.ndarray | None:
+        if self.links is None:
+            return None
+        return np.asarray(self.links, dtype=np.float64).reshape(self.size, self.size)
+
+    def node_map(self) -> Any:
+        """The nodes (``nodes``, else read from ``links`` as a placement matrix, else one)."""
+        from ..topology.nodes import resolve_nodes
+        return self.nodes if self.nodes is not None else resolve_nodes(self.size,
+                                                                       self.link_matrix())
+
+
+def _always(ctx: Context) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm.
+
+    ``builders``: collective → ``build(ctx) -> Schedule`` (empty for ``native``, which runs
+    the MPI library's own call). ``applies(ctx)``: whether ``auto`` considers it for ``ctx``
+    (a name asked for explicitly runs wherever it builds). ``tiered``: its transfer levels name
+    network tiers (intra-node 0, inter-node 1 + l), not the BCube levels of the communicator's
+    shape, so it runs with every transfer on the flat communicator. ``wire_format``: a
+    compressed allreduce may run its schedule on 16-bit codes. ``calibrated``: calibration
+    measures it and corrects its modelled time. ``symmetric``: the network kinds (``"ports"``:
+    one port per rank, shared memory or a Fat-Tree; ``"bcube"``) on which its allreduce
+    schedules are equivariant, so the model prices rank 0's alone. ``offered``: listed by
+    :func:`algorithms` and runnable (``ps`` is priced only). ``max_ranks``: ``auto`` and
+    calibration consider it only up to this many ranks (its schedules cost too much to build
+    beyond).
+    """
+
+    name: str
+    builders: dict[str, Callable[[Context], Schedule]] = field(default_factory=dict)
+    applies: Callable[[Context], bool] = _always
+    tiered: bool = False
+    wire_format: bool = False
+    calibrated: bool = False
+    symmetric: frozenset[str] = frozenset()
+    offered: bool = True
+    max_ranks: int | None = None
+    doc: str = ""
+
+    @property
+    def collectives(self) -> tuple[str, ...]:
+        """The collectives it serves (``native`` serves them all)."""
+        if self.name == NATIVE:
+            return NAMES
+        return tuple(c for c in NAMES if c in self.builders)
+
+    @property
+    def scheduled(self) -> bool:
+        return self.name != NATIVE
+
+    def serves(self, name: str) -> bool:
+        return name in self.collectives
+
+    def build(self, ctx: Context) -> Schedule:
+        """``ctx.rank``'s schedule of ``ctx.collective``."""
+        try:
+            make = self.builders[ctx.collective]
+        except KeyError:
+            raise ValueError(f"algorithm {self.name!r} has no schedule for "
+                             f"{ctx.collective}; {ctx.collective} has: "
+                             f"{', '.join(scheduled(ctx.collective))}") from None
+        return make(ctx)
+
+
+NATIVE = "native"
+AUTO = "auto"
+#: name -> record, in the order :func:`algorithms` lists them (``native`` last).
+REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+    """Add ``algorithm`` (replacing one of the same name); ``native`` stays last."""
+    if algorithm.name in (AUTO, ""):
+        raise ValueError(f"{algorithm.name!r} cannot name an algorithm")
+    REGISTRY.pop(algorithm.name, None)
+    native = REGISTRY.pop(NATIVE, None)
+    REGISTRY[algorithm.name] = algorithm
+    if native is not None and algorithm.name != NATIVE:
+        REGISTRY[NATIVE] = native
+    return algorithm
+
+
+def unregister(name: str) -> None:
+    """Remove a registered algorithm (a test's own toy)."""
+    REGISTRY.pop(name, None)
+
+
+def get(name: str) -> Algorithm:
+    """The record of ``name``; ValueError naming the known ones otherwise."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"algorithm {name!r} has no schedule; known: "
+                         f"{', '.join(sorted(REGISTRY))}") from None
+
+
+def algorithms(coll: str = "allreduce") -> list[str]:
+    """The algorithms implemented for collective ``coll``: ``auto`` first, ``native`` last."""
+    collective(coll)
+    return [AUTO] + [a.name for a in REGISTRY.values() if a.offered and a.serves(coll)]
+
+
+def scheduled(coll: str = "allreduce") -> list[str]:
+    """The algorithms with a schedule for ``coll`` (``ps`` included, ``native`` not)."""
+    return [a.name for a in REGISTRY.values() if a.scheduled and a.serves(coll)]
+
+
+def build(name: str, ctx: Context) -> Schedule:
+    """``ctx.rank``'s schedule of algorithm ``name`` for ``ctx``."""
+    return get(name).build(ctx)
+
+
+def schedules(name: str, ctx: Context) -> list[Schedule]:
+    """Every rank's schedule (for the verifier and the cost model)."""
+    alg = get(name)
+    return [alg.build(ctx.at(r)) for r in range(ctx.size)]
+
+
+# -- the builders ------------------------------------------------------------------------------
+
+def _bml_allreduce(ctx: Context) -> Schedule:
+    from .bml import bml_schedule
+    from .ring import ring_pipeline
+    # at N = 2 BML is ring's exchange: pipelined as ring is there (bml.py's docstring)
+    pipeline = ctx.pipeline or (ring_pipeline(ctx.count, ctx.itemsize, ctx.size)
+                                if ctx.size == 2 else 1)
+    return bml_schedule(ctx.rank, ctx.size, ctx.count, ctx.radices(), pipeline)
+
+
+def _bml_pipeline(ctx: Context) -> int:
+    from .ring import ring_pipeline
+    # at N = 2 BML is ring's exchange: pipelined as ring is there (bml.py's docstring)
+    return ctx.pipeline or (ring_pipeline(ctx.count, ctx.itemsize, ctx.size)
+                            if ctx.size == 2 else 1)
+
+
+def _bml_reduce_scatter(ctx: Context) -> Schedule:
+    from .bml import bml_reduce_scatter_schedule
+    return bml_reduce_scatter_schedule(ctx.rank, ctx.size, ctx.blocks(), ctx.radices(),
+                                       _bml_pipeline(ctx))
+
+
+def _bml_allgather(ctx: Context) -> Schedule:
+    from .bml import bml_allgather_schedule
+    return bml_allgather_schedule(ctx.rank, ctx.size, ctx.blocks(), ctx.radices())
+
+
+def _bml_rooted(ctx: Context) -> Schedule:
+    from .bml import bml_rooted_schedule
+    pipeline = _bml_pipeline(ctx) if ctx.collective == "reduce" else 1
+    return bml_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count, ctx.radices(),
+                               ctx.root, pipeline)
+
+
+def _ring_segmenting(ctx: Context) -> tuple[int, int]:
+    """(segments, pipeline): pipelined pieces at N = 2 (measured faster there; ring.py's
+    docstring), segments elsewhere."""
+    from .ring import ring_pipeline, ring_segments
+    if ctx.segments is not None or ctx.pipeline is not None:
+        return ctx.segments or 1, ctx.pipeline or 1
+    if ctx.size == 2:
+        return 1, ring_pipeline(ctx.count, ctx.itemsize, ctx.size)
+    return ring_segments(ctx.count, ctx.itemsize, ctx.size), 1
+
+
+def _ring_allreduce(ctx: Context) -> Schedule:
+    from .ring import ring_schedule
+    segments, pipeline = _ring_segmenting(ctx)
+    return ring_schedule(ctx.rank, ctx.size, ctx.count, segments, pipeline)
+
+
+def _ring_reduce_scatter(ctx: Context) -> Schedule:
+    from .ring import ring_reduce_scatter_schedule
+    segments, pipeline = _ring_segmenting(ctx)
+    return ring_reduce_scatter_schedule(ctx.rank, ctx.size, ctx.blocks(), segments, pipeline)
+
+
+def _ring_allgather(ctx: Context) -> Schedule:
+    from .ring import ring_allgather_schedule
+    segments, _ = _ring_segmenting(ctx)
+    return ring_allgather_schedule(ctx.rank, ctx.size, ctx.blocks(), segments)
+
+
+def _rabenseifner(ctx: Context) -> Schedule:
+    from .ring import ring_rooted_schedule
+    segments, pipeline = _ring_segmenting(ctx)
+    return ring_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count, ctx.root,
+                                segments, pipeline)
+
+
+def _ps_allreduce(ctx: Context) -> Schedule:
+    from .ps import ps_schedule
+    return ps_schedule(ctx.rank, ctx.size, ctx.count)
+
+
+def _tree_allreduce(ctx: Context) -> Schedule:
+    from .tree import tree_schedule
+    return tree_schedule(ctx.rank, ctx.size, ctx.count, binary_tree_for(ctx.size, ctx.links))
+
+
+def _tree_rooted(ctx: Context) -> Schedule:
+    from .tree import rooted_tree_schedule
+    tree = binary_tree_for(ctx.size, ctx.links, ctx.root)
+    return rooted_tree_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count, tree,
+                                ctx.segments or 1)
+
+
+def _multitree_allreduce(ctx: Context) -> Schedule:
+    from .tree import multitree_schedule
+    return multitree_schedule(ctx.rank, ctx.size, ctx.count,
+                              multi_trees_for(ctx.size, ctx.links))
+
+
+def _hierarchical_allreduce(ctx: Context) -> Schedule:
+    from .hierarchical import hierarchical_schedule
+    return hierarchical_schedule(ctx.rank, ctx.size, ctx.count, ctx.node_map())
+
+
+# -- when auto considers one -------------------------------------------------------------------
+
+def tree_array_bound() -> int | None:
+    """``BMLMPI_TREE_ARRAY_BOUND``: single tree at or below it, multi-tree above."""
+    return config.get("BMLMPI_TREE_ARRAY_BOUND")
+
+
+def _tree_applies(ctx: Context) -> bool:
+    bound = tree_array_bound()
+    return bound is None or ctx.count <= bound
+
+
+def _multitree_applies(ctx: Context) -> bool:
+    bound = tree_array_bound()
+    return bound is None or ctx.count > bound
+
+
+def _hierarchical_applies(ctx: Context) -> bool:
+    # only where ranks share nodes: else it is bml or ring
+    nodes = ctx.nodes
+    return nodes is not None and nodes.count > 1 and nodes.max_local > 1
+
+
+PORTS, BCUBE = "ports", "bcube"
+
+register(Algorithm(
+    "bml", {"allreduce": _bml_allreduce, "reduce_scatter": _bml_reduce_scatter,
+            "allgather": _bml_allgather, "reduce": _bml_rooted, "bcast": _bml_rooted},
+    wire_format=True, calibrated=True,
+    symmetric=frozenset({PORTS, BCUBE}),
+    doc="BML on the BCube of the communicator's shape (Wang et al., NeurIPS 2018)"))
+register(Algorithm(
+    "ring", {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
+             "allgather": _ring_allgather},
+    wire_format=True, calibrated=True, symmetric=frozenset({PORTS}),
+    doc="ring reduce-scatter and allgather (Patarasuk & Yuan)"))
+register(Algorithm(
+    "tree", {"allreduce": _tree_allreduce, "reduce": _tree_rooted, "bcast": _tree_rooted},
+    applies=_tree_applies, wire_format=True,
+    calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
+    doc="single topology-aware binary tree (the MXNet tree-reduce proposal)"))
+register(Algorithm(
+    "multitree", {"allreduce": _multitree_allreduce}, applies=_multitree_applies,
+    wire_format=True, calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
+    doc="one topology-aware tree per root (the MXNet tree-reduce proposal)"))
+register(Algorithm(
+    "hierarchical", {"allreduce": _hierarchical_allreduce}, applies=_hierarchical_applies,
+    tiered=True, doc="inside each node, then BML or ring across nodes"))
+register(Algorithm(
+    "rabenseifner", {"reduce": _rabenseifner, "bcast": _rabenseifner},
+    doc="reduce: ring reduce-scatter then gather to the root (Rabenseifner); bcast: scatter "
+        "from the root then ring allgather (van de Geijn)"))
+register(Algorithm(
+    "ps", {"allreduce": _ps_allreduce}, symmetric=frozenset({PORTS, BCUBE}), offered=False,
+    doc="P2P parameter server (the BML paper's baseline; priced, never run)"))
+register(Algorithm(NATIVE, doc="the MPI library's own call through mpi4py"))
+
+
+def calibrated(size: int) -> list[str]:
+    """The algorithms calibration measures on ``size`` ranks (trees only where ``auto``
+    offers them)."""
+    if size < 2:
+        return []
+    return [a.name for a in REGISTRY.values()
+            if a.calibrated and (a.max_ranks is None or size <= a.max_ranks)]
+
+
+def corrected() -> tuple[str, ...]:
+    """Every algorithm calibration may correct, in registration order."""
+    return tuple(a.name for a in REGISTRY.values() if a.calibrated)
+
+
+def with_wire_format() -> tuple[str, ...]:
+    return tuple(a.name for a in REGISTRY.values() if a.wire_format)
+
+
+def candidates(ctx: Context) -> list[str]:
+    """What ``auto`` prices for ``ctx``: every offered algorithm serving the collective that
+    applies, ``native`` last."""
+    return [a.name for a in REGISTRY.values()
+            if a.offered and a.scheduled and a.serves(ctx.collective)
+            and (a.max_ranks is None or ctx.size <= a.max_ranks) and a.applies(ctx)] \
+        + [NATIVE]
+
+
+__all__ = ["AUTO", "AUTO_TREE_MAX_RANKS", "Algorithm", "BCUBE", "Context", "NATIVE", "PORTS",
+           "REGISTRY", "algorithms", "build", "calibrated", "candidates", "corrected", "get",
+           "register", "schedules", "scheduled", "tree_array_bound", "unregister",
+           "with_wire_format"]
+

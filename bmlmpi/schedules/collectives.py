@@ -1,0 +1,116 @@
+"""The collective records: what each collective's result must be, which the verifier checks.
+
+A collective is a result contract over the ranks' input and output buffers, stated in the
+terms of a :class:`~bmlmpi.schedules.types.Schedule` (a work buffer of ``count`` elements,
+rank j's block ``[off_j, off_j + counts[j])`` where ``off = block_offsets(counts)``):
+
+* ``allreduce``: every rank's output ``[0, count)`` is the reduction of every rank's input.
+* ``reduce_scatter``: rank r's output ``[0, counts[r])`` is the reduction of every rank's
+  input block r (``counts`` may be uneven and hold zeros; the input has ``count`` elements).
+* ``allgather``: every rank's output ``[off_j, off_j + counts[j])`` is rank j's input (of
+  ``counts[j]`` elements), for every j (MPI's ``Allgatherv`` with packed displacements; other
+  displacements are a final copy of each block, the executor's).
+* ``reduce``: the root's output ``[0, count)`` is the reduction; no other rank writes its
+  output at all (MPI leaves a non-root recvbuf untouched).
+* ``bcast``: every rank's output ``[0, count)`` is the root's input.
+
+Each record gives the sizes of a rank's input and output, the copies of the plain layout (the
+input straight into the work buffer where it belongs, the result straight out of it), and the
+contract as *regions*: ``(out_lo, out_hi, contributors, in_at)`` — output ``[out_lo, out_hi)``
+must hold, element for element from input position ``in_at``, the reduction of exactly the
+``contributors`` (one rank for a gather or broadcast), each exactly once; every output element
+outside the regions must stay unwritten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .types import Copy, block_offsets
+
+#: Every collective, allreduce first.
+NAMES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
+
+Region = tuple[int, int, tuple[int, ...], int]
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective's contract (module docstring)."""
+
+    name: str
+    reduces: bool  # the result combines several ranks' data with the op
+    rooted: bool   # a root takes part differently (reduce, bcast)
+    blocked: bool  # each rank owns a block (``counts``)
+
+    def input_size(self, rank: int, count: int, root: int,
+                   counts: Sequence[int] | None) -> int:
+        """Elements of ``rank``'s input buffer."""
+        if self.name == "allgather":
+            return counts[rank] if counts is not None else 0
+        if self.name == "bcast":
+            return count if rank == root else 0
+        return count
+
+    def output_size(self, rank: int, count: int, root: int,
+                    counts: Sequence[int] | None) -> int:
+        """Elements of ``rank``'s output buffer this collective writes."""
+        if self.name == "reduce_scatter":
+            return counts[rank] if counts is not None else 0
+        if self.name == "reduce":
+            return count if rank == root else 0
+        return count
+
+    def plain_inputs(self, rank: int, count: int, root: int,
+                     counts: Sequence[int] | None) -> tuple[Copy, ...]:
+        """The input copied to where it belongs in the work buffer (no permutation)."""
+        n = self.input_size(rank, count, root, counts)
+        at = block_offsets(counts)[rank] if self.name == "allgather" else 0
+        return (Copy(0, n, at),) if n else ()
+
+    def plain_outputs(self, rank: int, count: int, root: int,
+                      counts: Sequence[int] | None) -> tuple[Copy, ...]:
+        """The result copied out of where it lies in the work buffer (no permutation)."""
+        n = self.output_size(rank, count, root, counts)
+        at = block_offsets(counts)[rank] if self.name == "reduce_scatter" else 0
+        return (Copy(at, at + n, 0),) if n else ()
+
+    def regions(self, rank: int, live: Sequence[int], count: int, root: int,
+                counts: Sequence[int] | None) -> list[Region]:
+        """The contract for ``rank``'s output when ``live`` ranks take part."""
+        everyone = tuple(live)
+        if self.name == "allreduce":
+            return [(0, count, everyone, 0)] if count else []
+        if self.name == "reduce_scatter":
+            off = block_offsets(counts)
+            n = counts[rank]
+            return [(0, n, everyone, off[rank])] if n else []
+        if self.name == "allgather":
+            off = block_offsets(counts)
+            return [(off[j], off[j + 1], (j,), 0) for j in everyone if counts[j]]
+        if self.name == "reduce":
+            return [(0, count, everyone, 0)] if rank == root and count else []
+        if self.name == "bcast":
+            return [(0, count, (root,), 0)] if count else []
+        raise ValueError(f"unknown collective {self.name!r}")
+
+
+COLLECTIVES: dict[str, Collective] = {
+    "allreduce": Collective("allreduce", reduces=True, rooted=False, blocked=False),
+    "reduce_scatter": Collective("reduce_scatter", reduces=True, rooted=False, blocked=True),
+    "allgather": Collective("allgather", reduces=False, rooted=False, blocked=True),
+    "reduce": Collective("reduce", reduces=True, rooted=True, blocked=False),
+    "bcast": Collective("bcast", reduces=False, rooted=True, blocked=False),
+}
+
+
+def collective(name: str) -> Collective:
+    """The record of collective ``name`` (one of :data:`NAMES`)."""
+    try:
+        return COLLECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown collective {name!r}; known: {', '.join(NAMES)}") from None
+
+
+__all__ = ["COLLECTIVES", "NAMES", "Collective", "Region", "collective"]

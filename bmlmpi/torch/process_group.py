@@ -1,0 +1,522 @@
+"""``ProcessGroupBmlmpi``: a Python ``torch.distributed.ProcessGroup`` over a bmlmpi Communicator.
+
+torch calls the methods below from Python (``dist.all_reduce`` → ``allreduce``,
+``dist.all_gather_into_tensor`` → ``all_gather_single``, ...) and from C++ (DDP's reducer,
+``_broadcast_coalesced``, ``_verify_params_across_processes``) through ProcessGroup's Python
+trampoline. Each method checks its arguments, starts the collective (non-blocking), hands the
+result to the progress :class:`~bmlmpi.torch.work.Driver` and returns a
+:class:`~bmlmpi.torch.work.Work`. A call torch makes with ``async_op=False`` while nothing is
+in flight runs blocking in the calling thread (bmlmpi's blocking fast path for all_reduce).
+
+Which path each collective takes:
+
+* ``all_reduce`` (and ``allreduce_coalesced``): bmlmpi's allreduce, ``Communicator.Iallreduce``
+  (the configured algorithm, topology, compression; the fault-tolerant communicator when
+  asked), CPU tensors as numpy views, CUDA tensors as cupy views (bmlmpi's device path).
+* ``reduce_scatter_tensor`` and ``reduce_scatter`` (list form: its inputs concatenated),
+  ``all_gather_into_tensor`` and ``all_gather`` (list form: gathered into one tensor, then
+  copied out), ``broadcast``, ``reduce``: bmlmpi's collective family,
+  ``Communicator.Ireduce_scatter_block``, ``Iallgather``, ``Ibcast``, ``Ireduce`` (argument
+  agreement, deadlines, the fault-tolerant ledger; whichever algorithm the family serves for
+  that collective, ``bmlmpi.algorithms(collective)``). CUDA tensors are staged through host
+  memory on this path.
+* ``barrier``: ``MPI_Ibarrier`` on the communicator bmlmpi sends on (``Communicator.comm``:
+  after a failure, the survivors'), waited on with the deadline.
+
+Errors: an unsupported op or dtype raises :class:`~bmlmpi.torch.tensors.UnsupportedCall`
+before anything is sent. For all_reduce, bmlmpi's argument check agrees across ranks first
+(so a rank with a bad tensor makes every rank raise); on the other collectives the check is
+local, which raises on every rank when they pass the same kind of tensor, and a rank whose
+peers did not join fails at the deadline, never hangs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+
+from .. import config
+from ..api import Communicator
+from ..execute import timeout_from_env
+from ..ops import AVG
+from .tensors import (
+    UnsupportedCall,
+    check_reducible,
+    reduce_op,
+    same_layout,
+    view,
+)
+from .work import Driver, Started, Work, wait_mpi
+
+BACKEND = "bmlmpi"
+
+
+@dataclass
+class Options:
+    """The bmlmpi backend's options (``pg_options=`` of ``init_process_group``/``new_group``).
+
+    ``comm``: the MPI communicator the world group runs on (default ``MPI.COMM_WORLD``; a
+    sub-group takes its ranks from it). ``algorithm``, ``topology``: as
+    :class:`bmlmpi.Communicator` (default ``BMLMPI_ALGORITHM``/``auto``, ``BMLMPI_BCUBE``).
+    ``compression``: a compressor spec or object for every all_reduce with SUM/AVG of
+    floating-point tensors (``BMLMPI_COMPRESSION``; default none). ``fault_tolerant``: run on
+    bmlmpi's fault-tolerant communicator (``BMLMPI_FAULT_TOLERANT``; needs ``bmlmpi-run
+    --ft``). ``recovery``, ``hang_timeout``, ``on_failure``: passed to it. ``timeout``:
+    seconds a collective may go without progress (default ``BMLMPI_TIMEOUT``, 120; torch's
+    own ``timeout=`` is not used, its default is 30 minutes).
+    """
+
+    comm: Any = None
+    algorithm: str = "auto"
+    topology: Any = None
+    compression: Any = None
+    fault_tolerant: bool | None = None
+    recovery: str = "auto"
+    hang_timeout: float | None = None
+    on_failure: Any = None
+    timeout: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def resolved(self) -> Options:
+        """These options with the environment's values where none was given."""
+        out = replace(self)
+        if out.comm is None:
+            out.comm = MPI.COMM_WORLD
+        if out.compression is None:
+            out.compression = config.get("BMLMPI_COMPRESSION")
+        if out.fault_tolerant is None:
+            out.fault_tolerant = config.get("BMLMPI_FAULT_TOLERANT")
+        out.timeout = timeout_from_env(out.timeout)
+        return out
+
+
+def _check_thread_level() -> None:
+    level = MPI.Query_thread()
+    if level < MPI.THREAD_SERIALIZED:
+        raise RuntimeError(
+            f"the bmlmpi backend calls MPI from a progress thread (one call at a time) and "
+            f"needs MPI_THREAD_SERIALIZED or more; MPI was initialised with level {level} "
+            f"(mpi4py.rc.thread_level)")
+
+
+class ProcessGroupBmlmpi(dist.ProcessGroup):
+    """torch.distributed's ``bmlmpi`` backend: bmlmpi's collectives behind torch's process
+    group interface (module docstring: which path each collective takes).
+
+    Fault tolerance (``Options(fault_tolerant=True)`` or ``BMLMPI_FAULT_TOLERANT=1``, under
+    ``bmlmpi-run --ft``). The contract, bmlmpi's own (:mod:`bmlmpi.ft`), seen through torch:
+
+    * ``all_reduce`` survives the death of ranks. When ranks die before or during it, every
+      survivor's call completes with the reduction over exactly the survivors' inputs, the
+      same on every survivor; AVG divides by the number of survivors. A call commits on every
+      survivor or on none, so a DDP step whose gradient all_reduce was in flight ends with the
+      step's gradient averaged over the survivors and the parameters identical on all of them.
+    * Afterwards ``size()``/``rank()`` (and ``dist.get_world_size()``/``dist.get_rank()``)
+      describe the survivors, ``failed`` lists the original ranks lost and
+      ``Options.on_failure(communicator, lost)`` has run on every survivor (for resharding
+      the data); training goes on at N−x ranks in the same job.
+    * DDP must average with bmlmpi's AVG: register :func:`bmlmpi.torch.hooks.allreduce_hook`
+      (or another hook of :mod:`bmlmpi.torch.hooks`). DDP's built-in reduction divides by
+      the world size it read at construction and would scale the survivors' gradient by
+      (N−x)/N.
+    * The other collectives run on the survivors' communicator; a rank dying during one
+      makes it raise on the survivors (an MPI error, or :class:`bmlmpi.DeadlineExceeded`),
+      never hang. Compressed all_reduce follows bmlmpi's compressed contract: a failure during
+      it raises :class:`bmlmpi.FaultToleranceError` on every survivor.
+    """
+
+    def __init__(self, rank: int, size: int, comm: MPI.Comm, options: Options):
+        super().__init__(rank, size)
+        _check_thread_level()
+        self.options = options
+        #: the MPI communicator this group runs over (the user's; bmlmpi sends on a duplicate)
+        self.mpi_comm = comm
+        self._group_name = ""
+        self._group_desc = ""
+        self._lock = threading.RLock()
+        self.communicator = Communicator(comm, algorithm=options.algorithm,
+                                         topology=options.topology,
+                                         timeout=options.timeout, **self._ft_arguments())
+        if (self.communicator.rank, self.communicator.size) != (rank, size):
+            raise RuntimeError(
+                f"torch's rank {rank} of {size} is MPI rank {self.communicator.rank} of "
+                f"{self.communicator.size}: pass rank and world_size from MPI (bmlmpi.torch."
+                f"init_process_group does) or none at all")
+        self._compressor = None
+        if options.compression is not None:
+            from ..compression import parse
+            self._compressor = parse(options.compression)
+        self._driver = Driver(self._lock, options.timeout, f"bmlmpi rank {rank}")
+
+    def _ft_arguments(self) -> dict:
+        o = self.options
+        if not o.fault_tolerant:
+            return {}
+        from .. import ft  # registers the fault-tolerant Communicator
+        del ft
+        return {"fault_tolerant": True, "recovery": o.recovery, "hang_timeout": o.hang_timeout,
+                "on_failure": o.on_failure}
+
+    # -- what torch asks of every process group ----------------------------------------------
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def name(self) -> str:  # type: ignore[override]
+        return BACKEND
+
+    def size(self) -> int:
+        return self.communicator.size
+
+    def rank(self) -> int:
+        return self.communicator.rank
+
+    @property
+    def failed(self) -> tuple[int, ...]:
+        """The original ranks lost (fault-tolerant communicator only; else empty)."""
+        return tuple(getattr(self.communicator, "failed", ()))
+
+    @property
+    def group_name(self) -> str:  # type: ignore[override]
+        return self._group_name
+
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_desc(self) -> str:  # type: ignore[override]
+        return self._group_desc
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupBmlmpi({self.communicator!r})"
+
+    def shutdown(self) -> None:
+        """Complete what is in flight (bounded by the timeout), stop the progress thread and
+        free the communicator."""
+        self._driver.close(self.options.timeout)
+        with self._lock:
+            if not getattr(self.communicator, "failed", ()):
+                self.communicator.Free()
+
+    def abort(self) -> None:
+        self._driver.close(0.0)
+
+    # -- starting collectives ------------------------------------------------------------------
+    def _sync(self, opts: Any) -> bool:
+        """Whether to run blocking now: torch asked for a synchronous call and nothing of this
+        group is in flight (so the calling thread may drive MPI directly)."""
+        return getattr(opts, "asyncOp", True) is False and not self._driver.busy
+
+    def _track(self, started: Started) -> Work:
+        with self._lock:
+            self._driver.add(started)
+        return Work(self._driver, started)
+
+    def _done(self, what: str, result: Any, finish=None) -> Work:
+        s = Started(what, lambda: True, lambda: None, finish, result)
+        s.poll(self.options.timeout)
+        return self._track(s)
+
+    def _mpi(self, what: str, start, result: Any, finish=None) -> Work:
+        """Start an MPI non-blocking collective (``start(comm)`` returns its request)."""
+        timeout = self.options.timeout
+        with self._lock:
+            req = start(self.communicator.comm)
+            s = Started(what, req.Test, lambda: wait_mpi(req, timeout, what), finish, result,
+                        keep=start)
+            self._driver.add(s)
+        return Work(self._driver, s)
+
+    # -- all_reduce ---------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        op = reduce_op(opts.reduceOp if hasattr(opts, "reduceOp") else opts
+                       if opts is not None else dist.ReduceOp.SUM)
+        for t in tensors:
+            check_reducible(t, "all_reduce's tensor")
+        views = [view(t) for t in tensors]
+        compressed = (self._compressor is not None and (op is AVG or op == MPI.SUM)
+                      and all(t.is_floating_point() and t.dtype != torch.float16
+                              for t in tensors))
+
+        def finish() -> None:
+            for v in views:
+                if v.finish is not None:
+                    v.finish()
+
+        what = f"bmlmpi all_reduce of {[tuple(t.shape) for t in tensors]} (rank {self.rank()})"
+        if compressed:
+            views = [view(t, device_path=False) for t in tensors]
+        if self._sync(opts) and not compressed:
+            with self._lock:
+                for v in views:
+                    self.communicator.Allreduce(MPI.IN_PLACE, v.array, op)
+            return self._done(what, tensors, finish)
+        with self._lock:
+            reqs = [self._start_allreduce(v.array, op, compressed) for v in views]
+
+        def poll() -> bool:
+            return all(r.Test() for r in reqs)
+
+        def block() -> None:
+            for r in reqs:
+                r.Wait()
+
+        def mark() -> Any:
+            return tuple(getattr(getattr(r, "run", None), "progress", None) for r in reqs)
+
+        return self._track(Started(what, poll, block, finish, tensors, mark, keep=views))
+
+    def _start_allreduce(self, arr: Any, op: Any, compressed: bool) -> Any:
+        if compressed:
+            return self.communicator.Iallreduce(arr, arr, op, compression=self._compressor)
+        return self.communicator.Iallreduce(MPI.IN_PLACE, arr, op)
+
+    def compressed_allreduce(self, tensor: torch.Tensor, compressor: Any, key: Any) -> Work:
+        """``tensor`` averaged over the ranks through bmlmpi's compressed allreduce, with the
+        error-feedback memory of ``compressor`` kept under ``key`` (the DDP compression
+        hook's call; host memory, a CUDA tensor is staged)."""
+        from ..compression.layer import start
+        if not tensor.is_floating_point() or tensor.dtype == torch.bfloat16:
+            raise UnsupportedCall(f"compressed all_reduce takes float16/32/64 tensors, not "
+                                  f"{tensor.dtype}")
+        v = view(tensor, device_path=False)
+        ft = getattr(self.communicator, "original_size", None) is not None
+        with self._lock:
+            req = start(self.communicator, MPI.IN_PLACE, v.array, AVG, compressor, key=key,
+                        fault_tolerant=ft)
+        what = f"bmlmpi compressed all_reduce ({compressor.name}, rank {self.rank()})"
+        return self._track(Started(what, req.Test, req.Wait, v.finish, [tensor]))
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the group's lock: no call into its communicator runs meanwhile."""
+        with self._lock:
+            yield
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        return self.allreduce(tensors, opts)
+
+    # -- the rest of the family: bmlmpi's Ibcast, Ireduce, Iallgather, Ireduce_scatter_block --
+    def _family(self, what: str, start, result: Any, views: list[Any]) -> Work:
+        """Start a call of bmlmpi's collective family (``start()`` returns its request)."""
+        with self._lock:
+            req = start()
+        return self._track(Started(what, req.Test, req.Wait, _finisher(views), result,
+                                   _progress(req), keep=views))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Work:
+        root = opts.rootRank
+        views = [view(t, copy_only=True, device_path=False) for t in tensors]
+        what = f"bmlmpi broadcast from rank {root} (rank {self.rank()})"
+        c = self.communicator
+        return self._family(what, lambda: _Several([c.Ibcast(v.array, root) for v in views]),
+                            tensors, views)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
+        op = reduce_op(opts.reduceOp)
+        root = opts.rootRank
+        for t in tensors:
+            check_reducible(t, "reduce's tensor")
+        views = [view(t, device_path=False) for t in tensors]
+        what = f"bmlmpi reduce to rank {root} (rank {self.rank()})"
+        c = self.communicator
+        at_root = self.rank() == root
+
+        def start() -> Any:
+            return _Several([c.Ireduce(MPI.IN_PLACE if at_root else v.array,
+                                       v.array if at_root else None, op, root)
+                             for v in views])
+
+        return self._family(what, start, tensors, views)
+
+    # -- allgather ------------------------------------------------------------------------------
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
+                        opts: Any = None) -> Work:
+        n = self.size()
+        if output.numel() != n * input.numel():
+            raise UnsupportedCall(f"all_gather_into_tensor: the output holds {output.numel()} "
+                                  f"elements, not {n} x {input.numel()}")
+        same_layout([output, input], "all_gather_into_tensor")
+        src = view(input, copy_only=True, device_path=False)
+        out = view(output, copy_only=True, device_path=False)
+        what = f"bmlmpi all_gather_into_tensor (rank {self.rank()})"
+        c = self.communicator
+        return self._family(what, lambda: c.Iallgather(src.array, out.array), [output],
+                            [out, src])
+
+    all_gather_single = _allgather_base
+
+    def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> Work:
+        n = self.size()
+        flats: list[torch.Tensor] = []
+        for outs, t in zip(outputs, inputs, strict=True):
+            if len(outs) != n or any(o.numel() != t.numel() for o in outs):
+                raise UnsupportedCall(f"all_gather: need {n} output tensors of {t.numel()} "
+                                      f"elements each")
+            same_layout([t, *outs], "all_gather")
+            flats.append(torch.empty(n * t.numel(), dtype=t.dtype))
+        srcs = [view(t, copy_only=True, device_path=False) for t in inputs]
+        dsts = [view(f, copy_only=True) for f in flats]
+        what = f"bmlmpi all_gather (rank {self.rank()})"
+        c = self.communicator
+
+        def scatter_back() -> None:
+            with torch.no_grad():
+                for outs, flat in zip(outputs, flats, strict=True):
+                    for o, piece in zip(outs, flat.chunk(n), strict=True):
+                        o.copy_(piece.view(o.shape))
+
+        start = lambda: _Several([c.Iallgather(s.array, d.array)  # noqa: E731
+                                  for s, d in zip(srcs, dsts, strict=True)])
+        return self._family(what, start, outputs,
+                            [*srcs, *dsts, _Then(scatter_back)])
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs, strict=True)]
+        return _Joined(works, outputs, self)
+
+    # -- reduce-scatter -------------------------------------------------------------------------
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor,
+                             opts: Any = None) -> Work:
+        op = reduce_op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        n = self.size()
+        if input.numel() != n * output.numel():
+            raise UnsupportedCall(f"reduce_scatter_tensor: the input holds {input.numel()} "
+                                  f"elements, not {n} x {output.numel()}")
+        same_layout([output, input], "reduce_scatter_tensor")
+        check_reducible(input, "reduce_scatter_tensor's input")
+        src = view(input, device_path=False)
+        out = view(output, device_path=False)
+        what = f"bmlmpi reduce_scatter_tensor (rank {self.rank()})"
+        c = self.communicator
+        return self._family(what, lambda: c.Ireduce_scatter_block(src.array, out.array, op),
+                            [output], [out, src])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                       opts: Any = None) -> Work:
+        works = []
+        for out, ins in zip(outputs, inputs, strict=True):
+            if len(ins) != self.size():
+                raise UnsupportedCall(f"reduce_scatter: need {self.size()} input tensors")
+            works.append(self._reduce_scatter_base(out, torch.cat([i.reshape(-1)
+                                                                   for i in ins]), opts))
+        return _Joined(works, outputs, self)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        works = [self._reduce_scatter_base(o, i, opts)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return _Joined(works, outputs, self)
+
+    # -- barrier --------------------------------------------------------------------------------
+    def barrier(self, opts: Any = None) -> Work:
+        return self._mpi(f"bmlmpi barrier (rank {self.rank()})", lambda comm: comm.Ibarrier(),
+                         [])
+
+
+class _All:
+    """Several MPI requests seen as one (Test: all complete)."""
+
+    def __init__(self, reqs: list[Any]):
+        self.reqs = reqs
+
+    def Test(self) -> bool:
+        return all(r.Test() for r in self.reqs)
+
+
+class _Several:
+    """Several bmlmpi requests seen as one (Test, Wait, the run's progress)."""
+
+    def __init__(self, reqs: list[Any]):
+        self.reqs = reqs
+
+    def Test(self) -> bool:
+        return all(r.Test() for r in self.reqs)
+
+    def Wait(self) -> None:
+        for r in self.reqs:
+            r.Wait()
+
+    @property
+    def progress(self) -> Any:
+        return tuple(_progress(r)() for r in self.reqs)
+
+
+class _Then:
+    """A step after a call completes, run with the views' write-backs (in order)."""
+
+    def __init__(self, fn):
+        self.finish = fn
+
+
+def _progress(req: Any):
+    """The progress mark of a bmlmpi request: its run's completed steps."""
+    if isinstance(req, _Several):
+        return lambda: req.progress
+    return lambda: getattr(getattr(req, "run", None), "progress", None)
+
+
+def _finisher(views: list[Any]):
+    def finish() -> None:
+        for v in views:
+            if v.finish is not None:
+                v.finish()
+    return finish
+
+
+class _Joined(Work):
+    """Several collectives waited on as one Work (the coalesced and list forms)."""
+
+    def __init__(self, works: list[Work], result: Any, pg: ProcessGroupBmlmpi):
+        s = Started("bmlmpi coalesced collectives", lambda: all(w.is_completed() for w in works),
+                    lambda: [w.wait() for w in works] and None, None, result)
+        s.poll(pg.options.timeout)
+        with pg._lock:
+            pg._driver.add(s)
+        super().__init__(pg._driver, s)
+        self._works = works
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self._works:
+            w.wait()
+        return super().wait(timeout)
+
+
+# -- creating the group (torch calls this through Backend.register_backend) --------------------
+_world_options: Options | None = None
+
+
+def create(dist_options: Any, pg_options: Options | None) -> ProcessGroupBmlmpi:
+    """The creator torch calls for ``init_process_group``/``new_group`` with backend bmlmpi
+    (the extended API: ``dist_options`` carries the group's global ranks)."""
+    global _world_options
+    if pg_options is not None and not isinstance(pg_options, Options):
+        raise TypeError(f"pg_options of the bmlmpi backend must be bmlmpi.torch.Options, got "
+                        f"{type(pg_options).__name__}")
+    options = (pg_options or _world_options or Options()).resolved()
+    ranks = list(dist_options.global_ranks_in_group or [])
+    parent = options.comm
+    if not ranks:                       # the default group
+        _world_options = options
+        comm = parent
+    elif ranks == list(range(parent.Get_size())):
+        comm = parent
+    else:                               # collective over the group's members only
+        comm = parent.Create_group(parent.Get_group().Incl(ranks))
+    return ProcessGroupBmlmpi(dist_options.group_rank, dist_options.group_size, comm, options)
+
+
+__all__ = ["BACKEND", "Options", "ProcessGroupBmlmpi", "create"]

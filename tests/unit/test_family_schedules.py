@@ -1,0 +1,239 @@
+"""The collective family's schedules (reduce-scatter, allgather, reduce, broadcast), proven by
+the verifier against each collective's own contract, for every algorithm the records list;
+the verifier's new rules reject what they must; a toy algorithm registered here alone is
+built, verified, priced, calibrated and considered by ``auto``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bmlmpi import select
+from bmlmpi.model import Calibration, SharedMemoryNode, algorithm_cost, estimate
+from bmlmpi.schedules import algorithms
+from bmlmpi.schedules.algorithms import Algorithm, Context
+from bmlmpi.schedules.collectives import NAMES
+from bmlmpi.schedules.types import Copy, Recv, Schedule, Step, Transfer
+from bmlmpi.schedules.verify import ScheduleError, verify
+from bmlmpi.topology.bcube import default_shape
+
+FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
+
+
+def block_cases(size: int) -> list[tuple[int, ...]]:
+    """Block counts: all zero, one each, fewer elements than ranks, odd and uneven with zeros,
+    large equal blocks."""
+    cases = [(0,) * size, (1,) * size, tuple(1 if i == size // 2 else 0 for i in range(size)),
+             tuple((i * 7 + 3) % 5 for i in range(size)), (97,) * size]
+    return list(dict.fromkeys(cases))
+
+
+def contexts(coll: str, size: int, shape=None):
+    if coll in ("reduce_scatter", "allgather"):
+        for counts in block_cases(size):
+            yield Context(size, sum(counts), 4, collective=coll, counts=counts, shape=shape)
+    else:
+        for count in (0, 1, size - 1, 2 * size + 1, 1000):
+            for root in sorted({0, size // 2, size - 1}):
+                yield Context(size, max(count, 0), 4, collective=coll, root=root, shape=shape)
+
+
+def names_for(coll: str, size: int) -> list[str]:
+    names = algorithms.scheduled(coll)
+    if size > 16:  # multi-tree sets cost seconds of CPU to generate at many ranks
+        names = [n for n in names if n != "multitree"]
+    return names
+
+
+@pytest.mark.parametrize("coll", FAMILY)
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12])
+def test_every_family_schedule_verifies_small(coll, size):
+    for name in names_for(coll, size):
+        for ctx in contexts(coll, size):
+            scheds = algorithms.schedules(name, ctx)
+            assert all(s.collective == coll for s in scheds)
+            verify(scheds)
+
+
+@pytest.mark.parametrize("coll", FAMILY)
+def test_every_family_schedule_verifies_up_to_64_ranks(coll):
+    for size in range(13, 65):
+        for name in names_for(coll, size):
+            counts = tuple((i * 5 + 1) % 4 for i in range(size))
+            if coll in ("reduce_scatter", "allgather"):
+                ctx = Context(size, sum(counts), 4, collective=coll, counts=counts)
+            else:
+                ctx = Context(size, 3 * size + 1, 4, collective=coll, root=size // 3)
+            verify(algorithms.schedules(name, ctx))
+
+
+def test_every_bcube_factorisation_verifies():
+    for shape in [(2, 2), (3, 3), (2, 3), (3, 2), (2, 2, 3), (2, 2, 2), (4, 4), (3, 3, 3)]:
+        size = 1
+        for n in shape:
+            size *= n
+        for coll in FAMILY:
+            if "bml" not in algorithms.scheduled(coll):
+                continue
+            for ctx in contexts(coll, size, shape):
+                verify(algorithms.schedules("bml", ctx))
+
+
+def test_ring_halves_move_what_theory_says():
+    size, counts = 5, (4, 0, 7, 1, 3)
+    rs = algorithms.schedules("ring", Context(size, 15, 4, collective="reduce_scatter",
+                                              counts=counts, segments=1))
+    ag = algorithms.schedules("ring", Context(size, 15, 4, collective="allgather",
+                                              counts=counts, segments=1))
+    for r in range(size):
+        # N−1 steps; every block but one's own (reduce-scatter: the one it ends with) passes
+        assert rs[r].sent_elements() == 15 - counts[r]
+        assert ag[r].sent_elements() == 15 - counts[(r + 1) % size]
+        assert rs[r].received_elements() == 15 - counts[(r - 1) % size]
+
+
+# -- the verifier's contract rules -------------------------------------------------------------
+
+def ring_rs(size=4, counts=(2, 3, 1, 2)):
+    return algorithms.schedules("ring", Context(size, sum(counts), 4,
+                                                collective="reduce_scatter", counts=counts,
+                                                segments=1))
+
+
+def test_a_reduce_scatter_ending_on_the_wrong_block_is_rejected():
+    bad = []
+    for s in ring_rs():
+        # take block r+1 out instead of block r
+        nxt = (s.rank + 1) % s.size
+        lo = sum(s.counts[:nxt])
+        n = min(s.counts[s.rank], s.counts[nxt])
+        bad.append(dataclasses.replace(s, outputs=(Copy(lo, lo + n, 0),)))
+    with pytest.raises(ScheduleError):
+        verify(bad)
+
+
+def test_a_missing_or_doubled_output_is_rejected():
+    good = ring_rs()
+    verify(good)
+    short = [dataclasses.replace(s, outputs=()) if s.rank == 1 else s for s in good]
+    with pytest.raises(ScheduleError, match="written for 0"):
+        verify(short)
+    double = [dataclasses.replace(s, outputs=s.outputs * 2) if s.rank == 1 else s for s in good]
+    with pytest.raises(ScheduleError, match="twice|outside"):
+        verify(double)
+
+
+def test_garbage_and_mixed_positions_are_rejected():
+    # an allgather whose rank 0 never copies its input in: its block is garbage everywhere
+    ag = algorithms.schedules("ring", Context(3, 6, 4, collective="allgather", segments=1))
+    no_input = [dataclasses.replace(s, inputs=()) if s.rank == 0 else s for s in ag]
+    with pytest.raises(ScheduleError, match="garbage 1"):
+        verify(no_input)
+    # an input copied one element off: reductions mix input positions
+    rs = ring_rs(2, (3, 3))
+    shifted = [dataclasses.replace(s, inputs=(Copy(1, 6, 0), Copy(0, 1, 5))) if s.rank == 0
+               else s for s in rs]
+    with pytest.raises(ScheduleError, match="input positions"):
+        verify(shifted)
+
+
+def test_a_non_root_that_writes_its_reduce_output_is_rejected():
+    steps = (Step((Transfer(0, 0, 4),), ()),)
+    root = Schedule("t", 0, 2, 4, (Step((), (Recv(1, 0, 4, reduce=True),)),),
+                    collective="reduce", inputs=(Copy(0, 4, 0),), outputs=(Copy(0, 4, 0),))
+    other = Schedule("t", 1, 2, 4, steps, collective="reduce", inputs=(Copy(0, 4, 0),),
+                     outputs=())
+    verify([root, other])
+    with pytest.raises(ScheduleError, match="outside"):
+        verify([root, dataclasses.replace(other, outputs=(Copy(0, 4, 0),))])
+
+
+def test_a_broadcast_must_carry_the_roots_data():
+    def bc(sender):
+        recv = 1 - sender
+        return [Schedule("t", sender, 2, 3, (Step((Transfer(recv, 0, 3),), ()),),
+                         collective="bcast", root=0,
+                         inputs=(Copy(0, 3, 0),) if sender == 0 else (),
+                         outputs=(Copy(0, 3, 0),)),
+                Schedule("t", recv, 2, 3, (Step((), (Recv(sender, 0, 3),)),),
+                         collective="bcast", root=0,
+                         inputs=(Copy(0, 3, 0),) if recv == 0 else (),
+                         outputs=(Copy(0, 3, 0),))]
+    verify(bc(0))
+    with pytest.raises(ScheduleError):
+        verify(bc(1))  # rank 1 sends what it never received
+
+
+# -- the records -------------------------------------------------------------------------------
+
+def test_the_records_list_each_collectives_algorithms():
+    assert select.algorithms() == ["auto", "bml", "ring", "tree", "multitree", "hierarchical",
+                                   "native"]
+    for coll in NAMES:
+        names = select.algorithms(coll)
+        assert names[0] == "auto" and names[-1] == "native"
+        assert "ps" not in names
+    assert "ring" in select.algorithms("reduce_scatter")
+    with pytest.raises(ValueError, match="unknown collective"):
+        select.algorithms("alltoall")
+    with pytest.raises(ValueError, match="implemented for reduce_scatter"):
+        select.check_algorithm("hierarchical_not", "reduce_scatter")
+
+
+def _direct_reduce_scatter(ctx: Context) -> Schedule:
+    """Toy: every rank sends block j straight to rank j, one step."""
+    blocks = [0]
+    for c in ctx.blocks():
+        blocks.append(blocks[-1] + c)
+    r = ctx.rank
+    peers = [p for p in range(ctx.size) if p != r]
+    step = Step(tuple(Transfer(p, blocks[p], blocks[p + 1]) for p in peers
+                      if blocks[p + 1] > blocks[p]),
+                tuple(Recv(p, blocks[r], blocks[r + 1], reduce=True) for p in peers
+                      if blocks[r + 1] > blocks[r]))
+    n = blocks[r + 1] - blocks[r]
+    return Schedule("toy", r, ctx.size, ctx.count, (step,), collective="reduce_scatter",
+                    counts=ctx.blocks(), inputs=(Copy(0, ctx.count, 0),) if ctx.count else (),
+                    outputs=(Copy(blocks[r], blocks[r + 1], 0),) if n else ())
+
+
+def test_a_toy_algorithm_is_one_registration():
+    toy = Algorithm("toy", {"reduce_scatter": _direct_reduce_scatter}, calibrated=True)
+    algorithms.register(toy)
+    try:
+        assert "toy" in select.algorithms("reduce_scatter")
+        assert "toy" not in select.algorithms()
+        assert select.algorithms("reduce_scatter")[-1] == "native"
+        ctx = Context(4, 10, 4, collective="reduce_scatter", counts=(1, 2, 3, 4))
+        verify(algorithms.schedules("toy", ctx))                        # verified
+        assert algorithms.build("toy", ctx.at(2)).outputs == (Copy(3, 6, 0),)  # by name
+        cost = algorithm_cost("toy", 10, 4, 4, SharedMemoryNode(4),
+                              collective="reduce_scatter", counts=(1, 2, 3, 4))
+        assert cost.nsteps == 1                                         # priced
+        assert "toy" in algorithms.calibrated(4)                        # calibrated
+        assert "toy" in select.candidates(10, 4, collective="reduce_scatter",
+                                          counts=(1, 2, 3, 4))          # considered by auto
+        calib = Calibration(alpha=1e-6, beta=1e-9,
+                            natives=(("reduce_scatter", 8, 1.0), ("reduce_scatter", 1 << 20,
+                                                                   1.0)))
+        t = estimate(["toy", "ring", "native"], 10, 4, 4, calib=calib,
+                     collective="reduce_scatter", counts=(1, 2, 3, 4))
+        assert set(t) == {"toy", "ring", "native"} and t["native"] == 1.0
+        assert select.choose(10, 4, 4, calib, collective="reduce_scatter",
+                             counts=(1, 2, 3, 4)) in ("toy", "ring")
+    finally:
+        algorithms.unregister("toy")
+    assert "toy" not in select.algorithms("reduce_scatter")
+
+
+def test_auto_without_a_native_timing_for_the_collective_uses_the_fixed_rule():
+    calib = Calibration(alpha=1e-6, beta=1e-9, native=((8, 1e-6), (1 << 20, 1e-3)))
+    assert select.choose(10, 4, 4, calib, collective="allgather") == "native"
+    big = select.choose(1 << 20, 4, 4, calib, collective="allgather")
+    assert big in select.algorithms("allgather")[1:-1]
+
+
+def test_shapes_resolve_as_the_communicator_does():
+    assert Context(12, 5).radices() == tuple(default_shape(12))
+    assert Context(9, 5, shape="3x3").radices() == (3, 3)

@@ -1,0 +1,68 @@
+"""bmlmpi-run without MPI: the program substitution, the stderr filter, the exit verdict."""
+
+import io
+import json
+import os
+import sys
+
+from bmlmpi import launch
+
+
+def test_bare_python_becomes_this_interpreter():
+    args = ["-n", "2", "python", "train.py", "python", ":", "-n", "1", "python3.11", "x.py"]
+    assert launch.own_python(args) == ["-n", "2", sys.executable, "train.py", "python", ":",
+                                       "-n", "1", sys.executable, "x.py"]
+    assert launch.own_python(["-n", "2", "/usr/bin/python3", "a.py"])[2] == "/usr/bin/python3"
+    assert launch.own_python(["-n", "2", "pythonista"])[2] == "pythonista"
+    env = launch.rank_environment({"PATH": f"/usr/bin:{os.path.dirname(sys.executable)}"})
+    assert env["PATH"] == f"{os.path.dirname(sys.executable)}:/usr/bin"
+
+
+def test_build_command_replaces_python_and_drops_own_flags():
+    cmd = launch.build_command(["--ft", "--tolerate-lost", "-n", "2", "python", "t.py"],
+                               mpiexec="/x/mpiexec", kind="openmpi")
+    assert cmd[-2:] == [sys.executable, "t.py"] and "--tolerate-lost" not in cmd
+    assert cmd[cmd.index("-x") + 1] == "BMLMPI_STATUS_DIR"
+
+
+def test_libnbc_lines_are_left_out(tmp_path):
+    text = (b"rank output\nNBC_Progress: an error 75 was found during schedule 0x1 at "
+            b"row-offset 0 - aborting the schedule\n\nmore\n\nprogress 10%\rprogress 20%")
+    source = tmp_path / "err"
+    source.write_bytes(text)
+    sink = io.BytesIO()
+    with open(source, "rb") as f:
+        assert launch._copy_stderr(f, sink) == 1
+    assert sink.getvalue() == b"rank output\nmore\n\nprogress 10%\rprogress 20%"
+
+
+def _notes(tmp_path, pid, *events):
+    with open(tmp_path / f"host-{pid}.jsonl", "w") as f:
+        for e in events:
+            f.write(json.dumps(e) + "\n")
+
+
+def test_verdict_from_the_ranks_notes(tmp_path):
+    _notes(tmp_path, 1, {"event": "start", "rank": 0}, {"event": "exit", "status": 0})
+    _notes(tmp_path, 2, {"event": "start", "rank": 1})                        # lost
+    _notes(tmp_path, 3, {"event": "start", "rank": 2}, {"event": "end", "error": None})
+    out = launch.read_outcome(tmp_path)
+    assert (out.finished, out.lost, out.failed, out.replaced) == ([0, 2], [1], {}, [])
+    assert out.status(0, tolerate_lost=False) == 1 and out.status(0, tolerate_lost=True) == 0
+    _notes(tmp_path, 4, {"event": "start", "rank": 1, "replacement": True},
+           {"event": "exit", "status": 0})                                     # replaced
+    out = launch.read_outcome(tmp_path)
+    assert out.replaced == [1] and out.status(0, tolerate_lost=False) == 0
+    _notes(tmp_path, 5, {"event": "start", "rank": 3}, {"event": "end", "error": None},
+           {"event": "exit", "status": 4})
+    out = launch.read_outcome(tmp_path)
+    assert out.failed == {3: "exit status 4"} and out.status(0, tolerate_lost=True) == 1
+    assert "failed: rank 3 (exit status 4)" in out.report(tolerate_lost=True)
+
+
+def test_a_complete_set_of_notes_decides_over_mpiexec(tmp_path):
+    for pid, rank in ((1, 0), (2, 1)):
+        _notes(tmp_path, pid, {"event": "start", "rank": rank}, {"event": "exit", "status": 0})
+    out = launch.read_outcome(tmp_path)
+    assert out.status(183, tolerate_lost=False, ranks=2) == 0   # a failed spawn, handled
+    assert out.status(183, tolerate_lost=False, ranks=3) == 183  # rank 2 wrote nothing
