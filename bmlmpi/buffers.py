@@ -25,7 +25,8 @@ from mpi4py.util import dtlib
 
 from .kernels.gpu import is_device_array
 
-__all__ = ["BufferSpecError", "Spec", "is_device_array", "refused_datatype", "resolve"]
+__all__ = ["BufferSpecError", "Spec", "is_device_array", "refused_datatype", "resolve",
+           "resolve_blocks"]
 
 
 class BufferSpecError(ValueError):
@@ -308,3 +309,14 @@ def resolve(spec: Any, what: str, reducing: bool = True) -> Spec:
         raise BufferSpecError(f"{what}: count {n} at displacement {start} exceeds the buffer's "
                            f"{flat.size} elements")
     return Spec(owner=buf, flat=flat[start:start + n], count=n)
+
+
+def resolve_blocks(spec: Any, what: str, blocks: int, reducing: bool = True) -> Spec:
+    """:func:`resolve` for a buffer that holds one block per rank, as mpi4py reads it
+    (``Reduce_scatter_block``'s send buffer, and its receive buffer in place; ``Allgather``'s
+    receive buffer): an explicit count in the spec is the count of *one* block, so the
+    buffer spans ``count × blocks`` elements from the displacement."""
+    buf, count, displ, datatype = _split_spec(spec, what)
+    if count is None:
+        return resolve(spec, what, reducing)
+    return resolve([buf, int(count) * blocks, int(displ or 0), datatype], what, reducing)

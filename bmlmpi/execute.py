@@ -10,6 +10,7 @@ a stuck one fails naming the step and the peers it was waiting for.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -31,15 +32,35 @@ _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
 
 
-def timeout_from_env(value: float | None = None) -> float:
-    """The deadline in seconds: explicit, else ``BMLMPI_TIMEOUT``, else 120 s."""
-    if value is not None:
-        return float(value)
-    return config.get("BMLMPI_TIMEOUT")
+def timeout_from_env(value: float | None = None, name: str = "timeout") -> float:
+    """The deadline in seconds: explicit, else ``BMLMPI_TIMEOUT``, else 120 s. An explicit
+    value is held to the environment parser's rule (a finite number of seconds > 0), so that
+    no value that looks like a number (NaN, infinity, 0, -1) switches the deadline off."""
+    if value is None:
+        return config.get("BMLMPI_TIMEOUT")
+    return check_seconds(value, name)
+
+
+def check_seconds(value: object, name: str) -> float:
+    """``value`` as seconds, refused (ValueError naming ``name``) unless finite and > 0."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}") \
+            from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r} "
+                         f"(no value switches the deadline off)")
+    return seconds
 
 
 class DeadlineExceeded(TimeoutError):
     """A wait made no progress within its deadline."""
+
+
+#: Called between polls of a wait that is still waiting; may raise to end the wait (the
+#: communicator's control channel reports that another rank failed the call).
+Interrupt = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +129,8 @@ class Plan:
     def __init__(self, sched: Schedule, comms: list[MPI.Comm],
                  level_peer: Callable[[int, int], tuple[int, int]]):
         """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``."""
+        if sched.uses_shm:
+            raise ValueError("a schedule with shared-memory steps runs on bmlmpi.shm")
         self.sched = sched
         self.comms = comms
         if (sched.streams > 1 and not _placed_on_levels(sched)
@@ -391,7 +414,7 @@ class Run:
         self._finalise()
         return True
 
-    def drive(self, timeout: float) -> None:
+    def drive(self, timeout: float, interrupt: Interrupt | None = None) -> None:
         """Run to completion in the calling thread (the blocking path of ``Allreduce``).
 
         :func:`wait_for`'s loop and deadline (restarting whenever a lane completes a step; a
@@ -403,7 +426,7 @@ class Run:
         one lane (every lockstep schedule: ring and BML at N = 2) goes step by step without
         :meth:`test`."""
         if len(self.prog) == 1:
-            self._drive_lane(timeout)
+            self._drive_lane(timeout, interrupt)
             return
         if self.test():
             return
@@ -422,9 +445,11 @@ class Run:
                 mark, last = self.progress, now
             elif now - last > timeout:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
+            if interrupt is not None:
+                interrupt()
             _back_off(now - start, spin)
 
-    def _drive_lane(self, timeout: float) -> None:
+    def _drive_lane(self, timeout: float, interrupt: Interrupt | None = None) -> None:
         """:meth:`drive` for a plan of one lane: post a step, poll until its receives are in,
         reduce, poll until its sends are done, next step. The reductions run while the peers
         may still be taking this rank's sends: a schedule never writes, in a step, a range
@@ -438,10 +463,10 @@ class Run:
             nrecv = len(lane[self.pos[0]].recvs)
             recvs, sends = reqs[:nrecv], reqs[nrecv:]
             if recvs and not _testall(recvs):
-                self._poll(recvs, timeout, clock)
+                self._poll(recvs, timeout, clock, interrupt)
             self._reduce(0)
             if sends and not _testall(sends):
-                self._poll(sends, timeout, clock)
+                self._poll(sends, timeout, clock, interrupt)
             if self.observer is not None:
                 self.observer.sent(self, 0)
             self.lane_reqs[0] = None
@@ -449,7 +474,8 @@ class Run:
             self.progress += 1
         self._finalise()
 
-    def _poll(self, reqs: list[MPI.Request], timeout: float, clock: list[float]) -> None:
+    def _poll(self, reqs: list[MPI.Request], timeout: float, clock: list[float],
+              interrupt: Interrupt | None = None) -> None:
         """Poll ``reqs`` until all are done: yielding the core for ``BMLMPI_SPIN`` seconds
         from the run's first poll, then sleeping; DeadlineExceeded after ``timeout`` s."""
         last = now = time.monotonic()
@@ -460,6 +486,8 @@ class Run:
             now = time.monotonic()
             if now - last > timeout:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
+            if interrupt is not None:
+                interrupt()
             _back_off(now - start, spin)
 
     def _finalise(self) -> None:
@@ -507,16 +535,35 @@ class Run:
                         for (kind, q), r in zip(posts, rs, strict=True)
                         if r != MPI.REQUEST_NULL and not r.Test()]
         if not waiting:
-            return "nothing"
+            # every request of the step completed between the last poll and this report
+            return "no request (the step's transfers completed as the deadline passed)"
         return ", ".join(waiting[:8]) + (" ..." if len(waiting) > 8 else "")
 
-    def cancel(self) -> None:
-        for r in self.reqs:
-            if r != MPI.REQUEST_NULL:
+    def cancel(self, bound: float = 1.0) -> list[MPI.Request]:
+        """Cancel the run's outstanding requests and let the cancellations complete (up to
+        ``bound`` s), so that no receive writes the result buffer after the run is given up;
+        returns the requests still not complete (sends a late peer has not taken, receives
+        MPI had matched already), which the caller keeps alive with their buffers."""
+        reqs = [r for r in self.reqs if r != MPI.REQUEST_NULL]
+        for r in reqs:
+            try:
+                r.Cancel()
+            except MPI.Exception:
+                pass
+        end = time.monotonic() + bound
+        left = reqs
+        while left and time.monotonic() < end:
+            still = []
+            for r in left:
                 try:
-                    r.Cancel()
+                    if not r.Test():
+                        still.append(r)
                 except MPI.Exception:
                     pass
+            left = still
+            if left:
+                time.sleep(1e-3)
+        return left
 
     def describe_timeout(self, timeout: float) -> str:
         self.stalled = self.waiting()
@@ -559,7 +606,8 @@ def _back_off(elapsed: float, spin: float) -> None:
 
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
-             progress: Callable[[], object] = lambda: None) -> None:
+             progress: Callable[[], object] = lambda: None,
+             interrupt: Interrupt | None = None) -> None:
     """Poll ``test`` until it is true; raise DeadlineExceeded after ``timeout`` s without progress.
 
     MPI makes progress only inside its calls (a shared-memory rendezvous copy happens in the
@@ -579,6 +627,8 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
             mark, last = cur, now
         elif now - last > timeout:
             raise DeadlineExceeded(describe(timeout))
+        if interrupt is not None:
+            interrupt()
         _back_off(now - start, spin)
 
 

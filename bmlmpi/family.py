@@ -8,14 +8,16 @@ allreduce's :class:`~bmlmpi.api.PreparedCall` — which the communicator's one l
 Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
 
 * ``Reduce_scatter_block(sendbuf, recvbuf, op)``: ``sendbuf`` holds ``size`` blocks of
-  ``recvbuf``'s count; rank r receives the reduction of block r. ``MPI.IN_PLACE``: the input is
-  ``recvbuf`` itself (``size`` blocks; its element count must divide by ``size``) and the
-  block lands at its start.
+  ``recvbuf``'s count (an explicit count in its spec is one block's, as mpi4py reads it);
+  rank r receives the reduction of block r. ``MPI.IN_PLACE``: the input is ``recvbuf``
+  itself (``size`` blocks; its element count must divide by ``size``) and the block lands
+  at its start.
 * ``Reduce_scatter(sendbuf, recvbuf, recvcounts=None, op)``: block r holds ``recvcounts[r]``
   elements (zeros allowed), in rank order; ``recvbuf`` holds exactly ``recvcounts[rank]``.
   Without ``recvcounts`` the blocks are equal (``sendbuf``'s count divided by ``size``);
   ``MPI.IN_PLACE`` needs ``recvcounts`` (as in mpi4py, which raises TypeError without).
-* ``Allgather(sendbuf, recvbuf)``: ``recvbuf`` holds ``size`` slots of ``sendbuf``'s count.
+* ``Allgather(sendbuf, recvbuf)``: ``recvbuf`` holds ``size`` slots of ``sendbuf``'s count
+  (an explicit count in its spec is one slot's, as mpi4py reads it).
   ``MPI.IN_PLACE``: this rank's slot of ``recvbuf`` is its contribution.
 * ``Allgatherv(sendbuf, recvbuf)``: ``recvbuf`` is ``[buf, counts, displs, datatype]``,
   ``[buf, (counts, displs), datatype]``, ``[buf, counts, datatype]``, ``[buf, counts]`` or a
@@ -239,13 +241,15 @@ class FamilyCall:
 
 
 # -- argument checks and buffer resolution, one function per mpi4py call --------------------
-def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True) -> buffers.Spec:
+def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True,
+               blocks: int = 0) -> buffers.Spec:
     if recvbuf is None or recvbuf is MPI.IN_PLACE:
         raise BufferSpecError(f"{what} must be a buffer (sendbuf may be MPI.IN_PLACE)")
     if isinstance(recvbuf, (list, tuple)) and not recvbuf:
         raise BufferSpecError(f"{what}: an empty buffer spec")
     _refuse_device(recvbuf)
-    spec = buffers.resolve(recvbuf, what, reducing=reducing)
+    spec = (buffers.resolve_blocks(recvbuf, what, blocks, reducing) if blocks
+            else buffers.resolve(recvbuf, what, reducing=reducing))
     if not spec.flat.flags.writeable:
         raise BufferSpecError(f"{what} is read-only")
     return spec
@@ -258,9 +262,11 @@ def _refuse_device(spec: Any) -> None:
                               "staged by Allreduce only (copy it to the host first)")
 
 
-def _send_spec(sendbuf: Any, dtype: np.dtype, reducing: bool = True) -> buffers.Spec:
+def _send_spec(sendbuf: Any, dtype: np.dtype, reducing: bool = True,
+               blocks: int = 0) -> buffers.Spec:
     _refuse_device(sendbuf)
-    send = buffers.resolve(sendbuf, "sendbuf", reducing=reducing)
+    send = (buffers.resolve_blocks(sendbuf, "sendbuf", blocks, reducing) if blocks
+            else buffers.resolve(sendbuf, "sendbuf", reducing=reducing))
     if send.flat.dtype != dtype:
         raise BufferSpecError(f"sendbuf dtype {send.flat.dtype} differs from recvbuf dtype "
                               f"{dtype}")
@@ -316,7 +322,10 @@ def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, rec
                            op: Any, block: bool, algorithm: str) -> FamilyCall:
     """``Reduce_scatter_block`` (``block``) or ``Reduce_scatter``."""
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
-    recv = _recv_spec(recvbuf)
+    # mpi4py reads an explicit count of a block reduce-scatter's whole buffer (the send
+    # buffer, or the receive buffer in place) as the count of one block
+    in_place = sendbuf is MPI.IN_PLACE or sendbuf is None
+    recv = _recv_spec(recvbuf, blocks=size if block and in_place else 0)
     dtype = recv.flat.dtype
     opname = _check_reduction(dtype, op)
     if sendbuf is MPI.IN_PLACE or sendbuf is None:
@@ -336,7 +345,7 @@ def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, rec
         out = recv.flat[:total]
         return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0,
                           rank, size, None, out, out[:counts[rank]], native_block=block)
-    send = _send_spec(sendbuf, dtype)
+    send = _send_spec(sendbuf, dtype, blocks=size if block else 0)
     if block:
         if send.count != size * recv.count:
             raise BufferSpecError(f"{name}: sendbuf holds {send.count} elements; {size} "
@@ -425,7 +434,7 @@ def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: 
     if vector:
         flat, counts, displs = _allgatherv_recv(recvbuf, size)
     else:
-        spec = _recv_spec(recvbuf, reducing=False)
+        spec = _recv_spec(recvbuf, reducing=False, blocks=size)
         flat = spec.flat
         if flat.size % size:
             raise BufferSpecError(f"Allgather: recvbuf holds {flat.size} elements, not a "
@@ -652,6 +661,7 @@ class FamilyCalls:
 
     def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
+        self._begin_call()
         try:
             call = build(self._family_algorithm(collective, algorithm))
             if call.algorithm == "auto":
@@ -758,11 +768,14 @@ class FamilyCalls:
     def _family_auto(self, call: FamilyCall) -> str:
         """``auto``'s choice for a family call (:func:`bmlmpi.select.choose_collective`)."""
         from . import select
-        key = (call.collective, call.total, call.dtype.itemsize, len(set(call.counts)) == 1)
+        key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
         choice = self._choices.get(key)
         if choice is None:
-            why = select.explain_collective(call.collective, call.total, call.dtype.itemsize,
-                                            self.size)
+            blocked = call.collective in ("reduce_scatter", "allgather")
+            why = select.explain_collective(
+                call.collective, call.total, call.dtype.itemsize, self.size,
+                self.calibration, self.shape, self._nodes_for_auto(), call.root,
+                call.counts if blocked else None)
             choice = self._choices[key] = why.chosen
             log = logging.getLogger("bmlmpi")
             if log.isEnabledFor(logging.DEBUG):

@@ -38,6 +38,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -230,6 +231,20 @@ def read_outcome(folder: Path) -> Outcome:
     return out
 
 
+def remove_heartbeats(folder: Path) -> None:
+    """Remove this host's heartbeat folders of the job's ranks (named in their notes): every
+    rank has ended once mpiexec has, and a killed rank cannot remove its own file."""
+    here = socket.gethostname()
+    for path in folder.glob("*.jsonl"):
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                note = json.loads(line)
+                beat = note.get("heartbeat")
+                if (note.get("event") == "start" and note.get("host") == here and beat
+                        and Path(beat).name.startswith("bmlmpi-hb-")):
+                    shutil.rmtree(beat, ignore_errors=True)
+
+
 def _copy_stderr(source, sink) -> int:
     """Copy ``source`` to ``sink`` without libnbc's failure lines (and the blank line each
     is followed by); returns how many were left out. Partial lines that cannot be such a line
@@ -282,6 +297,7 @@ def run_fault_tolerant(cmd: list[str], env: dict[str, str], tolerate_lost: bool,
             for s, handler in previous.items():
                 signal.signal(s, handler)
         outcome = read_outcome(folder)
+        remove_heartbeats(folder)
     finally:
         if not given:
             shutil.rmtree(folder, ignore_errors=True)

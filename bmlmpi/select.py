@@ -12,7 +12,9 @@ predicted ``NATIVE_MARGIN`` (5 %) faster: the most ``auto`` may then give away a
 better of native and the best schedule is that margin, the issue's target for ``auto``.
 Every rank holds the same calibration, so every rank reaches the same choice without talking.
 ``hierarchical`` is a candidate where more than one node holds more than one rank (real
-nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others.
+nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others. ``shm`` is
+a candidate where all ranks are on one node and the calibration measured its constants
+(σ per step, β_copy, γ_shm).
 The tree candidates are offered up to ``AUTO_TREE_MAX_RANKS`` ranks (generating the multi-tree
 set costs seconds beyond that), and between the two trees the size bound
 ``BMLMPI_TREE_ARRAY_BOUND`` (elements) decides when it is set: single tree at or below it,
@@ -173,6 +175,8 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     from .model import estimate
 
     names = candidates(count, size, nodes, collective, root, counts)
+    if not calib.has_shm:  # shared memory not measured here (several nodes, or one rank)
+        names = [n for n in names if n != "shm"]
     kw = dict(calib=calib, shape=shape, nodes=nodes, collective=collective, root=root,
               counts=counts)
     times = estimate(names, count, itemsize, size, **kw)
@@ -203,26 +207,31 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=N
                    root=root, counts=counts).chosen
 
 
-def explain_collective(collective: str, count: int, itemsize: int,
-                       size: int) -> Explanation:
+def explain_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
+                       shape=None, nodes=None, root: int = 0, counts=None) -> Explanation:
     """What ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of ``count``
-    elements in all, as the family's launch path asks today, and why: ``BMLMPI_ALGORITHM``
-    where it names an algorithm of this collective, else native."""
+    elements in all, and why: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
+    collective; with a calibration, :func:`explain`'s priced choice; without one, native (the
+    family's fixed rule: no schedule of these collectives was measured against native on an
+    uncalibrated machine)."""
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
         return Explanation(collective, count, itemsize, size, env, "BMLMPI_ALGORITHM",
                            f"BMLMPI_ALGORITHM={env} overrides auto")
-    return Explanation(collective, count, itemsize, size, records.NATIVE, "family",
-                       f"auto runs the MPI library's own {collective} (the family's "
-                       f"schedules run when named)")
+    if calib is None:
+        return Explanation(collective, count, itemsize, size, records.NATIVE, "fixed rule",
+                           "no calibration: the family runs native (no schedule of these "
+                           "collectives was measured against native here)")
+    return explain(count, itemsize, size, calib, shape, nodes, collective=collective,
+                   root=root, counts=counts)
 
 
-def choose_collective(collective: str, count: int, itemsize: int, size: int) -> str:
-    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
-    ``count`` elements in all, as the family's launch path asks today: ``BMLMPI_ALGORITHM``
-    where it names an algorithm of this collective, else native. (:func:`choose` with
-    ``collective=`` is the cost model's choice.)"""
-    return explain_collective(collective, count, itemsize, size).chosen
+def choose_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
+                      shape=None, nodes=None, root: int = 0, counts=None) -> str:
+    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast
+    (:func:`explain_collective`'s choice)."""
+    return explain_collective(collective, count, itemsize, size, calib, shape, nodes, root,
+                              counts).chosen
 
 
 def _fixed_choice(collective: str) -> str:

@@ -3,16 +3,18 @@
     bmlmpi-run -n 4 python jobs/train_torch.py --epochs 10
     bmlmpi-run -n 4 python jobs/train_torch.py --compression fp16
     bmlmpi-run -n 4 python jobs/train_torch.py --plan ibatch --bucket-cap-mb 0.01
-    bmlmpi-run --ft -n 4 python jobs/train_torch.py --fault-tolerant --kill-rank 2 --kill-step 37
+    bmlmpi-run --ft --tolerate-lost -n 4 python jobs/train_torch.py --fault-tolerant \
+        --kill-rank 2 --kill-step 37
 
 Data: the 1797 8x8 digits (``sklearn.datasets.load_digits``), 360 of them (a fixed random
-choice) held out for the accuracy. Each step takes the next ``--batch`` × N samples of an epoch's permutation (the same
-on every rank) and splits them over the ranks alive, so the global batch and the steps per
-epoch stay the same when ranks die: a survivor's share grows to u + u·x/(N−x) (bmlmpi's
-``rescaled_batch`` rule). The gradient is averaged by DDP through the bmlmpi backend: plain
-DDP, or a bmlmpi hook with ``--compression`` (``bmlmpi.torch.hooks.compression_hook``),
-``--plan`` (``bucket_plan_hook``) or ``--fault-tolerant`` (``allreduce_hook``: bmlmpi's AVG
-divides by the survivors).
+choice) held out for the accuracy. Each step takes the next ``--batch`` × N samples of an
+epoch's permutation (the same on every rank) and splits them over the ranks alive, so the
+global batch and the steps per epoch stay the same when ranks die: a survivor's share grows
+to u + u·x/(N−x) (bmlmpi's ``rescaled_batch`` rule). The learning rate falls linearly to zero
+over the run. The gradient is averaged by DDP through the bmlmpi backend: plain DDP, or a
+bmlmpi hook with ``--compression`` (``bmlmpi.torch.hooks.compression_hook``), ``--plan``
+(``bucket_plan_hook``) or ``--fault-tolerant`` (``allreduce_hook``: bmlmpi's AVG divides by
+the survivors).
 
 ``--fault-tolerant`` runs the backend on bmlmpi's fault-tolerant communicator (start with
 ``bmlmpi-run --ft``); ``--kill-rank R --kill-step S`` makes original rank R die (SIGKILL) at

@@ -69,15 +69,17 @@ def _ended_normally() -> None:
     _note("end", error=None if error is None else f"{type(error).__name__}: {error}")
 
 
-def started(original_rank: int, *, replacement: bool) -> None:
+def started(original_rank: int, *, replacement: bool, heartbeat: str | None = None) -> None:
     """A fault-tolerant communicator exists on this process (at ``original_rank``): from now
-    on the launcher expects to hear how this rank ends."""
+    on the launcher expects to hear how this rank ends. ``heartbeat``: the communicator's
+    heartbeat folder, which the launcher removes after the job (killed ranks leave theirs)."""
     global _started, _replacement
     _replacement = _replacement or replacement
     if not _started:
         _started = True
         atexit.register(_ended_normally)
-    _note("start", rank=original_rank, replacement=replacement)
+    _note("start", rank=original_rank, replacement=replacement, heartbeat=heartbeat,
+          host=socket.gethostname())
 
 
 def _finalize_spawned() -> None:

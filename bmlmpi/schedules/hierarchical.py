@@ -26,6 +26,21 @@ local rank j mod m_g (equal nodes: local rank j owns shard j).
    runs their allreduces side by side (correct, but that node's NICs carry more).
 3. Local allgather, L−1 steps: the reduce-scatter's ring backwards, copying.
 
+Node tier in shared memory (``intra="shm"``, :mod:`bmlmpi.schedules.shm`): steps 1 and 3 are
+instead the reduce-scatter and allgather halves of the shared-memory allreduce over the
+node's ranks, the shards cut into C cache-sized chunks (C the same on every node): each rank
+publishes the other owners' pieces of its input, reduces its own pieces from its node peers'
+segments (2C steps, pipelined), and after the inter-node allreduce publishes its reduced
+shards and fetches the others' (2C steps). No message inside a node; the node's ranks read
+each piece once where the ring forwards it m−1 times.
+
+Reduce and broadcast (:func:`hierarchical_rooted_schedule`): the reduce is the local
+reduce-scatter, a reduce of every shard across nodes toward the shard's owner on the root's
+node (BML's rooted schedule on the BCube of nodes, else ring's), and one step in which those
+owners send their shards to the root; the broadcast is the same backwards (the root sends
+every shard to its owner on its node, every shard is broadcast across nodes, the local
+allgather). Steps (L−1) + 2k + 1 with BML across nodes.
+
 Transfers name global ranks of the flat communicator, so the executor runs the schedule over
 one communicator unchanged. Their ``level`` says which tier they use, as flat BML's does on a
 BCube whose level 0 is the local rank: 0 for intra-node transfers, 1 + l for BML transfers at
@@ -91,13 +106,16 @@ from fractions import Fraction
 from ..topology.bcube import default_shape, prime_factors
 from ..topology.nodes import Nodes
 from .bml import bml_schedule
+from .collectives import collective as collective_record
 from .ring import ring_schedule
+from .shm import DEFAULT_CHUNK_BYTES, chunk_count, node_steps
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
 
 #: The inter-node allreduce is BML while every prime factor of the node count is at most this
 #: (a BCube level of radix n costs n−1 messages per step); a larger prime factor means ring.
 MAX_BML_RADIX = 8
 INTER_ALGORITHMS = ("auto", "bml", "ring")
+INTRA_ALGORITHMS = ("ring", "shm")
 
 
 def inter_algorithm(node_count: int, inter: str = "auto") -> str:
@@ -116,13 +134,29 @@ def _chunk(shards: list[int], owner: int, m: int) -> list[tuple[int, int]]:
     return [(shards[j], shards[j + 1]) for j in range(owner, len(shards) - 1, m)]
 
 
+def _shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
+                ) -> list[list[tuple[int, int, int]]]:
+    """Chunk c: piece c of every shard, owned by the shard's local owner."""
+    m = len(members)
+    cuts = [balanced_bounds(shards[j], shards[j + 1], nchunks) for j in range(len(shards) - 1)]
+    return [[(cut[c], cut[c + 1], members[j % m]) for j, cut in enumerate(cuts)]
+            for c in range(nchunks)]
+
+
 def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter: str = "auto",
-                          node_shape: Sequence[int] | None = None) -> Schedule:
+                          node_shape: Sequence[int] | None = None, intra: str = "ring",
+                          itemsize: int = 4,
+                          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Schedule:
     """The hierarchical schedule of ``rank`` for ``count`` elements over ``nodes``.
 
     ``inter``: ``bml``, ``ring`` or ``auto`` (:func:`inter_algorithm`); ``node_shape``: the
-    BCube of nodes BML runs on (default: the prime factors of the node count)."""
+    BCube of nodes BML runs on (default: the prime factors of the node count); ``intra``: the
+    node tier, ``ring`` (messages) or ``shm`` (shared memory, chunks of about ``chunk_bytes``
+    per rank for elements of ``itemsize`` bytes)."""
     check_arguments(rank, size, count)
+    if intra not in INTRA_ALGORITHMS:
+        raise ValueError(f"intra-node algorithm must be one of {INTRA_ALGORITHMS}, "
+                         f"got {intra!r}")
     if nodes.size != size:
         raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
     n_nodes = nodes.count
@@ -138,7 +172,12 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
     right, left = mine[(i + 1) % m], mine[(i - 1) % m]
 
     steps: list[Step] = []
-    for t in range(width - 1):  # local reduce-scatter
+    chunks: list = []
+    if intra == "shm" and count:
+        nchunks = chunk_count(count, itemsize, width, chunk_bytes)
+        chunks = _shm_chunks(shards, mine, nchunks)
+        steps += node_steps(rank, mine, chunks, "reduce_scatter")
+    for t in range(width - 1 if intra == "ring" else 0):  # local reduce-scatter
         if t >= m - 1:
             steps.append(Step())
             continue
@@ -169,7 +208,9 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                                          level=1 + max(t.level, 0), reduce=t.reduce))
     steps += [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
 
-    for t in range(width - 1):  # local allgather
+    if chunks:
+        steps += node_steps(rank, mine, chunks, "allgather", len(steps))
+    for t in range(width - 1 if intra == "ring" else 0):  # local allgather
         if t >= m - 1:
             steps.append(Step())
             continue
@@ -178,15 +219,119 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                           tuple(Recv(left, lo, hi, level=0, reduce=False) for lo, hi in into)))
     return Schedule("hierarchical", rank, size, count, compact(steps),
                     streams=max(1, width * sub_streams),
-                    meta={"nodes": nodes.sizes, "inter": across,
+                    meta={"nodes": nodes.sizes, "inter": across, "intra": intra,
                           "node_shape": shape if across == "bml" else None})
 
 
+def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: int,
+                                 nodes: Nodes, root: int, inter: str = "auto",
+                                 node_shape: Sequence[int] | None = None) -> Schedule:
+    """The two-tier reduce (``collective="reduce"``) or broadcast (``"bcast"``) of ``rank``.
+
+    Reduce: the local reduce-scatter of the allreduce (local rank i ends with its node's sum
+    of its shards), then for every shard a reduce across nodes among the shard's owners
+    toward the owner on ``root``'s node (BML's rooted schedule on the BCube of nodes, else
+    ring's: :func:`~bmlmpi.schedules.ring.ring_rooted_schedule`), then one step in which the
+    owners on ``root``'s node send their shards to ``root``. Broadcast, the other way: one
+    step in which ``root`` sends every shard to its owner on ``root``'s node, a broadcast of
+    every shard across nodes from that owner, and the local allgather of the allreduce.
+    Steps (L−1) + 2k + 1 with BML across nodes (L the most ranks on a node, k the levels of
+    the BCube of nodes); every NIC of a node carries a shard, as in the allreduce."""
+    from .bml import bml_rooted_schedule
+    from .ring import ring_rooted_schedule
+    check_arguments(rank, size, count)
+    if nodes.size != size:
+        raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} outside [0, {size})")
+    if collective not in ("reduce", "bcast"):
+        raise ValueError(f"hierarchical rooted schedules are reduce and bcast, not "
+                         f"{collective!r}")
+    reducing = collective == "reduce"
+    n_nodes = nodes.count
+    across = inter_algorithm(n_nodes, inter)
+    shape = tuple(default_shape(n_nodes) if node_shape is None else node_shape)
+    if across == "bml" and math.prod(shape) != n_nodes:
+        raise ValueError(f"node shape {shape} has {math.prod(shape)} nodes, not {n_nodes}")
+    width = nodes.max_local
+    shards = balanced_bounds(0, count, width)
+    g, i = nodes.node_of(rank), nodes.local_rank(rank)
+    mine = nodes.members[g]
+    m = len(mine)
+    right, left = mine[(i + 1) % m], mine[(i - 1) % m]
+    home = nodes.node_of(root)
+    at_home = nodes.members[home]
+
+    def ring_half(reduce: bool) -> list[Step]:
+        out: list[Step] = []
+        for t in range(width - 1):
+            if t >= m - 1:
+                out.append(Step())
+                continue
+            sent = (i - t - 1) % m if reduce else (i - t) % m
+            into = (i - t - 2) % m if reduce else (i - t - 1) % m
+            out.append(Step(tuple(Transfer(right, lo, hi, level=0)
+                                  for lo, hi in _chunk(shards, sent, m)),
+                            tuple(Recv(left, lo, hi, level=0, reduce=reduce)
+                                  for lo, hi in _chunk(shards, into, m))))
+        return out
+
+    # the step between root and the owners on its node (shard j: local rank j mod m there)
+    owners_home = [(at_home[j % len(at_home)], shards[j], shards[j + 1]) for j in range(width)]
+    far = [(o, lo, hi) for o, lo, hi in owners_home if o != root and hi > lo]
+    if reducing:
+        direct = Step(tuple(Transfer(root, lo, hi, level=0) for o, lo, hi in far if o == rank),
+                      tuple(Recv(o, lo, hi, level=0) for o, lo, hi in far if rank == root))
+    else:
+        direct = Step(tuple(Transfer(o, lo, hi, level=0) for o, lo, hi in far if rank == root),
+                      tuple(Recv(root, lo, hi, level=0) for o, lo, hi in far if o == rank))
+
+    sub_streams = len(shape) if across == "bml" else 1
+    inter_steps = 0
+    if n_nodes > 1:
+        inter_steps = 2 * len(shape) if across == "bml" else n_nodes
+    sends: list[list[Transfer]] = [[] for _ in range(inter_steps)]
+    recvs: list[list[Recv]] = [[] for _ in range(inter_steps)]
+    if n_nodes > 1:
+        for j in range(i, width, m):  # the shards this rank carries across nodes
+            lo, hi = shards[j], shards[j + 1]
+            owners = [node[j % len(node)] for node in nodes.members]
+            sub = (bml_rooted_schedule(collective, g, n_nodes, hi - lo, shape, home)
+                   if across == "bml" else
+                   ring_rooted_schedule(collective, g, n_nodes, hi - lo, home))
+            for w, st in enumerate(sub.steps):
+                for t in st.sends:
+                    sends[w].append(Transfer(owners[t.peer], lo + t.lo, lo + t.hi,
+                                             stream=j * sub_streams + t.stream,
+                                             level=1 + max(t.level, 0)))
+                for t in st.recvs:
+                    recvs[w].append(Recv(owners[t.peer], lo + t.lo, lo + t.hi,
+                                         stream=j * sub_streams + t.stream,
+                                         level=1 + max(t.level, 0), reduce=t.reduce))
+    middle = [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
+    if size == 1:
+        steps: list[Step] = []
+    elif reducing:
+        steps = ring_half(True) + middle + [direct]
+    else:
+        steps = [direct] + middle + ring_half(False)
+    coll = collective_record(collective)
+    return Schedule("hierarchical", rank, size, count, compact(steps),
+                    streams=max(1, width * sub_streams),
+                    meta={"nodes": nodes.sizes, "inter": across,
+                          "node_shape": shape if across == "bml" else None},
+                    collective=collective, root=root,
+                    inputs=coll.plain_inputs(rank, count, root, None),
+                    outputs=coll.plain_outputs(rank, count, root, None))
+
+
 def hierarchical_schedules(size: int, count: int, nodes: Nodes, inter: str = "auto",
-                           node_shape: Sequence[int] | None = None) -> list[Schedule]:
+                           node_shape: Sequence[int] | None = None, intra: str = "ring",
+                           itemsize: int = 4,
+                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Schedule]:
     """Every rank's schedule (for the verifier and the cost model)."""
-    return [hierarchical_schedule(r, size, count, nodes, inter, node_shape)
-            for r in range(size)]
+    return [hierarchical_schedule(r, size, count, nodes, inter, node_shape, intra, itemsize,
+                                  chunk_bytes) for r in range(size)]
 
 
 # -- the formulas of the module docstring, in units of T_F ------------------------------------
@@ -247,5 +392,6 @@ def theory_t_f(algorithm: str, node_count: int, ranks_per_node: int, intra: Frac
     raise ValueError(f"no formula for {algorithm!r}")
 
 
-__all__ = ["INTER_ALGORITHMS", "MAX_BML_RADIX", "hierarchical_schedule",
+__all__ = ["INTER_ALGORITHMS", "MAX_BML_RADIX", "hierarchical_rooted_schedule",
+           "hierarchical_schedule",
            "hierarchical_schedules", "inter_algorithm", "theory_t_f"]

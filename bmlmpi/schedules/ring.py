@@ -1,5 +1,7 @@
 """Bandwidth-optimal ring allreduce — Patarasuk and Yuan, "Bandwidth optimal all-reduce
-algorithms for clusters of workstations", JPDC 69(2), 2009.
+algorithms for clusters of workstations", JPDC 69(2), 2009 — and its halves for the rest of
+the family (Rabenseifner, "Optimization of collective reduction operations", ICCS 2004, for
+the reduce; van de Geijn et al.'s scatter-allgather broadcast).
 
 Algorithm. The buffer is cut into N balanced chunks (chunk c is ``balanced_bounds(0, count,
 N)[c:c+2]``). Ranks form the ring r → r+1 (mod N).
@@ -26,6 +28,17 @@ each with its own scratch) goes through memory twice more: once written by the r
 read by the reduction. Measured at N = 2 on the 2-core development VM, 64 MiB of float32,
 bare mpi4py: 7.3–7.6 ms in pieces of 1–4 MiB against 9.1–13.4 ms unpiped
 (``perf/profile/README.md``). :func:`ring_pipeline` picks P; the catalog uses it at N = 2.
+
+The rest of the family on the same halves. Reduce-scatter
+(:func:`ring_reduce_scatter_schedule`): the reduce-scatter half with chunk j = rank j's block
+(MPI's layout, ``counts`` uneven or zero), rotated by one so that rank r ends with block r —
+no permutation, only block r copied out into the recvbuf. Allgather
+(:func:`ring_allgather_schedule`): the allgather half, rank r starting with block r (its
+sendbuf copied into its place), N−1 steps. Reduce and broadcast
+(:func:`ring_rooted_schedule`, the algorithm ``rabenseifner``): the reduce-scatter half, then
+every rank's block to the root in one step (Rabenseifner's reduce), or the root's blocks to
+every rank in one step, then the allgather half (van de Geijn's broadcast). Each half: N−1
+steps, (N−1)/N·count per rank, (N−1)/N·T_F.
 
 Steps: 2(N−1) (none for N = 1); with pipelining (N−1)·(P+1). Each rank sends and receives
 2(N−1)/N·count elements, the lower bound for any allreduce in which every rank sends the same

@@ -19,6 +19,15 @@ balanced segments and tree step s handles segment j in schedule step (s − 1) +
 segments from its children. Within a step a node's send and its writes are different
 segments, so the schedule stays hazard-free. S is capped at the range length.
 
+Reduce and broadcast (:func:`rooted_tree_schedule`, :func:`multitree_rooted_schedule`). A
+single tree rooted at the call's root (its own KL tree, generated for that root) runs one
+half: the reduction toward the root, or the broadcast from it, D + S − 1 steps, the root
+receiving or sending D·count: the latency-bound choice. The multi-trees keep their own roots:
+range i is reduced over tree i to root i and then sent to the call's root in one direct step
+(a broadcast: the root sends range i to root i first, then tree i broadcasts it), D + S steps,
+each link carrying about (n−1)/n·count spread over the trees, the root (n−1)/n·count in its
+direct step: the bandwidth-bound choice.
+
 Steps: 2·(D + S − 1), D = the tree depth (⌈log2 n⌉ for the balanced trees of
 :func:`~bmlmpi.topology.trees.binary_tree`; the maximum depth over the trees for a multi-tree);
 none for n = 1.
@@ -130,6 +139,56 @@ def rooted_tree_schedule(collective: str, rank: int, size: int, count: int, tree
                     collective=collective, root=tree.root,
                     inputs=coll.plain_inputs(rank, count, tree.root, None),
                     outputs=coll.plain_outputs(rank, count, tree.root, None))
+
+def multitree_rooted_schedule(collective: str, rank: int, size: int, count: int,
+                              trees: Sequence[Tree], root: int, segments: int = 1) -> Schedule:
+    """A reduce to ``root`` (``collective="reduce"``): range i of n balanced ranges reduced
+    over ``trees[i]`` to its own root, all trees at once, then every tree root sends its
+    range to ``root`` in one step; or a broadcast from ``root`` (``"bcast"``): ``root`` sends
+    range i to the root of ``trees[i]`` in one step, then every tree broadcasts its range.
+    The n trees spread the reduction over every link as the allreduce's multi-tree does; the
+    one direct step costs ``root`` (n−1)/n·count. Steps D + S (D the deepest tree)."""
+    check_arguments(rank, size, count, segments)
+    if len(trees) != size or any(t.size != size for t in trees):
+        raise ValueError(f"need {size} trees of {size} nodes each, got "
+                         f"{[t.size for t in trees]}")
+    if not 0 <= root < size:
+        raise ValueError(f"root {root} outside [0, {size})")
+    if collective not in ("reduce", "bcast"):
+        raise ValueError(f"multi-trees to a root serve reduce and bcast, not {collective!r}")
+    ranges = balanced_bounds(0, count, size)
+    longest = max(ranges[i + 1] - ranges[i] for i in range(size))
+    segs = max(1, min(segments, longest))
+    depth = max(t.depth for t in trees)
+    phase = depth + segs - 1 if depth else 0
+    sends: list[list[Transfer]] = [[] for _ in range(phase)]
+    recvs: list[list[Recv]] = [[] for _ in range(phase)]
+    reducing = collective == "reduce"
+    if phase:
+        for i, tree in enumerate(trees):
+            _add_tree(sends, recvs, rank, tree, ranges[i], ranges[i + 1], segs, i,
+                      None if reducing else 0, reduce=reducing)
+    # range i between its tree's root and ``root``, one message each, on stream i
+    away = [(i, t.root) for i, t in enumerate(trees) if t.root != root]
+    if reducing:
+        direct = Step(tuple(Transfer(root, ranges[i], ranges[i + 1], stream=i)
+                            for i, r in away if r == rank),
+                      tuple(Recv(r, ranges[i], ranges[i + 1], stream=i)
+                            for i, r in away if rank == root))
+    else:
+        direct = Step(tuple(Transfer(r, ranges[i], ranges[i + 1], stream=i)
+                            for i, r in away if rank == root),
+                      tuple(Recv(root, ranges[i], ranges[i + 1], stream=i)
+                            for i, r in away if r == rank))
+    body = [Step(tuple(a), tuple(b)) for a, b in zip(sends, recvs, strict=True)]
+    steps = [] if size == 1 else (body + [direct]) if reducing else ([direct] + body)
+    coll = collective_record(collective)
+    return Schedule("multitree", rank, size, count, compact(steps), streams=size,
+                    meta={"roots": tuple(t.root for t in trees), "depth": depth,
+                          "segments": segs},
+                    collective=collective, root=root,
+                    inputs=coll.plain_inputs(rank, count, root, None),
+                    outputs=coll.plain_outputs(rank, count, root, None))
 
 def tree_schedules(size: int, count: int, tree: Tree, segments: int = 1) -> list[Schedule]:
     return [tree_schedule(r, size, count, tree, segments) for r in range(size)]

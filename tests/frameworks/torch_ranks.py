@@ -99,7 +99,8 @@ def collectives(rank: int, n: int, gloo, groups: dict) -> None:
             lb = [torch.empty(count, dtype=dt) for _ in range(n)]
             dist.all_gather(la, x)
             dist.all_gather(lb, x, group=gloo)
-            check(f"all_gather_list[{count},{dt}]", all(equal(p, q) for p, q in zip(la, lb, strict=True)))
+            check(f"all_gather_list[{count},{dt}]",
+                  all(equal(p, q) for p, q in zip(la, lb, strict=True)))
             for root in range(n):
                 a = data(count, dt, rank, salt=5 + root)
                 b = a.clone()

@@ -531,3 +531,119 @@ def test_device_exporters_match_mpi4py_on_the_same_values(comm, exporter):
         if not np.array_equal(ref, expected(n, range(comm.size), np.float32, opname)):
             failures.append(f"{opname}: mpi4py gave {ref}")
     all_ranks_agree(comm, failures)
+
+
+# -- the collective family (docs/collectives.md) ----------------------------------------------
+
+def _family_forms(arr: np.ndarray, blocks: int = 1):
+    """The buffer spec forms of mpi4py 4.1 for ``arr`` (float64), each a fresh spec; the
+    count of a buffer of ``blocks`` blocks (one per rank) is one block's, as mpi4py reads it."""
+    mpi_t = MPI.DOUBLE
+    return {
+        "array": lambda a: a,
+        "[buf, datatype]": lambda a: [a, mpi_t],
+        "[buf, count, datatype]": lambda a: [a, a.size // blocks, mpi_t],
+        "[buf, (count, displ), datatype]": lambda a: [a, (a.size // blocks, 0), mpi_t],
+        "[buf, typecode]": lambda a: [a, "d"],
+        "array.array": None,  # built below: its own memory
+        "Fortran 2-D": None,
+    }
+
+
+def _as_form(form: str, a: np.ndarray, blocks: int = 1):
+    """(the spec of form ``form`` holding ``a``'s values, a function reading it back)."""
+    if form == "array.array":
+        buf = array.array("d", a.tolist())
+        return buf, lambda: np.array(buf, dtype=np.float64)
+    if form == "Fortran 2-D" and a.size % 2 == 0 and a.size:
+        f = np.asfortranarray(a.reshape(2, -1, order="F"))
+        return f, lambda: f.reshape(-1, order="F").copy()
+    if form == "Fortran 2-D":
+        b = a.copy()
+        return b, lambda: b.copy()
+    c = a.copy()
+    return _family_forms(a, blocks)[form](c), lambda: c.copy()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "reduce", "bcast"])
+def test_family_buffer_spec_forms_match_mpi4py(comm, collective):
+    """Every spec form mpi4py 4.1 takes, for sendbuf and recvbuf alike, through mpi4py and
+    through every algorithm of the collective: the same values, or both refuse."""
+    size, rank = comm.size, comm.rank
+    failures = []
+    k = 4
+    x = ((np.arange(k * size) * 7 + rank * 3) % 11).astype(np.float64)
+    for form in _family_forms(x):
+        outs = {}
+        for who in ["mpi4py", *bmlmpi.algorithms(collective)]:
+            if collective == "reduce_scatter":
+                send, _ = _as_form(form, x, size)
+                recv, read = _as_form(form, np.full(k, -1.0))
+                args = (send, recv, MPI.SUM)
+                method = "Reduce_scatter_block"
+            elif collective == "allgather":
+                send, _ = _as_form(form, x[:k])
+                recv, read = _as_form(form, np.full(k * size, -1.0), size)
+                args = (send, recv)
+                method = "Allgather"
+            elif collective == "reduce":
+                send, _ = _as_form(form, x)
+                recv, read = _as_form(form, np.full(k * size, -1.0))
+                args = (send, recv, MPI.MAX, size - 1)
+                method = "Reduce"
+            else:
+                recv, read = _as_form(form, x if rank == size // 2 else np.full(k * size, -1.0))
+                args = (recv, size // 2)
+                method = "Bcast"
+            try:
+                if who == "mpi4py":
+                    getattr(comm, method)(*args)
+                else:
+                    getattr(bmlmpi, method)(*args, comm=comm, algorithm=who)
+                outs[who] = read()
+            except Exception as exc:  # noqa: BLE001 - compared across callers below
+                outs[who] = type(exc).__name__
+        ref = outs["mpi4py"]
+        for who, got in outs.items():
+            same = (isinstance(ref, str) and isinstance(got, str)) or (
+                not isinstance(ref, str) and not isinstance(got, str)
+                and np.array_equal(got, ref))
+            if collective == "reduce" and rank != size - 1 and not isinstance(got, str):
+                same = not isinstance(ref, str)
+            if not same:
+                failures.append(f"{form} {who}: {got!r} vs mpi4py {ref!r}")
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_family_refusals_match_mpi4py(comm):
+    """Calls mpi4py refuses on every rank are refused by bmlmpi on every rank too."""
+    size = comm.size
+    cases = [
+        # IN_PLACE reduce-scatter without recvcounts: mpi4py raises TypeError
+        ("Reduce_scatter", lambda: (MPI.IN_PLACE, np.zeros(2 * size))),
+        # an in-place block reduce-scatter whose count does not divide by size
+        ("Reduce_scatter_block", lambda: (MPI.IN_PLACE, np.zeros(2 * size + 1)))
+        if size > 1 else None,
+        # an allgather receive buffer that is not size slots
+        ("Allgather", lambda: (np.zeros(2), np.zeros(2 * size + 1))) if size > 1 else None,
+    ]
+    failures = []
+    for case in cases:
+        if case is None:
+            continue
+        method, make = case
+        raised = []
+        for target in (comm, bmlmpi):
+            try:
+                if target is comm:
+                    getattr(comm, method)(*make())
+                else:
+                    getattr(bmlmpi, method)(*make(), comm=comm)
+                raised.append(None)
+            except Exception as exc:  # noqa: BLE001 - compared below
+                raised.append(type(exc).__name__)
+        if raised[0] is None or raised[1] is None:
+            failures.append(f"{method}: mpi4py {raised[0]}, bmlmpi {raised[1]}")
+    all_ranks_agree(comm, failures)

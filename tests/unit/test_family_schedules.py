@@ -80,6 +80,19 @@ def test_every_bcube_factorisation_verifies():
                 verify(algorithms.schedules("bml", ctx))
 
 
+def test_hierarchical_reduce_and_bcast_verify_on_two_tiers():
+    from bmlmpi.topology.nodes import Nodes, consecutive_nodes
+    cases = [consecutive_nodes(n, r) for n in (2, 4, 6, 8, 9, 12) for r in (2, 3, 4) if r < n]
+    cases += [Nodes(((0, 1, 2), (3,), (4, 5))), Nodes(((0, 3), (1, 2, 4, 5), (6,)))]
+    for nodes in cases:
+        n = nodes.size
+        for coll in ("reduce", "bcast"):
+            for count in (0, 1, n - 1, 2 * n + 1, 300):
+                for root in sorted({0, n // 2, n - 1}):
+                    verify(algorithms.schedules("hierarchical", Context(
+                        n, count, 4, collective=coll, root=root, nodes=nodes)))
+
+
 def test_ring_halves_move_what_theory_says():
     size, counts = 5, (4, 0, 7, 1, 3)
     rs = algorithms.schedules("ring", Context(size, 15, 4, collective="reduce_scatter",
@@ -91,6 +104,12 @@ def test_ring_halves_move_what_theory_says():
         assert rs[r].sent_elements() == 15 - counts[r]
         assert ag[r].sent_elements() == 15 - counts[(r + 1) % size]
         assert rs[r].received_elements() == 15 - counts[(r - 1) % size]
+    # BML's halves on BCube(3,2), equal blocks: (N−1)/N of the data each, in k = 2 steps
+    for coll in ("reduce_scatter", "allgather"):
+        for s in algorithms.schedules("bml", Context(9, 9 * 18, 4, collective=coll,
+                                                     shape=(3, 3))):
+            assert s.sent_elements() == s.received_elements() == 8 * 18
+            assert s.nsteps == 2
 
 
 # -- the verifier's contract rules -------------------------------------------------------------
@@ -169,7 +188,7 @@ def test_a_broadcast_must_carry_the_roots_data():
 
 def test_the_records_list_each_collectives_algorithms():
     assert select.algorithms() == ["auto", "bml", "ring", "tree", "multitree", "hierarchical",
-                                   "native"]
+                                   "shm", "native"]
     for coll in NAMES:
         names = select.algorithms(coll)
         assert names[0] == "auto" and names[-1] == "native"
@@ -237,3 +256,36 @@ def test_auto_without_a_native_timing_for_the_collective_uses_the_fixed_rule():
 def test_shapes_resolve_as_the_communicator_does():
     assert Context(12, 5).radices() == tuple(default_shape(12))
     assert Context(9, 5, shape="3x3").radices() == (3, 3)
+
+
+# -- the cost model per collective -------------------------------------------------------------
+
+def test_the_model_prices_each_half_of_bml_at_one_kth_of_a_one_nic_fat_tree():
+    """BCube(3,2), 18 pieces: BML's reduce-scatter and allgather each take (N−1)/(kN)·T_F =
+    8·T_C = 4/9·T_F (half of the paper's Fig. 4 walk-through, 16·T_C), ring's on the one-NIC
+    Fat-Tree twin (N−1)/N·T_F = 8/9·T_F: the 1/k effect, per half."""
+    from fractions import Fraction as F
+
+    from bmlmpi.model import BCubeNetwork, FatTree
+    count = 18 * 9 * 4
+    for coll in ("reduce_scatter", "allgather"):
+        bml = algorithm_cost("bml", count, 4, 9, BCubeNetwork((3, 3)), collective=coll)
+        ring = algorithm_cost("ring", count, 4, 9, FatTree(9), collective=coll)
+        assert bml.t_f == F(4, 9) and bml.nsteps == 2
+        assert ring.t_f == F(8, 9) and ring.nsteps == 8
+    # reduce and broadcast: the two halves, 2(N−1)/(kN)·T_F, as the allreduce
+    for coll in ("reduce", "bcast"):
+        bml = algorithm_cost("bml", count, 4, 9, BCubeNetwork((3, 3)), collective=coll,
+                             root=4)
+        assert bml.t_f == F(8, 9) and bml.nsteps == 4
+
+
+def test_auto_prices_each_collective_against_its_own_native_call():
+    natives = tuple((coll, b, t) for coll in FAMILY for b, t in ((8, 1e-8), (1 << 22, 1.0)))
+    slow_native = Calibration(alpha=1e-6, beta=1e-10, natives=natives)
+    for coll in FAMILY:
+        kw = {"root": 1} if coll in ("reduce", "bcast") else {}
+        pick = select.choose(1 << 20, 4, 4, slow_native, collective=coll, **kw)
+        assert pick in select.algorithms(coll)[1:-1]  # a schedule beats a 1 s native call
+        assert select.choose(2, 4, 4, slow_native, collective=coll, **kw) == "native"
+        assert select.choose_collective(coll, 1 << 20, 4, 4) == "native"  # uncalibrated

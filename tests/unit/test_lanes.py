@@ -17,13 +17,17 @@ import numpy as np
 import pytest
 
 from bmlmpi.execute import Plan
+from bmlmpi.schedules import algorithms
+from bmlmpi.schedules.algorithms import Context
 from bmlmpi.schedules.bml import bml_schedules
+from bmlmpi.schedules.collectives import collective
 from bmlmpi.schedules.recovery import bcube_recovery_schedules
 from bmlmpi.schedules.ring import ring_schedules
 from bmlmpi.schedules.tree import multitree_schedules, tree_schedules
 from bmlmpi.schedules.types import Recv, Schedule, Step, Transfer, streams_are_independent
 from bmlmpi.topology.bcube import default_shape
 from bmlmpi.topology.links import flat_links
+from bmlmpi.topology.nodes import Nodes, consecutive_nodes
 from bmlmpi.topology.trees import binary_tree, multi_trees
 
 
@@ -32,17 +36,20 @@ def plan_of(sched: Schedule) -> Plan:
 
 
 def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None,
-             separate_input: bool = False) -> dict:
+             separate_input: bool = False, start: dict | None = None) -> dict:
     """Run every rank's Plan with lanes advanced in a random order; return the buffers.
 
     ``separate_input``: as a Run given ``src`` does, the input stays in its own buffer and
     only the copies of :meth:`Plan.deferred` move it into the result, which starts as
-    garbage; sends the analysis marks read the input."""
+    garbage; sends the analysis marks read the input. ``start``: each rank's work buffer
+    as it enters step 0 (another collective's, filled through its input copies); then the
+    buffers are returned unchecked."""
     rng = random.Random(seed)
     live = live if live is not None else [s.rank for s in scheds]
     count = scheds[0].count
     plans = {s.rank: plan_of(s) for s in scheds}
-    bufs = {r: (np.arange(count, dtype=np.int64) * 1000 + r) * (r + 1) for r in live}
+    bufs = start if start is not None else \
+        {r: (np.arange(count, dtype=np.int64) * 1000 + r) * (r + 1) for r in live}
     inputs = {r: b.copy() for r, b in bufs.items()}
     copies = {r: plans[r].deferred() for r in live} if separate_input else None
     if separate_input:
@@ -107,6 +114,8 @@ def simulate(scheds: list[Schedule], seed: int, live: list[int] | None = None,
         for r in live:
             for lo, hi in copies[r].final:
                 bufs[r][lo:hi] = inputs[r][lo:hi]
+    if start is not None:
+        return bufs
     want = sum(inputs[r] for r in live)
     for r in live:
         np.testing.assert_array_equal(bufs[r], want, err_msg=f"rank {r}")
@@ -202,3 +211,86 @@ def test_touching_ranges_are_independent():
     steps = (Step((Transfer(1, 0, 4, stream=0), Transfer(1, 4, 8, stream=1)),
                   (Recv(1, 0, 4, stream=0, reduce=True), Recv(1, 4, 8, stream=1, reduce=True))),)
     assert streams_are_independent(Schedule("crafted", 0, 2, 8, steps, streams=2))
+
+
+# -- the rest of the family: the same lanes, then the collective's own result -----------------
+
+GARBAGE = -(10 ** 12)
+
+
+def simulate_family(scheds: list[Schedule], seed: int) -> None:
+    """Run a reduce-scatter, allgather, reduce or broadcast through random lane interleavings
+    (inputs copied in, the lanes, outputs copied out, as ``collective_run`` does) and compare
+    every rank's output with the collective's result computed directly."""
+    first = scheds[0]
+    size, count, root, counts = first.size, first.count, first.root, first.counts
+    coll = collective(first.collective)
+    inputs = {s.rank: (np.arange(coll.input_size(s.rank, count, root, counts), dtype=np.int64)
+                       * 1000 + s.rank + 1) * (s.rank + 1) for s in scheds}
+    start = {}
+    for s in scheds:
+        work = np.full(count, GARBAGE, dtype=np.int64)
+        for c in s.input_copies():
+            work[c.at:c.at + c.n] = inputs[s.rank][c.lo:c.hi]
+        start[s.rank] = work
+    work = simulate(scheds, seed, start=start)
+    off = [0]
+    for c in counts or ():
+        off.append(off[-1] + c)
+    for s in scheds:
+        r = s.rank
+        out = np.full(coll.output_size(r, count, root, counts), GARBAGE, dtype=np.int64)
+        for c in s.output_copies():
+            out[c.at:c.at + c.n] = work[r][c.lo:c.hi]
+        if first.collective == "reduce_scatter":
+            want = sum(inputs[j][off[r]:off[r + 1]] for j in range(size))
+        elif first.collective == "allgather":
+            want = np.concatenate([inputs[j] for j in range(size)])
+        elif first.collective == "reduce":
+            want = sum(inputs[j] for j in range(size)) if r == root else out
+        else:
+            want = inputs[root]
+        np.testing.assert_array_equal(out, want, err_msg=f"{first.collective} rank {r}")
+
+
+def family(name, coll, size, shape=None, **kw):
+    def make(count):
+        counts = None
+        if coll in ("reduce_scatter", "allgather"):
+            counts = tuple((count * (i + 1) + i) % 11 for i in range(size))
+            count = sum(counts)
+        return algorithms.schedules(name, Context(size, count, 4, collective=coll,
+                                                  counts=counts, shape=shape, **kw))
+    return make
+
+
+FAMILY_CASES = [
+    ("ring rs 5x3", family("ring", "reduce_scatter", 5, segments=3)),
+    ("ring rs 2 pipelined", family("ring", "reduce_scatter", 2, pipeline=4)),
+    ("ring ag 4x2", family("ring", "allgather", 4, segments=2)),
+    ("bml rs 2x2", family("bml", "reduce_scatter", 4, (2, 2))),
+    ("bml rs 2x3 pipelined", family("bml", "reduce_scatter", 6, (2, 3), pipeline=3)),
+    ("bml rs 2x2x3", family("bml", "reduce_scatter", 12, (2, 2, 3))),
+    ("bml ag 3x3", family("bml", "allgather", 9, (3, 3))),
+    ("bml ag 2x2x2", family("bml", "allgather", 8, (2, 2, 2))),
+    ("bml reduce 3x2 root 4", family("bml", "reduce", 6, (3, 2), root=4)),
+    ("bml bcast 2x2x2 root 5", family("bml", "bcast", 8, (2, 2, 2), root=5)),
+    ("tree reduce 7 root 3", family("tree", "reduce", 7, root=3, segments=3)),
+    ("tree bcast 6 root 5", family("tree", "bcast", 6, root=5, segments=2)),
+    ("multitree reduce 6 root 2", family("multitree", "reduce", 6, root=2, segments=2)),
+    ("multitree bcast 5 root 4", family("multitree", "bcast", 5, root=4)),
+    ("hierarchical reduce 3x2 root 3", family("hierarchical", "reduce", 6, root=3,
+                                              nodes=consecutive_nodes(6, 2))),
+    ("hierarchical bcast 2+1+3 root 4", family("hierarchical", "bcast", 6, root=4,
+                                               nodes=Nodes(((0, 1), (2,), (3, 4, 5))))),
+    ("rabenseifner reduce 5 root 2", family("rabenseifner", "reduce", 5, root=2)),
+    ("rabenseifner bcast 4 root 3", family("rabenseifner", "bcast", 4, root=3, segments=2)),
+]
+
+
+@pytest.mark.parametrize("name,make", FAMILY_CASES, ids=[c[0] for c in FAMILY_CASES])
+@pytest.mark.parametrize("count", [0, 1, 7, 37])
+def test_random_lane_interleavings_give_each_collective(name, make, count):
+    scheds = make(count)
+    for seed in range(3):
+        simulate_family(scheds, seed)

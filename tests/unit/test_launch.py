@@ -66,3 +66,19 @@ def test_a_complete_set_of_notes_decides_over_mpiexec(tmp_path):
     out = launch.read_outcome(tmp_path)
     assert out.status(183, tolerate_lost=False, ranks=2) == 0   # a failed spawn, handled
     assert out.status(183, tolerate_lost=False, ranks=3) == 183  # rank 2 wrote nothing
+
+
+def test_the_jobs_heartbeat_folders_are_removed(tmp_path):
+    import socket
+    beat = tmp_path / "bmlmpi-hb-0123"
+    beat.mkdir()
+    (beat / "0").write_bytes(b"x")
+    other = tmp_path / "bmlmpi-hb-4567"   # another host's (or another job's): kept
+    other.mkdir()
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    _notes(notes, 1, {"event": "start", "rank": 0, "heartbeat": str(beat),
+                      "host": socket.gethostname()})
+    _notes(notes, 2, {"event": "start", "rank": 1, "heartbeat": str(other), "host": "elsewhere"})
+    launch.remove_heartbeats(notes)
+    assert not beat.exists() and other.exists()

@@ -295,6 +295,14 @@ def test_calibration_broadcast_vector_round_trip():
     back = _unpack(_pack(c), {})
     assert back == c and back.corrections == c.corrections
     assert _unpack(_pack(None), {}) is None
+    # the other collectives' native points travel too
+    from bmlmpi.calibrate import FAMILY, FAMILY_BYTES
+    natives = tuple((coll, b * 8, 1e-6 * (i + 1)) for i, coll in enumerate(FAMILY)
+                    for b in FAMILY_BYTES)
+    c2 = Calibration(alpha=1e-6, beta=2e-10, native=((8, 1e-6),), natives=natives)
+    assert _unpack(_pack(c2), {}).natives == c2.natives
+    assert c2.native_seconds(64, "bcast") == 4e-6
+    assert c2.native_seconds(64, "reduce") == 3e-6 and c2.native_seconds(64) == 1e-6
 
 
 def test_cache_round_trip(tmp_path):
