@@ -5,10 +5,9 @@ tests/ft/trace_ranks.py SPEC`` (``--ft`` so that the job outlives the killed ran
 JSON: ``{"timeout": T, "dir": BASE}``. Each scenario runs on a fresh communicator whose
 flight recorder dumps into ``BASE/<scenario>``, in this order:
 
-``skip``      ring allreduces alternating SUM and MAX (the same bytes on the wire, so a
-              shifted call still completes); rank 1 skips loop call 3, then every rank makes
-              one call of a new count: the others are one call behind rank 1, so every rank
-              waits until its deadline.
+``skip``      ring allreduces alternating SUM and MAX; rank 1 skips loop call 3, so its next
+              call (SUM) meets the others' MAX: each signature's messages have tags of their
+              own, so every rank waits in that call until its deadline.
 ``count``     rank 2 passes 999 elements instead of 1000 on loop call 2, after the signature's
               first call: rank 2 waits in the argument check, the others in the ring.
 ``stop``      rank 3 stops itself (SIGSTOP) before loop call 2; rank 0, once its call has
@@ -107,7 +106,7 @@ def stop(started: list[float], timeout: float, pids: list[int]) -> None:
 def kill(started: list[float], timeout: float) -> None:
     world = MPI.COMM_WORLD
     c = bmlmpi.Communicator(world, algorithm="ring", fault_tolerant=True, timeout=timeout,
-                            hang_timeout=timeout)
+                            hang_timeout=timeout / 2)
     a = np.arange(1000, dtype=np.float64) + world.rank
     b = np.empty_like(a)
     c.Allreduce(a, b)
