@@ -42,6 +42,7 @@ from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
+from .shm import NodeTier, ShmPlan, ShmRun
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
@@ -278,6 +279,11 @@ class _Outstanding:
         self.owner._wait(self)
 
 
+def _run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
+    """The executor of a compiled plan: messages, or shared-memory steps."""
+    return ShmRun if isinstance(plan, ShmPlan) else Run
+
+
 def _signature_hash(parts: tuple) -> int:
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") >> 1  # non-negative int64
@@ -423,6 +429,7 @@ class Communicator(FamilyCalls):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._plans: dict[tuple, Plan] = {}
+        self._tier: NodeTier | None = None
         self._validated: set[int] = set()
         self._calls = 0
         self._active: list[_Outstanding] = []
@@ -543,6 +550,10 @@ class Communicator(FamilyCalls):
         if self._fast is not None:
             self._fast.clear()
         self._repeat = None
+        if self._tier is not None:
+            if self._tier.comm is self._comm:
+                self._tier.free()
+            self._tier = None
         if self._mailbox is not None:
             self._mailbox.close()
         held = any(isinstance(h, tuple) for h in self._held)
@@ -878,8 +889,8 @@ class Communicator(FamilyCalls):
         self._callno = seq = self._callno + 1
         entry.calls += 1
         what = entry.what
-        run = Run(entry.plan, out, entry.name, tag_base, lambda: f"{what}, call {seq})",
-                  src=src)
+        run = _run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
+                                  lambda: f"{what}, call {seq})", src=src)
         try:
             run.drive(self.timeout, self._interrupt(seq))
         except DeadlineExceeded as exc:
@@ -1035,7 +1046,7 @@ class Communicator(FamilyCalls):
                                                      call.op)))
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
-        return Run(plan, out, call.op, tag_base, label, finish, src=call.src)
+        return _run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
 
     def _tag_base(self, kind: int = 0, sig: int = 0) -> int:
         """The tag base of the next call (every call advances the count): the call's slot in
@@ -1122,10 +1133,10 @@ class Communicator(FamilyCalls):
         if isinstance(compiled, MPI.Prequest):
             compiled.Start()
             run: Run | NativeRun = NativeRun(compiled, finish, self.rank, label)
-        elif isinstance(compiled, Plan):
+        elif isinstance(compiled, Plan | ShmPlan):
             if call.collective == "allreduce":
-                run = Run(compiled, call.out, call.op, self._tag_base(), label, finish,
-                          src=call.src)
+                run = _run_of(compiled)(compiled, call.out, call.op, self._tag_base(), label,
+                                        finish, src=call.src)
             else:
                 run = self._launch_family(call, label, finish)
         else:
@@ -1174,17 +1185,38 @@ class Communicator(FamilyCalls):
         return plan
 
     def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
-        """This rank's schedule of ``algorithm`` over the current members."""
+        """This rank's schedule of ``algorithm`` over the current members (hierarchical's
+        node tier in shared memory where every node's ranks share it; ``shm`` refused on
+        every rank alike when the communicator spans nodes)."""
         record = algorithms.get(algorithm)
+        intra = "ring"
+        if algorithm == "shm":
+            self._node_tier().require_one_node()
+        elif algorithm == "hierarchical" and self._node_tier().fits:
+            intra = "shm"
         return record.build(algorithms.Context(
             self.size, count, itemsize, self.rank, shape=self.shape, links=self._links,
-            nodes=self.nodes() if record.tiered else None))
+            nodes=self.nodes() if record.tiered else None, intra=intra))
 
-    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
-        """The schedule bound to this communicator (BCube levels on their own communicators)."""
+    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
+        """The schedule bound to this communicator (BCube levels on their own communicators,
+        shared-memory steps on the node's window)."""
+        sched = self._schedule(algorithm, count, itemsize)
+        if sched.uses_shm:
+            return self._node_tier().bind(sched, itemsize)
         levels = [] if algorithms.get(algorithm).tiered else self._levels
-        return registry.bind(self._schedule(algorithm, count, itemsize), self._comm, levels,
-                             self.shape)
+        return registry.bind(sched, self._comm, levels, self.shape)
+
+    def _node_tier(self) -> NodeTier:
+        """This rank's node of the current communicator (made on first use, collective;
+        remade, the old one dropped without a collective, after the members changed)."""
+        tier = self._tier
+        if tier is not None and tier.comm is self._comm:
+            return tier
+        if tier is not None:
+            tier.abandon()
+        tier = self._tier = NodeTier(self._comm, self.nodes(), self.timeout)
+        return tier
 
     @contextmanager
     def _failure_noted(self) -> Iterator[None]:

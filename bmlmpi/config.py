@@ -192,6 +192,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_SPIN", "seconds", 0.05, "0.05",
              "seconds a wait polls continuously (yielding the core) before it sleeps between "
              "polls", _seconds_or_zero),
+    Variable("BMLMPI_SHM_CHUNK", "bytes", 256 * 1024, "262144",
+             "bytes of one rank's slice of a chunk in the shared-memory allreduce (`shm`, "
+             "the node tier of `hierarchical`)", _count(1)),
     Variable("BMLMPI_KERNEL", "back end", "auto", "auto",
              "CPU reduction back end: `auto`, `numpy` or `numba`", _kernel_mode),
     Variable("BMLMPI_KERNEL_THREADS", "count", None, "CPUs / ranks on the node",

@@ -129,6 +129,8 @@ class Plan:
     def __init__(self, sched: Schedule, comms: list[MPI.Comm],
                  level_peer: Callable[[int, int], tuple[int, int]]):
         """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``."""
+        if sched.uses_shm:
+            raise ValueError("a schedule with shared-memory steps runs on bmlmpi.shm")
         self.sched = sched
         self.comms = comms
         if (sched.streams > 1 and not _placed_on_levels(sched)

@@ -423,7 +423,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             if sched is not None:
                 current = {orig: cur for cur, orig in enumerate(self._members)}
                 return Plan(sched, [self._comm], lambda level, peer: (0, current[peer]))
-        return Plan.flat(self._schedule(algorithm, count, itemsize), self._comm)
+        sched = self._schedule(algorithm, count, itemsize)
+        if sched.uses_shm:  # shared-memory steps: the node's window of the current members
+            return self._node_tier().bind(sched, itemsize)
+        return Plan.flat(sched, self._comm)
 
     @contextlib.contextmanager
     def _failure_noted(self) -> Iterator[None]:

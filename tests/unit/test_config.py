@@ -37,6 +37,7 @@ BAD_VALUES = {
     "BMLMPI_EXPECT_SIZE": ["0", "-3", "nine"],
     "BMLMPI_RANKS_PER_NODE": ["0", "-2", "x", "1.5"],
     "BMLMPI_FUSION_BYTES": ["0", "-1", "25MiB", "1.5"],
+    "BMLMPI_SHM_CHUNK": ["0", "-1", "256KiB", "1.5"],
     "BMLMPI_BLOCKING": ["poll", "off", "abort", "1"],
     "BMLMPI_CHECK": ["first", "always", "1", "every"],
 }
