@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import threading
 import weakref
@@ -37,14 +38,18 @@ from .execute import (
     wait_for,
     wait_request,
 )
-from .family import FamilyCall, FamilyCalls
+from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
+from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
+from .recorder import now as _now
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
 from .shm import NodeTier, ShmPlan, ShmRun
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
+
+_log = logging.getLogger("bmlmpi")
 
 #: The ops the fast path hands MPI as they are, by identity (an ``MPI.Op`` is unhashable).
 _FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
@@ -91,6 +96,12 @@ class PreparedCall:
     out: np.ndarray              # the result, ``count`` elements (a host view when staged)
     staging: Any                 # device buffers staged through host memory, else None
     requested: str               # the algorithm asked for ("auto" stays "auto")
+    slot: Slot | None = None     # the call in the flight recorder
+
+    def traced(self) -> Signature:
+        """The flight recorder's description of this call."""
+        return Signature("allreduce", int(self.out.size), self.out.dtype.name, self.op, None,
+                         self.requested, self.algorithm)
 
     collective = "allreduce"     # the family's calls are FamilyCall (bmlmpi.family)
 
@@ -210,10 +221,10 @@ class _FastCall:
     them resizable. The overlap check (``np.may_share_memory``: byte bounds, ~0.2 µs) runs
     on every call for that reason."""
 
-    __slots__ = ("op", "what", "plan", "name", "calls", "sig", "key")
+    __slots__ = ("op", "what", "plan", "name", "calls", "sig", "key", "traced")
 
     def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = "",
-                 sig: int = 0, key: tuple = ()):
+                 sig: int = 0, key: tuple = (), traced: Signature | None = None):
         self.op = op          # the op object of the key (held, so its id is not reused)
         self.what = what      # native: the watchdog's description; schedule: the Run's label
         self.plan = plan
@@ -221,6 +232,7 @@ class _FastCall:
         self.calls = 0        # schedules: calls that took this path
         self.sig = sig        # schedules: the signature's number (its tags, _tag_base)
         self.key = key        # schedules: the plan's key (algorithm, count, dtype, op)
+        self.traced = traced  # the flight recorder's signature of these calls
 
     @staticmethod
     def apart(send: np.ndarray, recv: np.ndarray) -> bool:
@@ -258,18 +270,28 @@ class _Outstanding:
     """A started allreduce of the plain communicator, polled until its run completes: the
     communicator's record behind a :class:`Request`."""
 
-    __slots__ = ("owner", "run", "done", "seq", "failed")
+    __slots__ = ("owner", "run", "done", "seq", "failed", "slot")
 
-    def __init__(self, owner: Communicator, run: Run | NativeRun, seq: int):
+    def __init__(self, owner: Communicator, run: Run | NativeRun, seq: int,
+                 slot: Slot | None = None):
         self.owner = owner
         self.run = run
         self.done = False
         self.seq = seq                          # the call's number on its communicator
         self.failed: BaseException | None = None  # why it was abandoned, raised when waited
+        self.slot = slot                        # the call in the flight recorder
+        if slot is not None:
+            slot.run = run
 
     def poll(self) -> bool:
         if not self.done:
-            self.done = self.run.test()
+            try:
+                self.done = self.run.test()
+            except BaseException as exc:
+                self.owner._call_failed(self.slot, exc, self.run)
+                raise
+            if self.done:
+                self.owner._call_done(self.slot)
         return self.done
 
     def test(self) -> bool:
@@ -301,6 +323,18 @@ def _check_mode(value: str | None) -> str:
     if value not in config.CHECK_MODES:
         raise ValueError(f"check must be one of {', '.join(config.CHECK_MODES)}, got {value!r}")
     return value
+
+
+def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
+    """``method`` called through a weak reference to its object (a watchdog thread must not
+    keep a dropped Communicator alive)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(report: str) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(report)
+    return call
 
 
 def _still_posted(run: Any) -> bool:
@@ -440,10 +474,18 @@ class Communicator(FamilyCalls):
         self._repeat: _Repeat | None = None
         self._native_fast = (config.get("BMLMPI_BLOCKING") == "watchdog"
                              and self.check == "first-call")
+        capacity = recorder_capacity()
+        self._recorder = (FlightRecorder(capacity, self.rank, self.size, type(self).__name__,
+                                         self.timeout) if capacity else None)
+        if self._recorder is not None:
+            from .timeline import attach
+            attach(self._recorder)
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
-                                  alarm=self._alarm_channel())
-        # a Communicator dropped without Free() still ends its watchdog thread
+                                  alarm=self._alarm_channel(),
+                                  before_abort=_weakly(self._watchdog_fired))
+        # a Communicator dropped without Free() still ends its watchdog thread (the watchdog
+        # holds it only weakly, above)
         weakref.finalize(self, self._watchdog.close)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         # each collective's calls cycle through their own block of the tag space
@@ -536,6 +578,53 @@ class Communicator(FamilyCalls):
         return (f"bmlmpi.Communicator(size={self.size}, rank={self.rank}, "
                 f"algorithm={self.algorithm!r}, topology={format_shape(self.shape)!r})")
 
+    # -- the flight recorder (bmlmpi.recorder) ------------------------------------------------
+    @property
+    def recorder(self) -> FlightRecorder | None:
+        """This communicator's flight recorder (None with ``BMLMPI_TRACE_CALLS=0``)."""
+        return self._recorder
+
+    def dump_trace(self, directory: str | None = None) -> str | None:
+        """Write this rank's flight recorder (its last ``BMLMPI_TRACE_CALLS`` calls) as JSON
+        into ``directory`` (default ``BMLMPI_TRACE_DIR``, else a per-job folder under the
+        temporary directory) and return the file's path; None when the recorder is off.
+        Local: each rank writes its own (``bmlmpi-trace DIR`` reads them all)."""
+        if self._recorder is None:
+            return None
+        from pathlib import Path
+        return str(self._recorder.dump("dump_trace()", None if directory is None
+                                       else Path(directory), announce=False))
+
+    def _call_done(self, slot: Slot | None) -> None:
+        if slot is not None:
+            self._recorder.done(slot)
+
+    def _call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
+        """Record that ``slot``'s call raised ``exc``; dump the recorder unless it was this
+        rank's own argument error (every rank raises that at once, nothing to diagnose)."""
+        rec = self._recorder
+        if rec is None or slot is None:
+            return
+        own_argument_error = (isinstance(exc, (ValueError, TypeError, BufferError, LookupError,
+                                               AttributeError))
+                              and not isinstance(exc, (ArgumentMismatch, RemoteArgumentError)))
+        rec.failed_call(slot, exc, run, dump=not (own_argument_error
+                                                  or isinstance(exc, KeyboardInterrupt)))
+
+    def _watchdog_fired(self, report: str) -> None:
+        """The watchdog is about to abort the job (its thread): the blocked call is failed in
+        the recorder, which is dumped."""
+        rec = self._recorder
+        if rec is None:
+            return
+        running = [s for s in rec.slots if s.seq >= 0 and s.t1 == 0.0]
+        if running:
+            rec.fail(max(running, key=lambda s: s.seq), TimeoutError(report))
+        try:
+            rec.dump("watchdog abort")
+        except OSError:
+            pass
+
     def Free(self) -> None:
         """Free bmlmpi's communicators. Refused (RuntimeError, nothing freed) while a
         started allreduce of this communicator has not completed: MPI would still write
@@ -611,10 +700,44 @@ class Communicator(FamilyCalls):
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
         mine = self._one_thread()
         try:
-            return self._submit(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
+            return self._begin(sendbuf, recvbuf, op, algorithm)[1]
         finally:
             if mine:
                 self._owner = None
+
+    def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
+               algorithm: str) -> tuple[PreparedCall, Request]:
+        """Prepare, record and submit one call (the checked path)."""
+        try:
+            call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+        except BaseException as exc:
+            self._refused("allreduce", algorithm, op, exc)
+            raise
+        return call, self._submit_recorded(call)
+
+    def _record(self, call: PreparedCall | FamilyCall) -> Slot | None:
+        """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``)."""
+        rec = self._recorder
+        call.slot = None if rec is None else rec.begin(call.traced())
+        return call.slot
+
+    def _submit_recorded(self, call: PreparedCall | FamilyCall) -> Request:
+        """:meth:`_submit`, the call entered in the flight recorder first."""
+        self._record(call)
+        try:
+            return self._submit(call)
+        except BaseException as exc:
+            self._call_failed(call.slot, exc)
+            raise
+
+    def _refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
+        """A call this rank refused before it was prepared: recorded (failed) all the same,
+        so that the sequence numbers of every rank's recorder stay in step."""
+        rec = self._recorder
+        if rec is not None:
+            name = op_name(op) if id(op) in _FAST_OPS else None
+            self._call_failed(rec.begin(Signature(collective, None, None, name, None,
+                                                  algorithm, None)), exc)
 
     # -- call numbers, notices, repair and revocation (docs/contracts.md) -------------------
     def _begin_call(self) -> int:
@@ -815,6 +938,16 @@ class Communicator(FamilyCalls):
                     return
                 # else the checked path says what is wrong with the buffers
             else:
+                # the flight recorder's begin and done, inline (bmlmpi.recorder)
+                rec = self._recorder
+                if rec is not None:
+                    n = rec.next
+                    rec.next = n + 1
+                    s = rec.slots[n % rec.capacity]
+                    s.seq = n
+                    s.sig = entry.traced
+                    s.t1 = 0.0
+                    s.t0 = _now()
                 watch = self._watchdog
                 watch.calls += 1
                 watch.current = entry.what
@@ -823,32 +956,41 @@ class Communicator(FamilyCalls):
                 except BufferError:
                     # mpi4py refused a buffer (not contiguous, read-only: flags can change
                     # between calls) before anything was sent: the slow path below gives
-                    # the same error, and announces it to the others
-                    pass
+                    # the same error, and announces it to the others (and records the call)
+                    if rec is not None:
+                        rec.next = n
+                except MPI.Exception as exc:
+                    self._call_failed(s if rec is not None else None, exc)
+                    raise
                 else:
                     self._callno += 1
+                    if rec is not None:
+                        s.t1 = _now()
+                        if rec.timeline is not None:
+                            rec.timeline.call(rec, s)
                     return
                 finally:
                     watch.current = None
-        call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
-        self._submit(call).Wait()
+        call, req = self._begin(sendbuf, recvbuf, op, algorithm)
+        req.Wait()
         key = self._fast_key(sendbuf, recvbuf, op, algorithm)
         if (key is None or key in self._fast or call.staging is not None
                 or not 0 < call.out.size == recvbuf.size):
             return
         # the first call of this signature ran, argument check and deadline included
+        sig = call.slot.sig if call.slot is not None else call.traced()
         if call.algorithm != "native":
             plan_key = (call.algorithm, call.out.size, call.out.dtype, call.op)
             plan = self._plans.get(plan_key)
             if plan is not None:
                 self._fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
                                                 f"{self.rank}", plan, call.op,
-                                            self._sig_id(plan_key), plan_key)
+                                            self._sig_id(plan_key), plan_key, sig)
         elif self._native_fast and id(op) in _FAST_OPS:
             self._fast[key] = _FastCall(_FAST_OPS[id(op)],
                                         f"bmlmpi native allreduce (blocking MPI_Allreduce of "
                                         f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
-                                        f"{self.rank} of {self.size})")
+                                        f"{self.rank} of {self.size})", traced=sig)
             self._watchdog.start()
 
     def _fast_key(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> tuple | None:
@@ -891,17 +1033,39 @@ class Communicator(FamilyCalls):
         what = entry.what
         run = _run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
                                   lambda: f"{what}, call {seq})", src=src)
+        rec = self._recorder
+        s = None
+        if rec is not None:
+            # the flight recorder's begin, inline (bmlmpi.recorder)
+            n = rec.next
+            rec.next = n + 1
+            s = rec.slots[n % rec.capacity]
+            s.seq = n
+            s.sig = entry.traced
+            s.t1 = 0.0
+            s.run = run
+            s.t0 = _now()
         try:
             run.drive(self.timeout, self._interrupt(seq))
         except DeadlineExceeded as exc:
+            self._call_failed(s, exc, run)
             self._held.append(run)
             self._gave_up(seq, exc)
             raise
-        except (RemoteArgumentError, CommunicatorRevoked):
+        except (RemoteArgumentError, CommunicatorRevoked) as exc:
+            self._call_failed(s, exc, run)
             self._hold(run)
+            raise
+        except BaseException as exc:
+            self._call_failed(s, exc, run)
             raise
         if entry.name == "avg":
             kernels.scale_avg(out, self.size)
+        if s is not None:
+            s.run = None
+            s.t1 = _now()
+            if rec.timeline is not None:
+                rec.timeline.call(rec, s)
 
     def _prepare(self, sendbuf, recvbuf, op, algorithm) -> PreparedCall:
         requested = algorithm
@@ -1019,7 +1183,7 @@ class Communicator(FamilyCalls):
         seq = self._callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
         entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)),
-                             seq)
+                             seq, call.slot)
         if not entry.poll():
             self._active.append(entry)
         return Request(entry)
@@ -1142,7 +1306,7 @@ class Communicator(FamilyCalls):
         else:
             run = self._launch(call, label, finish)
         self._callno += 1  # a start is a call: the same number on every rank
-        entry = _Outstanding(self, run, self._callno)
+        entry = _Outstanding(self, run, self._callno, self._record(call))
         if not entry.poll():
             self._active.append(entry)
         return entry
@@ -1271,11 +1435,13 @@ class Communicator(FamilyCalls):
         except DeadlineExceeded as exc:
             if entry in self._active:
                 self._active.remove(entry)
+            self._call_failed(entry.slot, exc, entry.run)
             self._held.append(entry.run)
             self._gave_up(entry.seq, exc)
             raise
-        except BaseException:
+        except BaseException as exc:
             # An abandoned allreduce must not be polled by later calls.
+            self._call_failed(entry.slot, exc, entry.run)
             if entry in self._active:
                 self._active.remove(entry)
                 self._hold(entry.run)
@@ -1306,10 +1472,48 @@ class Communicator(FamilyCalls):
         key = (count, itemsize)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose(count, itemsize, self.size, self.calibration, self.shape,
-                                   nodes=self._nodes_for_auto())
-            self._choices[key] = choice
+            why = select.explain(count, itemsize, self.size, self.calibration, self.shape,
+                                 nodes=self._nodes_for_auto())
+            choice = self._choices[key] = why.chosen
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug("auto (rank %d of %d) for a new signature: %s", self.rank,
+                           self.size, why)
         return choice
+
+    def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
+                collective: str = "allreduce") -> select.Explanation:
+        """What ``Allreduce`` of ``count`` elements of ``dtype`` with ``op`` runs on this
+        communicator, and why: the candidates ``auto`` priced (predicted seconds: the cost
+        model with this machine's calibration, and the model before the calibration's
+        measured correction), the one chosen and the rule that chose it
+        (:class:`bmlmpi.select.Explanation`; ``str()`` of it is a small table). Local: no
+        communication; every rank reaches the same answer. A communicator built with a named
+        algorithm explains that it runs it. ``collective``: also ``reduce_scatter``,
+        ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
+        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.select.
+        explain_collective`)."""
+        if collective not in ("allreduce", *COLLECTIVES):
+            raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
+                             f"{', '.join(COLLECTIVES)}")
+        if count < 0:
+            raise ValueError(f"explain: count must be >= 0, got {count}")
+        dt = np.dtype(dtype)
+        if collective in ("allreduce", *REDUCING):
+            check_dtype_op(dt, op_name(op))
+        asked = (self.algorithm if collective == "allreduce"
+                 else self._family_algorithm(collective, None))
+        if asked != "auto":
+            return select.Explanation(collective, int(count), dt.itemsize, self.size,
+                                      asked, "asked",
+                                      f"the communicator was built with "
+                                      f"algorithm={self.algorithm!r}")
+        if collective != "allreduce":
+            blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
+            return select.explain_collective(
+                collective, int(count), dt.itemsize, self.size, self.calibration, self.shape,
+                self._nodes_for_auto(), 0, (count // self.size,) * self.size if blocked else None)
+        return select.explain(int(count), dt.itemsize, self.size, self.calibration,
+                              self.shape, nodes=self._nodes_for_auto())
 
     def _find_links(self) -> np.ndarray:
         """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement.

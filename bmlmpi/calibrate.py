@@ -605,17 +605,26 @@ def main(argv: Sequence[str] | None = None,
          printer: Callable[[str], None] = print) -> int:
     import argparse
 
-    from .select import prefer_native
+    from . import select
 
     ap = argparse.ArgumentParser(prog="python -m bmlmpi.calibrate",
                                  description="Measure (or read) the cost-model calibration "
-                                             "and print the algorithm the model picks per size.")
+                                             "and print what auto picks per size, with the "
+                                             "predicted time of every algorithm it considers.")
     ap.add_argument("--fresh", action="store_true", help="ignore the cache and re-measure")
-    ap.add_argument("--algorithms", default="bml,ring,ps,tree,multitree,native",
-                    help="comma-separated candidates (default: %(default)s)")
+    ap.add_argument("--algorithms", default=None,
+                    help="comma-separated algorithms to price, among those auto can run "
+                         "(default: auto's own candidates on this communicator)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--itemsize", type=int, default=4)
     args = ap.parse_args(argv)
+    runnable = select.algorithms()[1:]  # every allreduce algorithm but auto
+    if args.algorithms is not None:
+        asked = [a.strip().lower() for a in args.algorithms.split(",") if a.strip()]
+        bad = [a for a in asked if a not in runnable]
+        if bad:
+            ap.error(f"not algorithms auto can run: {', '.join(bad)} (choose among "
+                     f"{', '.join(runnable)})")
     comm = MPI.COMM_WORLD
     start = time.perf_counter()
     calib = calibrate(comm, use_cache=not args.fresh)
@@ -639,15 +648,22 @@ def main(argv: Sequence[str] | None = None,
                                                   for a, b, f in calib.corrections))
     if "phases" in calib.meta:
         printer("phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in calib.meta["phases"].items()))
-    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  choice   (us)")
+    if size == 1:
+        printer("one rank: auto runs native at every size (MPI_Allreduce on one rank is a "
+                "copy, through the blocking fast path); nothing to price")
+        return 0
+    names = (select.candidates(args.max_bytes // args.itemsize, size)
+             if args.algorithms is None else asked)
+    if "hierarchical" in names:
+        names.remove("hierarchical")  # priced only where nodes are known (a Communicator)
+    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  auto's choice   (us)")
     nbytes = args.itemsize
     while nbytes <= args.max_bytes:
         count = nbytes // args.itemsize
         t = estimate(names, count, args.itemsize, size, calib=calib)
-        best = prefer_native(t)
+        choice = select.explain(count, args.itemsize, size, calib).chosen
         printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
-                                            for n in names) + f"  {best}")
+                                            for n in names) + f"  {choice}")
         nbytes *= 4
     return 0
 

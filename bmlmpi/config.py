@@ -229,6 +229,15 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_FAULT_TOLERANT", "boolean", False, "off",
              "torch backend `bmlmpi`: on: run on the fault-tolerant communicator "
              "(`bmlmpi-run --ft`)", parse_bool),
+    Variable("BMLMPI_TRACE_CALLS", "calls", 256, "256",
+             "calls each communicator's flight recorder keeps (the last ones); 0 turns it off",
+             _count(0)),
+    Variable("BMLMPI_TRACE_DIR", "directory", None, "`bmlmpi-trace-<job>` in the temp dir",
+             "where each rank writes its flight recorder (JSON) when a call fails, on SIGUSR1 "
+             "and on `dump_trace()`; read them with `bmlmpi-trace DIR`", _path),
+    Variable("BMLMPI_TIMELINE", "directory", None, "off",
+             "write a Chrome-trace timeline (Perfetto) of every call and step of each rank into "
+             "this folder; `bmlmpi-trace --timeline DIR` merges the ranks", _path),
 )}
 
 

@@ -245,8 +245,26 @@ class RunObserver:
         """The lane's step's reductions are applied (its sends may still be in flight on the
         blocking path of a one-lane plan, which completes them before the next post)."""
 
+    def sent(self, run: Run, lane: int) -> None:
+        """The blocking path of a one-lane plan: the step's sends, completed after its
+        reductions, are done (before the next post)."""
+
+    def finishing(self, run: Run) -> None:
+        """Every lane is done; the run's last copies from the input come next."""
+
+    def finished(self, run: Run) -> None:
+        """The run is complete (its last copies made, ``finish`` called)."""
+
 
 _observer: RunObserver | None = None
+
+
+def install_observer(observer: RunObserver | None) -> RunObserver | None:
+    """Install ``observer`` for every Run started from now on (the process's timeline,
+    :mod:`bmlmpi.timeline`); returns the one it replaces."""
+    global _observer
+    previous, _observer = _observer, observer
+    return previous
 
 
 @contextmanager
@@ -270,7 +288,7 @@ class Run:
     """
 
     __slots__ = ("plan", "buf", "src", "prog", "kop", "tag_base", "_label", "finish", "pos",
-                 "lane_reqs", "progress", "done", "scratch", "observer")
+                 "lane_reqs", "progress", "done", "scratch", "observer", "stalled")
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
                  label: str | Callable[[], str], finish: Callable[[], None] | None = None,
@@ -295,6 +313,7 @@ class Run:
         self.done = False
         self.scratch = plan.take_scratch(buf.dtype) if plan.scratch_elems else None
         self.observer = _observer
+        self.stalled: tuple[int, list[tuple[str, int]]] | None = None
 
     @property
     def label(self) -> str:
@@ -448,6 +467,8 @@ class Run:
             self._reduce(0)
             if sends and not _testall(sends):
                 self._poll(sends, timeout, clock, interrupt)
+            if self.observer is not None:
+                self.observer.sent(self, 0)
             self.lane_reqs[0] = None
             self.pos[0] += 1
             self.progress += 1
@@ -470,6 +491,9 @@ class Run:
             _back_off(now - start, spin)
 
     def _finalise(self) -> None:
+        observer = self.observer
+        if observer is not None:
+            observer.finishing(self)
         if self.src is not None:
             src, buf = self.src, self.buf
             for lo, hi in self.plan.deferred().final:
@@ -480,6 +504,25 @@ class Run:
         if self.finish is not None:
             self.finish()
         self.done = True
+        if observer is not None:
+            observer.finished(self)
+
+    def waiting(self) -> tuple[int, list[tuple[str, int]]]:
+        """(the step, 1-based, of the lowest lane still waiting; [("recv"|"send", peer in the
+        allreduce communicator), ...] of the transfers not yet complete), read without
+        completing any request (``MPI_Request_get_status``): the flight recorder asks this of
+        a run in progress, and of a stuck one before it is cancelled (:attr:`stalled`)."""
+        if self.stalled is not None:
+            return self.stalled
+        step, peers = self.step + 1, []
+        for lane, p, rs in zip(self.plan.lanes, self.pos, self.lane_reqs, strict=True):
+            if rs is None:
+                continue
+            sp = lane[p]
+            posts = [("recv", q) for q in sp.recvs] + [("send", q) for q in sp.sends]
+            peers += [(kind, q.world_peer) for (kind, q), r in zip(posts, rs, strict=True)
+                      if r != MPI.REQUEST_NULL and not r.Get_status()]
+        return step, peers
 
     def pending(self) -> str:
         waiting = []
@@ -523,6 +566,7 @@ class Run:
         return left
 
     def describe_timeout(self, timeout: float) -> str:
+        self.stalled = self.waiting()
         msg = (f"{self.label}: step {self.step + 1} of {self.plan.nsteps} made no progress "
                f"in {timeout:g} s; waiting for: {self.pending()}")
         self.cancel()

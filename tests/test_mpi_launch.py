@@ -56,9 +56,14 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
     out = res.stdout
     tables = sweep_tables(res)
     assert len(tables) == 9, out  # bmlmpi's algorithms, passthrough, native
+    printed_choice = {}
     for table, rows in tables:
         assert [int(r[0]) for r in rows] == [4 << i for i in range(15)], table
-        assert all(r[-1] == "Pass" and r[4] == "12" for r in rows), table
+        auto = "Auto chose" in table  # auto's table shows what it ran, after Validation
+        assert ("algorithm: auto" in table.splitlines()[0]) == auto, table
+        assert all(r[-2 if auto else -1] == "Pass" and r[4] == "12" for r in rows), table
+        if auto:
+            printed_choice = {int(r[0]): r[-1] for r in rows}
     assert "# Size" in out and "Avg Latency(us)" in out and "Busbw(GB/s)" in out
     assert "# Latency ratio to native" in out
     ratio_head = out.split("# Latency ratio to native")[1].splitlines()[1].split()
@@ -78,6 +83,8 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
     assert all(len(r["loadavg_start"].split()) == 3 and len(r["loadavg_end"].split()) == 3
                for r in rows)
     chosen = {r["chose"] for r in rows if r["algorithm"] == "auto"}
+    assert printed_choice == {int(r["size"]): r["chose"] for r in rows
+                              if r["algorithm"] == "auto"}
     assert chosen and chosen <= {"bml", "ring", "tree", "multitree", "hierarchical", "shm",
                                  "native"}, chosen
     assert all(r["blocks"] == "3" and float(r["median_block_us"]) > 0 for r in rows)

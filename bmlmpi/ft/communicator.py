@@ -371,6 +371,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
 
     def _start_persistent(self, prepared: PreparedCall, compiled: Any) -> Call:
         """A persistent call's start is one call of the ledger (compiled per attempt)."""
+        self._record(prepared)
         return self._enter(prepared)
 
     def _enter(self, prepared: PreparedCall) -> Call:
@@ -412,6 +413,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
             call.run = (Skipped() if skip
                         else self._launch(prepared, label, None))
+        if call.slot is not None:
+            call.slot.run = call.run
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """After failures with ``recovery="bcube"``, bml keeps the original BCube addresses
