@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bmlmpi.schedules.hierarchical import hierarchical_schedules
-from bmlmpi.schedules.shm import chunk_count, shm_schedule, shm_schedules
+from bmlmpi.schedules.shm import MAX_CHUNKS, chunk_count, shm_schedule, shm_schedules
 from bmlmpi.schedules.types import FETCH, PUBLISH, REDUCE, ShmOp, Step
 from bmlmpi.schedules.verify import ScheduleError, verify
 from bmlmpi.topology.nodes import consecutive_nodes
@@ -25,6 +25,7 @@ from bmlmpi.topology.nodes import consecutive_nodes
 @pytest.mark.parametrize("chunk", [4, 256 * 1024])
 def test_shm_schedules_verify(size, count, chunk):
     verify(shm_schedules(size, count, 4, chunk))
+    verify(shm_schedules(size, count, 4, chunk, max_chunks=10 ** 6))  # many chunks
 
 
 @pytest.mark.parametrize("size,per_node", [(4, 2), (6, 3), (6, 2), (5, 2), (8, 4), (9, 3),
@@ -37,9 +38,10 @@ def test_hierarchical_shm_tier_verifies(size, per_node, count):
 
 def test_steps_and_chunks():
     # 3 stages per chunk; one rank: a reduce (copy) per chunk
-    s = shm_schedule(0, 4, 4096, 4, 256)
-    c = chunk_count(4096, 4, 4, 256)
+    s = shm_schedule(0, 4, 4096, 4, 256, max_chunks=100)
+    c = chunk_count(4096, 4, 4, 256, 100)
     assert c == 16 and s.nsteps == 3 * c
+    assert chunk_count(4096, 4, 4, 256) == MAX_CHUNKS  # at most this many by default
     assert shm_schedule(0, 1, 10, 4).nsteps == 1
     assert shm_schedule(0, 3, 0, 4).nsteps == 0
     assert all(not st.sends and not st.recvs for st in s.steps)
@@ -190,5 +192,5 @@ def simulate(scheds, calls: int, seed: int, in_place: bool) -> None:
 @pytest.mark.parametrize("count", [1, 7, 64])
 @pytest.mark.parametrize("seed", range(3))
 def test_random_interleavings_give_the_allreduce(size, count, seed):
-    scheds = shm_schedules(size, count, 8, 16)
+    scheds = shm_schedules(size, count, 8, 16, max_chunks=10 ** 6)
     simulate(scheds, calls=4, seed=seed, in_place=bool(seed % 2))
