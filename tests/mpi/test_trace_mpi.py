@@ -49,8 +49,12 @@ def test_explain_agrees_with_what_the_call_runs():
         b = np.empty_like(a)
         with execute.observing(Ran()) as seen:
             c.Allreduce(a, b)
-        ran = seen.algorithms or {"native"}
-        assert ran == {why.chosen}, (n, why, ran)
+        if why.chosen in ("native", "shm"):
+            # neither posts messages through a Run (native: MPI's call; shm: shared-memory
+            # steps): no schedule of messages may have run
+            assert not seen.algorithms, (n, why, seen.algorithms)
+        else:
+            assert seen.algorithms == {why.chosen}, (n, why, seen.algorithms)
         ref = np.empty_like(a)
         world.Allreduce(a, ref)
         assert np.array_equal(b, ref)
