@@ -28,6 +28,7 @@ _EXPORTS = {
     "Bcast_init": "collectives",
     "BufferSpecError": "buffers",
     "Communicator": "api",
+    "CommunicatorRevoked": "api",
     "DeadlineExceeded": "execute",
     "FaultToleranceError": "ft",
     "FaultToleranceUnavailable": "ft",

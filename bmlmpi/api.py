@@ -12,7 +12,12 @@ with that communicator.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
+import math
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,15 +27,29 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, config, kernels, registry, select
+from .agreement import DEADLINE, ERROR, MESSAGE_BYTES, TAG_ALARM, Mailbox, Message, decode
 from .buffers import BufferSpecError
-from .execute import TAG_STEPS, Plan, Run, timeout_from_env, wait_for, wait_request
-from .family import FamilyCall, FamilyCalls
+from .execute import (
+    TAG_STEPS,
+    DeadlineExceeded,
+    Plan,
+    Run,
+    timeout_from_env,
+    wait_for,
+    wait_request,
+)
+from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
+from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
+from .recorder import now as _now
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
+from .shm import NodeTier, ShmPlan, ShmRun
 from .topology.bcube import BCube, Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
+
+_log = logging.getLogger("bmlmpi")
 
 #: The ops the fast path hands MPI as they are, by identity (an ``MPI.Op`` is unhashable).
 _FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
@@ -47,6 +66,13 @@ class ArgumentMismatch(ValueError):
 
 class RemoteArgumentError(ValueError):
     """Another rank rejected its arguments; this rank's call fails with it instead of hanging."""
+
+
+class CommunicatorRevoked(DeadlineExceeded):
+    """A call on a communicator that a deadline ended: this rank or another gave up a call
+    at its deadline, so the ranks no longer agree on which calls completed. Every later call
+    on it raises this; ``Free()`` it and build another (docs/contracts.md). A
+    :class:`~bmlmpi.execute.DeadlineExceeded`: code that handles a deadline handles it."""
 
 
 class IntercommunicatorError(ValueError):
@@ -70,6 +96,12 @@ class PreparedCall:
     out: np.ndarray              # the result, ``count`` elements (a host view when staged)
     staging: Any                 # device buffers staged through host memory, else None
     requested: str               # the algorithm asked for ("auto" stays "auto")
+    slot: Slot | None = None     # the call in the flight recorder
+
+    def traced(self) -> Signature:
+        """The flight recorder's description of this call."""
+        return Signature("allreduce", int(self.out.size), self.out.dtype.name, self.op, None,
+                         self.requested, self.algorithm)
 
     collective = "allreduce"     # the family's calls are FamilyCall (bmlmpi.family)
 
@@ -135,18 +167,32 @@ class Request:
 
 
 class NativeRun:
-    """A native ``MPI_Iallreduce`` seen through the same interface as a schedule Run."""
+    """A native ``MPI_Iallreduce`` seen through the same interface as a schedule Run.
+
+    ``private``: the buffer MPI writes the result into, copied to ``out`` only once the
+    request completed. A call given up at its deadline leaves MPI holding ``private`` (kept
+    alive by this object, which the communicator keeps), never the caller's buffer."""
 
     def __init__(self, req: MPI.Request, finish: Callable[[], None] | None, rank: int,
-                 what: str = ""):
+                 what: str = "", private: np.ndarray | None = None,
+                 out: np.ndarray | None = None):
         self.req = req
         self.finish = finish
         self.rank = rank
         self.step = 0
         self.what = what or f"native MPI_Iallreduce (rank {rank})"
+        self.private = private
+        self.out = out
+
+    def cancel(self, bound: float = 0.0) -> list[MPI.Request]:
+        """A collective cannot be cancelled: the request stays with MPI (and ``private``
+        with it)."""
+        return [self.req]
 
     def test(self) -> bool:
         if self.step == 0 and self.req.Test():
+            if self.private is not None:
+                np.copyto(self.out, self.private)
             if self.finish is not None:
                 self.finish()
             self.step = 1
@@ -175,14 +221,18 @@ class _FastCall:
     them resizable. The overlap check (``np.may_share_memory``: byte bounds, ~0.2 µs) runs
     on every call for that reason."""
 
-    __slots__ = ("op", "what", "plan", "name", "calls")
+    __slots__ = ("op", "what", "plan", "name", "calls", "sig", "key", "traced")
 
-    def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = ""):
+    def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = "",
+                 sig: int = 0, key: tuple = (), traced: Signature | None = None):
         self.op = op          # the op object of the key (held, so its id is not reused)
         self.what = what      # native: the watchdog's description; schedule: the Run's label
         self.plan = plan
         self.name = name      # bmlmpi's op name (schedules)
         self.calls = 0        # schedules: calls that took this path
+        self.sig = sig        # schedules: the signature's number (its tags, _tag_base)
+        self.key = key        # schedules: the plan's key (algorithm, count, dtype, op)
+        self.traced = traced  # the flight recorder's signature of these calls
 
     @staticmethod
     def apart(send: np.ndarray, recv: np.ndarray) -> bool:
@@ -220,16 +270,28 @@ class _Outstanding:
     """A started allreduce of the plain communicator, polled until its run completes: the
     communicator's record behind a :class:`Request`."""
 
-    __slots__ = ("owner", "run", "done")
+    __slots__ = ("owner", "run", "done", "seq", "failed", "slot")
 
-    def __init__(self, owner: Communicator, run: Run | NativeRun):
+    def __init__(self, owner: Communicator, run: Run | NativeRun, seq: int,
+                 slot: Slot | None = None):
         self.owner = owner
         self.run = run
         self.done = False
+        self.seq = seq                          # the call's number on its communicator
+        self.failed: BaseException | None = None  # why it was abandoned, raised when waited
+        self.slot = slot                        # the call in the flight recorder
+        if slot is not None:
+            slot.run = run
 
     def poll(self) -> bool:
         if not self.done:
-            self.done = self.run.test()
+            try:
+                self.done = self.run.test()
+            except BaseException as exc:
+                self.owner._call_failed(self.slot, exc, self.run)
+                raise
+            if self.done:
+                self.owner._call_done(self.slot)
         return self.done
 
     def test(self) -> bool:
@@ -237,6 +299,11 @@ class _Outstanding:
 
     def wait(self) -> None:
         self.owner._wait(self)
+
+
+def _run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
+    """The executor of a compiled plan: messages, or shared-memory steps."""
+    return ShmRun if isinstance(plan, ShmPlan) else Run
 
 
 def _signature_hash(parts: tuple) -> int:
@@ -248,6 +315,46 @@ def _validation_enabled(value: bool | None) -> bool:
     if value is not None:
         return value
     return config.get("BMLMPI_VALIDATE")
+
+
+def _check_mode(value: str | None) -> str:
+    if value is None:
+        return config.get("BMLMPI_CHECK")
+    if value not in config.CHECK_MODES:
+        raise ValueError(f"check must be one of {', '.join(config.CHECK_MODES)}, got {value!r}")
+    return value
+
+
+def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
+    """``method`` called through a weak reference to its object (a watchdog thread must not
+    keep a dropped Communicator alive)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(report: str) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(report)
+    return call
+
+
+def _still_posted(run: Any) -> bool:
+    """Whether MPI may still use a held run's buffers (a request not complete)."""
+    for r in run.reqs:
+        try:
+            if r != MPI.REQUEST_NULL and not r.Test():
+                return True
+        except MPI.Exception:
+            pass
+    return False
+
+
+def _describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+#: Tag slots (of TAG_STEPS tags each) a signature's calls cycle through; the rest of the tag
+#: space tells signatures apart (see Communicator._tag_base).
+_CALL_SLOTS = 64
 
 
 class Communicator(FamilyCalls):
@@ -308,13 +415,25 @@ class Communicator(FamilyCalls):
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
-                 *, timeout: float | None = None, validate: bool | None = None):
+                 *, timeout: float | None = None, validate: bool | None = None,
+                 check: str | None = None):
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
-        self.algorithm = select.check_algorithm(algorithm)
-        self.timeout = timeout_from_env(timeout)
-        self.validate = _validation_enabled(validate)
-        self.shape: Shape = resolve_shape(comm.Get_size(), topology)
+        # Arguments are checked locally, then agreed: a rank whose arguments fail still
+        # joins the construction's collectives, so every rank raises at once (the others
+        # RemoteArgumentError naming it) instead of waiting out a deadline, and ranks that
+        # name different shapes fail before any Split (which has no deadline) is made.
+        error: Exception | None = None
+        self.timeout = config.get("BMLMPI_TIMEOUT")
+        self.shape: Shape = ()
+        try:
+            self.timeout = timeout_from_env(timeout)
+            self.algorithm = select.check_algorithm(algorithm)
+            self.validate = _validation_enabled(validate)
+            self.check = "every-call" if self._agrees_every_call() else _check_mode(check)
+            self.shape = resolve_shape(comm.Get_size(), topology)
+        except (ValueError, TypeError) as exc:
+            error = exc
         # Every rank must arrive here; a non-blocking dup turns a missing rank into a
         # DeadlineExceeded instead of a hang, and once it completes all ranks are present, so
         # the blocking Splits right after it cannot wait on an absent rank.
@@ -324,6 +443,18 @@ class Communicator(FamilyCalls):
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
+        self._agree_construction(error)
+        # the control channel (bmlmpi.agreement): agreements and notices, never data
+        self._control = self._make_control()
+        self._mailbox = Mailbox(self._control) if self._control is not self._comm else None
+        self._callno = 0                  # calls started on this communicator (all paths)
+        self._revoked: str | None = None  # why every later call raises CommunicatorRevoked
+        self._repair_after: int | None = None  # an argument error at this call: re-dup first
+        self._held: list[Any] = []        # runs given up while MPI may still use their buffers
+        self._handled = [0]   # the last call number whose failure this rank has raised
+        self._abandoned_upto = 0  # calls up to this number are abandoned on every rank
+        self._owner: int | None = None  # the thread inside a call (_one_thread)
+        self._sig_ids: dict[tuple, int] = {}
         self._levels = self._split_levels()
         self._links = self._find_links()
         self._choices: dict[tuple[int, int], str] = {}
@@ -332,6 +463,7 @@ class Communicator(FamilyCalls):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._plans: dict[tuple, Plan] = {}
+        self._tier: NodeTier | None = None
         self._validated: set[int] = set()
         self._calls = 0
         self._active: list[_Outstanding] = []
@@ -340,11 +472,96 @@ class Communicator(FamilyCalls):
         plain = type(self)._submit is Communicator._submit
         self._fast: dict[tuple, _FastCall] | None = {} if plain else None
         self._repeat: _Repeat | None = None
-        self._native_fast = config.get("BMLMPI_BLOCKING") == "watchdog"
-        self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm))
+        self._native_fast = (config.get("BMLMPI_BLOCKING") == "watchdog"
+                             and self.check == "first-call")
+        capacity = recorder_capacity()
+        self._recorder = (FlightRecorder(capacity, self.rank, self.size, type(self).__name__,
+                                         self.timeout) if capacity else None)
+        if self._recorder is not None:
+            from .timeline import attach
+            attach(self._recorder)
+        self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
+                                  source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
+                                  alarm=self._alarm_channel(),
+                                  before_abort=_weakly(self._watchdog_fired))
+        # a Communicator dropped without Free() still ends its watchdog thread (the watchdog
+        # holds it only weakly, above)
+        weakref.finalize(self, self._watchdog.close)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         # each collective's calls cycle through their own block of the tag space
         self._tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
+        slots = self._tag_mod // TAG_STEPS
+        self._call_slots = min(_CALL_SLOTS, slots)
+        self._sig_slots = max(1, slots // self._call_slots)
+
+    # -- construction and the control channel -----------------------------------------------
+    def _agrees_every_call(self) -> bool:
+        """Whether every call is agreed whatever ``check`` says (the fault-tolerant
+        communicator agrees on each call anyway)."""
+        return False
+
+    def _make_control(self) -> MPI.Comm:
+        """The communicator agreements and notices travel on: a duplicate of the data
+        communicator, so that no agreement can ever match a data message."""
+        control = self._comm.Dup()
+        control.Set_errhandler(MPI.ERRORS_RETURN)
+        return control
+
+    def _alarm_channel(self) -> Callable[[], str | None] | None:
+        """What the watchdog polls while a blocking ``MPI_Allreduce`` is in progress: a
+        posted receive of the notices' second copy (:data:`~bmlmpi.agreement.TAG_ALARM`),
+        only ever tested by the watchdog thread (needs MPI_THREAD_MULTIPLE)."""
+        if self._mailbox is None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            return None
+        control, handled = self._control, self._handled
+        box = np.empty(MESSAGE_BYTES, dtype=np.uint8)
+        state: dict[str, Any] = {}
+
+        def alarm() -> str | None:
+            req = state.get("req")
+            if req is None:
+                req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
+            while req.Test():
+                msg = decode(box)
+                req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
+                if msg.seq > handled[0]:  # not an event the calling thread already raised
+                    what = ("gave up call" if msg.kind == DEADLINE
+                            else "rejected its arguments at call")
+                    return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
+            return None
+        return alarm
+
+    def _agree_construction(self, error: Exception | None) -> None:
+        """One agreement on the new duplicate: whether any rank's arguments failed, and
+        whether every rank names the same shape and checking mode."""
+        if self.size == 1:
+            if error is not None:
+                self._comm.Free()
+                raise error
+            return
+        h = 0 if error is not None else _signature_hash((self.shape, self.check))
+        vec = np.array([1 if error else 0, self.rank if error else -1, h, -h], dtype=np.int64)
+        res = np.empty_like(vec)
+        try:
+            wait_request(self._comm.Iallreduce(vec, res, MPI.MAX), self.timeout,
+                         "bmlmpi.Communicator: not every rank joined the argument check")
+        except BaseException:
+            self._comm.Free()
+            raise
+        if error is not None or res[0] or res[2] != -res[3]:
+            mine = None if error else f"{format_shape(self.shape)}/{self.check}"
+            everyone = self._comm.allgather(mine)
+            self._comm.Free()
+            if error is not None:
+                raise error
+            if res[0]:
+                raise RemoteArgumentError(
+                    f"rank {int(res[1])} rejected its bmlmpi.Communicator arguments (see its "
+                    f"error); the communicator was not built on any rank")
+            lines = ", ".join(f"rank {r}: {w}" for r, w in enumerate(everyone))
+            raise ArgumentMismatch(f"bmlmpi.Communicator: the ranks name different "
+                                   f"topologies or checking modes (topology/check: {lines}); "
+                                   f"the communicator was not built on any rank")
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -361,14 +578,83 @@ class Communicator(FamilyCalls):
         return (f"bmlmpi.Communicator(size={self.size}, rank={self.rank}, "
                 f"algorithm={self.algorithm!r}, topology={format_shape(self.shape)!r})")
 
+    # -- the flight recorder (bmlmpi.recorder) ------------------------------------------------
+    @property
+    def recorder(self) -> FlightRecorder | None:
+        """This communicator's flight recorder (None with ``BMLMPI_TRACE_CALLS=0``)."""
+        return self._recorder
+
+    def dump_trace(self, directory: str | None = None) -> str | None:
+        """Write this rank's flight recorder (its last ``BMLMPI_TRACE_CALLS`` calls) as JSON
+        into ``directory`` (default ``BMLMPI_TRACE_DIR``, else a per-job folder under the
+        temporary directory) and return the file's path; None when the recorder is off.
+        Local: each rank writes its own (``bmlmpi-trace DIR`` reads them all)."""
+        if self._recorder is None:
+            return None
+        from pathlib import Path
+        return str(self._recorder.dump("dump_trace()", None if directory is None
+                                       else Path(directory), announce=False))
+
+    def _call_done(self, slot: Slot | None) -> None:
+        if slot is not None:
+            self._recorder.done(slot)
+
+    def _call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
+        """Record that ``slot``'s call raised ``exc``; dump the recorder unless it was this
+        rank's own argument error (every rank raises that at once, nothing to diagnose)."""
+        rec = self._recorder
+        if rec is None or slot is None:
+            return
+        own_argument_error = (isinstance(exc, (ValueError, TypeError, BufferError, LookupError,
+                                               AttributeError))
+                              and not isinstance(exc, (ArgumentMismatch, RemoteArgumentError)))
+        rec.failed_call(slot, exc, run, dump=not (own_argument_error
+                                                  or isinstance(exc, KeyboardInterrupt)))
+
+    def _watchdog_fired(self, report: str) -> None:
+        """The watchdog is about to abort the job (its thread): the blocked call is failed in
+        the recorder, which is dumped."""
+        rec = self._recorder
+        if rec is None:
+            return
+        running = [s for s in rec.slots if s.seq >= 0 and s.t1 == 0.0]
+        if running:
+            rec.fail(max(running, key=lambda s: s.seq), TimeoutError(report))
+        try:
+            rec.dump("watchdog abort")
+        except OSError:
+            pass
+
     def Free(self) -> None:
+        """Free bmlmpi's communicators. Refused (RuntimeError, nothing freed) while a
+        started allreduce of this communicator has not completed: MPI would still write
+        its buffers. A communicator on which MPI may still hold a call given up at a
+        deadline or after another rank's error is left to MPI (not freed: freeing it under
+        a pending collective crashes some MPI libraries)."""
+        if self._active:
+            raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} allreduce(s) "
+                               f"started on it have not completed; Wait() on their requests "
+                               f"first")
         self._watchdog.stop()
         if self._fast is not None:
             self._fast.clear()
         self._repeat = None
+        if self._tier is not None:
+            if self._tier.comm is self._comm:
+                self._tier.free()
+            self._tier = None
+        if self._mailbox is not None:
+            self._mailbox.close()
+        held = any(isinstance(h, tuple) for h in self._held)
+        pending = bool(self._held) and not all(
+            isinstance(h, tuple) or not _still_posted(h) for h in self._held)
         for c in [*self._levels, self._comm]:
-            if c != MPI.COMM_NULL:
+            if c != MPI.COMM_NULL and not pending:
                 c.Free()
+        if self._control is not self._comm and self._control != MPI.COMM_NULL:
+            self._control.Free()
+        if not held:
+            self._held.clear()
         self._levels = []
         self._plans.clear()
 
@@ -412,10 +698,180 @@ class Communicator(FamilyCalls):
     # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
     # what an MPI failure means (_failure_noted, _is_failure).
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        return self._submit(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
+        mine = self._one_thread()
+        try:
+            return self._begin(sendbuf, recvbuf, op, algorithm)[1]
+        finally:
+            if mine:
+                self._owner = None
+
+    def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
+               algorithm: str) -> tuple[PreparedCall, Request]:
+        """Prepare, record and submit one call (the checked path)."""
+        try:
+            call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+        except BaseException as exc:
+            self._refused("allreduce", algorithm, op, exc)
+            raise
+        return call, self._submit_recorded(call)
+
+    def _record(self, call: PreparedCall | FamilyCall) -> Slot | None:
+        """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``)."""
+        rec = self._recorder
+        call.slot = None if rec is None else rec.begin(call.traced())
+        return call.slot
+
+    def _submit_recorded(self, call: PreparedCall | FamilyCall) -> Request:
+        """:meth:`_submit`, the call entered in the flight recorder first."""
+        self._record(call)
+        try:
+            return self._submit(call)
+        except BaseException as exc:
+            self._call_failed(call.slot, exc)
+            raise
+
+    def _refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
+        """A call this rank refused before it was prepared: recorded (failed) all the same,
+        so that the sequence numbers of every rank's recorder stay in step."""
+        rec = self._recorder
+        if rec is not None:
+            name = op_name(op) if id(op) in _FAST_OPS else None
+            self._call_failed(rec.begin(Signature(collective, None, None, name, None,
+                                                  algorithm, None)), exc)
+
+    # -- call numbers, notices, repair and revocation (docs/contracts.md) -------------------
+    def _begin_call(self) -> int:
+        """Number the call about to start (the same number on every rank). First deal with
+        what the control channel has said: a communicator a deadline ended raises
+        CommunicatorRevoked; one that an argument error left with abandoned calls is
+        repaired (a fresh duplicate, every rank at its first call after learning of the
+        error); a notice that this very call failed on another rank raises here, before
+        any data moves."""
+        while True:
+            if self._revoked is not None:
+                self._callno += 1
+                raise CommunicatorRevoked(self._revoked)
+            if self._repair_after is not None:
+                self._repair()
+            # a notice about this very call is looked at after the local check (_validate):
+            # a rank whose own arguments are wrong too raises its own error
+            if self._notice(self._callno) is None:
+                break
+        self._callno += 1
+        if self._callno <= self._abandoned_upto:
+            raise RemoteArgumentError(
+                f"call {self._callno} was started on another rank before it learnt that call "
+                f"{self._handled[0]} failed, so it is abandoned on every rank (docs/contracts.md)")
+        return self._callno
+
+    def _notice(self, upto: int) -> Message | None:
+        """The first failure notice not yet handled about a call numbered ``upto`` or lower,
+        handled now (outstanding calls it dooms are marked failed; the communicator is
+        flagged for repair or revoked); None when there is none."""
+        mailbox = self._mailbox
+        if mailbox is None:
+            return None
+        msg = mailbox.failure(self._handled[0] + 1)
+        if msg is None or msg.seq > upto:
+            return None
+        exc = self._remote_error(msg)
+        if msg.kind == DEADLINE:
+            self._revoke(msg.seq, str(exc))
+        else:
+            self._abandon_from(msg.seq, exc)
+            self._repair_after = msg.seq
+        return msg
+
+    def _remote_error(self, msg: Message) -> Exception:
+        if msg.kind == DEADLINE:
+            return CommunicatorRevoked(
+                f"rank {msg.rank} gave up call {msg.seq} at its deadline ({msg.text}); the "
+                f"call is abandoned on every rank and the communicator is revoked: Free() it "
+                f"and build another (docs/contracts.md)")
+        return RemoteArgumentError(
+            f"rank {msg.rank} rejected its arguments at call {msg.seq} ({msg.text}); this "
+            f"call is abandoned on all ranks")
+
+    def _abandon_from(self, seq: int, exc: BaseException) -> None:
+        """Calls numbered ``seq`` or later that this rank started are given up: each raises
+        ``exc`` when waited on; MPI keeps what it may still use (:attr:`_held`)."""
+        self._handled[0] = max(self._handled[0], seq)
+        self._repeat = None   # the fast paths stay shut until the repair (_fast_entry)
+        keep = []
+        for entry in self._active:
+            if entry.seq >= seq:
+                entry.failed = exc
+                self._hold(entry.run)
+            else:
+                keep.append(entry)
+        self._active = keep
+
+    def _hold(self, run: Any) -> None:
+        if run is not None and run.cancel():
+            self._held.append(run)
+
+    def _revoke(self, seq: int, why: str) -> None:
+        self._abandon_from(seq, CommunicatorRevoked(why))
+        self._revoked = why
+
+    def _gave_up(self, seq: int, exc: DeadlineExceeded) -> None:
+        """This rank gave up call ``seq`` at its deadline: tell the others (a late rank then
+        does not join it), revoke the communicator here, and bound this process's
+        ``MPI_Finalize`` (a stopped peer would otherwise keep it waiting for ever)."""
+        bound_finalize(self.timeout)
+        if self._mailbox is not None and self._revoked is None:
+            self._mailbox.announce(seq, DEADLINE, _describe_error(exc)[:300],
+                                   also_tag=TAG_ALARM)
+        if self._revoked is None:
+            self._revoke(seq, f"this rank gave up call {seq} at its deadline ({exc}); the "
+                              f"communicator is revoked: Free() it and build another "
+                              f"(docs/contracts.md)")
+
+    def _repair(self) -> None:
+        """After an argument error abandoned calls: move to a fresh duplicate (the old one
+        may still hold those calls' messages), and agree on the call numbers, so that a
+        call another rank had already started before it learnt of the error is abandoned on
+        every rank instead of pairing with a different call."""
+        failed = self._repair_after
+        new, req = self._control.Idup()
+        wait_request(req, self.timeout, f"bmlmpi: not every rank came back after call {failed}'s "
+                                        f"argument error (the communicator's repair)")
+        counts = np.array([self._callno, self._calls], dtype=np.int64)
+        agreed = np.empty_like(counts)
+        wait_request(self._control.Iallreduce(counts, agreed, MPI.MAX), self.timeout,
+                     "bmlmpi: not every rank joined the communicator's repair")
+        new.Set_errhandler(MPI.ERRORS_RETURN)
+        self._held.append((self._comm, self._levels))
+        self._comm = new
+        self._levels = self._split_levels()
+        self._plans.clear()
+        for entry in (self._fast or {}).values():
+            if entry.plan is not None:  # bound to the old communicator: bind it again
+                entry.plan = self._plan(*entry.key)
+        self._abandoned_upto = int(agreed[0])
+        self._calls = int(agreed[1])
+        self._repair_after = None
+
+    def _interrupt(self, seq: int) -> Callable[[], None]:
+        """The wait loops' check of the control channel for call ``seq``: raises once a
+        notice says this call (or an earlier one) failed on another rank."""
+        def check() -> None:
+            msg = self._notice(seq)
+            if msg is not None:
+                raise self._remote_error(msg)
+        return check
+
+    def _refuse(self, exc: Exception) -> None:
+        """A call refused before it had arguments to check (an unknown algorithm name): this
+        rank's error, announced to the others like any other argument error."""
+        self._begin_call()
+        with self._failure_noted():
+            self._validate(None, exc)
+        raise exc
 
     def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
                         algorithm: str) -> PreparedCall:
+        self._begin_call()
         try:
             return self._prepare(sendbuf, recvbuf, op, algorithm)
         except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
@@ -426,13 +882,41 @@ class Communicator(FamilyCalls):
                 self._validate(None, exc)
             raise
 
+    def _one_thread(self) -> bool:
+        """Claim the communicator for this thread's call; False when it already holds it (a
+        call inside a call). A second thread inside a call raises: two threads' messages on
+        one communicator swap results silently (bmlmpi's communicators, like MPI's
+        collectives on one communicator, take one call at a time)."""
+        me = threading.get_ident()
+        owner = self._owner
+        if owner == me:
+            return False
+        if owner is not None:
+            raise RuntimeError(
+                f"bmlmpi.Communicator (rank {self.rank}): two threads called it at once (a "
+                f"call of thread {owner} is in progress); a communicator takes one call at a "
+                f"time: use one communicator per thread, or a lock")
+        self._owner = me
+        return True
+
     def _blocking(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
+        if not self._one_thread():
+            self._blocking_call(sendbuf, recvbuf, op, algorithm)
+            return
+        try:
+            self._blocking_call(sendbuf, recvbuf, op, algorithm)
+        finally:
+            self._owner = None
+
+    def _blocking_call(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce: the fast path when this signature may take it, else a
         started call waited on (which may then open the fast path for the signature).
 
         The last fast call's signature is remembered (:class:`_Repeat`): numpy arrays of the
         same dtype objects and sizes, with the same op and algorithm, skip the signature key
         (its tuple and hash). Anything else looks the signature up."""
+        if self._repair_after is not None:
+            self._repair()  # (collective: every rank's first call after the error repairs)
         rep = self._repeat
         # the test of _Repeat's docstring, inline (a call frame is a tenth of this path)
         if (rep is not None and rep.op is op and rep.algorithm is algorithm
@@ -454,6 +938,16 @@ class Communicator(FamilyCalls):
                     return
                 # else the checked path says what is wrong with the buffers
             else:
+                # the flight recorder's begin and done, inline (bmlmpi.recorder)
+                rec = self._recorder
+                if rec is not None:
+                    n = rec.next
+                    rec.next = n + 1
+                    s = rec.slots[n % rec.capacity]
+                    s.seq = n
+                    s.sig = entry.traced
+                    s.t1 = 0.0
+                    s.t0 = _now()
                 watch = self._watchdog
                 watch.calls += 1
                 watch.current = entry.what
@@ -462,29 +956,41 @@ class Communicator(FamilyCalls):
                 except BufferError:
                     # mpi4py refused a buffer (not contiguous, read-only: flags can change
                     # between calls) before anything was sent: the slow path below gives
-                    # the same error as always, on every rank
-                    pass
+                    # the same error, and announces it to the others (and records the call)
+                    if rec is not None:
+                        rec.next = n
+                except MPI.Exception as exc:
+                    self._call_failed(s if rec is not None else None, exc)
+                    raise
                 else:
+                    self._callno += 1
+                    if rec is not None:
+                        s.t1 = _now()
+                        if rec.timeline is not None:
+                            rec.timeline.call(rec, s)
                     return
                 finally:
                     watch.current = None
-        call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
-        self._submit(call).Wait()
+        call, req = self._begin(sendbuf, recvbuf, op, algorithm)
+        req.Wait()
         key = self._fast_key(sendbuf, recvbuf, op, algorithm)
         if (key is None or key in self._fast or call.staging is not None
                 or not 0 < call.out.size == recvbuf.size):
             return
         # the first call of this signature ran, argument check and deadline included
+        sig = call.slot.sig if call.slot is not None else call.traced()
         if call.algorithm != "native":
-            plan = self._plans.get((call.algorithm, call.out.size, call.out.dtype, call.op))
+            plan_key = (call.algorithm, call.out.size, call.out.dtype, call.op)
+            plan = self._plans.get(plan_key)
             if plan is not None:
                 self._fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
-                                                f"{self.rank}", plan, call.op)
+                                                f"{self.rank}", plan, call.op,
+                                            self._sig_id(plan_key), plan_key, sig)
         elif self._native_fast and id(op) in _FAST_OPS:
             self._fast[key] = _FastCall(_FAST_OPS[id(op)],
                                         f"bmlmpi native allreduce (blocking MPI_Allreduce of "
                                         f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
-                                        f"{self.rank} of {self.size})")
+                                        f"{self.rank} of {self.size})", traced=sig)
             self._watchdog.start()
 
     def _fast_key(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> tuple | None:
@@ -506,7 +1012,8 @@ class Communicator(FamilyCalls):
         if key is None:
             return None
         entry = self._fast.get(key)
-        if (entry is None or self._active
+        if (entry is None or self._active or self._revoked is not None
+                or self._callno < self._abandoned_upto
                 or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
             return None  # the checked path (which may open the fast path for the signature)
         self._repeat = _Repeat(entry, op, algorithm, sendbuf, recvbuf)
@@ -520,14 +1027,45 @@ class Communicator(FamilyCalls):
         out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
         src = None if sendbuf is MPI.IN_PLACE else (
             sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        calls = self._calls
-        tag_base = self._tag_base()
+        tag_base = self._tag_base(sig=entry.sig)
+        self._callno = seq = self._callno + 1
         entry.calls += 1
         what = entry.what
-        Run(entry.plan, out, entry.name, tag_base, lambda: f"{what}, call {calls + 1})",
-            src=src).drive(self.timeout)
+        run = _run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
+                                  lambda: f"{what}, call {seq})", src=src)
+        rec = self._recorder
+        s = None
+        if rec is not None:
+            # the flight recorder's begin, inline (bmlmpi.recorder)
+            n = rec.next
+            rec.next = n + 1
+            s = rec.slots[n % rec.capacity]
+            s.seq = n
+            s.sig = entry.traced
+            s.t1 = 0.0
+            s.run = run
+            s.t0 = _now()
+        try:
+            run.drive(self.timeout, self._interrupt(seq))
+        except DeadlineExceeded as exc:
+            self._call_failed(s, exc, run)
+            self._held.append(run)
+            self._gave_up(seq, exc)
+            raise
+        except (RemoteArgumentError, CommunicatorRevoked) as exc:
+            self._call_failed(s, exc, run)
+            self._hold(run)
+            raise
+        except BaseException as exc:
+            self._call_failed(s, exc, run)
+            raise
         if entry.name == "avg":
             kernels.scale_avg(out, self.size)
+        if s is not None:
+            s.run = None
+            s.t1 = _now()
+            if rec.timeline is not None:
+                rec.timeline.call(rec, s)
 
     def _prepare(self, sendbuf, recvbuf, op, algorithm) -> PreparedCall:
         requested = algorithm
@@ -562,7 +1100,7 @@ class Communicator(FamilyCalls):
         dtype = recv.flat.dtype
         check_dtype_op(dtype, name)
         if algorithm == "auto":
-            algorithm = self._auto(count, dtype.itemsize)
+            algorithm = self._auto_for(count, dtype, name)
         out = recv.flat[:count]
         src = None if send is None else send.flat
         if src is not None and np.may_share_memory(src, out):
@@ -572,21 +1110,61 @@ class Communicator(FamilyCalls):
         return PreparedCall(algorithm, name, src, out, staging, requested)
 
     def _validate(self, call: PreparedCall | None, error: Exception | None) -> None:
-        """Agree across ranks that the call is well-formed; raise on every rank if not."""
-        if not self.validate or self.size == 1:
+        """Agree across ranks that the call is well-formed; raise on every rank if not
+        (:mod:`bmlmpi.agreement`: the first call of a signature, or every call)."""
+        if self.size == 1:
             if error is not None:
                 raise error
             return
+        if self.check == "every-call":
+            self._agree_collectively(call, error)
+            return
+        seq = self._callno
+        if error is not None:
+            # no wait: the others learn of it from the notice, wherever they wait
+            self._mailbox.announce(seq, ERROR, _describe_error(error), also_tag=TAG_ALARM)
+            self._abandon_from(seq, error)
+            self._repair_after = seq
+            raise error
+        self._interrupt(seq)()   # another rank already rejected this call
+        if not self.validate:
+            return
+        sig = call.signature(self.shape)
+        h = _signature_hash(sig)
+        if h in self._validated:
+            return
+        text = PreparedCall.describe_signature(sig)
+        try:
+            got = self._mailbox.gather(
+                seq, h, text, self.timeout,
+                lambda t: f"bmlmpi argument check of call {seq}: not every rank joined within "
+                          f"{t:g} s (a rank is missing, or runs a call whose signature was "
+                          f"already checked)", DeadlineExceeded)
+        except DeadlineExceeded as exc:
+            self._gave_up(seq, exc)
+            raise
+        self._interrupt(seq)()
+        if any(m.value != h for m in got.values()):
+            lines = "; ".join(f"rank {r}: {got[r].text}" for r in sorted(got))
+            raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
+        self._validated.add(h)
+
+    def _agree_collectively(self, call: PreparedCall | None, error: Exception | None) -> None:
+        """Every call's agreement: one Iallreduce on the control communicator, which every
+        rank makes for every call (the rank with an error included) before any data moves."""
         sig, h = None, 0
         if call is not None:
             sig = call.signature(self.shape)
             h = _signature_hash(sig)
-            if error is None and h in self._validated:
-                return
         vec = np.array([h, -h, 1 if error else 0, self.rank if error else -1], dtype=np.int64)
         res = np.empty_like(vec)
-        wait_request(self._comm.Iallreduce(vec, res, MPI.MAX), self.timeout,
-                     "bmlmpi argument check: other ranks did not join")
+        try:
+            wait_request(self._control.Iallreduce(vec, res, MPI.MAX), self.timeout,
+                         f"bmlmpi argument check of call {self._callno}: other ranks did not "
+                         f"join")
+        except DeadlineExceeded as exc:
+            self._gave_up(self._callno, exc)
+            raise
         if error is not None:
             raise error
         if res[2]:
@@ -594,21 +1172,29 @@ class Communicator(FamilyCalls):
                                       f"arguments (see its error); this call is abandoned "
                                       f"on all ranks")
         if res[0] != -res[1]:
-            everyone = self._comm.allgather(sig)
+            everyone = self._control.allgather(sig)
             lines = "; ".join(f"rank {r}: {PreparedCall.describe_signature(s)}"
                               for r, s in enumerate(everyone))
             raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
-        self._validated.add(h)
 
     def _submit(self, call: PreparedCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
         self._validate(call, None)
-        label = (f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call "
-                 f"{self._calls + 1})")
-        entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)))
+        seq = self._callno
+        label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
+        entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)),
+                             seq, call.slot)
         if not entry.poll():
             self._active.append(entry)
         return Request(entry)
+
+    def _sig_id(self, key: tuple) -> int:
+        """The signature's number: the order in which this communicator first ran it, the
+        same on every rank that runs the same calls."""
+        sig = self._sig_ids.get(key)
+        if sig is None:
+            sig = self._sig_ids[key] = len(self._sig_ids)
+        return sig
 
     def _launch(self, call: PreparedCall, label: str,
                 finish: Callable[[], None] | None) -> Run | NativeRun:
@@ -620,17 +1206,22 @@ class Communicator(FamilyCalls):
             return self._launch_native(call, finish)
         out = call.out
         plan = self._plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = self._tag_base()
+        tag_base = self._tag_base(sig=self._sig_id((call.algorithm, out.size, out.dtype,
+                                                     call.op)))
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
-        return Run(plan, out, call.op, tag_base, label, finish, src=call.src)
+        return _run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
 
-    def _tag_base(self, kind: int = 0) -> int:
+    def _tag_base(self, kind: int = 0, sig: int = 0) -> int:
         """The tag base of the next call (every call advances the count): the call's slot in
-        its collective's block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`)."""
-        base = (self._calls * TAG_STEPS) % self._tag_mod + kind * self._tag_mod
+        its collective's block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`).
+        Inside the block, the signature's number (``sig``, :meth:`_sig_id`) picks a part and
+        the count a slot in it, so messages of allreduces with different signatures never
+        match (up to ``_sig_slots`` signatures: 1024 with Open MPI's tag bound), even when
+        ranks disagree on which signature they run."""
+        slot = (sig % self._sig_slots) * self._call_slots + self._calls % self._call_slots
         self._calls += 1
-        return base
+        return slot * TAG_STEPS + kind * self._tag_mod
 
     def _native_run(self, req: MPI.Request, finish: Callable[[], None] | None,
                     what: str) -> NativeRun:
@@ -651,7 +1242,7 @@ class Communicator(FamilyCalls):
         """``auto``'s choice for ``call`` over the current members."""
         if call.collective != "allreduce":
             return self._family_auto(call)
-        return self._auto(call.out.size, call.out.dtype.itemsize)
+        return self._auto_for(call.out.size, call.out.dtype, call.op)
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
@@ -706,29 +1297,40 @@ class Communicator(FamilyCalls):
         if isinstance(compiled, MPI.Prequest):
             compiled.Start()
             run: Run | NativeRun = NativeRun(compiled, finish, self.rank, label)
-        elif isinstance(compiled, Plan):
+        elif isinstance(compiled, Plan | ShmPlan):
             if call.collective == "allreduce":
-                run = Run(compiled, call.out, call.op, self._tag_base(), label, finish,
-                          src=call.src)
+                run = _run_of(compiled)(compiled, call.out, call.op, self._tag_base(), label,
+                                        finish, src=call.src)
             else:
                 run = self._launch_family(call, label, finish)
         else:
             run = self._launch(call, label, finish)
-        entry = _Outstanding(self, run)
+        self._callno += 1  # a start is a call: the same number on every rank
+        entry = _Outstanding(self, run, self._callno, self._record(call))
         if not entry.poll():
             self._active.append(entry)
         return entry
 
     def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
-        sbuf = MPI.IN_PLACE if call.src is None else call.src
+        """``MPI_Iallreduce`` into a private buffer, copied to the caller's on completion:
+        a call given up at its deadline can still complete inside MPI when a late rank
+        joins it, and must then write memory bmlmpi holds, not the caller's."""
+        out = call.out
+        sbuf = out if call.src is None else call.src
+        private = np.empty_like(out)
         try:
-            req = self._comm.Iallreduce(sbuf, call.out, mpi_op(call.op))
+            req = self._comm.Iallreduce(sbuf, private, mpi_op(call.op))
         except (KeyError, ValueError, MPI.Exception) as exc:
             if isinstance(exc, MPI.Exception) and self._is_failure(exc):
                 raise
+            if out.size > np.iinfo(np.int32).max:
+                raise ValueError(
+                    f"native MPI_Allreduce of {out.size} elements: the count exceeds what "
+                    f"this MPI's int-count call takes (2**31 - 1); use a bmlmpi algorithm "
+                    f"(ring, bml) for it: {exc}") from exc
             raise TypeError(f"native MPI_Allreduce cannot reduce dtype {call.out.dtype} "
                             f"with this MPI: {exc}") from exc
-        return NativeRun(req, finish, self.rank)
+        return NativeRun(req, finish, self.rank, private=private, out=out)
 
     def _plan(self, algorithm: str, count: int, dtype: np.dtype, op: str) -> Plan:
         """The compiled plan of a signature (cached), its kernels compiled."""
@@ -747,17 +1349,38 @@ class Communicator(FamilyCalls):
         return plan
 
     def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
-        """This rank's schedule of ``algorithm`` over the current members."""
+        """This rank's schedule of ``algorithm`` over the current members (hierarchical's
+        node tier in shared memory where every node's ranks share it; ``shm`` refused on
+        every rank alike when the communicator spans nodes)."""
         record = algorithms.get(algorithm)
+        intra = "ring"
+        if algorithm == "shm":
+            self._node_tier().require_one_node()
+        elif algorithm == "hierarchical" and self._node_tier().fits:
+            intra = "shm"
         return record.build(algorithms.Context(
             self.size, count, itemsize, self.rank, shape=self.shape, links=self._links,
-            nodes=self.nodes() if record.tiered else None))
+            nodes=self.nodes() if record.tiered else None, intra=intra))
 
-    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
-        """The schedule bound to this communicator (BCube levels on their own communicators)."""
+    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
+        """The schedule bound to this communicator (BCube levels on their own communicators,
+        shared-memory steps on the node's window)."""
+        sched = self._schedule(algorithm, count, itemsize)
+        if sched.uses_shm:
+            return self._node_tier().bind(sched, itemsize)
         levels = [] if algorithms.get(algorithm).tiered else self._levels
-        return registry.bind(self._schedule(algorithm, count, itemsize), self._comm, levels,
-                             self.shape)
+        return registry.bind(sched, self._comm, levels, self.shape)
+
+    def _node_tier(self) -> NodeTier:
+        """This rank's node of the current communicator (made on first use, collective;
+        remade, the old one dropped without a collective, after the members changed)."""
+        tier = self._tier
+        if tier is not None and tier.comm is self._comm:
+            return tier
+        if tier is not None:
+            tier.abandon()
+        tier = self._tier = NodeTier(self._comm, self.nodes(), self.timeout)
+        return tier
 
     @contextmanager
     def _failure_noted(self) -> Iterator[None]:
@@ -769,19 +1392,59 @@ class Communicator(FamilyCalls):
         return False
 
     def _test(self, entry: _Outstanding) -> bool:
+        mine = self._one_thread()
+        try:
+            return self._test_entry(entry)
+        finally:
+            if mine:
+                self._owner = None
+
+    def _test_entry(self, entry: _Outstanding) -> bool:
+        if entry.failed is not None:
+            raise entry.failed
         self._progress()
+        if not entry.done:
+            self._interrupt(entry.seq)()
+            if entry.failed is not None:
+                raise entry.failed
         return entry.done
 
     def _wait(self, entry: _Outstanding) -> None:
+        mine = self._one_thread()
+        try:
+            self._wait_entry(entry)
+        finally:
+            if mine:
+                self._owner = None
+
+    def _wait_entry(self, entry: _Outstanding) -> None:
+        if entry.failed is not None:
+            raise entry.failed
         if entry.done:
             return
+        check = self._interrupt(entry.seq)
+
+        def interrupt() -> None:
+            check()
+            if entry.failed is not None:
+                raise entry.failed
         try:
             wait_for(lambda: (self._progress(), entry.done)[1], self.timeout,
-                     entry.run.describe_timeout, progress=self._progress_mark)
-        except BaseException:
-            # An abandoned allreduce must not be polled by later calls.
+                     entry.run.describe_timeout, progress=self._progress_mark,
+                     interrupt=interrupt)
+        except DeadlineExceeded as exc:
             if entry in self._active:
                 self._active.remove(entry)
+            self._call_failed(entry.slot, exc, entry.run)
+            self._held.append(entry.run)
+            self._gave_up(entry.seq, exc)
+            raise
+        except BaseException as exc:
+            # An abandoned allreduce must not be polled by later calls.
+            self._call_failed(entry.slot, exc, entry.run)
+            if entry in self._active:
+                self._active.remove(entry)
+                self._hold(entry.run)
             raise
 
     def _progress(self) -> None:
@@ -795,14 +1458,62 @@ class Communicator(FamilyCalls):
         """Changes whenever any outstanding allreduce completes a step of any lane."""
         return tuple(e.run.progress for e in self._active)
 
+    def _auto_for(self, count: int, dtype: np.dtype, op: str) -> str:
+        """``auto``'s choice for an allreduce, keeping one NaN rule: MIN and MAX of floats
+        propagate NaN (numpy's rule, which bmlmpi's kernels follow); Open MPI's own
+        MPI_MIN/MPI_MAX do not, so ``auto`` never hands those to ``native`` (the tree below
+        64 KiB, the ring above). ``native`` asked for explicitly is the MPI library's rule."""
+        choice = self._auto(count, dtype.itemsize)
+        if choice == "native" and op in ("min", "max") and dtype.kind == "f":
+            choice = "tree" if count * dtype.itemsize <= 65536 else "ring"
+        return choice
+
     def _auto(self, count: int, itemsize: int) -> str:
         key = (count, itemsize)
         choice = self._choices.get(key)
         if choice is None:
-            choice = select.choose(count, itemsize, self.size, self.calibration, self.shape,
-                                   nodes=self._nodes_for_auto())
-            self._choices[key] = choice
+            why = select.explain(count, itemsize, self.size, self.calibration, self.shape,
+                                 nodes=self._nodes_for_auto())
+            choice = self._choices[key] = why.chosen
+            if _log.isEnabledFor(logging.DEBUG):
+                _log.debug("auto (rank %d of %d) for a new signature: %s", self.rank,
+                           self.size, why)
         return choice
+
+    def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
+                collective: str = "allreduce") -> select.Explanation:
+        """What ``Allreduce`` of ``count`` elements of ``dtype`` with ``op`` runs on this
+        communicator, and why: the candidates ``auto`` priced (predicted seconds: the cost
+        model with this machine's calibration, and the model before the calibration's
+        measured correction), the one chosen and the rule that chose it
+        (:class:`bmlmpi.select.Explanation`; ``str()`` of it is a small table). Local: no
+        communication; every rank reaches the same answer. A communicator built with a named
+        algorithm explains that it runs it. ``collective``: also ``reduce_scatter``,
+        ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
+        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.select.
+        explain_collective`)."""
+        if collective not in ("allreduce", *COLLECTIVES):
+            raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
+                             f"{', '.join(COLLECTIVES)}")
+        if count < 0:
+            raise ValueError(f"explain: count must be >= 0, got {count}")
+        dt = np.dtype(dtype)
+        if collective in ("allreduce", *REDUCING):
+            check_dtype_op(dt, op_name(op))
+        asked = (self.algorithm if collective == "allreduce"
+                 else self._family_algorithm(collective, None))
+        if asked != "auto":
+            return select.Explanation(collective, int(count), dt.itemsize, self.size,
+                                      asked, "asked",
+                                      f"the communicator was built with "
+                                      f"algorithm={self.algorithm!r}")
+        if collective != "allreduce":
+            blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
+            return select.explain_collective(
+                collective, int(count), dt.itemsize, self.size, self.calibration, self.shape,
+                self._nodes_for_auto(), 0, (count // self.size,) * self.size if blocked else None)
+        return select.explain(int(count), dt.itemsize, self.size, self.calibration,
+                              self.shape, nodes=self._nodes_for_auto())
 
     def _find_links(self) -> np.ndarray:
         """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement.
@@ -870,9 +1581,16 @@ _last: tuple[MPI.Comm | None, Communicator | None] = (None, None)
 
 
 def _forget(comm: MPI.Comm, keyval: int, ctx: Communicator) -> None:
+    """MPI deletes the attribute: the user freed ``comm`` (or MPI is finalizing). The
+    Communicator made for it is freed with it (its duplicates, its watchdog thread), unless
+    MPI is finalizing (freeing communicators then is not allowed everywhere) or it still has
+    calls outstanding (Free refuses; they keep what they need)."""
     global _last
     if _last[1] is ctx:
         _last = (None, None)
+    if not MPI.Is_finalized() and comm not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+        with contextlib.suppress(Exception):
+            ctx.Free()
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_forget)
@@ -910,7 +1628,10 @@ def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm =
     try:
         name = _CHECKED[algorithm]
     except (KeyError, TypeError):
-        name = select.check_algorithm(algorithm)
+        try:
+            name = select.check_algorithm(algorithm)
+        except (ValueError, TypeError) as exc:
+            ctx._refuse(exc)
         _CHECKED[algorithm] = name
     ctx._blocking(sendbuf, recvbuf, op, name)
 
@@ -919,4 +1640,38 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm 
                algorithm: str = "auto") -> Request:
     """Non-blocking :func:`Allreduce`; progresses inside the request's ``Test``/``Wait``."""
     ctx = _communicator_for(comm)
-    return ctx._start(sendbuf, recvbuf, op, select.check_algorithm(algorithm))
+    try:
+        name = select.check_algorithm(algorithm)
+    except (ValueError, TypeError) as exc:
+        ctx._refuse(exc)
+    return ctx._start(sendbuf, recvbuf, op, name)
+
+
+_finalize_bound: list[float] = []
+
+
+def bound_finalize(seconds: float) -> None:
+    """Give this process's ``MPI_Finalize`` at most ``2 * seconds`` (at least 30) once the program
+    ends: a rank that gave up a call at its deadline may have a peer that is stopped or hung,
+    and ``MPI_Finalize`` would wait for it for ever. At exit, before mpi4py finalizes, an
+    alarm is armed (SIGALRM, the default action: the process ends, and the launcher ends the
+    job); a finalize that completes in time is not affected."""
+    if _finalize_bound:
+        _finalize_bound[0] = max(_finalize_bound[0], seconds)
+        return
+    _finalize_bound.append(seconds)
+    import atexit
+    import os
+    import signal
+
+    def arm() -> None:
+        # generous: a finalize that is merely slow (a loaded node, many communicators) must
+        # not be cut short; only one that waits for ever is
+        n = max(30, int(math.ceil(2 * _finalize_bound[0])))
+        with contextlib.suppress(OSError):
+            os.write(2, (f"bmlmpi: a call was given up at its deadline on this rank; "
+                         f"MPI_Finalize gets {n} s before this process ends itself (a "
+                         f"stopped or hung peer cannot keep the job from ending)\n").encode())
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(n)
+    atexit.register(arm)

@@ -414,7 +414,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * factor if size > 1 else 0.0})
         if a == "auto" and collective == "allreduce":
-            rows[-1]["chose"] = ctx._auto(n, send.itemsize)
+            rows[-1]["chose"] = ctx.explain(n, np.float32).chosen
     return rows
 
 
@@ -453,6 +453,8 @@ def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
                  ("Busbw(GB/s)", "busbw_GBps", FIELD, ".3f")]
     if args.validation:
         cols += [("Validation", "validation", 12, "")]
+    if rows and "chose" in rows[0]:
+        cols += [("Auto chose", "chose", 14, "")]  # what auto ran (Communicator.explain)
     lines.append(f"{'# Size':<10}" + "".join(f"{t:>{w}}" for t, _, w, _ in cols))
     lines += [f"{r['size']:<10d}" + "".join(f"{r[k]:>{w}{f}}" for _, k, w, f in cols)
               for r in rows]

@@ -17,6 +17,10 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   times to steps · (α + step_overhead) + messages · msg_overhead, where steps and messages
   are what the cost model counts for those schedules;
 * ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
+* shared memory, when all ranks share one node (:mod:`bmlmpi.shm`), every rank at once:
+  ``shm_copy``, a copy of 4 MiB per byte; ``shm_reduce``, ``out = a + b`` of 4 MiB per byte
+  read; ``shm_sync``, the shared-memory allreduce of one element per rank (three steps of
+  barrier, flag and wait) per step; ``shm`` is then timed for ``corrections`` with the others;
 * ``native``: the MPI library's blocking ``MPI_Allreduce`` as user code calls it (mpi4py's
   ``comm.Allreduce``) at 8 B, 64 KiB, 256 KiB, 1 MiB, 4 MiB and 16 MiB — the real baseline, not
   bmlmpi's polled ``MPI_Iallreduce`` pass-through (7× slower at 8 B on the development
@@ -72,9 +76,11 @@ from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
 from .schedules import algorithms as records
 from .schedules.types import Schedule
+from .shm import NodeTier, ShmRun
+from .topology.nodes import Nodes
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
-FORMAT = 5
+FORMAT = 6  # 6: the shared-memory constants
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -91,7 +97,7 @@ _HOST_BYTES = 64
 # cache broadcast: flag, 5 parameters, native points, one slot per (algorithm, size) factor,
 # (bytes, seconds) per (collective, size) of the family's native calls
 _VEC = (6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
-        + 2 * len(FAMILY) * len(FAMILY_BYTES))
+        + 2 * len(FAMILY) * len(FAMILY_BYTES) + 3)
 
 
 def cache_dir() -> Path:
@@ -235,8 +241,60 @@ def _native_family_time(comm: MPI.Comm, collective: str, nbytes: int, reps: int,
     return [float(real), float(np.median([once() for _ in range(reps)]))]
 
 
+def _copy_time(nbytes: int, reps: int) -> float:
+    """Seconds to copy ``nbytes`` between two arrays (a shared-memory publish or fetch)."""
+    dst, src = np.zeros(nbytes, dtype=np.uint8), np.ones(nbytes, dtype=np.uint8)
+    np.copyto(dst, src)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def _combine_time(nbytes: int, reps: int) -> float:
+    """Seconds per byte read of ``out = a + b`` over ``nbytes`` (a shared-memory reduction
+    reads its sources once and writes its slice once)."""
+    n = nbytes // 8
+    a, b, out = np.ones(n), np.ones(n), np.empty(n)
+    np.add(a, b, out=out)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.add(a, b, out=out)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) / (2 * nbytes)
+
+
+def _shm_step_time(tier: NodeTier, comm: MPI.Comm, reps: int, timeout: float) -> float:
+    """Seconds per step of the shared-memory allreduce of one float64 per rank."""
+    size = comm.Get_size()
+    sched = records.build("shm", records.Context(size, size, 8, comm.Get_rank()))
+    plan = tier.bind(sched, 8)
+    buf = np.ones(size)
+    times = []
+    for i in range(reps + 1):
+        start = time.perf_counter()
+        ShmRun(plan, buf, "sum", 0, "calibrate shm").drive(timeout)
+        if i:
+            times.append(time.perf_counter() - start)
+    return float(np.median(times)) / max(sched.nsteps, 1)
+
+
+def _one_node(comm: MPI.Comm, timeout: float) -> NodeTier | None:
+    """The shared-memory tier of ``comm`` when all its ranks share one node, else None."""
+    if comm.Get_size() < 2:
+        return None
+    tier = NodeTier(comm, Nodes((tuple(range(comm.Get_size())),)), timeout)
+    if tier.one_node:
+        return tier
+    tier.free()
+    return None
+
+
 def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds: int,
-                       timeout: float) -> list[float]:
+                       timeout: float, tier: NodeTier | None = None) -> list[float]:
     """Seconds per call of the native blocking ``MPI_Allreduce`` and of each named schedule,
     for ``nbytes`` of float64, measured the way the sweep (:mod:`bmlmpi.bench`) and user code
     call them: every candidate reduces the same ``send`` into the same ``recv`` (a schedule
@@ -255,7 +313,8 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds
     n = max(nbytes // 8, 1)
     send = np.ones(n, dtype=np.float64)
     recv = np.empty_like(send)
-    plans = [Plan.flat(_schedule(a, rank, size, nbytes), comm) for a in names]
+    plans = [tier.bind(_schedule(a, rank, size, nbytes), 8) if a == "shm"
+             else Plan.flat(_schedule(a, rank, size, nbytes), comm) for a in names]
     calls = [0]
 
     def once(i: int) -> float:
@@ -264,8 +323,9 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds
             comm.Allreduce(send, recv, op=MPI.SUM)
         else:
             calls[0] += 1
-            run = Run(plans[i - 1], recv, "sum", (calls[0] % 4) * 4096,
-                      f"calibrate {names[i - 1]}", src=send)
+            kind = ShmRun if names[i - 1] == "shm" else Run
+            run = kind(plans[i - 1], recv, "sum", (calls[0] % 4) * 4096,
+                       f"calibrate {names[i - 1]}", src=send)
             run.drive(timeout)  # the blocking path a checked signature's calls take
         took = time.perf_counter() - start
         # the barrier (with a deadline) before the next call, as the sweep's after each call:
@@ -335,12 +395,17 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
     for i, build in enumerate(scheds):
         phase(f"executor {i}", lambda b=build: _run_schedule(comm, b(rank), 5, timeout))
     phase("reduce", lambda: _reduce_time(LARGE_BYTES, 3))
-    names = _corrected_algorithms(size)
+    tier = _one_node(comm, timeout)
+    if tier is not None:
+        phase("shm copy", lambda: _copy_time(LARGE_BYTES, 3))
+        phase("shm reduce", lambda: _combine_time(LARGE_BYTES, 3))
+        phase("shm sync", lambda: _shm_step_time(tier, comm, 10, timeout))
+    names = _corrected_algorithms(size, tier is not None)
     for nbytes in NATIVE_BYTES:
         reps = 5 if nbytes < (1 << 20) else 3
         if names and nbytes in CORRECTION_BYTES:
             phase(f"native and {','.join(names)} {nbytes}", lambda n=nbytes, r=reps:
-                  _interleaved_times(comm, n, names, r, timeout))
+                  _interleaved_times(comm, n, names, r, timeout, tier))
         else:
             phase(f"native {nbytes}", lambda n=nbytes, r=reps: _native_time(comm, n, r, timeout))
     for coll in FAMILY:
@@ -361,6 +426,12 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
     step_overhead, msg_overhead = fit_overheads(alpha, runs)
     at = 2 + len(scheds)
     gamma = float(worst[at]) / LARGE_BYTES
+    shm_copy = shm_reduce = shm_sync = 0.0
+    if tier is not None:
+        shm_copy = float(worst[at + 1]) / LARGE_BYTES
+        shm_reduce, shm_sync = float(worst[at + 2]), float(worst[at + 3])
+        at += 3
+        tier.free()
     native, measured_runs, i = [], [], at + 1
     for nbytes in NATIVE_BYTES:
         native.append((nbytes, float(worst[i])))
@@ -373,8 +444,9 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         for _ in FAMILY_BYTES:
             natives.append((coll, int(worst[i]), float(worst[i + 1])))
             i += 2
+    shm = {"shm_sync": shm_sync, "shm_copy": shm_copy, "shm_reduce": shm_reduce}
     base = Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
-                       msg_overhead=msg_overhead, gamma=gamma, native=tuple(native))
+                       msg_overhead=msg_overhead, gamma=gamma, native=tuple(native), **shm)
     fixes = []
     for name, nbytes, seconds in measured_runs:
         modelled = estimate([name], nbytes // 8, 8, size, calib=base, corrected=False)[name]
@@ -382,13 +454,14 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
             fixes.append((name, nbytes, seconds / modelled))
     return Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
                        msg_overhead=msg_overhead, gamma=gamma, native=native,
-                       corrections=tuple(fixes), natives=tuple(natives),
+                       corrections=tuple(fixes), natives=tuple(natives), **shm,
                        meta={"size": size, "seconds": round(time.perf_counter() - started, 3),
                              "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
 
-def _corrected_algorithms(size: int) -> list[str]:
-    return records.calibrated(size)
+def _corrected_algorithms(size: int, shm: bool = False) -> list[str]:
+    """The algorithms timed for corrections (``shm`` only where all ranks share a node)."""
+    return [a for a in records.calibrated(size) if a != "shm" or shm]
 
 
 def _schedule(name: str, rank: int, size: int, nbytes: int) -> Schedule:
@@ -444,6 +517,7 @@ def _write_cache(path: Path, key: str, calib: Calibration, host: str, mpi: str) 
 _FIX_AT = 6 + 2 * len(NATIVE_BYTES)
 _FIX_SLOTS = [(a, b) for a in CORRECTED for b in CORRECTION_BYTES]
 _FAMILY_AT = _FIX_AT + len(_FIX_SLOTS)
+_SHM_AT = _FAMILY_AT + 2 * len(FAMILY) * len(FAMILY_BYTES)
 
 
 def _pack(calib: Calibration | None) -> np.ndarray:
@@ -462,6 +536,7 @@ def _pack(calib: Calibration | None) -> np.ndarray:
                 at = _FAMILY_AT + 2 * (FAMILY.index(c) * len(FAMILY_BYTES) + slot[c])
                 vec[at:at + 2] = (b, t)
                 slot[c] += 1
+        vec[_SHM_AT:_SHM_AT + 3] = (calib.shm_sync, calib.shm_copy, calib.shm_reduce)
     return vec
 
 
@@ -476,7 +551,8 @@ def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
                     for j, c in enumerate(FAMILY) for k in range(len(FAMILY_BYTES))
                     if vec[at := _FAMILY_AT + 2 * (j * len(FAMILY_BYTES) + k)] > 0)
     return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta,
-                       corrections=fixes, natives=natives)
+                       corrections=fixes, natives=natives, shm_sync=float(vec[_SHM_AT]),
+                       shm_copy=float(vec[_SHM_AT + 1]), shm_reduce=float(vec[_SHM_AT + 2]))
 
 
 def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
@@ -502,7 +578,9 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
         calib = Calibration(measured.alpha, measured.beta, measured.step_overhead,
                             measured.msg_overhead, measured.gamma, measured.native,
                             meta={**meta, **measured.meta, "source": "measured"},
-                            corrections=measured.corrections, natives=measured.natives)
+                            corrections=measured.corrections, natives=measured.natives,
+                            shm_sync=measured.shm_sync, shm_copy=measured.shm_copy,
+                            shm_reduce=measured.shm_reduce)
         if work.Get_rank() == 0:
             _write_cache(path, key, calib, host, mpi)
         return calib
@@ -527,17 +605,26 @@ def main(argv: Sequence[str] | None = None,
          printer: Callable[[str], None] = print) -> int:
     import argparse
 
-    from .select import prefer_native
+    from . import select
 
     ap = argparse.ArgumentParser(prog="python -m bmlmpi.calibrate",
                                  description="Measure (or read) the cost-model calibration "
-                                             "and print the algorithm the model picks per size.")
+                                             "and print what auto picks per size, with the "
+                                             "predicted time of every algorithm it considers.")
     ap.add_argument("--fresh", action="store_true", help="ignore the cache and re-measure")
-    ap.add_argument("--algorithms", default="bml,ring,ps,tree,multitree,native",
-                    help="comma-separated candidates (default: %(default)s)")
+    ap.add_argument("--algorithms", default=None,
+                    help="comma-separated algorithms to price, among those auto can run "
+                         "(default: auto's own candidates on this communicator)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--itemsize", type=int, default=4)
     args = ap.parse_args(argv)
+    runnable = select.algorithms()[1:]  # every allreduce algorithm but auto
+    if args.algorithms is not None:
+        asked = [a.strip().lower() for a in args.algorithms.split(",") if a.strip()]
+        bad = [a for a in asked if a not in runnable]
+        if bad:
+            ap.error(f"not algorithms auto can run: {', '.join(bad)} (choose among "
+                     f"{', '.join(runnable)})")
     comm = MPI.COMM_WORLD
     start = time.perf_counter()
     calib = calibrate(comm, use_cache=not args.fresh)
@@ -551,21 +638,32 @@ def main(argv: Sequence[str] | None = None,
             f"({1 / calib.beta / 1e9 if calib.beta else math.inf:.2f} GB/s)  "
             f"step_overhead={calib.step_overhead * 1e6:.2f} us  "
             f"msg_overhead={calib.msg_overhead * 1e6:.2f} us  gamma={calib.gamma * 1e9:.4f} ns/B")
+    if calib.has_shm:
+        printer(f"shared memory: sync={calib.shm_sync * 1e6:.2f} us/step  "
+                f"copy={calib.shm_copy * 1e9:.4f} ns/B  reduce={calib.shm_reduce * 1e9:.4f} "
+                f"ns/B read")
     printer("native: " + ", ".join(f"{b} B {s * 1e6:.1f} us" for b, s in calib.native))
     if calib.corrections:
         printer("measured / model: " + ", ".join(f"{a} {b} B {f:.2f}"
                                                   for a, b, f in calib.corrections))
     if "phases" in calib.meta:
         printer("phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in calib.meta["phases"].items()))
-    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  choice   (us)")
+    if size == 1:
+        printer("one rank: auto runs native at every size (MPI_Allreduce on one rank is a "
+                "copy, through the blocking fast path); nothing to price")
+        return 0
+    names = (select.candidates(args.max_bytes // args.itemsize, size)
+             if args.algorithms is None else asked)
+    if "hierarchical" in names:
+        names.remove("hierarchical")  # priced only where nodes are known (a Communicator)
+    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  auto's choice   (us)")
     nbytes = args.itemsize
     while nbytes <= args.max_bytes:
         count = nbytes // args.itemsize
         t = estimate(names, count, args.itemsize, size, calib=calib)
-        best = prefer_native(t)
+        choice = select.explain(count, args.itemsize, size, calib).chosen
         printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
-                                            for n in names) + f"  {best}")
+                                            for n in names) + f"  {choice}")
         nbytes *= 4
     return 0
 

@@ -117,6 +117,17 @@ def _blocking_mode(text: str) -> str:
     return mode
 
 
+#: How often ranks agree on a call's signature (``BMLMPI_CHECK``, see :mod:`bmlmpi.agreement`).
+CHECK_MODES = ("first-call", "every-call")
+
+
+def _check_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in CHECK_MODES:
+        raise ValueError(f"expected one of {', '.join(CHECK_MODES)}")
+    return mode
+
+
 def _text(text: str) -> str:
     return text.strip()
 
@@ -152,6 +163,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "blocking native allreduce after a signature's first call: `watchdog` calls "
              "MPI_Allreduce itself, a thread aborts the job past BMLMPI_TIMEOUT; `polled`: "
              "MPI_Iallreduce polled with a deadline (DeadlineExceeded)", _blocking_mode),
+    Variable("BMLMPI_CHECK", "mode", "first-call", "first-call",
+             "`first-call`: ranks agree on each signature's first call; `every-call`: on every "
+             "call, before any data moves (docs/contracts.md)", _check_mode),
     Variable("BMLMPI_VALIDATE", "boolean", True, "on",
              "off: skip the first-call agreement check", parse_bool),
     Variable("BMLMPI_LINKS", "preset or file", None, "from MPI placement",
@@ -178,6 +192,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_SPIN", "seconds", 0.05, "0.05",
              "seconds a wait polls continuously (yielding the core) before it sleeps between "
              "polls", _seconds_or_zero),
+    Variable("BMLMPI_SHM_CHUNK", "bytes", 256 * 1024, "262144",
+             "bytes of one rank's slice of a chunk in the shared-memory allreduce (`shm`, "
+             "the node tier of `hierarchical`)", _count(1)),
     Variable("BMLMPI_KERNEL", "back end", "auto", "auto",
              "CPU reduction back end: `auto`, `numpy` or `numba`", _kernel_mode),
     Variable("BMLMPI_KERNEL_THREADS", "count", None, "CPUs / ranks on the node",
@@ -212,6 +229,15 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_FAULT_TOLERANT", "boolean", False, "off",
              "torch backend `bmlmpi`: on: run on the fault-tolerant communicator "
              "(`bmlmpi-run --ft`)", parse_bool),
+    Variable("BMLMPI_TRACE_CALLS", "calls", 256, "256",
+             "calls each communicator's flight recorder keeps (the last ones); 0 turns it off",
+             _count(0)),
+    Variable("BMLMPI_TRACE_DIR", "directory", None, "`bmlmpi-trace-<job>` in the temp dir",
+             "where each rank writes its flight recorder (JSON) when a call fails, on SIGUSR1 "
+             "and on `dump_trace()`; read them with `bmlmpi-trace DIR`", _path),
+    Variable("BMLMPI_TIMELINE", "directory", None, "off",
+             "write a Chrome-trace timeline (Perfetto) of every call and step of each rank into "
+             "this folder; `bmlmpi-trace --timeline DIR` merges the ranks", _path),
 )}
 
 

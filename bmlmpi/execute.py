@@ -10,6 +10,7 @@ a stuck one fails naming the step and the peers it was waiting for.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -31,15 +32,35 @@ _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
 
 
-def timeout_from_env(value: float | None = None) -> float:
-    """The deadline in seconds: explicit, else ``BMLMPI_TIMEOUT``, else 120 s."""
-    if value is not None:
-        return float(value)
-    return config.get("BMLMPI_TIMEOUT")
+def timeout_from_env(value: float | None = None, name: str = "timeout") -> float:
+    """The deadline in seconds: explicit, else ``BMLMPI_TIMEOUT``, else 120 s. An explicit
+    value is held to the environment parser's rule (a finite number of seconds > 0), so that
+    no value that looks like a number (NaN, infinity, 0, -1) switches the deadline off."""
+    if value is None:
+        return config.get("BMLMPI_TIMEOUT")
+    return check_seconds(value, name)
+
+
+def check_seconds(value: object, name: str) -> float:
+    """``value`` as seconds, refused (ValueError naming ``name``) unless finite and > 0."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}") \
+            from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r} "
+                         f"(no value switches the deadline off)")
+    return seconds
 
 
 class DeadlineExceeded(TimeoutError):
     """A wait made no progress within its deadline."""
+
+
+#: Called between polls of a wait that is still waiting; may raise to end the wait (the
+#: communicator's control channel reports that another rank failed the call).
+Interrupt = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +129,8 @@ class Plan:
     def __init__(self, sched: Schedule, comms: list[MPI.Comm],
                  level_peer: Callable[[int, int], tuple[int, int]]):
         """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``."""
+        if sched.uses_shm:
+            raise ValueError("a schedule with shared-memory steps runs on bmlmpi.shm")
         self.sched = sched
         self.comms = comms
         if (sched.streams > 1 and not _placed_on_levels(sched)
@@ -222,8 +245,26 @@ class RunObserver:
         """The lane's step's reductions are applied (its sends may still be in flight on the
         blocking path of a one-lane plan, which completes them before the next post)."""
 
+    def sent(self, run: Run, lane: int) -> None:
+        """The blocking path of a one-lane plan: the step's sends, completed after its
+        reductions, are done (before the next post)."""
+
+    def finishing(self, run: Run) -> None:
+        """Every lane is done; the run's last copies from the input come next."""
+
+    def finished(self, run: Run) -> None:
+        """The run is complete (its last copies made, ``finish`` called)."""
+
 
 _observer: RunObserver | None = None
+
+
+def install_observer(observer: RunObserver | None) -> RunObserver | None:
+    """Install ``observer`` for every Run started from now on (the process's timeline,
+    :mod:`bmlmpi.timeline`); returns the one it replaces."""
+    global _observer
+    previous, _observer = _observer, observer
+    return previous
 
 
 @contextmanager
@@ -247,7 +288,7 @@ class Run:
     """
 
     __slots__ = ("plan", "buf", "src", "prog", "kop", "tag_base", "_label", "finish", "pos",
-                 "lane_reqs", "progress", "done", "scratch", "observer")
+                 "lane_reqs", "progress", "done", "scratch", "observer", "stalled")
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
                  label: str | Callable[[], str], finish: Callable[[], None] | None = None,
@@ -272,6 +313,7 @@ class Run:
         self.done = False
         self.scratch = plan.take_scratch(buf.dtype) if plan.scratch_elems else None
         self.observer = _observer
+        self.stalled: tuple[int, list[tuple[str, int]]] | None = None
 
     @property
     def label(self) -> str:
@@ -372,7 +414,7 @@ class Run:
         self._finalise()
         return True
 
-    def drive(self, timeout: float) -> None:
+    def drive(self, timeout: float, interrupt: Interrupt | None = None) -> None:
         """Run to completion in the calling thread (the blocking path of ``Allreduce``).
 
         :func:`wait_for`'s loop and deadline (restarting whenever a lane completes a step; a
@@ -384,7 +426,7 @@ class Run:
         one lane (every lockstep schedule: ring and BML at N = 2) goes step by step without
         :meth:`test`."""
         if len(self.prog) == 1:
-            self._drive_lane(timeout)
+            self._drive_lane(timeout, interrupt)
             return
         if self.test():
             return
@@ -403,9 +445,11 @@ class Run:
                 mark, last = self.progress, now
             elif now - last > timeout:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
+            if interrupt is not None:
+                interrupt()
             _back_off(now - start, spin)
 
-    def _drive_lane(self, timeout: float) -> None:
+    def _drive_lane(self, timeout: float, interrupt: Interrupt | None = None) -> None:
         """:meth:`drive` for a plan of one lane: post a step, poll until its receives are in,
         reduce, poll until its sends are done, next step. The reductions run while the peers
         may still be taking this rank's sends: a schedule never writes, in a step, a range
@@ -419,16 +463,19 @@ class Run:
             nrecv = len(lane[self.pos[0]].recvs)
             recvs, sends = reqs[:nrecv], reqs[nrecv:]
             if recvs and not _testall(recvs):
-                self._poll(recvs, timeout, clock)
+                self._poll(recvs, timeout, clock, interrupt)
             self._reduce(0)
             if sends and not _testall(sends):
-                self._poll(sends, timeout, clock)
+                self._poll(sends, timeout, clock, interrupt)
+            if self.observer is not None:
+                self.observer.sent(self, 0)
             self.lane_reqs[0] = None
             self.pos[0] += 1
             self.progress += 1
         self._finalise()
 
-    def _poll(self, reqs: list[MPI.Request], timeout: float, clock: list[float]) -> None:
+    def _poll(self, reqs: list[MPI.Request], timeout: float, clock: list[float],
+              interrupt: Interrupt | None = None) -> None:
         """Poll ``reqs`` until all are done: yielding the core for ``BMLMPI_SPIN`` seconds
         from the run's first poll, then sleeping; DeadlineExceeded after ``timeout`` s."""
         last = now = time.monotonic()
@@ -439,9 +486,14 @@ class Run:
             now = time.monotonic()
             if now - last > timeout:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
+            if interrupt is not None:
+                interrupt()
             _back_off(now - start, spin)
 
     def _finalise(self) -> None:
+        observer = self.observer
+        if observer is not None:
+            observer.finishing(self)
         if self.src is not None:
             src, buf = self.src, self.buf
             for lo, hi in self.plan.deferred().final:
@@ -452,6 +504,25 @@ class Run:
         if self.finish is not None:
             self.finish()
         self.done = True
+        if observer is not None:
+            observer.finished(self)
+
+    def waiting(self) -> tuple[int, list[tuple[str, int]]]:
+        """(the step, 1-based, of the lowest lane still waiting; [("recv"|"send", peer in the
+        allreduce communicator), ...] of the transfers not yet complete), read without
+        completing any request (``MPI_Request_get_status``): the flight recorder asks this of
+        a run in progress, and of a stuck one before it is cancelled (:attr:`stalled`)."""
+        if self.stalled is not None:
+            return self.stalled
+        step, peers = self.step + 1, []
+        for lane, p, rs in zip(self.plan.lanes, self.pos, self.lane_reqs, strict=True):
+            if rs is None:
+                continue
+            sp = lane[p]
+            posts = [("recv", q) for q in sp.recvs] + [("send", q) for q in sp.sends]
+            peers += [(kind, q.world_peer) for (kind, q), r in zip(posts, rs, strict=True)
+                      if r != MPI.REQUEST_NULL and not r.Get_status()]
+        return step, peers
 
     def pending(self) -> str:
         waiting = []
@@ -464,18 +535,38 @@ class Run:
                         for (kind, q), r in zip(posts, rs, strict=True)
                         if r != MPI.REQUEST_NULL and not r.Test()]
         if not waiting:
-            return "nothing"
+            # every request of the step completed between the last poll and this report
+            return "no request (the step's transfers completed as the deadline passed)"
         return ", ".join(waiting[:8]) + (" ..." if len(waiting) > 8 else "")
 
-    def cancel(self) -> None:
-        for r in self.reqs:
-            if r != MPI.REQUEST_NULL:
+    def cancel(self, bound: float = 1.0) -> list[MPI.Request]:
+        """Cancel the run's outstanding requests and let the cancellations complete (up to
+        ``bound`` s), so that no receive writes the result buffer after the run is given up;
+        returns the requests still not complete (sends a late peer has not taken, receives
+        MPI had matched already), which the caller keeps alive with their buffers."""
+        reqs = [r for r in self.reqs if r != MPI.REQUEST_NULL]
+        for r in reqs:
+            try:
+                r.Cancel()
+            except MPI.Exception:
+                pass
+        end = time.monotonic() + bound
+        left = reqs
+        while left and time.monotonic() < end:
+            still = []
+            for r in left:
                 try:
-                    r.Cancel()
+                    if not r.Test():
+                        still.append(r)
                 except MPI.Exception:
                     pass
+            left = still
+            if left:
+                time.sleep(1e-3)
+        return left
 
     def describe_timeout(self, timeout: float) -> str:
+        self.stalled = self.waiting()
         msg = (f"{self.label}: step {self.step + 1} of {self.plan.nsteps} made no progress "
                f"in {timeout:g} s; waiting for: {self.pending()}")
         self.cancel()
@@ -515,7 +606,8 @@ def _back_off(elapsed: float, spin: float) -> None:
 
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
-             progress: Callable[[], object] = lambda: None) -> None:
+             progress: Callable[[], object] = lambda: None,
+             interrupt: Interrupt | None = None) -> None:
     """Poll ``test`` until it is true; raise DeadlineExceeded after ``timeout`` s without progress.
 
     MPI makes progress only inside its calls (a shared-memory rendezvous copy happens in the
@@ -535,6 +627,8 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
             mark, last = cur, now
         elif now - last > timeout:
             raise DeadlineExceeded(describe(timeout))
+        if interrupt is not None:
+            interrupt()
         _back_off(now - start, spin)
 
 

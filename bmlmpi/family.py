@@ -42,6 +42,7 @@ call's tags lie in its collective's own block of the tag space (``TAG_KINDS``).
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ from mpi4py import MPI
 from . import buffers, kernels
 from .buffers import BufferSpecError
 from .ops import check_dtype_op, mpi_op, op_name
+from .recorder import Signature
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
@@ -124,6 +126,7 @@ class FamilyCall:
     staging: Any = None         # never set: device arrays are refused (module docstring)
     native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
     extra: dict = field(default_factory=dict)
+    slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
 
     # -- what the launch path and the ledger read ------------------------------------------
     @property
@@ -139,6 +142,13 @@ class FamilyCall:
         return (self.collective, self.size, len(self.counts), self.total,
                 _digest(self.counts), self.dtype.str, self.op, self.root, self.algorithm,
                 tuple(shape))
+
+    def traced(self) -> Signature:
+        """The flight recorder's description of this call."""
+        return Signature(self.collective, int(self.total), self.dtype.name,
+                         self.op if self.collective in REDUCING else None,
+                         self.root if self.collective in ("reduce", "bcast") else None,
+                         self.requested, self.algorithm)
 
     @staticmethod
     def describe_signature(sig: tuple) -> str:
@@ -651,19 +661,21 @@ class FamilyCalls:
 
     def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
+        self._begin_call()
         try:
             call = build(self._family_algorithm(collective, algorithm))
             if call.algorithm == "auto":
                 call.algorithm = self._family_auto(call)
             return call
         except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
+            self._refused(collective, algorithm or self.algorithm, None, exc)
             with self._failure_noted():
                 self._validate(None, exc)
             raise
 
     def _family_start(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
-        return self._submit(self._family_prepared(collective, algorithm, build))
+        return self._submit_recorded(self._family_prepared(collective, algorithm, build))
 
     def _family_repeat(self, key: tuple, args: tuple) -> bool:
         """A blocking call whose signature (:func:`_fast_key`) already ran natively through
@@ -671,12 +683,15 @@ class FamilyCalls:
         private communicator with the caller's own arguments, under the watchdog (no
         resolution, no agreement). False: take the checked path."""
         fast = self._family_fast_calls()
-        what = fast.get(key) if fast is not None and not self._active else None
-        if what is None:
+        entry = fast.get(key) if fast is not None and not self._active else None
+        if entry is None:
             return False
+        what, sig = entry
         bufs = [a for a in args[:2] if type(a) is np.ndarray]
         if len(bufs) == 2 and np.may_share_memory(bufs[0], bufs[1]):
             return False  # the checked path says what is wrong
+        rec = self._recorder
+        slot = None if rec is None else rec.begin(sig)
         self._calls += 1
         watch = self._watchdog
         watch.calls += 1
@@ -684,9 +699,17 @@ class FamilyCalls:
         try:
             getattr(self._comm, key[0])(*args)
         except BufferError:
-            return False  # a buffer changed flags since (read-only...): the checked path
+            # a buffer changed flags since (read-only...): the checked path, which records
+            # the call itself
+            if rec is not None:
+                rec.next -= 1
+            return False
+        except BaseException as exc:
+            self._call_failed(slot, exc)
+            raise
         finally:
             watch.current = None
+        self._call_done(slot)
         return True
 
     def _family_fast_calls(self) -> dict | None:
@@ -711,6 +734,7 @@ class FamilyCalls:
         if (call.algorithm == "native" and self._native_blocking() and not self._active
                 and self._agreed(call)):
             self._calls += 1  # as a started call would: the count names calls in messages
+            slot = self._record(call)
             watch = self._watchdog
             watch.start()
             watch.calls += 1
@@ -718,6 +742,9 @@ class FamilyCalls:
                              f"{self.size})")
             try:
                 call.native(self._comm, "")
+            except BaseException as exc:
+                self._call_failed(slot, exc)
+                raise
             finally:
                 watch.current = None
             call.finish(self.size)
@@ -726,9 +753,10 @@ class FamilyCalls:
                 if fast is not None:
                     fast[key] = (
                         f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
-                        f"{self.size})")
+                        f"{self.size})", call.traced())
+            self._call_done(slot)
             return
-        self._submit(call).Wait()
+        self._submit_recorded(call).Wait()
 
     def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
@@ -744,11 +772,15 @@ class FamilyCalls:
         choice = self._choices.get(key)
         if choice is None:
             blocked = call.collective in ("reduce_scatter", "allgather")
-            choice = select.choose_collective(
+            why = select.explain_collective(
                 call.collective, call.total, call.dtype.itemsize, self.size,
                 self.calibration, self.shape, self._nodes_for_auto(), call.root,
                 call.counts if blocked else None)
-            self._choices[key] = choice
+            choice = self._choices[key] = why.chosen
+            log = logging.getLogger("bmlmpi")
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("auto (rank %d of %d) for a new signature: %s", self.rank,
+                          self.size, why)
         return choice
 
     def _family_plan(self, call: FamilyCall) -> Any:

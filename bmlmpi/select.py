@@ -12,7 +12,9 @@ predicted ``NATIVE_MARGIN`` (5 %) faster: the most ``auto`` may then give away a
 better of native and the best schedule is that margin, the issue's target for ``auto``.
 Every rank holds the same calibration, so every rank reaches the same choice without talking.
 ``hierarchical`` is a candidate where more than one node holds more than one rank (real
-nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others.
+nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others. ``shm`` is
+a candidate where all ranks are on one node and the calibration measured its constants
+(σ per step, β_copy, γ_shm).
 The tree candidates are offered up to ``AUTO_TREE_MAX_RANKS`` ranks (generating the multi-tree
 set costs seconds beyond that), and between the two trees the size bound
 ``BMLMPI_TREE_ARRAY_BOUND`` (elements) decides when it is set: single tree at or below it,
@@ -31,6 +33,8 @@ bounds and which algorithm serves which collective all come from the algorithm r
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from . import config
 from .schedules import algorithms as records
 from .schedules.algorithms import AUTO_TREE_MAX_RANKS, Context, tree_array_bound
@@ -40,8 +44,9 @@ DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 #: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
 NATIVE_MARGIN = 1.05
 
-__all__ = ["AUTO_TREE_MAX_RANKS", "NATIVE_MARGIN", "algorithms", "calibration_wanted",
-           "candidates", "check_algorithm", "choose", "choose_collective", "env_algorithm",
+__all__ = ["AUTO_TREE_MAX_RANKS", "NATIVE_MARGIN", "Candidate", "Explanation", "algorithms",
+           "calibration_wanted", "candidates", "check_algorithm", "choose",
+           "choose_collective", "env_algorithm", "explain", "explain_collective",
            "prefer_native", "tree_array_bound"]
 
 
@@ -86,51 +91,147 @@ def candidates(count: int, size: int, nodes=None, collective: str = "allreduce",
                                       counts=counts, nodes=nodes))
 
 
-def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None, *,
-           collective: str = "allreduce", root: int = 0, counts=None) -> str:
-    """The algorithm ``auto`` uses for ``count`` elements (the work buffer's) of ``itemsize``
-    bytes on ``size`` ranks (``nodes``: which ranks share a node,
-    :class:`bmlmpi.topology.nodes.Nodes`) for ``collective`` (its ``root`` and block
-    ``counts``). ``BMLMPI_ALGORITHM`` applies where it names an algorithm of the collective;
-    for another collective ``auto`` decides."""
+@dataclass(frozen=True)
+class Candidate:
+    """One algorithm ``auto`` priced: ``predicted`` seconds (what the choice compares),
+    ``model`` seconds (the α-β model with the calibration's overheads, before its measured
+    correction; None for native, which is measured) and the ``correction`` factor between."""
+
+    name: str
+    predicted: float
+    model: float | None
+    correction: float
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """Why ``auto`` runs ``chosen`` for one signature: the ``rule`` that decided
+    (``BMLMPI_ALGORITHM``, ``asked``, ``empty``, ``one rank``, ``fixed rule``, ``cost
+    model``, ``family``), in words (``why``), and the ``candidates`` it priced, cheapest
+    first."""
+
+    collective: str
+    count: int
+    itemsize: int
+    size: int
+    chosen: str
+    rule: str
+    why: str
+    candidates: tuple[Candidate, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.itemsize
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["nbytes"] = self.nbytes
+        return d
+
+    def __str__(self) -> str:
+        lines = [f"{self.collective} of {self.count} x {self.itemsize} B on {self.size} "
+                 f"ranks: {self.chosen} ({self.rule}: {self.why})"]
+        for c in self.candidates:
+            model = ("measured" if c.model is None
+                     else f"model {c.model * 1e6:.1f} us x {c.correction:.2f}")
+            mark = "  <- chosen" if c.name == self.chosen else ""
+            lines.append(f"  {c.name:<13} {c.predicted * 1e6:10.1f} us  ({model}){mark}")
+        return "\n".join(lines)
+
+
+def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None, *,
+            collective: str = "allreduce", root: int = 0, counts=None) -> Explanation:
+    """What ``auto`` runs for ``count`` elements (the work buffer's) of ``itemsize`` bytes on
+    ``size`` ranks (``nodes``: which ranks share a node, :class:`bmlmpi.topology.nodes.Nodes`)
+    for ``collective`` (its ``root`` and block ``counts``), and why. ``BMLMPI_ALGORITHM``
+    applies where it names an algorithm of the collective; for another collective ``auto``
+    decides."""
+    def decided(chosen: str, rule: str, why: str, cands=()) -> Explanation:
+        return Explanation(collective, count, itemsize, size, chosen, rule, why, tuple(cands))
+
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
-        return env
+        return decided(env, "BMLMPI_ALGORITHM", f"BMLMPI_ALGORITHM={env} overrides auto")
     if count == 0:
         # nothing to exchange: a schedule with no steps (bml's allreduce), else native
-        return "bml" if collective == "allreduce" else records.NATIVE
+        chosen = "bml" if collective == "allreduce" else records.NATIVE
+        return decided(chosen, "empty", f"an empty buffer has nothing to exchange ({chosen})")
     if size == 1:
         # nothing to exchange: the collective on one rank is a copy, and native is the
         # blocking fast path (a schedule's empty run costs ~10 µs of Python per call)
-        return records.NATIVE
+        return decided(records.NATIVE, "one rank", "nothing to exchange: native is a copy "
+                                                   "through the blocking fast path")
     threshold = config.get("BMLMPI_AUTO_BML_BYTES")
     fixed = "bml" if collective == "allreduce" else _fixed_choice(collective)
     if calib is None or (collective != "allreduce"
                          and calib.native_seconds(count * itemsize, collective) is None):
         # no calibration, or none of this collective's native call: the fixed rule
-        return fixed if count * itemsize >= threshold else records.NATIVE
+        chosen = fixed if count * itemsize >= threshold else records.NATIVE
+        what = ("no calibration (BMLMPI_CALIBRATE=0)" if calib is None
+                else f"the calibration has no native {collective} timings")
+        return decided(chosen, "fixed rule",
+                       f"{what}: native below BMLMPI_AUTO_BML_BYTES={threshold} B, {fixed} "
+                       f"from it; this call is {count * itemsize} B")
     from .model import estimate
 
     names = candidates(count, size, nodes, collective, root, counts)
-    times = estimate(names, count, itemsize, size, calib=calib, shape=shape, nodes=nodes,
-                     collective=collective, root=root, counts=counts)
-    return prefer_native(times)
+    if not calib.has_shm:  # shared memory not measured here (several nodes, or one rank)
+        names = [n for n in names if n != "shm"]
+    kw = dict(calib=calib, shape=shape, nodes=nodes, collective=collective, root=root,
+              counts=counts)
+    times = estimate(names, count, itemsize, size, **kw)
+    raw = estimate([n for n in times if n != records.NATIVE], count, itemsize, size,
+                   corrected=False, **kw)
+    chosen = prefer_native(times)
+    cands = sorted((Candidate(n, t, raw.get(n), t / raw[n] if raw.get(n) else 1.0)
+                    for n, t in times.items()), key=lambda c: c.predicted)
+    best = cands[0]
+    if chosen == records.NATIVE and best.name != records.NATIVE:
+        why = (f"native kept: {best.name} is predicted {best.predicted * 1e6:.1f} us against "
+               f"native's measured {times['native'] * 1e6:.1f} us, less than the "
+               f"{NATIVE_MARGIN:g}x margin a schedule must win by")
+    elif chosen == records.NATIVE:
+        why = "native is the cheapest (its time measured by the calibration)"
+    elif records.NATIVE in times:
+        why = (f"{chosen} is predicted {times[chosen] * 1e6:.1f} us, at least "
+               f"{NATIVE_MARGIN:g}x faster than native's measured {times['native'] * 1e6:.1f} us")
+    else:
+        why = f"{chosen} is predicted the cheapest"
+    return decided(chosen, "cost model", why, cands)
 
 
-def choose_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
-                      shape=None, nodes=None, root: int = 0, counts=None) -> str:
-    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of
-    ``count`` elements in all: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
-    collective; with a calibration, :func:`choose`'s priced choice; without one, native (the
+def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None, *,
+           collective: str = "allreduce", root: int = 0, counts=None) -> str:
+    """The algorithm ``auto`` uses (:func:`explain`'s choice)."""
+    return explain(count, itemsize, size, calib, shape, nodes, collective=collective,
+                   root=root, counts=counts).chosen
+
+
+def explain_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
+                       shape=None, nodes=None, root: int = 0, counts=None) -> Explanation:
+    """What ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of ``count``
+    elements in all, and why: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
+    collective; with a calibration, :func:`explain`'s priced choice; without one, native (the
     family's fixed rule: no schedule of these collectives was measured against native on an
     uncalibrated machine)."""
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
-        return env
+        return Explanation(collective, count, itemsize, size, env, "BMLMPI_ALGORITHM",
+                           f"BMLMPI_ALGORITHM={env} overrides auto")
     if calib is None:
-        return records.NATIVE
-    return choose(count, itemsize, size, calib, shape, nodes, collective=collective,
-                  root=root, counts=counts)
+        return Explanation(collective, count, itemsize, size, records.NATIVE, "fixed rule",
+                           "no calibration: the family runs native (no schedule of these "
+                           "collectives was measured against native here)")
+    return explain(count, itemsize, size, calib, shape, nodes, collective=collective,
+                   root=root, counts=counts)
+
+
+def choose_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
+                      shape=None, nodes=None, root: int = 0, counts=None) -> str:
+    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast
+    (:func:`explain_collective`'s choice)."""
+    return explain_collective(collective, count, itemsize, size, calib, shape, nodes, root,
+                              counts).chosen
 
 
 def _fixed_choice(collective: str) -> str:

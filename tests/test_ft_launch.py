@@ -350,6 +350,27 @@ def test_a_link_that_goes_down_masks_its_server():
     assert victim["must_exclude"], victim
 
 
+def _shm_names() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_shm_rank_killed_during_a_shared_memory_allreduce():
+    """Ranks die while the node's segments are shared (algorithm "shm"): the survivors notice
+    (the failure watch, the revoked communicator), recover and finish with exact results over
+    themselves; no window's file stays in /dev/shm after the failed run nor after a normal
+    one (Open MPI unlinks a window's backing file once every rank has mapped it)."""
+    before = _shm_names()
+    groups = [
+        group(3, "shm", calls=3, count=400_001, kills=(kill(1, 1, "during", 4, "kill"),)),
+        group(3, "shm", calls=3, count=400_001, in_place=True,
+              kills=(kill(1, 2, "during", 10, "raise"),)),
+    ]
+    run_and_check(groups)
+    run_and_check([group(2, "shm", calls=2, count=1001)])
+    left = {n for n in _shm_names() - before if n.startswith("osc_sm")}
+    assert not left, f"left in /dev/shm: {sorted(left)}"
+
+
 # -- the collective family's failure contracts (bmlmpi.ft.family) ----------------------------
 
 def _family_check(groups: list[dict], res, records: list[dict]) -> None:

@@ -55,20 +55,26 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
                     timeout=600)
     out = res.stdout
     tables = sweep_tables(res)
-    assert len(tables) == 8, out  # bmlmpi's algorithms, passthrough, native
+    assert len(tables) == 9, out  # bmlmpi's algorithms, passthrough, native
+    printed_choice = {}
     for table, rows in tables:
         assert [int(r[0]) for r in rows] == [4 << i for i in range(15)], table
-        assert all(r[-1] == "Pass" and r[4] == "12" for r in rows), table
+        auto = "Auto chose" in table  # auto's table shows what it ran, after Validation
+        assert ("algorithm: auto" in table.splitlines()[0]) == auto, table
+        assert all(r[-2 if auto else -1] == "Pass" and r[4] == "12" for r in rows), table
+        if auto:
+            printed_choice = {int(r[0]): r[-1] for r in rows}
     assert "# Size" in out and "Avg Latency(us)" in out and "Busbw(GB/s)" in out
     assert "# Latency ratio to native" in out
     ratio_head = out.split("# Latency ratio to native")[1].splitlines()[1].split()
     assert ratio_head[2:] == ["auto", "bml", "ring", "tree", "multitree", "hierarchical",
-                              "passthrough"]
+                              "shm", "passthrough"]
     import csv
     with open(csv_path) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 8 * 15
-    names = ["auto", "bml", "ring", "tree", "multitree", "hierarchical", "passthrough", "native"]
+    assert len(rows) == 9 * 15
+    names = ["auto", "bml", "ring", "tree", "multitree", "hierarchical", "shm", "passthrough",
+             "native"]
     assert list(dict.fromkeys(r["algorithm"] for r in rows)) == names
     # the baseline is mpi4py's blocking call, not a path of bmlmpi's
     assert {r["call"] for r in rows if r["algorithm"] == "native"} == {
@@ -77,7 +83,9 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
     assert all(len(r["loadavg_start"].split()) == 3 and len(r["loadavg_end"].split()) == 3
                for r in rows)
     chosen = {r["chose"] for r in rows if r["algorithm"] == "auto"}
-    assert chosen and chosen <= {"bml", "ring", "tree", "multitree", "hierarchical",
+    assert printed_choice == {int(r["size"]): r["chose"] for r in rows
+                              if r["algorithm"] == "auto"}
+    assert chosen and chosen <= {"bml", "ring", "tree", "multitree", "hierarchical", "shm",
                                  "native"}, chosen
     assert all(r["blocks"] == "3" and float(r["median_block_us"]) > 0 for r in rows)
     assert {r["ranks"] for r in rows} == {"3"} and {r["oversubscribed"] for r in rows} == {"True"}

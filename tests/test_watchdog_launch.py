@@ -5,6 +5,7 @@ waiting rank gets DeadlineExceeded. Each case is one launch with a hard timeout.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from bmlmpi import trace
 
 ROOT = Path(__file__).resolve().parents[1]
 # the deadline: long enough that a loaded machine (two cores shared by many ranks) does not
@@ -45,11 +48,12 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def launch(blocking: str, sleep: float) -> tuple[subprocess.CompletedProcess, float]:
+def launch(blocking: str, sleep: float,
+           trace_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
     cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", "2", sys.executable, "-c", PROGRAM,
            str(sleep)]
     env = {**os.environ, "BMLMPI_TIMEOUT": str(DEADLINE), "BMLMPI_BLOCKING": blocking,
-           "BMLMPI_CALIBRATE": "0", "PYTHONUNBUFFERED": "1"}
+           "BMLMPI_CALIBRATE": "0", "PYTHONUNBUFFERED": "1", "BMLMPI_TRACE_DIR": str(trace_dir)}
     start = time.monotonic()
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
@@ -60,22 +64,44 @@ def launch(blocking: str, sleep: float) -> tuple[subprocess.CompletedProcess, fl
     return res, time.monotonic() - start
 
 
-def test_watchdog_aborts_a_job_whose_peer_never_arrives():
+def rank0_trace(folder: Path) -> tuple[dict, dict]:
+    """Rank 0's flight-recorder dump, and bmlmpi-trace's analysis of the folder: rank 1 never
+    came to the call, so it wrote none and is the one named."""
+    dumps = [json.loads(p.read_text()) for p in folder.glob("bmlmpi-trace-*.json")]
+    assert [d["rank"] for d in dumps] == [0], dumps
+    report = trace.analyse(trace.load(folder))[0]
+    assert report["missing"] == [1] and report["culprit"] == 1, report
+    assert "rank 1 wrote no dump" in report["verdict"]
+    return dumps[0], report
+
+
+def test_watchdog_aborts_a_job_whose_peer_never_arrives(tmp_path):
     # rank 1 sleeps far longer than the launch timeout: only the watchdog can end the job
-    res, _ = launch("watchdog", 3 * LAUNCH_TIMEOUT)
+    res, _ = launch("watchdog", 3 * LAUNCH_TIMEOUT, tmp_path)
     out = res.stdout + res.stderr
     assert "rank 0 fast calls 2" in res.stdout, out[-3000:]
     assert res.returncode != 0, out[-3000:]
     assert "bmlmpi watchdog: bmlmpi native allreduce (blocking MPI_Allreduce of 4 x float64 " \
            "sum, rank 0 of 2), call 3" in res.stderr, out[-3000:]
     assert "NOT REACHED" not in res.stdout
+    # the watchdog had the flight recorder dumped before it aborted: the hung call is the
+    # fourth (seq 3), failed in MPI_Allreduce, waiting on any rank
+    dump, _ = rank0_trace(tmp_path)
+    assert dump["reason"] == "watchdog abort"
+    last = dump["calls"][-1]
+    assert (last["seq"], last["state"], last["chosen"], last["peers"]) == (3, "failed",
+                                                                            "native", "all")
+    assert "bmlmpi watchdog" in last["error"]
 
 
-def test_polled_mode_raises_deadline_exceeded_instead():
-    res, _ = launch("polled", 4 * DEADLINE)
+def test_polled_mode_raises_deadline_exceeded_instead(tmp_path):
+    res, _ = launch("polled", 4 * DEADLINE, tmp_path)
     out = res.stdout + res.stderr
     assert "rank 0 fast calls 0" in res.stdout, out[-3000:]  # polled: no fast path at all
     assert f"DEADLINE native MPI_Iallreduce (rank 0) made no progress in {DEADLINE} s" \
         in res.stdout, out[-3000:]
     assert "bmlmpi watchdog" not in res.stderr
     assert "NOT REACHED" not in res.stdout
+    assert f"bmlmpi flight recorder: rank 0 of 2 wrote {tmp_path}" in res.stderr
+    dump, _ = rank0_trace(tmp_path)
+    assert dump["reason"] == "call 3 raised DeadlineExceeded"

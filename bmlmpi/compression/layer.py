@@ -65,6 +65,7 @@ where a compressor sits (around the allreduce).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Generator
 from typing import Any
 
@@ -74,6 +75,7 @@ from mpi4py import MPI
 from .. import kernels
 from ..execute import Plan, Run
 from ..ops import op_name
+from ..recorder import FlightRecorder, Signature, Slot
 from ..schedules.algorithms import with_wire_format
 from .engine import RunRequest, StagedRequest, drop_private_comm, next_tag_base, private_comm
 from .filters import Compressor, parse
@@ -374,9 +376,39 @@ def start(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
         if isinstance(recvbuf, np.ndarray):
             key = ("buffer", recvbuf.__array_interface__["data"][0], recvbuf.size,
                    recvbuf.dtype.str)
-    return StagedRequest(_stages(comm, compressor, sendbuf, recvbuf, op, key, fault_tolerant),
-                         comm.timeout,
+    stages = _stages(comm, compressor, sendbuf, recvbuf, op, key, fault_tolerant)
+    rec = comm.recorder
+    if rec is not None:
+        stages = _recorded(rec, rec.begin(_signature(comm, compressor, recvbuf, op)), stages)
+    return StagedRequest(stages, comm.timeout,
                          f"compressed allreduce ({compressor.name})", owner=comm)
+
+
+def _signature(comm: Any, compressor: Compressor, recvbuf: Any, op: Any) -> Signature:
+    """The flight recorder's signature of a compressed call (count and dtype where recvbuf
+    is an array; the op as far as bmlmpi knows it: a bad one is refused in the stages)."""
+    count = dtype = name = None
+    if isinstance(recvbuf, np.ndarray):
+        count, dtype = int(recvbuf.size), recvbuf.dtype.name
+    with contextlib.suppress(Exception):
+        name = op_name(op)
+    return Signature("allreduce", count, dtype, name, None, comm.algorithm,
+                     f"compressed {compressor.name}")
+
+
+def _recorded(rec: FlightRecorder, slot: Slot, stages: Generator) -> Generator:
+    """``stages``, their end written into the flight recorder: done, or failed (and the
+    recorder dumped, unless it was this rank's argument error or an abandoned request)."""
+    try:
+        result = yield from stages
+    except GeneratorExit as exc:
+        rec.fail(slot, exc)
+        raise
+    except BaseException as exc:
+        rec.failed_call(slot, exc, dump=not isinstance(exc, (ValueError, TypeError)))
+        raise
+    rec.done(slot)
+    return result
 
 
 __all__ = ["choose_sparse", "start"]

@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from .. import config
 from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
-from ..execute import DeadlineExceeded, Plan, wait_request
+from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
 from ..heartbeat import Heartbeat
 from ..schedules import catalog
 from .errors import (
@@ -40,9 +40,9 @@ DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
 RECOVERY_MODES = ("auto", "fresh", "bcube")
 
 
-def _env_float(name: str, value: float | None, default: float) -> float:
+def _env_float(name: str, value: float | None, default: float, what: str) -> float:
     if value is not None:
-        return float(value)
+        return check_seconds(value, what)
     env = config.get(name)
     return default if env is None else float(env)
 
@@ -115,6 +115,18 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         """
         if recovery not in RECOVERY_MODES:
             raise ValueError(f"recovery must be one of {RECOVERY_MODES}, got {recovery!r}")
+        # A stopped rank is fenced by the heartbeat after hang_timeout; a deadline shorter
+        # than that ends the survivors' calls first, and nobody fences the stopped rank (the
+        # job never ends). The pair is refused, on every rank (the values are the same on
+        # every rank when they come from the environment; otherwise each rank checks its own).
+        hang = _env_float("BMLMPI_HANG_TIMEOUT", hang_timeout, DEFAULT_HANG_TIMEOUT,
+                          "hang_timeout")
+        deadline = timeout_from_env(timeout)
+        if deadline <= hang:
+            raise ValueError(
+                f"fault-tolerant communicator: timeout ({deadline:g} s) must exceed hang_timeout "
+                f"({hang:g} s, BMLMPI_HANG_TIMEOUT): a stopped rank is fenced after hang_timeout "
+                f"and the survivors must still be waiting then, or nobody fences it")
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
         support, why = ulfm_support(comm)
@@ -139,8 +151,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
             else "fresh"
         self._init_ledger()
-        hang = _env_float("BMLMPI_HANG_TIMEOUT", hang_timeout, DEFAULT_HANG_TIMEOUT)
-        period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8))
+        period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8), "heartbeat")
         try:
             token = self._share_token()
         except MPI.Exception as exc:
@@ -194,6 +205,26 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         return home.restrict(self._members)
 
     # -- construction helpers ---------------------------------------------------------------
+    def _agrees_every_call(self) -> bool:
+        """Every call is agreed before its attempt (one Iallreduce on the communicator, made
+        by every rank, the one whose arguments fail included), so an agreement never meets a
+        data message, whatever the ranks' arguments."""
+        return True
+
+    def _make_control(self) -> MPI.Comm:
+        """The agreement travels on the one communicator, which recovery revokes and
+        shrinks: every rank agrees on every call before any data moves (see above)."""
+        return self._comm
+
+    @property
+    def _control(self) -> MPI.Comm:
+        """The control channel is the current communicator (replaced by each recovery)."""
+        return self._comm
+
+    @_control.setter
+    def _control(self, comm: MPI.Comm) -> None:
+        pass  # always the current communicator (above)
+
     def _split_levels(self) -> list[MPI.Comm]:
         return []  # one communicator for every transfer (module docstring)
 
@@ -340,6 +371,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
 
     def _start_persistent(self, prepared: PreparedCall, compiled: Any) -> Call:
         """A persistent call's start is one call of the ledger (compiled per attempt)."""
+        self._record(prepared)
         return self._enter(prepared)
 
     def _enter(self, prepared: PreparedCall) -> Call:
@@ -381,6 +413,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
             call.run = (Skipped() if skip
                         else self._launch(prepared, label, None))
+        if call.slot is not None:
+            call.slot.run = call.run
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """After failures with ``recovery="bcube"``, bml keeps the original BCube addresses
@@ -392,7 +426,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             if sched is not None:
                 current = {orig: cur for cur, orig in enumerate(self._members)}
                 return Plan(sched, [self._comm], lambda level, peer: (0, current[peer]))
-        return Plan.flat(self._schedule(algorithm, count, itemsize), self._comm)
+        sched = self._schedule(algorithm, count, itemsize)
+        if sched.uses_shm:  # shared-memory steps: the node's window of the current members
+            return self._node_tier().bind(sched, itemsize)
+        return Plan.flat(sched, self._comm)
 
     @contextlib.contextmanager
     def _failure_noted(self) -> Iterator[None]:

@@ -47,6 +47,7 @@ class Call:
         self.agree: MPI.Request | None = None
         self.committed = False
         self.attempts = 0
+        self.slot = prepared.slot           # the call in the flight recorder
 
     def test(self) -> bool:
         return self.owner._test_call(self)
@@ -67,6 +68,11 @@ class Ledger:
         self._events += 1
         with contextlib.suppress(MPI.Exception, NotImplementedError):
             self._comm.Revoke()
+        recorder = getattr(self, "_recorder", None)  # None while the base class constructs
+        if recorder is not None:
+            what = f"{type(exc).__name__}: {exc}" if exc is not None else "a peer's revoke"
+            with contextlib.suppress(OSError):
+                recorder.dump(f"fault-tolerant communicator noticed a failure ({what})")
 
     def _advance(self) -> None:
         """Advance every pending call, then settle agreements in call order."""
@@ -115,6 +121,7 @@ class Ledger:
         self._committed += 1
         call.effective.finish(call.size)
         call.committed = True
+        self._call_done(call.slot)
 
     def _drain(self, run: Run | NativeRun | None) -> None:
         """Let an abandoned attempt's requests complete (with errors, once revoked) so that
@@ -137,10 +144,14 @@ class Ledger:
                                     for c in self._pending))
 
     def _test_call(self, call: Call) -> bool:
-        with self._hb.watching():
-            self._advance()
-        if call.committed:
-            self._raise_outcome(call)
+        try:
+            with self._hb.watching():
+                self._advance()
+            if call.committed:
+                self._raise_outcome(call)
+        except BaseException as exc:
+            self._call_failed(call.slot, exc, call.run)
+            raise
         return call.committed
 
     @staticmethod
@@ -166,7 +177,11 @@ class Ledger:
             return (f"bmlmpi fault-tolerant communicator (rank {self.rank} of {self.size}): no "
                     f"progress in {t:g} s; waiting on {where}{hint}")
 
-        with self._hb.watching():
-            wait_for(lambda: (self._advance(), call.committed)[1], self.timeout, describe,
-                     progress=self._progress_mark)
-        self._raise_outcome(call)
+        try:
+            with self._hb.watching():
+                wait_for(lambda: (self._advance(), call.committed)[1], self.timeout, describe,
+                         progress=self._progress_mark)
+            self._raise_outcome(call)
+        except BaseException as exc:
+            self._call_failed(call.slot, exc, call.run)
+            raise

@@ -140,9 +140,16 @@ class Membership:
         self._hb.forget(lost)
 
     def _reconcile(self) -> None:
-        """Every survivor must have committed the same calls; say so loudly if not."""
-        mine = np.array([self._committed, len(self._pending)], dtype=np.int64)
-        every = np.empty((self.size, 2), dtype=np.int64)
+        """Every survivor must have committed the same calls; say so loudly if not.
+
+        Survivors may have *started* different numbers of calls (a rank that lagged had not
+        yet started the last ones when the failure came): calls commit in start order, so
+        the pending calls of every survivor are a prefix of the same sequence, and each
+        starts the ones it has not started yet later, in order, as the others did. What
+        must agree is where the next attempt's tags begin: the launch count is set to the
+        largest (the next attempts then use the same tags on every survivor)."""
+        mine = np.array([self._committed, len(self._pending), self._calls], dtype=np.int64)
+        every = np.empty((self.size, 3), dtype=np.int64)
         req = self._comm.Iallgather(mine, every)
         state = {"failed": False}
 
@@ -157,11 +164,14 @@ class Membership:
 
         wait_for(done, self.timeout,
                  lambda t: f"bmlmpi: survivors did not compare states within {t:g} s")
-        if state["failed"] or (every == every[0]).all():
+        if state["failed"]:
+            return
+        if (every[:, 0] == every[0, 0]).all():
+            self._calls = int(every[:, 2].max())
             return
         raise FaultToleranceError(f"survivors disagree on the allreduces committed before "
                                   f"the failure (committed, pending per rank: "
-                                  f"{every.tolist()})")
+                                  f"{every[:, :2].tolist()})")
 
     def _check_vanished(self) -> None:
         vanished = self._hb.vanished

@@ -16,6 +16,11 @@ when every bandwidth is rational). :meth:`Cost.seconds` adds the per-step terms 
 α, the executor's overhead per step and per message a rank posts, and γ per byte a rank
 reduces (the α-β-γ model; γ = 0 gives the paper's model).
 
+A shared-memory step (:class:`~bmlmpi.schedules.types.ShmOp`) moves no message: it costs
+σ (its synchronisation: a memory barrier, a flag, a wait) + the bytes its busiest rank copies
+(publish, fetch, a reduction's copy into its segment) · β_copy + the bytes that rank's
+reductions read · γ_shm, with the machine's constants from :mod:`bmlmpi.calibrate`.
+
 Two ways to price:
 
 * :func:`price` — the schedules of all ranks; exact on any network.
@@ -52,6 +57,9 @@ class StepCost:
     messages: int
     reduced: int
     active: bool
+    shm: bool = False   # a shared-memory step: priced by ``copied`` and ``read`` instead
+    copied: int = 0     # elements the busiest rank copies in shared memory
+    read: int = 0       # elements that rank's shared-memory reductions read
 
 
 @dataclass(frozen=True)
@@ -89,14 +97,19 @@ class Cost:
                 else Fraction(s.time) / self.count for s in self.steps]
 
     def seconds(self, itemsize: int, alpha: float, beta: float, *, step_overhead: float = 0.0,
-                msg_overhead: float = 0.0, gamma: float = 0.0) -> float:
+                msg_overhead: float = 0.0, gamma: float = 0.0, shm_sync: float = 0.0,
+                shm_copy: float = 0.0, shm_reduce: float = 0.0) -> float:
         """Time in seconds: per active step α + ``step_overhead`` + ``msg_overhead`` · messages
-        + busiest-link time · itemsize · β + γ · reduced · itemsize."""
+        + busiest-link time · itemsize · β + γ · reduced · itemsize; per shared-memory step
+        ``shm_sync`` + copied · itemsize · ``shm_copy`` + read · itemsize · ``shm_reduce``."""
         if itemsize <= 0:
             raise ValueError(f"itemsize must be positive, got {itemsize}")
         total = 0.0
         for s in self.steps:
-            if s.active:
+            if s.shm:
+                total += (shm_sync + s.copied * itemsize * shm_copy
+                          + s.read * itemsize * shm_reduce)
+            elif s.active:
                 total += (alpha + step_overhead + msg_overhead * s.messages
                           + float(s.time) * itemsize * beta + gamma * s.reduced * itemsize)
         return total
@@ -119,6 +132,18 @@ def _busiest(loads: dict[Link, int], network: Network) -> tuple[Number, Link | N
 def _rank_work(step) -> tuple[int, int]:
     return (len(step.sends) + len(step.recvs),
             sum(t.hi - t.lo for t in step.recvs if t.reduce))
+
+
+def _shm_work(step) -> tuple[int, int]:
+    """(elements copied, elements read by reductions) of one rank's shared-memory step."""
+    copied = read = 0
+    for o in step.shm:
+        if o.kind == "reduce":
+            read += o.n * (1 + len(o.peers))
+            copied += o.n if o.publish or not o.peers else 0
+        else:
+            copied += o.n
+    return copied, read
 
 
 def _check_network(size: int, network: Network) -> None:
@@ -144,12 +169,16 @@ def price(scheds: Sequence[Schedule], network: Network) -> Cost:
     out = []
     for i in range(nsteps):
         loads: dict[Link, int] = defaultdict(int)
-        messages = reduced = 0
-        active = False
+        messages = reduced = copied = read = 0
+        active = shm = False
         for s in scheds:
             if i >= len(s.steps):
                 continue
             step = s.steps[i]
+            if step.shm:
+                c, rd = _shm_work(step)
+                copied, read, shm = max(copied, c), max(read, rd), True
+                continue
             m, r = _rank_work(step)
             messages, reduced = max(messages, m), max(reduced, r)
             active = active or m > 0
@@ -157,7 +186,8 @@ def price(scheds: Sequence[Schedule], network: Network) -> Cost:
                 for link in network.route(s.rank, t.peer, t.level):
                     loads[link] += t.hi - t.lo
         time, link = _busiest(loads, network)
-        out.append(StepCost(time, link, messages, reduced, active))
+        out.append(StepCost(time, link, messages, reduced, active or shm, shm and not active,
+                            copied, read))
     return Cost(first.algorithm, network.name, first.count, tuple(out))
 
 
@@ -188,6 +218,10 @@ def price_symmetric(sched: Schedule, network: Network) -> Cost:
                 else Fraction(elems * network.size, n)
         time, link = _busiest(loads, network)  # type: ignore[arg-type]
         m, r = _rank_work(step)
+        if step.shm:
+            c, rd = _shm_work(step)
+            out.append(StepCost(0, None, 0, 0, True, True, c, rd))
+            continue
         out.append(StepCost(time, link, m, r, m > 0))
     return Cost(sched.algorithm, network.name, sched.count, tuple(out))
 

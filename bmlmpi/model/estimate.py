@@ -47,7 +47,10 @@ class Calibration:
     byte through one rank's port (a large exchange, all ranks at once); ``step_overhead`` and
     ``msg_overhead``: what bmlmpi's Python executor adds per step and per message posted;
     ``gamma``: seconds per byte reduced; ``native``: measured (bytes, seconds) points of the
-    MPI library's own allreduce on the same ranks.
+    MPI library's own allreduce on the same ranks. Shared memory (all 0 when not measured:
+    ranks on several nodes, or one rank): ``shm_sync`` per shared-memory step (barrier, flag,
+    wait), ``shm_copy`` seconds per byte copied and ``shm_reduce`` seconds per byte read by a
+    reduction, while every rank of the node works at once.
     """
 
     alpha: float
@@ -64,9 +67,18 @@ class Calibration:
     #: (collective, bytes, seconds) of the MPI library's own call of each collective other
     #: than allreduce (``native`` holds allreduce's), as user code calls it.
     natives: tuple[tuple[str, int, float], ...] = ()
+    shm_sync: float = 0.0
+    shm_copy: float = 0.0
+    shm_reduce: float = 0.0
+
+    @property
+    def has_shm(self) -> bool:
+        """Whether the shared-memory constants were measured."""
+        return self.shm_copy > 0
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta", "step_overhead", "msg_overhead", "gamma"):
+        for name in ("alpha", "beta", "step_overhead", "msg_overhead", "gamma", "shm_sync",
+                     "shm_copy", "shm_reduce"):
             v = getattr(self, name)
             if not (isinstance(v, int | float) and math.isfinite(v) and v >= 0):
                 raise ValueError(f"calibration {name} must be a finite number >= 0, got {v!r}")
@@ -132,7 +144,10 @@ class Calibration:
                    corrections=tuple((str(a), int(b), float(f))
                                      for a, b, f in d.get("corrections", ())),
                    natives=tuple((str(c), int(b), float(t))
-                                 for c, b, t in d.get("natives", ())))
+                                 for c, b, t in d.get("natives", ())),
+                   shm_sync=float(d.get("shm_sync", 0.0)),
+                   shm_copy=float(d.get("shm_copy", 0.0)),
+                   shm_reduce=float(d.get("shm_reduce", 0.0)))
 
 
 def symmetric_on(name: str, network: Network, collective: str = "allreduce") -> bool:
@@ -201,7 +216,9 @@ def _params(calib: Calibration | None, alpha: float | None, beta: float | None) 
                            beta=calib.beta if beta is None else beta,
                            step_overhead=calib.step_overhead, msg_overhead=calib.msg_overhead,
                            gamma=calib.gamma, native=calib.native, meta=calib.meta,
-                           corrections=calib.corrections, natives=calib.natives)
+                           corrections=calib.corrections, natives=calib.natives,
+                           shm_sync=calib.shm_sync, shm_copy=calib.shm_copy,
+                           shm_reduce=calib.shm_reduce)
     return calib
 
 
@@ -235,7 +252,9 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
         cost = _cached_cost(name, count, itemsize, size, network, shape_key, nodes, collective,
                             root, counts_key)
         seconds = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
-                               msg_overhead=p.msg_overhead, gamma=p.gamma)
+                               msg_overhead=p.msg_overhead, gamma=p.gamma,
+                               shm_sync=p.shm_sync, shm_copy=p.shm_copy,
+                               shm_reduce=p.shm_reduce)
         if topology is None and corrected and collective == "allreduce":
             # the calibrated machine itself: scale by what its runs measured against the model
             seconds *= p.correction(name, count * itemsize)

@@ -50,7 +50,8 @@ class Context:
     ``links``: the link-weight matrix trees are generated from (None: a flat network).
     ``nodes``: which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`; the tiered
     algorithms read the placement from ``links`` without it). ``pipeline``/``segments``: None
-    leaves the algorithm's own choice from the message size.
+    leaves the algorithm's own choice from the message size. ``intra``: hierarchical's node
+    tier, ``ring`` (messages) or ``shm`` (shared memory, where the nodes' ranks share it).
     """
 
     size: int
@@ -65,6 +66,7 @@ class Context:
     nodes: Any = None
     pipeline: int | None = None
     segments: int | None = None
+    intra: str = "ring"
 
     def __post_init__(self) -> None:
         coll = collective(self.collective)
@@ -322,9 +324,21 @@ def _multitree_rooted(ctx: Context) -> Schedule:
                                      ctx.segments or 1)
 
 
+def shm_chunk_bytes() -> int:
+    """``BMLMPI_SHM_CHUNK``: bytes of one rank's slice of a shared-memory chunk."""
+    return config.get("BMLMPI_SHM_CHUNK")
+
+
 def _hierarchical_allreduce(ctx: Context) -> Schedule:
     from .hierarchical import hierarchical_schedule
-    return hierarchical_schedule(ctx.rank, ctx.size, ctx.count, ctx.node_map())
+    return hierarchical_schedule(ctx.rank, ctx.size, ctx.count, ctx.node_map(),
+                                 intra=ctx.intra, itemsize=ctx.itemsize,
+                                 chunk_bytes=shm_chunk_bytes())
+
+
+def _shm_allreduce(ctx: Context) -> Schedule:
+    from .shm import shm_schedule
+    return shm_schedule(ctx.rank, ctx.size, ctx.count, ctx.itemsize, shm_chunk_bytes())
 
 
 def _hierarchical_rooted(ctx: Context) -> Schedule:
@@ -348,6 +362,12 @@ def _tree_applies(ctx: Context) -> bool:
 def _multitree_applies(ctx: Context) -> bool:
     bound = tree_array_bound()
     return bound is None or ctx.count > bound
+
+
+def _shm_applies(ctx: Context) -> bool:
+    # one node's ranks (MPI placement, or BMLMPI_RANKS_PER_NODE pretending one node)
+    nodes = ctx.nodes
+    return ctx.size > 1 and nodes is not None and nodes.count == 1
 
 
 def _hierarchical_applies(ctx: Context) -> bool:
@@ -383,6 +403,10 @@ register(Algorithm(
     "hierarchical", {"allreduce": _hierarchical_allreduce, "reduce": _hierarchical_rooted,
                      "bcast": _hierarchical_rooted}, applies=_hierarchical_applies,
     tiered=True, doc="inside each node, then BML or ring across nodes"))
+register(Algorithm(
+    "shm", {"allreduce": _shm_allreduce}, applies=_shm_applies, calibrated=True,
+    doc="one node's ranks through a shared MPI-3 window: copy in, reduce each slice from "
+        "every peer's segment, copy out (IJHPCA 2025; Open MPI's XHC)"))
 register(Algorithm(
     "rabenseifner", {"reduce": _rabenseifner, "bcast": _rabenseifner},
     doc="reduce: ring reduce-scatter then gather to the root (Rabenseifner); bcast: scatter "

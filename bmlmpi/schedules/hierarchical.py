@@ -26,6 +26,14 @@ local rank j mod m_g (equal nodes: local rank j owns shard j).
    runs their allreduces side by side (correct, but that node's NICs carry more).
 3. Local allgather, L−1 steps: the reduce-scatter's ring backwards, copying.
 
+Node tier in shared memory (``intra="shm"``, :mod:`bmlmpi.schedules.shm`): steps 1 and 3 are
+instead the reduce-scatter and allgather halves of the shared-memory allreduce over the
+node's ranks, the shards cut into C cache-sized chunks (C the same on every node): each rank
+publishes the other owners' pieces of its input, reduces its own pieces from its node peers'
+segments (2C steps, pipelined), and after the inter-node allreduce publishes its reduced
+shards and fetches the others' (2C steps). No message inside a node; the node's ranks read
+each piece once where the ring forwards it m−1 times.
+
 Reduce and broadcast (:func:`hierarchical_rooted_schedule`): the reduce is the local
 reduce-scatter, a reduce of every shard across nodes toward the shard's owner on the root's
 node (BML's rooted schedule on the BCube of nodes, else ring's), and one step in which those
@@ -100,12 +108,14 @@ from ..topology.nodes import Nodes
 from .bml import bml_schedule
 from .collectives import collective as collective_record
 from .ring import ring_schedule
+from .shm import DEFAULT_CHUNK_BYTES, chunk_count, node_steps
 from .types import Recv, Schedule, Step, Transfer, balanced_bounds, check_arguments, compact
 
 #: The inter-node allreduce is BML while every prime factor of the node count is at most this
 #: (a BCube level of radix n costs n−1 messages per step); a larger prime factor means ring.
 MAX_BML_RADIX = 8
 INTER_ALGORITHMS = ("auto", "bml", "ring")
+INTRA_ALGORITHMS = ("ring", "shm")
 
 
 def inter_algorithm(node_count: int, inter: str = "auto") -> str:
@@ -124,13 +134,29 @@ def _chunk(shards: list[int], owner: int, m: int) -> list[tuple[int, int]]:
     return [(shards[j], shards[j + 1]) for j in range(owner, len(shards) - 1, m)]
 
 
+def _shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
+                ) -> list[list[tuple[int, int, int]]]:
+    """Chunk c: piece c of every shard, owned by the shard's local owner."""
+    m = len(members)
+    cuts = [balanced_bounds(shards[j], shards[j + 1], nchunks) for j in range(len(shards) - 1)]
+    return [[(cut[c], cut[c + 1], members[j % m]) for j, cut in enumerate(cuts)]
+            for c in range(nchunks)]
+
+
 def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter: str = "auto",
-                          node_shape: Sequence[int] | None = None) -> Schedule:
+                          node_shape: Sequence[int] | None = None, intra: str = "ring",
+                          itemsize: int = 4,
+                          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Schedule:
     """The hierarchical schedule of ``rank`` for ``count`` elements over ``nodes``.
 
     ``inter``: ``bml``, ``ring`` or ``auto`` (:func:`inter_algorithm`); ``node_shape``: the
-    BCube of nodes BML runs on (default: the prime factors of the node count)."""
+    BCube of nodes BML runs on (default: the prime factors of the node count); ``intra``: the
+    node tier, ``ring`` (messages) or ``shm`` (shared memory, chunks of about ``chunk_bytes``
+    per rank for elements of ``itemsize`` bytes)."""
     check_arguments(rank, size, count)
+    if intra not in INTRA_ALGORITHMS:
+        raise ValueError(f"intra-node algorithm must be one of {INTRA_ALGORITHMS}, "
+                         f"got {intra!r}")
     if nodes.size != size:
         raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
     n_nodes = nodes.count
@@ -146,7 +172,12 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
     right, left = mine[(i + 1) % m], mine[(i - 1) % m]
 
     steps: list[Step] = []
-    for t in range(width - 1):  # local reduce-scatter
+    chunks: list = []
+    if intra == "shm" and count:
+        nchunks = chunk_count(count, itemsize, width, chunk_bytes)
+        chunks = _shm_chunks(shards, mine, nchunks)
+        steps += node_steps(rank, mine, chunks, "reduce_scatter")
+    for t in range(width - 1 if intra == "ring" else 0):  # local reduce-scatter
         if t >= m - 1:
             steps.append(Step())
             continue
@@ -177,7 +208,9 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                                          level=1 + max(t.level, 0), reduce=t.reduce))
     steps += [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
 
-    for t in range(width - 1):  # local allgather
+    if chunks:
+        steps += node_steps(rank, mine, chunks, "allgather", len(steps))
+    for t in range(width - 1 if intra == "ring" else 0):  # local allgather
         if t >= m - 1:
             steps.append(Step())
             continue
@@ -186,7 +219,7 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                           tuple(Recv(left, lo, hi, level=0, reduce=False) for lo, hi in into)))
     return Schedule("hierarchical", rank, size, count, compact(steps),
                     streams=max(1, width * sub_streams),
-                    meta={"nodes": nodes.sizes, "inter": across,
+                    meta={"nodes": nodes.sizes, "inter": across, "intra": intra,
                           "node_shape": shape if across == "bml" else None})
 
 
@@ -293,10 +326,12 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
 
 
 def hierarchical_schedules(size: int, count: int, nodes: Nodes, inter: str = "auto",
-                           node_shape: Sequence[int] | None = None) -> list[Schedule]:
+                           node_shape: Sequence[int] | None = None, intra: str = "ring",
+                           itemsize: int = 4,
+                           chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[Schedule]:
     """Every rank's schedule (for the verifier and the cost model)."""
-    return [hierarchical_schedule(r, size, count, nodes, inter, node_shape)
-            for r in range(size)]
+    return [hierarchical_schedule(r, size, count, nodes, inter, node_shape, intra, itemsize,
+                                  chunk_bytes) for r in range(size)]
 
 
 # -- the formulas of the module docstring, in units of T_F ------------------------------------

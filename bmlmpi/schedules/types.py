@@ -67,6 +67,41 @@ class Recv(Transfer):
 
 Send = Transfer
 
+#: The kinds of :class:`ShmOp`.
+PUBLISH, REDUCE, FETCH = "publish", "reduce", "fetch"
+
+
+@dataclass(frozen=True, slots=True)
+class ShmOp:
+    """One operation on the shared-memory segments of the ranks of one node.
+
+    Every rank owns a segment that holds an image of the flat buffer (element ``i`` of the
+    buffer at element ``i`` of the segment); the others read it, only its owner writes it.
+
+    * ``publish``: copy ``[lo, hi)`` of this rank's input (``source="input"``) or of its
+      result (``source="result"``) into its own segment;
+    * ``reduce``: result ``[lo, hi)`` = this rank's input ``<op>`` every ``peers``' segment
+      ``[lo, hi)``, in one pass; with ``publish`` the result is written into the own segment
+      too, for the peers to fetch;
+    * ``fetch``: copy ``[lo, hi)`` of ``peers[0]``'s segment into this rank's result.
+
+    ``after`` lists ``(peer, step)``: before the op, wait until ``peer`` has completed its
+    step ``step`` (an earlier step). The verifier proves these waits order every read after
+    the write it needs and every overwrite after the reads of the old value.
+    """
+
+    kind: str
+    lo: int
+    hi: int
+    peers: tuple[int, ...] = ()
+    after: tuple[tuple[int, int], ...] = ()
+    source: str = "input"
+    publish: bool = False
+
+    @property
+    def n(self) -> int:
+        return self.hi - self.lo
+
 
 @dataclass(frozen=True, slots=True)
 class Copy:
@@ -83,12 +118,15 @@ class Copy:
 
 @dataclass(frozen=True, slots=True)
 class Step:
+    """Messages (``sends``/``recvs``) or shared-memory operations (``shm``, run in order)."""
+
     sends: tuple[Transfer, ...] = ()
     recvs: tuple[Recv, ...] = ()
+    shm: tuple[ShmOp, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not self.sends and not self.recvs
+        return not self.sends and not self.recvs and not self.shm
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +181,11 @@ class Schedule:
 
     def received_elements(self) -> int:
         return sum(t.n for s in self.steps for t in s.recvs)
+
+    @property
+    def uses_shm(self) -> bool:
+        """Whether any step works on shared-memory segments (:class:`ShmOp`)."""
+        return any(s.shm for s in self.steps)
 
 
 def streams_are_independent(sched: Schedule) -> bool:
@@ -220,5 +263,6 @@ def compact(steps: list[Step]) -> tuple[Step, ...]:
     out = []
     for s in steps:
         out.append(Step(tuple(t for t in s.sends if t.hi > t.lo),
-                        tuple(t for t in s.recvs if t.hi > t.lo)))
+                        tuple(t for t in s.recvs if t.hi > t.lo),
+                        tuple(o for o in s.shm if o.hi > o.lo)))
     return tuple(out)

@@ -25,6 +25,27 @@ Checks, with a message naming the step, rank and range of the first violation:
    the input position the contract names, reduced over exactly the contract's contributors
    once each (an allreduce: each live rank's input exactly once; multiplicity vector == 1 on
    live ranks, 0 on dead ones); a reduction of two different input positions fails at once.
+
+Shared-memory steps (:class:`~bmlmpi.schedules.types.ShmOp`) are simulated on a second state
+per rank, its segment, with these further rules:
+
+6. a step holds messages or shared-memory operations, not both; an op's waits name live peers
+   and earlier steps;
+7. publish before read: a rank reads a range of a peer's segment only after waiting (in this
+   op or an earlier one) for the peer's step that last wrote every element of it, in an
+   earlier step; a range never written this call is never read;
+8. no overwrite under a reader: a rank writes a range of its own segment only after waiting
+   for every step in which another rank read the value there (a read in the same step is a
+   race);
+9. the input is read before it is overwritten: with ``sendbuf`` IN_PLACE the input is the
+   result buffer, so an op that reads input elements must come before any write of the
+   result there (a reduction may write the range it reads, element by element);
+10. the result starts undefined: a schedule with shared-memory steps reads no element of the
+   result (a send, a reduce-receive, a publish of the result) before writing it, and two
+   writes of one step never overlap;
+11. across calls: the segments alternate between two buffers by call parity, so a rank writes
+    a buffer again two calls later; that is safe when every rank waits, in every call, on
+    every peer that reads its segment (that peer has then left the previous call).
 """
 
 from __future__ import annotations
@@ -36,7 +57,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .collectives import collective as collective_record
-from .types import Copy, Schedule
+from .types import FETCH, PUBLISH, REDUCE, Copy, Schedule
 
 
 class ScheduleError(AssertionError):
@@ -66,6 +87,23 @@ def _check_structure(scheds: Sequence[Schedule], live: list[int]) -> tuple[int, 
                     raise ScheduleError(f"step {i} rank {s.rank}: talks to dead rank {t.peer}")
                 if not (0 <= t.lo < t.hi <= count):
                     raise ScheduleError(f"step {i} rank {s.rank}: bad range [{t.lo},{t.hi})")
+            if step.shm and (step.sends or step.recvs):
+                raise ScheduleError(f"step {i} rank {s.rank}: messages and shared-memory "
+                                    f"operations in one step")
+            for o in step.shm:
+                if o.kind not in (PUBLISH, REDUCE, FETCH):
+                    raise ScheduleError(f"step {i} rank {s.rank}: unknown op {o.kind!r}")
+                if not (0 <= o.lo < o.hi <= count):
+                    raise ScheduleError(f"step {i} rank {s.rank}: bad range [{o.lo},{o.hi})")
+                if o.kind == FETCH and len(o.peers) != 1:
+                    raise ScheduleError(f"step {i} rank {s.rank}: a fetch names one owner")
+                for p in (*o.peers, *(q for q, _ in o.after)):
+                    if not (0 <= p < size) or p == s.rank or p not in live:
+                        raise ScheduleError(f"step {i} rank {s.rank}: bad or dead peer {p}")
+                for _, w in o.after:
+                    if not 0 <= w < i:
+                        raise ScheduleError(f"step {i} rank {s.rank}: waits on step {w}, "
+                                            f"not an earlier one")
     return size, count
 
 
@@ -144,6 +182,15 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
         raise ScheduleError(f"{coll.name}: root {root} outside [0, {size})")
     nsteps = max(len(s.steps) for s in scheds)
     _check_matching(by_rank, nsteps)
+    if any(s.uses_shm for s in scheds):
+        if coll.name != "allreduce":
+            raise ScheduleError(f"{coll.name}: shared-memory steps are proven for allreduce "
+                                f"schedules only")
+        for s in scheds:
+            _check_hazards(s)
+        if count:
+            _ShmSimulation(by_rank, live_l, size, count, nsteps).run()
+        return
     for s in scheds:
         _check_hazards(s)
         _check_copies(s, "input", s.input_copies(),
@@ -240,3 +287,172 @@ def _check_result(s: Schedule, regions: list, state: np.ndarray, shift: np.ndarr
             raise ScheduleError(f"rank {s.rank}: output [{out_lo},{out_hi}) (ranks {list(who)}) "
                                 f"written for {got} of {out_hi - out_lo} elements: expected "
                                 f"each live rank exactly once everywhere")
+
+
+class _ShmSimulation:
+    """Rules 4-10 for schedules with shared-memory steps: every rank's result, input use and
+    segment, step by step (module docstring)."""
+
+    def __init__(self, by_rank: dict[int, Schedule], live: list[int], size: int, count: int,
+                 nsteps: int):
+        self.by_rank, self.live, self.size, self.nsteps = by_rank, live, size, nsteps
+        cuts = {0, count}
+        for s in by_rank.values():
+            for step in s.steps:
+                for t in (*step.sends, *step.recvs, *step.shm):
+                    cuts.add(t.lo)
+                    cuts.add(t.hi)
+        self.edges = np.array(sorted(cuts))
+        nseg = len(self.edges) - 1
+        self.unit = {r: np.eye(size, dtype=np.int64)[r] for r in live}
+        self.out = {r: np.zeros((nseg, size), dtype=np.int64) for r in live}
+        self.out_written = {r: np.zeros(nseg, dtype=bool) for r in live}
+        self.seg = {r: np.zeros((nseg, size), dtype=np.int64) for r in live}
+        self.seg_step = {r: np.full(nseg, -1, dtype=np.int64) for r in live}  # last write
+        # per rank's segment element: the (reader, step) reads of its current value
+        self.readers: dict[int, list[list[tuple[int, int]]]] = {
+            r: [[] for _ in range(nseg)] for r in live}
+        self.seen = {r: {} for r in live}  # r -> peer -> highest step waited for
+        self.waited_on = {r: set() for r in live}
+        self.read_by = {r: set() for r in live}
+
+    def segs(self, lo: int, hi: int) -> range:
+        e = self.edges
+        return range(int(np.searchsorted(e, lo)), int(np.searchsorted(e, hi)))
+
+    def where(self, i: int, r: int, lo: int, hi: int) -> str:
+        return f"step {i} rank {r} [{lo},{hi})"
+
+    def read_segment(self, i: int, r: int, p: int, lo: int, hi: int) -> np.ndarray:
+        steps = self.seg_step[p][self.segs(lo, hi).start:self.segs(lo, hi).stop]
+        if (steps < 0).any():
+            raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads rank {p}'s segment "
+                                f"where {p} never published it")
+        need = int(steps.max())
+        if need >= i or self.seen[r].get(p, -1) < need:
+            raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads rank {p}'s segment "
+                                f"before its owner published it (in step {need}; waited "
+                                f"for step {self.seen[r].get(p, -1)})")
+        for k in self.segs(lo, hi):
+            self.readers[p][k].append((r, i))
+        self.read_by[p].add(r)
+        sl = self.segs(lo, hi)
+        return self.seg[p][sl.start:sl.stop].copy()
+
+    def read_input(self, i: int, r: int, lo: int, hi: int, op_pos: tuple[int, int],
+                   own_write: bool = False) -> None:
+        for k in self.segs(lo, hi):
+            w = self.input_clobbered[r][k]
+            if w is not None and w < op_pos:
+                raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads the input after the "
+                                    f"result overwrote it (in place it is the same buffer)")
+
+    def write_out(self, i: int, r: int, lo: int, hi: int, value: np.ndarray,
+                  op_pos: tuple[int, int], step_writes: list) -> None:
+        for a, b in step_writes:
+            if a < hi and lo < b:
+                raise ScheduleError(f"{self.where(i, r, lo, hi)}: two writes of the result "
+                                    f"in one step overlap")
+        step_writes.append((lo, hi))
+        sl = self.segs(lo, hi)
+        self.out[r][sl.start:sl.stop] = value
+        self.out_written[r][sl.start:sl.stop] = True
+        for k in sl:
+            if self.input_clobbered[r][k] is None:
+                self.input_clobbered[r][k] = op_pos
+
+    def read_out(self, i: int, r: int, lo: int, hi: int, what: str) -> np.ndarray:
+        sl = self.segs(lo, hi)
+        if not self.out_written[r][sl.start:sl.stop].all():
+            raise ScheduleError(f"{self.where(i, r, lo, hi)}: {what} reads the result "
+                                f"before anything was written there")
+        return self.out[r][sl.start:sl.stop].copy()
+
+    def write_segment(self, i: int, r: int, lo: int, hi: int, value: np.ndarray) -> None:
+        for k in self.segs(lo, hi):
+            for q, j in self.readers[r][k]:
+                if j >= i or self.seen[r].get(q, -1) < j:
+                    raise ScheduleError(f"{self.where(i, r, lo, hi)}: overwrites its segment "
+                                        f"while rank {q} may still read it (step {j})")
+            self.readers[r][k] = []
+        sl = self.segs(lo, hi)
+        self.seg[r][sl.start:sl.stop] = value
+        self.seg_step[r][sl.start:sl.stop] = i
+
+    def run(self) -> None:
+        self.input_clobbered = {r: [None] * (len(self.edges) - 1) for r in self.live}
+        for i in range(self.nsteps):
+            pending_msgs = []
+            for r in self.live:
+                s = self.by_rank[r]
+                if i >= len(s.steps):
+                    continue
+                step = s.steps[i]
+                if step.shm:
+                    self.shm_step(i, r, step.shm)
+                elif step.sends or step.recvs:
+                    for t in step.sends:
+                        self.read_out(i, r, t.lo, t.hi, "a send")
+                    pending_msgs.append((r, step))
+            snapshot = {r: self.out[r].copy() for r in self.live}
+            for r, step in pending_msgs:
+                writes: list = []
+                for t in step.recvs:
+                    sl = self.segs(t.lo, t.hi)
+                    incoming = snapshot[t.peer][sl.start:sl.stop]
+                    if t.reduce:
+                        self.read_out(i, r, t.lo, t.hi, "a reduce-receive")
+                        self.out[r][sl.start:sl.stop] += incoming
+                        for k in sl:
+                            if self.input_clobbered[r][k] is None:
+                                self.input_clobbered[r][k] = (i, -1)
+                    else:
+                        self.write_out(i, r, t.lo, t.hi, incoming, (i, -1), writes)
+        for r in self.live:
+            for q in self.read_by[r]:
+                if q not in self.waited_on[r]:
+                    raise ScheduleError(f"rank {r} never waits on rank {q}, which reads its "
+                                        f"segment: the next call but one could overwrite "
+                                        f"what {q} still reads")
+        want = np.zeros(self.size, dtype=np.int64)
+        want[self.live] = 1
+        for r in self.live:
+            if not self.out_written[r].all():
+                seg = int(np.nonzero(~self.out_written[r])[0][0])
+                raise ScheduleError(f"rank {r}: elements [{self.edges[seg]},"
+                                    f"{self.edges[seg + 1]}) of the result are never written")
+            bad = np.nonzero((self.out[r] != want).any(axis=1))[0]
+            if len(bad):
+                seg = bad[0]
+                raise ScheduleError(
+                    f"rank {r}: elements [{self.edges[seg]},{self.edges[seg + 1]}) hold "
+                    f"contributions {self.out[r][seg].tolist()}, expected each live rank "
+                    f"exactly once")
+
+    def shm_step(self, i: int, r: int, ops) -> None:
+        writes: list = []
+        for n, o in enumerate(ops):
+            pos = (i, n)
+            for p, w in o.after:
+                self.seen[r][p] = max(self.seen[r].get(p, -1), w)
+                self.waited_on[r].add(p)
+            if o.kind == PUBLISH:
+                if o.source == "input":
+                    self.read_input(i, r, o.lo, o.hi, pos)
+                    value = np.broadcast_to(self.unit[r], (len(self.segs(o.lo, o.hi)),
+                                                           self.size))
+                else:
+                    value = self.read_out(i, r, o.lo, o.hi, "a publish")
+                self.write_segment(i, r, o.lo, o.hi, value)
+            elif o.kind == REDUCE:
+                self.read_input(i, r, o.lo, o.hi, pos)
+                total = np.broadcast_to(self.unit[r], (len(self.segs(o.lo, o.hi)),
+                                                       self.size)).copy()
+                for p in o.peers:
+                    total += self.read_segment(i, r, p, o.lo, o.hi)
+                self.write_out(i, r, o.lo, o.hi, total, pos, writes)
+                if o.publish:
+                    self.write_segment(i, r, o.lo, o.hi, total)
+            else:
+                value = self.read_segment(i, r, o.peers[0], o.lo, o.hi)
+                self.write_out(i, r, o.lo, o.hi, value, pos, writes)

@@ -126,10 +126,15 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
       (or another hook of :mod:`bmlmpi.torch.hooks`). DDP's built-in reduction divides by
       the world size it read at construction and would scale the survivors' gradient by
       (N−x)/N.
-    * The other collectives run on the survivors' communicator; a rank dying during one
-      makes it raise on the survivors (an MPI error, or :class:`bmlmpi.DeadlineExceeded`),
-      never hang. Compressed all_reduce follows bmlmpi's compressed contract: a failure during
-      it raises :class:`bmlmpi.FaultToleranceError` on every survivor.
+    * reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce are bmlmpi's family
+      calls on the same fault-tolerant communicator, with the family's failure contracts
+      (:mod:`bmlmpi.ft.family`: e.g. a broadcast or reduce whose root died raises
+      ``RootFailed`` on every survivor, an allgather that lost contributions raises
+      ``ContributionsLost``). ``barrier`` is ``MPI_Ibarrier`` on the survivors'
+      communicator: a rank dying in it makes it raise (an MPI error or
+      :class:`bmlmpi.DeadlineExceeded`), never hang. Compressed all_reduce follows bmlmpi's
+      compressed contract: a failure during it raises :class:`bmlmpi.FaultToleranceError` on
+      every survivor.
     """
 
     def __init__(self, rank: int, size: int, comm: MPI.Comm, options: Options):

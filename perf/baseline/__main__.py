@@ -41,8 +41,8 @@ from . import cref
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-ROWS = ["native", "passthrough", "auto", "bml", "ring", "tree", "multitree"]
-SCHEDULES = ["bml", "ring", "tree", "multitree"]
+ROWS = ["native", "passthrough", "auto", "bml", "ring", "tree", "multitree", "shm"]
+SCHEDULES = ["bml", "ring", "tree", "multitree", "shm"]
 SMALL_MAX = 8192
 
 
@@ -288,9 +288,9 @@ def markdown(data: dict) -> str:
                   "", f"{n} ranks on {m.get('cores', '?')} cores; load average "
                   f"{run['loadavg_start']} before, {run['loadavg_end']} after.", "",
                   "| size | C loop | native (mpi4py) | passthrough | auto | auto chose | "
-                  "bml | ring | tree | multitree | native / best schedule | "
+                  "bml | ring | tree | multitree | shm | native / best schedule | "
                   "auto / best of all |",
-                  "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+                  "|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
         for size in sorted(cells):
             c = cells[size]
             best_sched = min(c[s] for s in SCHEDULES if s in c)
@@ -319,12 +319,13 @@ def targets(data: dict, grid: dict[int, dict[int, dict[str, float]]]) -> list[st
             out.append(f"- N = {n}, 8 B: auto {_us(c['auto'])} µs against native "
                        f"{_us(c['native'])} µs + 1 — {verdict(c['auto'] <= c['native'] + 1)}"
                        f" (passthrough {_us(c['passthrough'])} µs, C {_us(c.get('C'))} µs).")
-        worst = max(cells, key=lambda s: cells[s]["auto"] / min(
-            cells[s][k] for k in ("native", *SCHEDULES)))
-        w = cells[worst]["auto"] / min(cells[worst][k] for k in ("native", *SCHEDULES))
+        def best(c: dict[str, float]) -> float:
+            return min(c[k] for k in ("native", *SCHEDULES) if k in c)
+
+        worst = max(cells, key=lambda s: cells[s]["auto"] / best(cells[s]))
+        w = cells[worst]["auto"] / best(cells[worst])
         big = [s for s in cells if s >= 64 << 10]
-        worst_big = max((cells[s]["auto"] / min(cells[s][k] for k in ("native", *SCHEDULES))
-                         for s in big), default=0.0)
+        worst_big = max((cells[s]["auto"] / best(cells[s]) for s in big), default=0.0)
         out.append(f"- N = {n}: worst auto / best (native included) {w:.2f} at {_size(worst)}"
                    f" — {verdict(w <= 1.05)} (≤ 1.05); from 64 KiB {worst_big:.2f}.")
     if 2 in grid:
@@ -352,6 +353,40 @@ def targets(data: dict, grid: dict[int, dict[int, dict[str, float]]]) -> list[st
                 f"{c['C'] / f['floor_us']:.2f}×." if "C" in c else
                 f"- N = 2 memory floor {f['floor_us'] / 1000:.2f} ms; best of bml/ring "
                 f"{best / f['floor_us']:.2f}× it.")
+    out += shm_targets(data, grid)
+    return out
+
+
+def shm_targets(data: dict, grid: dict[int, dict[int, dict[str, float]]]) -> list[str]:
+    """Issue 27's targets for the shared-memory allreduce, checked against this run."""
+    out = []
+
+    def verdict(ok: bool) -> str:
+        return "met" if ok else "**missed**"
+
+    for n, lowest in ((2, 1.0), (4, 0.9)):
+        cells = grid.get(n, {})
+        big = [s for s in sorted(cells) if s >= 64 << 10 and "shm" in cells[s]]
+        if not big:
+            continue
+        speeds = {s: cells[s]["native"] / cells[s]["shm"] for s in big}
+        worst = min(speeds, key=speeds.__getitem__)
+        out.append(f"- N = {n}, shm from 64 KiB: slowest {speeds[worst]:.2f}× mpi4py's speed "
+                   f"at {_size(worst)} (target ≥ {lowest}) — "
+                   f"{verdict(speeds[worst] >= lowest)}; " + ", ".join(
+                       f"{_size(s)} {v:.2f}×" for s, v in speeds.items()) + ".")
+        if n == 2:
+            mid = [s for s in big if (1 << 20) <= s <= (4 << 20)]
+            if mid:
+                low = min(speeds[s] for s in mid)
+                out.append(f"- N = 2, shm at 1–4 MiB: slowest {low:.2f}× mpi4py's speed "
+                           f"(target ≥ 1.5) — {verdict(low >= 1.5)}.")
+            f = data.get("memfloor")
+            if f and f["bytes"] in cells and "shm" in cells[f["bytes"]]:
+                ratio = cells[f["bytes"]]["shm"] / f["floor_us"]
+                out.append(f"- N = 2, shm at {_size(f['bytes'])}: "
+                           f"{cells[f['bytes']]['shm'] / 1000:.2f} ms = {ratio:.2f}× the memory "
+                           f"floor measured in this run (target ≤ 1.3) — {verdict(ratio <= 1.3)}.")
     return out
 
 

@@ -105,6 +105,10 @@ def main() -> None:
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(result, f, indent=2)
+    # every rank reaches the teardown together: with rank 0 still writing its report, the
+    # other's destroy_process_group was seen to block inside torch (in C++, past bmlmpi's
+    # Python code) until the launch was killed
+    comm.Barrier()
     dist.destroy_process_group()
 
 

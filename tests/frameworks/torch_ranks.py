@@ -112,6 +112,32 @@ def collectives(rank: int, n: int, gloo, groups: dict) -> None:
                 dist.reduce(a, dst=root, op=R.SUM)
                 dist.reduce(b, dst=root, op=R.SUM, group=gloo)
                 check(f"reduce[{count},{dt},root{root}]", rank != root or equal(a, b))
+    # the family on the groups whose algorithm serves it (bml, ring, tree where they do)
+    for gname in ("bml", "ring", "tree"):
+        grp = groups[gname]
+        for count in (3, 4099):
+            for dt in (torch.int64, torch.float32):
+                x = data(count * n, dt, rank, salt=7)
+                a, b = torch.empty(count, dtype=dt), torch.empty(count, dtype=dt)
+                dist.reduce_scatter_tensor(a, x, group=grp)
+                dist.reduce_scatter_tensor(b, x.clone(), group=gloo)
+                check(f"reduce_scatter_tensor[{gname},{count},{dt}]", equal(a, b))
+                x = data(count, dt, rank, salt=8)
+                a, b = torch.empty(count * n, dtype=dt), torch.empty(count * n, dtype=dt)
+                dist.all_gather_into_tensor(a, x, group=grp)
+                dist.all_gather_into_tensor(b, x, group=gloo)
+                check(f"all_gather_into_tensor[{gname},{count},{dt}]", equal(a, b))
+                for root in range(n):
+                    a = data(count, dt, rank, salt=9 + root)
+                    b = a.clone()
+                    dist.broadcast(a, group_src=root, group=grp)
+                    dist.broadcast(b, src=root, group=gloo)
+                    check(f"broadcast[{gname},{count},{dt},root{root}]", equal(a, b))
+                    a = data(count, dt, rank, salt=10 + root)
+                    b = a.clone()
+                    dist.reduce(a, group_dst=root, group=grp)
+                    dist.reduce(b, dst=root, group=gloo)
+                    check(f"reduce[{gname},{count},{dt},root{root}]", rank != root or equal(a, b))
     # a tensor that is not contiguous, bfloat16 through the copying collectives
     a = data(64, torch.float32, rank).reshape(8, 8).t()
     b = a.contiguous().clone()

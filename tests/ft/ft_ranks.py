@@ -15,9 +15,11 @@ failure in one group is invisible to the others' communicators.
 
 ``when``: ``before`` the call starts; ``post`` — at the start of schedule step ``step`` of the
 call, before its messages are posted; ``during`` — once step ``step`` has been posted (the
-native algorithm: right after the call started). ``how``: ``kill`` (SIGKILL), ``raise`` (an
-uncaught exception, turned into SIGKILL by ``bmlmpi.ft.install_exit_handlers``), ``exit``
-(``os._exit(0)``), ``stop`` (SIGSTOP: hangs until the heartbeat fences it), ``exit1``
+native algorithm: right after the call started; ``shm``: once its run has reached schedule
+step ``step``, publishing and reducing as far as it could). ``how``: ``kill`` (SIGKILL),
+``raise`` (an uncaught exception, turned into SIGKILL by
+``bmlmpi.ft.install_exit_handlers``), ``exit`` (``os._exit(0)``), ``stop`` (SIGSTOP: hangs
+until the heartbeat fences it), ``exit1``
 (``os._exit(1)``: MPI never reports it), ``link`` (``ip link set IFACE down`` on the
 interface this rank's link watch reads, from the group's ``links``: {"rank": "iface"}; the
 watch must fence the rank).
@@ -51,6 +53,10 @@ from mpi4py import MPI
 
 import bmlmpi
 from bmlmpi import execute, ft
+from bmlmpi.shm import ShmRun
+
+#: the runs of a schedule (messages, or shared-memory steps), as opposed to a native call
+SCHEDULED = (execute.Run, ShmRun)
 
 
 def emit(**record) -> None:
@@ -186,12 +192,12 @@ def main() -> int:
             k, req = mine[0], reqs[0]
             while True:
                 run = req.run
-                if run is None or not isinstance(run, execute.Run) or run.step >= k["step"]:
+                if run is None or not isinstance(run, SCHEDULED) or run.step >= k["step"]:
                     break
                 req.Test()
             # the run may have gone past the step (several steps can complete in one test):
             # what it has not posted yet is what the survivors will miss
-            is_run = isinstance(run, execute.Run)
+            is_run = isinstance(run, SCHEDULED)
             emit(victim=me, group=gi, call=call,
                  schedule=run.plan.sched.algorithm if is_run else None,
                  must_exclude=is_run and run.sends_left())
@@ -210,7 +216,7 @@ def main() -> int:
             die(k["how"])
         hook.armed = None
         run = reqs[0].run
-        schedule = run.plan.sched.algorithm if isinstance(run, execute.Run) else "native"
+        schedule = run.plan.sched.algorithm if isinstance(run, SCHEDULED) else "native"
         gone |= {k["rank"] for k in kills if k["when"] == "before"}
         in_call = sorted(k["rank"] for k in kills if k["when"] != "before")
         alive = [r for r in range(g["size"]) if r not in gone and r not in in_call]

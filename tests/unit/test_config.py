@@ -37,10 +37,14 @@ BAD_VALUES = {
     "BMLMPI_EXPECT_SIZE": ["0", "-3", "nine"],
     "BMLMPI_RANKS_PER_NODE": ["0", "-2", "x", "1.5"],
     "BMLMPI_FUSION_BYTES": ["0", "-1", "25MiB", "1.5"],
+    "BMLMPI_SHM_CHUNK": ["0", "-1", "256KiB", "1.5"],
     "BMLMPI_BLOCKING": ["poll", "off", "abort", "1"],
+    "BMLMPI_CHECK": ["first", "always", "1", "every"],
+    "BMLMPI_TRACE_CALLS": ["-1", "many", "2.5"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
-             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION"}
+             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION", "BMLMPI_TRACE_DIR",
+             "BMLMPI_TIMELINE"}
 
 
 def test_every_variable_is_covered_by_these_tests():

@@ -188,7 +188,7 @@ def test_a_broadcast_must_carry_the_roots_data():
 
 def test_the_records_list_each_collectives_algorithms():
     assert select.algorithms() == ["auto", "bml", "ring", "tree", "multitree", "hierarchical",
-                                   "native"]
+                                   "shm", "native"]
     for coll in NAMES:
         names = select.algorithms(coll)
         assert names[0] == "auto" and names[-1] == "native"

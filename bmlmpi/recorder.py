@@ -1,0 +1,324 @@
+"""The flight recorder: each communicator's last ``BMLMPI_TRACE_CALLS`` calls, dumped as JSON
+when something goes wrong, for ``bmlmpi-trace`` to read across ranks.
+
+Every :class:`bmlmpi.Communicator` owns a :class:`FlightRecorder` (``BMLMPI_TRACE_CALLS``,
+default 256; 0: none). It is a ring of preallocated :class:`Slot` s, one per call: the call's
+sequence number on this communicator, its :class:`Signature` (collective, count, dtype, op,
+root, algorithm asked for and run: one tuple per signature, made when the signature is first
+seen and shared by its calls), its start and end time, and, for a call that failed or is still
+running, the step it is in and the peers it waits on. A call writes four fields when it starts
+and one when it ends; nothing is allocated for it beyond the numbers themselves, so the blocking
+fast path pays about 0.1 µs (perf/trace/README.md). The state is read off the end time: 0 while
+the call runs, the end time once done, minus the end time when it failed. A running scheduled
+call keeps its :class:`~bmlmpi.execute.Run` in the slot (dropped when it ends), and the dump
+asks it which step it is in and which transfers are incomplete (without completing any).
+
+:meth:`FlightRecorder.dump` writes the ring, oldest call first, to
+``BMLMPI_TRACE_DIR/bmlmpi-trace-<host>-p<pid>-w<world rank>-c<communicator>.json`` (default
+folder: ``bmlmpi-trace-<job>`` under the system's temporary directory, the job named by
+Slurm's, PMIx's or the launcher's id, so every rank of a job on a node writes into one
+folder), and says so on stderr. The communicator dumps when a call raises
+:class:`~bmlmpi.execute.DeadlineExceeded` or an MPI error, when the ranks disagree on a call's
+arguments, when the watchdog aborts a hung call, when the fault-tolerant communicator notices
+a failure, on ``SIGUSR1`` (every live recorder of the process; the handler is installed only
+where the signal's disposition is still the default) and on ``Communicator.dump_trace()``.
+Calls are numbered per communicator, so the dumps of one communicator on all ranks line up by
+sequence number; communicators are told apart by their creation order in the process
+(``c<index>``), which is the same on every rank of an SPMD program.
+
+Core layer: imports only :mod:`bmlmpi.config`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from . import config
+
+FORMAT = "bmlmpi-flight-recorder/1"
+#: the clock of start and end times: ``perf_counter`` (the cheapest Python clock, half the
+#: cost of ``time.time``), turned into seconds since the epoch when written (:data:`EPOCH`),
+#: which are comparable across the ranks of a node and across nodes as far as their clocks
+#: agree
+now = time.perf_counter
+EPOCH = time.time() - time.perf_counter()
+
+
+class Signature(NamedTuple):
+    """What a call was asked to do; the same on every rank for the same call of a correct
+    program (``bmlmpi-trace`` compares them by sequence number)."""
+
+    collective: str
+    count: int | None     # elements (None: the call was refused before its count was known)
+    dtype: str | None     # numpy's name of the element type
+    op: str | None        # bmlmpi's op name (sum, prod, min, max, avg); None for copies
+    root: int | None      # rooted collectives; None otherwise
+    asked: str            # the algorithm asked for ("auto" stays "auto")
+    chosen: str | None    # the algorithm that ran
+
+
+class Slot:
+    """One call in the ring (reused every ``capacity`` calls)."""
+
+    __slots__ = ("seq", "sig", "t0", "t1", "run", "error", "step", "steps", "peers")
+
+    def __init__(self) -> None:
+        self.seq = -1                 # -1: never used
+        self.sig: Signature | None = None
+        self.t0 = 0.0                 # start
+        self.t1 = 0.0                 # 0: running; > 0: done at t1; < 0: failed at -t1
+        self.run: Any = None          # the running call's Run (scheduled), else None
+        self.error = ""               # a failed call's exception
+        self.step = 0                 # a failed call's step (1-based; 0: none recorded)
+        self.steps = 0
+        self.peers: list[tuple[str, int]] | None = None
+
+
+_live: weakref.WeakSet[FlightRecorder] = weakref.WeakSet()
+_created = [0]
+_signal_lock = threading.Lock()
+_signal_installed = [False]
+
+
+class FlightRecorder:
+    """The ring of one communicator's calls (module docstring). ``rank``/``size``: in the
+    communicator; ``kind``: the communicator's class name."""
+
+    __slots__ = ("slots", "next", "capacity", "rank", "size", "kind", "index", "timeline",
+                 "timeout", "dumps", "__weakref__")
+
+    def __init__(self, capacity: int, rank: int, size: int, kind: str = "Communicator",
+                 timeout: float = 0.0):
+        if capacity < 1:
+            raise ValueError("a flight recorder keeps at least one call (0 means none: "
+                             "build no recorder)")
+        self.slots = [Slot() for _ in range(capacity)]
+        self.next = 0                 # the next call's sequence number
+        self.capacity = capacity
+        self.rank = rank
+        self.size = size
+        self.kind = kind
+        self.timeout = timeout
+        self.index = _created[0]      # this process's communicator number (c<index>)
+        _created[0] += 1
+        self.timeline: Any = None     # a bmlmpi.timeline.Timeline fed each finished call
+        self.dumps: list[str] = []    # paths written
+        _live.add(self)
+        _install_signal_handler()
+
+    # -- recording (the blocking fast path inlines begin and done) ------------------------
+    def begin(self, sig: Signature, run: Any = None) -> Slot:
+        n = self.next
+        self.next = n + 1
+        s = self.slots[n % self.capacity]
+        s.seq = n
+        s.sig = sig
+        s.t1 = 0.0
+        s.run = run
+        s.t0 = now()
+        return s
+
+    def done(self, s: Slot) -> None:
+        if s.t1 == 0.0:
+            s.t1 = now()
+            s.run = None
+            if self.timeline is not None:
+                self.timeline.call(self, s)
+
+    def fail(self, s: Slot, exc: BaseException, run: Any = None) -> bool:
+        """Mark ``s`` failed with ``exc``; the step and peers from ``run`` (or the slot's own
+        run). False when it had already ended."""
+        if s.t1 != 0.0:
+            return False
+        run = run if run is not None else s.run
+        s.step, s.steps, s.peers = _where(run)
+        s.error = f"{type(exc).__name__}: {exc}"[:2000]
+        s.run = None
+        s.t1 = -now()
+        if self.timeline is not None:
+            self.timeline.call(self, s)
+        return True
+
+    def failed_call(self, s: Slot, exc: BaseException, run: Any = None,
+                    dump: bool = True) -> Path | None:
+        """:meth:`fail`, then (``dump``) write the ring and add its path to the exception's
+        notes; the path, or None when nothing was written."""
+        if not self.fail(s, exc, run) or not dump:
+            return None
+        try:
+            path = self.dump(f"call {s.seq} raised {type(exc).__name__}")
+        except OSError:
+            return None
+        exc.add_note(f"bmlmpi flight recorder: {path} (every rank's: bmlmpi-trace "
+                     f"{path.parent})")
+        return path
+
+    # -- reading ------------------------------------------------------------------------
+    def calls(self) -> list[dict[str, Any]]:
+        """The recorded calls, oldest first, as the dump writes them."""
+        used = [s for s in self.slots if s.seq >= 0]
+        return [_describe(s) for s in sorted(used, key=lambda s: s.seq)]
+
+    def snapshot(self, reason: str) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "reason": reason, "time": time.time(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(), "world_rank": _world_rank(), "comm": self.index,
+            "kind": self.kind, "rank": self.rank, "size": self.size,
+            "capacity": self.capacity, "recorded": self.next, "timeout": self.timeout,
+            "calls": self.calls(),
+        }
+
+    def path(self, directory: Path | None = None) -> Path:
+        d = trace_dir() if directory is None else Path(directory)
+        return d / (f"bmlmpi-trace-{_slug(socket.gethostname())}-p{os.getpid()}"
+                    f"-w{_world_rank()}-c{self.index}.json")
+
+    def dump(self, reason: str, directory: Path | None = None, announce: bool = True) -> Path:
+        """Write the ring as JSON (replacing this communicator's earlier dump); say where on
+        stderr (``announce``)."""
+        target = self.path(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".tmp{threading.get_ident()}")
+        tmp.write_text(json.dumps(self.snapshot(reason), indent=1))
+        os.replace(tmp, target)
+        self.dumps.append(str(target))
+        if announce:
+            _to_stderr(f"bmlmpi flight recorder: rank {self.rank} of {self.size} wrote "
+                       f"{target} ({reason}); read every rank's with: bmlmpi-trace "
+                       f"{target.parent}")
+        return target
+
+
+def _where(run: Any) -> tuple[int, int, list[tuple[str, int]] | None]:
+    """(step, steps, peers) of a running call: a schedule Run says which step and which
+    transfers are incomplete; anything else (a native MPI call) waits on every rank."""
+    if run is None:
+        return 0, 0, None
+    waiting = getattr(run, "waiting", None)
+    if waiting is None:
+        return 0, 0, None
+    try:
+        step, peers = waiting()
+    except Exception:  # noqa: BLE001 - a dump must not fail on a broken run
+        return 0, 0, None
+    return step, run.plan.nsteps, list(peers)
+
+
+def _describe(s: Slot) -> dict[str, Any]:
+    sig = s.sig
+    d: dict[str, Any] = {"seq": s.seq}
+    d.update(sig._asdict() if sig is not None else {})
+    d["start"] = s.t0 + EPOCH
+    if s.t1 > 0:
+        d["state"], d["end"] = "done", s.t1 + EPOCH
+    elif s.t1 < 0:
+        d["state"], d["end"], d["error"] = "failed", -s.t1 + EPOCH, s.error
+        if s.steps:
+            d["step"], d["steps"] = s.step, s.steps
+        d["peers"] = _peers(s.peers)
+    else:
+        step, steps, peers = _where(s.run)
+        d["state"] = f"step {step} of {steps}" if steps else "posted"
+        d["end"] = None
+        if steps:
+            d["step"], d["steps"] = step, steps
+        d["peers"] = _peers(peers)
+    return d
+
+
+def _peers(peers: list[tuple[str, int]] | None) -> Any:
+    """The peers a call waits on: [{"kind": "recv"|"send", "rank": r}, ...], or "all" for a
+    call MPI runs itself (it may wait on any rank)."""
+    if peers is None:
+        return "all"
+    return [{"kind": k, "rank": int(r)} for k, r in peers]
+
+
+# -- where dumps go ----------------------------------------------------------------------------
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
+
+
+def job_id(env: dict[str, str] | None = None) -> str:
+    """A name the ranks of one job share: Slurm's job id, PMIx's namespace (Open MPI 5), Open
+    MPI's job id, else the launcher's process (the parent) on this node."""
+    env = os.environ if env is None else env
+    for var, prefix in (("SLURM_JOB_ID", "slurm"), ("PMIX_NAMESPACE", ""),
+                        ("OMPI_MCA_ess_base_jobid", "ompi"), ("PMI_KVS_NAME", "")):
+        value = env.get(var)
+        if value:
+            return _slug(f"{prefix}-{value}" if prefix else value)
+    return f"ppid{os.getppid()}"
+
+
+def trace_dir(env: dict[str, str] | None = None) -> Path:
+    """``BMLMPI_TRACE_DIR``, else ``bmlmpi-trace-<job>`` in the system's temporary folder."""
+    d = config.get("BMLMPI_TRACE_DIR", env)
+    if d is not None:
+        return d
+    return Path(tempfile.gettempdir()) / f"bmlmpi-trace-{job_id(env)}"
+
+
+def _world_rank() -> int:
+    try:
+        from mpi4py import MPI
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI.COMM_WORLD.Get_rank()
+    except Exception:  # noqa: BLE001 - a dump names the rank it can
+        pass
+    return -1
+
+
+def _to_stderr(message: str) -> None:
+    # os.write: the dump may come from the watchdog thread while the main one holds
+    # sys.stderr's lock
+    try:
+        os.write(2, (message + "\n").encode())
+    except OSError:
+        pass
+
+
+def dump_all(reason: str) -> list[Path]:
+    """Dump every live recorder of this process."""
+    out = []
+    for rec in list(_live):
+        try:
+            out.append(rec.dump(reason))
+        except OSError as exc:
+            _to_stderr(f"bmlmpi flight recorder: could not write its dump: {exc}")
+    return out
+
+
+def _on_sigusr1(signum: int, frame: Any) -> None:
+    dump_all("SIGUSR1")
+
+
+def _install_signal_handler() -> None:
+    """``SIGUSR1`` dumps every recorder, where the signal still has its default action (a
+    program's own handler is left alone) and this is the main thread (Python's rule)."""
+    sig = getattr(signal, "SIGUSR1", None)
+    if sig is None or _signal_installed[0]:
+        return
+    with _signal_lock:
+        if _signal_installed[0] or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_sigusr1)
+        _signal_installed[0] = True
+
+
+def recorder_capacity() -> int:
+    """``BMLMPI_TRACE_CALLS``: the calls each recorder keeps; 0: no recorder."""
+    return config.get("BMLMPI_TRACE_CALLS")

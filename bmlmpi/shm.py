@@ -1,0 +1,561 @@
+"""Runs schedules with shared-memory steps (:class:`~bmlmpi.schedules.types.ShmOp`) on the
+ranks of one node. No algorithm logic: the schedule says who copies, reduces and fetches which
+range, and after which step of which peer; this module only does it.
+
+The segments. :class:`NodeSegments` is one MPI-3 shared window (``MPI.Win.Allocate_shared``)
+over a node communicator (ranks of ``Split_type(COMM_TYPE_SHARED)``, or a pretended node
+inside one). Every rank's part holds a progress flag (one int64 on its own cache line) and
+two buffer images, used by alternate calls (the verifier's rule 10: a rank writes a buffer
+again only two calls later, after every reader has left the call that read it). The window
+is sized for the largest signature seen: a larger one grows it on every rank at the same
+call (the plans of a signature are compiled on every rank in the same call), after each rank
+has finished its own earlier shared-memory calls and all have met in a bounded barrier.
+
+Ordering. The window is in a passive-target epoch (``Lock_all``) for its whole life. A rank
+that wrote segment data calls ``Win.Sync`` (a full memory barrier in the unified memory
+model, on x86-64 and AArch64 alike) before it stores its new step count in its flag; a
+reader that sees a peer's flag at the count it needs calls ``Win.Sync`` before it reads that
+peer's data. The flag is an aligned int64 (single-copy atomic on both architectures), only
+ever increased, and compared with ``>=``, so a reader never acts on a value the writer has
+not published. A flag read is only a hint until the Sync that follows it.
+
+Waiting. Every wait has the communicator's deadline (restarting whenever any peer flag
+this run waits for advances): past it :class:`~bmlmpi.execute.DeadlineExceeded` names the
+step, the op and the peer. A waiting rank yields the core (``sched_yield``) for
+``BMLMPI_SPIN`` seconds, then sleeps, as the message executor does, so ranks that outnumber
+cores still run. While it waits it also tests one receive posted to every peer on the node
+communicator that no one ever sends (a failure watch: ULFM completes it with an error when
+that peer dies) and, under fault tolerance, whether the communicator was revoked; either is
+raised as an ``MPI.Exception``, which the fault-tolerant communicator recovers from. A dead
+rank's half-written slice is never read: a reader only reads what a flag published.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .execute import DeadlineExceeded, Plan, Run, _back_off, _spin_seconds, wait_request
+from .kernels.combine import combine_trusted, reduce_trusted
+from .ops import kernel_op
+from .schedules.types import PUBLISH, REDUCE, Schedule, Step
+
+FLAG_BYTES = 128         # the flag and padding: the buffers start on their own cache lines
+ALIGN = 4096             # buffer capacity granularity (bytes)
+WATCH_TAG = 7            # the failure watch's receives (never matched: no one sends on it)
+FAILURE_CHECK_S = 0.01   # how often a waiting rank looks for a failure
+
+
+class ShmUnavailable(ValueError):
+    """The ranks of this allreduce do not share one node's memory (``algorithm="shm"``)."""
+
+
+class NodeSegments:
+    """The shared window of one node communicator: flags and two buffer images per rank.
+
+    Collective over ``comm`` (the node communicator, which it owns and frees). ``revoked``:
+    a callable that is true once the allreduce communicator was revoked (fault tolerance)."""
+
+    def __init__(self, comm: MPI.Comm, timeout: float,
+                 revoked: Callable[[], bool] | None = None):
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.timeout = timeout
+        self.revoked = revoked
+        self.capacity = 0               # bytes of one buffer image
+        self.counter = 0                # steps completed by this node's ranks, calls so far
+        self.calls = 0                  # shared-memory calls started (the parity)
+        self.generation = 0
+        self.win: MPI.Win | None = None
+        self.queue: list[ShmRun] = []   # runs started, oldest first; the head owns the window
+        self.broken: str | None = None  # why the window can no longer be used
+        self._views: dict[tuple, list[np.ndarray]] = {}
+        self._bytes: list[np.ndarray] = []
+        self._flags: list[np.ndarray] = []
+        self.watch = [comm.Irecv([np.empty(1, np.uint8), MPI.BYTE], q, WATCH_TAG)
+                      if q != self.rank else MPI.REQUEST_NULL for q in range(self.size)]
+        self._allocate(ALIGN)
+
+    # -- the window -----------------------------------------------------------------------
+    def _allocate(self, capacity: int) -> None:
+        info = MPI.Info.Create()
+        info.Set("alloc_shared_noncontig", "true")  # each rank's part on its own pages
+        try:
+            win = MPI.Win.Allocate_shared(FLAG_BYTES + 2 * capacity, 1, info, self.comm)
+        finally:
+            info.Free()
+        win.Set_errhandler(MPI.ERRORS_RETURN)
+        win.Lock_all(MPI.MODE_NOCHECK)
+        parts = []
+        for q in range(self.size):
+            mem, _ = win.Shared_query(q)
+            parts.append(np.frombuffer(mem, dtype=np.uint8, count=FLAG_BYTES + 2 * capacity))
+        self.win, self.capacity, self._bytes = win, capacity, parts
+        self._flags = [p[:8].view(np.int64) for p in parts]
+        self._views.clear()
+        self.generation += 1
+        # a fresh window: every flag restarts at 0 (the step counter with it) once all have
+        # written theirs; the bounded barrier makes sure no one reads a flag not yet set
+        self._flags[self.rank][0] = 0
+        win.Sync()
+        self.counter = 0
+        wait_request(self.comm.Ibarrier(), self.timeout,
+                     "bmlmpi shm: not every rank of the node joined the window's set-up")
+        win.Sync()
+
+    def ensure(self, nbytes: int) -> None:
+        """Make each buffer image hold ``nbytes``: collective on every rank at the same call
+        (where a signature's plan is compiled). Finishes this rank's own shared-memory calls
+        first, so none of them runs on a window being replaced."""
+        if nbytes <= self.capacity:
+            return
+        while self.queue:
+            self.queue[0].drive(self.timeout)
+        capacity = -(-nbytes // ALIGN) * ALIGN
+        wait_request(self.comm.Ibarrier(), self.timeout,
+                     "bmlmpi shm: not every rank of the node joined growing the window")
+        self._release_window()
+        self._allocate(capacity)
+
+    def _release_window(self) -> None:
+        if self.win is not None:
+            self._views.clear()
+            self._bytes, self._flags = [], []
+            win, self.win = self.win, None
+            win.Unlock_all()
+            win.Free()
+
+    def buffers(self, parity: int, dtype: np.dtype, count: int) -> list[np.ndarray]:
+        """Every rank's buffer image ``parity`` as ``count`` elements of ``dtype``."""
+        key = (parity, dtype, count)
+        views = self._views.get(key)
+        if views is None:
+            off = FLAG_BYTES + parity * self.capacity
+            views = [p[off:off + count * dtype.itemsize].view(dtype) for p in self._bytes]
+            self._views[key] = views
+        return views
+
+    # -- the flags ------------------------------------------------------------------------
+    def publish(self, value: int) -> None:
+        """Make this rank's segment writes visible, then raise its flag to ``value``."""
+        self.win.Sync()
+        self._flags[self.rank][0] = value
+
+    def flag(self, q: int) -> int:
+        return int(self._flags[q][0])
+
+    def acquire(self) -> None:
+        """After seeing the flags it needs: order the data reads after them."""
+        self.win.Sync()
+
+    def check_failure(self) -> None:
+        """Raise ``MPI.Exception`` if a peer of the node died (its watch receive completed
+        with an error) or the allreduce communicator was revoked."""
+        for req in self.watch:
+            if req != MPI.REQUEST_NULL:
+                req.Test()  # raises MPI.Exception (ERRORS_RETURN) when the peer failed
+        if self.revoked is not None and self.revoked():
+            raise MPI.Exception(MPI.ERR_REVOKED if hasattr(MPI, "ERR_REVOKED")
+                                else MPI.ERR_OTHER)
+
+    def free(self) -> None:
+        """Collective: free the window and the node communicator."""
+        for req in self.watch:
+            if req != MPI.REQUEST_NULL:
+                try:
+                    req.Cancel()
+                    req.Wait()
+                except MPI.Exception:
+                    pass
+        self.watch = []
+        self._release_window()
+        if self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+    def abandon(self) -> None:
+        """Drop the window without the collective free (a peer is dead: it cannot join).
+        Open MPI removes the window's backing file once all ranks have mapped it, so
+        nothing stays in /dev/shm; the mapping goes with the process."""
+        self.queue.clear()
+        self._views.clear()
+        self._bytes, self._flags = [], []
+        self.win = None
+        self.watch = []
+
+
+@dataclass(frozen=True, slots=True)
+class _Op:
+    kind: str
+    lo: int
+    hi: int
+    peers: tuple[int, ...]            # node-local ranks
+    after: tuple[tuple[int, int], ...]  # (node-local rank, flag value above the run's base)
+    from_result: bool
+    publish: bool
+    step: int                          # the schedule step (for messages)
+
+
+class ShmPlan:
+    """A schedule with shared-memory steps compiled for one node's segments: runs of
+    consecutive shared-memory steps, and between them the message steps as a
+    :class:`~bmlmpi.execute.Plan` on ``comm`` (the hierarchical node tier's inter-node
+    allreduce)."""
+
+    lanes: tuple = ()  # no message lanes of its own (the api's kernel warm-up looks here)
+
+    def __init__(self, sched: Schedule, comm: MPI.Comm, node: NodeSegments | None,
+                 local: dict[int, int], itemsize: int):
+        self.sched = sched
+        self.node = node
+        self.nsteps = len(sched.steps)
+        self.phases: list[tuple[str, object]] = []
+        writes_segment = []
+        i = 0
+        steps = sched.steps
+        while i < len(steps):
+            if steps[i].sends or steps[i].recvs:
+                j = i
+                while j < len(steps) and not steps[j].shm:
+                    j += 1
+                sub = Schedule(sched.algorithm, sched.rank, sched.size, sched.count,
+                               tuple(Step(s.sends, s.recvs) for s in steps[i:j]),
+                               streams=sched.streams)
+                self.phases.append(("msg", (i, j, Plan.flat(sub, comm))))
+                i = j
+                continue
+            ops = []
+            for o in steps[i].shm:
+                ops.append(_Op(o.kind, o.lo, o.hi, tuple(local[p] for p in o.peers),
+                               tuple((local[p], s + 1) for p, s in o.after),
+                               o.source == "result", o.publish, i))
+            writes_segment.append(any(o.kind == PUBLISH or o.publish for o in ops))
+            self.phases.append(("shm", (i, tuple(ops), writes_segment[-1])))
+            i += 1
+        self.segment_elems = sched.count if any(
+            o.kind == PUBLISH or o.publish for st in steps for o in st.shm) else 0
+        if node is not None and self.segment_elems:
+            node.ensure(self.segment_elems * itemsize)
+
+    def start(self, buf: np.ndarray, op: str, tag_base: int, label: str | Callable[[], str],
+              finish: Callable[[], None] | None = None, src: np.ndarray | None = None) -> ShmRun:
+        return ShmRun(self, buf, op, tag_base, label, finish, src)
+
+
+class ShmRun:
+    """One execution of a :class:`ShmPlan`: the interface of :class:`~bmlmpi.execute.Run`
+    (``test``, ``drive``, ``progress``, ``step``, ``describe_timeout``, ``cancel``)."""
+
+    def __init__(self, plan: ShmPlan, buf: np.ndarray, op: str, tag_base: int,
+                 label: str | Callable[[], str], finish: Callable[[], None] | None = None,
+                 src: np.ndarray | None = None):
+        self.plan = plan
+        self.buf = buf
+        self.src = buf if src is None else src
+        self.kop = kernel_op(op)
+        self.op = op
+        self.tag_base = tag_base
+        self._label = label
+        self.finish = finish
+        self.node = plan.node
+        self.phase = 0       # index into plan.phases
+        self.op_index = 0    # next op of the current shared-memory step
+        self.sub: Run | None = None
+        self.progress = 0
+        self.done = False
+        self.base = -1       # the node's step counter when this run took the window
+        self.segs: list[np.ndarray] | None = None
+        self.waiting: tuple[int, int, int] | None = None  # (step, op, peer) while blocked
+        self._last_flags: tuple[int, ...] = ()
+        self.parity = 0
+        if self.node is not None:
+            self.parity = self.node.calls % 2
+            self.node.calls += 1
+            self.node.queue.append(self)
+        self._checked = time.monotonic()
+
+    @property
+    def label(self) -> str:
+        return self._label if isinstance(self._label, str) else self._label()
+
+    @property
+    def step(self) -> int:
+        if self.phase >= len(self.plan.phases):
+            return self.plan.nsteps
+        kind, data = self.plan.phases[self.phase]
+        if kind == "shm":
+            return data[0]
+        return data[0] + (self.sub.step if self.sub is not None else 0)
+
+    @property
+    def reqs(self) -> list[MPI.Request]:
+        return self.sub.reqs if self.sub is not None else []
+
+    def _take_window(self) -> bool:
+        node = self.node
+        if node is None:
+            return True
+        if self.base >= 0:
+            return True
+        if node.broken is not None:
+            raise RuntimeError(f"bmlmpi shm: this node's shared window is unusable since "
+                               f"{node.broken}; build a new Communicator")
+        if node.queue[0] is not self:
+            return False
+        self.base = node.counter
+        if self.plan.segment_elems:
+            self.segs = node.buffers(self.parity, self.buf.dtype, self.plan.segment_elems)
+        return True
+
+    def _ready(self, o: _Op) -> bool:
+        node = self.node
+        base = self.base
+        for q, s in o.after:
+            if node.flag(q) < base + s:
+                self.waiting = (o.step, self.op_index, q)
+                return False
+        if o.after:
+            node.acquire()
+        self.waiting = None
+        return True
+
+    def _do(self, o: _Op) -> None:
+        lo, hi = o.lo, o.hi
+        buf, segs = self.buf, self.segs
+        if o.kind == PUBLISH:
+            np.copyto(segs[self.node.rank][lo:hi], (buf if o.from_result else self.src)[lo:hi])
+        elif o.kind == REDUCE:
+            out = buf[lo:hi]
+            src = self.src[lo:hi]
+            if not o.peers:
+                if self.src is not buf:
+                    np.copyto(out, src)
+            else:
+                combine_trusted(out, src, segs[o.peers[0]][lo:hi], self.kop)
+                if len(o.peers) > 1:
+                    reduce_trusted(out, [segs[q][lo:hi] for q in o.peers[1:]], self.kop)
+                if o.publish:
+                    np.copyto(segs[self.node.rank][lo:hi], out)
+        else:
+            np.copyto(buf[lo:hi], segs[o.peers[0]][lo:hi])
+
+    def test(self) -> bool:
+        """Advance without blocking; True once complete."""
+        if self.done:
+            return True
+        if not self._take_window():
+            return False
+        phases = self.plan.phases
+        node = self.node
+        while self.phase < len(phases):
+            kind, data = phases[self.phase]
+            if kind == "shm":
+                index, ops, writes = data
+                while self.op_index < len(ops):
+                    o = ops[self.op_index]
+                    if o.after and not self._ready(o):
+                        now = time.monotonic()
+                        if now - self._checked > FAILURE_CHECK_S:
+                            self._checked = now
+                            node.check_failure()
+                        return False
+                    self._do(o)
+                    self.op_index += 1
+                if writes:
+                    node.publish(self.base + index + 1)
+                self.op_index = 0
+            else:
+                start, stop, plan = data
+                if self.sub is None:
+                    if node is not None:  # nobody waits on this rank during its messages
+                        node.publish(self.base + start)
+                    self.sub = Run(plan, self.buf, self.op, self.tag_base, self._label)
+                before = self.sub.progress
+                finished = self.sub.test()
+                self.progress += self.sub.progress - before
+                if not finished:
+                    return False
+                self.sub = None
+            self.phase += 1
+            self.progress += 1
+        self._finalise()
+        return True
+
+    def _finalise(self) -> None:
+        node = self.node
+        if node is not None:
+            end = self.base + self.plan.nsteps
+            node.publish(end)
+            node.counter = end
+            node.queue.pop(0)
+        if self.finish is not None:
+            self.finish()
+        self.done = True
+
+    def drive(self, timeout: float, interrupt: Callable[[], None] | None = None) -> None:
+        """Run to completion in the calling thread, with the deadline restarting whenever
+        this run or a peer flag it waits for moves; polite waits (module docstring).
+        ``interrupt`` is called between polls (it raises to abandon the run, as in
+        :meth:`bmlmpi.execute.Run.drive`)."""
+        if self.test():
+            return
+        start = last = time.monotonic()
+        mark = (self.progress, self._flag_marks())
+        spin = _spin_seconds()
+        while not self.test():
+            now = time.monotonic()
+            cur = (self.progress, self._flag_marks())
+            if cur != mark:
+                mark, last = cur, now
+            elif now - last > timeout:
+                raise DeadlineExceeded(self.describe_timeout(timeout))
+            if interrupt is not None:
+                interrupt()
+            _back_off(now - start, spin)
+
+    def _flag_marks(self) -> tuple[int, ...]:
+        node = self.node
+        if node is None or self.waiting is None:
+            return ()
+        return (node.flag(self.waiting[2]),)
+
+    def sends_left(self) -> bool:
+        """Whether this rank still has something to give the others: a segment write (a
+        publish, a reduction the others fetch) or a message it has not done yet."""
+        for k in range(self.phase, len(self.plan.phases)):
+            kind, data = self.plan.phases[k]
+            if kind == "msg":
+                if k > self.phase or self.sub is None or self.sub.sends_left():
+                    return True
+                continue
+            _, ops, _ = data
+            first = self.op_index if k == self.phase else 0
+            if any(o.kind == PUBLISH or o.publish for o in ops[first:]):
+                return True
+        return False
+
+    def pending(self) -> str:
+        if self.sub is not None:
+            return self.sub.pending()
+        if self.base < 0 and self.node is not None:
+            return "an earlier shared-memory allreduce of this rank"
+        if self.waiting is None:
+            return "nothing"
+        step, _, q = self.waiting
+        got = self.node.flag(q) - self.base
+        return (f"step {step + 1}: node rank {q} to publish its step (its flag is at step "
+                f"{got} of this call)")
+
+    def cancel(self, bound: float = 1.0) -> list[MPI.Request]:
+        """Give the run up: cancel its messages (:meth:`bmlmpi.execute.Run.cancel`, returning
+        the requests still not complete) and release the node's window, marked broken (its
+        flags no longer count steps every rank agrees on: a later shared-memory call on it
+        raises instead of reading stale data)."""
+        left = self.sub.cancel(bound) if self.sub is not None else []
+        node = self.node
+        if node is not None and not self.done and self in node.queue:
+            node.queue.remove(self)
+            node.broken = f"{self.label} was given up"
+        return left
+
+    def describe_timeout(self, timeout: float) -> str:
+        msg = (f"{self.label}: shared-memory step {self.step + 1} of {self.plan.nsteps} made "
+               f"no progress in {timeout:g} s; waiting for: {self.pending()}")
+        self.cancel()
+        return msg
+
+
+
+
+class NodeTier:
+    """This rank's node within an allreduce communicator: which ranks share its memory, and
+    (made on first use) their :class:`NodeSegments`. Collective over ``comm``.
+
+    ``nodes`` (:class:`bmlmpi.topology.nodes.Nodes`) says which ranks the library treats as
+    one node (MPI placement, or ``BMLMPI_RANKS_PER_NODE``). ``fits`` is agreed by all ranks:
+    every such node lies inside one ``Split_type(COMM_TYPE_SHARED)`` group, so its ranks can
+    share a window. ``one_node``: the whole communicator is one node that shares memory."""
+
+    def __init__(self, comm: MPI.Comm, nodes, timeout: float):
+        self.comm = comm
+        self.timeout = timeout
+        rank = comm.Get_rank()
+        shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        try:
+            real = set(MPI.Group.Translate_ranks(shared.Get_group(),
+                                                 list(range(shared.Get_size())),
+                                                 comm.Get_group()))
+        finally:
+            shared.Free()
+        g = nodes.node_of(rank)
+        self.members = list(nodes.members[g])
+        ok = np.array([0 if set(self.members) <= real else 1], dtype=np.int64)
+        agreed = np.empty_like(ok)
+        wait_request(comm.Iallreduce(ok, agreed, MPI.MAX), timeout,
+                     "bmlmpi shm: not every rank joined the node check")
+        self.fits = not agreed[0]
+        self.one_node = nodes.count == 1 and len(real) == comm.Get_size()
+        self.node_count = nodes.count
+        self.segments: NodeSegments | None = None
+        self._node_comm: MPI.Comm | None = None
+        if self.fits:  # collective over comm: every rank splits, a rank alone included
+            node_comm = comm.Split(g, rank)
+            if node_comm.Get_size() > 1:
+                self._node_comm = node_comm
+            else:
+                node_comm.Free()
+
+    def _segments(self) -> NodeSegments | None:
+        """The node's window, made on first use: collective over the node only."""
+        if self.segments is None and self._node_comm is not None:
+            self.segments = NodeSegments(self._node_comm, self.timeout, self._revoked)
+            self._node_comm = None  # the segments own and free it now
+        return self.segments
+
+    def _revoked(self) -> bool:
+        try:
+            return bool(self.comm.Is_revoked())
+        except (AttributeError, NotImplementedError, MPI.Exception):
+            return False
+
+    def require_one_node(self) -> None:
+        """Raise :class:`ShmUnavailable` (on every rank alike) unless ``one_node``."""
+        if not self.one_node:
+            where = (f"BMLMPI_RANKS_PER_NODE / placement make {self.node_count} nodes"
+                     if self.node_count > 1 else "its ranks do not all share one node's memory")
+            raise ShmUnavailable(f"algorithm 'shm' reduces within one node, but this "
+                                 f"communicator spans several ({where}); use 'hierarchical' "
+                                 f"(its node tier runs in shared memory) or another algorithm")
+
+    def bind(self, sched: Schedule, itemsize: int) -> ShmPlan:
+        """``sched`` (shared-memory steps on this rank's node) compiled to run here;
+        collective (the first one makes the window, a larger one grows it)."""
+        return ShmPlan(sched, self.comm, self._segments(),
+                       {g: i for i, g in enumerate(self.members)}, itemsize)
+
+    def free(self) -> None:
+        """Collective over the node: free the window and the node communicator (a window
+        whose run was given up is dropped instead: the others may never come to free it)."""
+        if self.segments is not None:
+            if self.segments.broken is None:
+                self.segments.free()
+            else:
+                self.segments.abandon()
+            self.segments = None
+        if self._node_comm is not None:
+            self._node_comm.Free()
+            self._node_comm = None
+
+    def abandon(self) -> None:
+        """Forget the window without a collective (a member died)."""
+        if self.segments is not None:
+            self.segments.abandon()
+            self.segments = None
+
+
+__all__ = ["NodeSegments", "NodeTier", "ShmPlan", "ShmRun", "ShmUnavailable"]

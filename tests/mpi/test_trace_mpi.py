@@ -1,0 +1,167 @@
+"""The flight recorder on every call path, ``explain`` against what the call then runs, and
+``bmlmpi-trace`` on a healthy job (every rank, under ``--with-mpi``)."""
+
+import json
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import bmlmpi
+from bmlmpi import execute, recorder, trace
+
+
+def shared_dir(comm: MPI.Comm) -> Path:
+    """One fresh folder every rank writes into (made by rank 0)."""
+    path = tempfile.mkdtemp(prefix="bmlmpi-trace-test-") if comm.rank == 0 else None
+    return Path(comm.bcast(path, root=0))
+
+
+class Ran(execute.RunObserver):
+    """The algorithms of the schedules run while installed."""
+
+    def __init__(self):
+        self.algorithms = set()
+
+    def post(self, run, lane):
+        self.algorithms.add(run.plan.sched.algorithm)
+
+
+@pytest.mark.mpi
+def test_explain_agrees_with_what_the_call_runs():
+    world = MPI.COMM_WORLD
+    c = bmlmpi.Communicator(world)
+    for n in (1, 1000, 200_000):
+        why = c.explain(n, np.float32)
+        assert why.chosen in bmlmpi.algorithms() and why.chosen != "auto"
+        assert why.rule and why.why
+        if why.rule == "cost model":
+            names = [k.name for k in why.candidates]
+            assert why.chosen in names and "native" in names
+            assert [k.predicted for k in why.candidates] == sorted(k.predicted
+                                                                   for k in why.candidates)
+        a = ((np.arange(n) * 7 + world.rank * 3) % 11).astype(np.float32)
+        b = np.empty_like(a)
+        with execute.observing(Ran()) as seen:
+            c.Allreduce(a, b)
+        if why.chosen in ("native", "shm"):
+            # neither posts messages through a Run (native: MPI's call; shm: shared-memory
+            # steps): no schedule of messages may have run
+            assert not seen.algorithms, (n, why, seen.algorithms)
+        else:
+            assert seen.algorithms == {why.chosen}, (n, why, seen.algorithms)
+        ref = np.empty_like(a)
+        world.Allreduce(a, ref)
+        assert np.array_equal(b, ref)
+        assert c.recorder.calls()[-1]["chosen"] == why.chosen
+    named = bmlmpi.Communicator(world, algorithm="ring")
+    assert named.explain(10, np.float64).chosen == "ring"
+    assert named.explain(10, np.float64).rule == "asked"
+    for comm in (c, named):
+        comm.Free()
+
+
+@pytest.mark.mpi
+def test_recorder_sees_every_call_path():
+    world = MPI.COMM_WORLD
+    scheduled = "ring" if world.size > 1 else "bml"
+    c = bmlmpi.Communicator(world, algorithm=scheduled)
+    native = bmlmpi.Communicator(world, algorithm="native")
+    a = np.arange(64, dtype=np.float32) + world.rank
+    b = np.empty_like(a)
+    c.Allreduce(a, b)                      # checked first call
+    c.Allreduce(a, b)                      # the scheduled fast path
+    c.Iallreduce(a, b, MPI.MAX).Wait()     # non-blocking
+    c.Allreduce(a, b, compression="fp16")  # compressed
+    for _ in range(3):
+        native.Allreduce(a, b)             # checked, then the native fast path
+    calls = c.recorder.calls()
+    assert [x["seq"] for x in calls] == [0, 1, 2, 3]
+    assert [x["state"] for x in calls] == ["done"] * 4
+    assert [x["op"] for x in calls] == ["sum", "sum", "max", "sum"]
+    assert [x["chosen"] for x in calls] == [scheduled] * 3 + ["compressed fp16"]
+    assert all(x["count"] == 64 and x["dtype"] == "float32" and x["end"] >= x["start"]
+               for x in calls)
+    ncalls = native.recorder.calls()
+    assert [(x["seq"], x["chosen"], x["state"]) for x in ncalls] == [
+        (i, "native", "done") for i in range(3)]
+    folder = shared_dir(world)
+    path = Path(c.dump_trace(str(folder)))
+    native.dump_trace(str(folder))
+    doc = json.loads(path.read_text())
+    assert doc["rank"] == world.rank and doc["size"] == world.size
+    assert doc["reason"] == "dump_trace()" and doc["recorded"] == 4
+    world.Barrier()
+    reports = trace.analyse(trace.load(folder))
+    assert len(reports) == 2  # the two communicators, told apart by creation order
+    for report in reports:
+        assert report["ranks"] == list(range(world.size)) and not report["missing"]
+        assert report["ok"] and report["verdict"] is None
+    assert sorted(r["last_common_done"]["seq"] for r in reports) == [2, 3]
+    for comm in (c, native):
+        comm.Free()
+
+
+@pytest.mark.mpi
+def test_recorder_sees_the_family_and_persistent_starts():
+    world = MPI.COMM_WORLD
+    n = world.size
+    c = bmlmpi.Communicator(world)
+    a = np.arange(4 * n, dtype=np.float64) + world.rank
+    block = np.empty(4)
+    gathered = np.empty(4 * n * n)
+    root_out = np.empty_like(a)
+    c.Reduce_scatter_block(a, block)
+    c.Allgather(a, gathered)
+    c.Reduce(a, root_out, root=0)
+    c.Bcast(a, root=0)
+    req = c.Allreduce_init(a, root_out)
+    for _ in range(2):
+        req.Start()
+        req.Wait()
+    req.Free()
+    calls = c.recorder.calls()
+    assert [x["collective"] for x in calls] == ["reduce_scatter", "allgather", "reduce",
+                                                "bcast", "allreduce", "allreduce"]
+    assert [x["seq"] for x in calls] == list(range(6))
+    assert all(x["state"] == "done" and x["chosen"] not in (None, "auto") for x in calls)
+    assert calls[2]["root"] == 0 and calls[3]["root"] == 0 and calls[1]["op"] is None
+    assert calls[0]["count"] == 4 * n and calls[0]["op"] == "sum"
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_sigusr1_dumps_the_recorder(monkeypatch):
+    world = MPI.COMM_WORLD
+    folder = shared_dir(world)
+    monkeypatch.setenv("BMLMPI_TRACE_DIR", str(folder))
+    c = bmlmpi.Communicator(world)
+    a = np.ones(8)
+    c.Allreduce(a, np.empty_like(a))
+    # installed by the first recorder of the process (SIGUSR1 had its default action)
+    assert signal.getsignal(signal.SIGUSR1) is recorder._on_sigusr1
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.01)  # the handler runs at the main thread's next instruction
+    mine = [json.loads(p.read_text()) for p in folder.glob("bmlmpi-trace-*.json")]
+    mine = [d for d in mine if d["pid"] == os.getpid() and d["comm"] == c.recorder.index]
+    assert mine and mine[0]["reason"] == "SIGUSR1"
+    assert mine[0]["calls"][-1]["state"] == "done"
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_recorder_off(monkeypatch):
+    monkeypatch.setenv("BMLMPI_TRACE_CALLS", "0")
+    c = bmlmpi.Communicator(MPI.COMM_WORLD)
+    a = np.ones(8)
+    b = np.empty_like(a)
+    for _ in range(3):
+        c.Allreduce(a, b)
+    assert c.recorder is None and c.dump_trace() is None
+    assert np.all(b == MPI.COMM_WORLD.size)
+    c.Free()

@@ -1,0 +1,162 @@
+"""The flight recorder's ring, its dump, ``bmlmpi-trace``'s analysis and the timeline merge,
+without MPI (synthetic dumps stand for the ranks)."""
+
+import json
+
+import pytest
+
+from bmlmpi import recorder, timeline, trace
+from bmlmpi.recorder import FlightRecorder, Signature
+
+
+class FakePlan:
+    nsteps = 6
+
+
+class FakeRun:
+    """A run stuck at step 3, waiting to receive from rank 2."""
+
+    plan = FakePlan()
+
+    def waiting(self):
+        return 3, [("recv", 2)]
+
+
+def sig(count=10, op="sum", algorithm="ring"):
+    return Signature("allreduce", count, "float64", op, None, "auto", algorithm)
+
+
+def test_the_ring_keeps_the_last_calls_in_order():
+    rec = FlightRecorder(4, rank=0, size=2)
+    for i in range(10):
+        rec.done(rec.begin(sig(count=i)))
+    calls = rec.calls()
+    assert [c["seq"] for c in calls] == [6, 7, 8, 9]
+    assert [c["count"] for c in calls] == [6, 7, 8, 9]
+    assert all(c["state"] == "done" and c["end"] >= c["start"] for c in calls)
+    assert rec.next == 10 and len(rec.slots) == 4
+
+
+def test_states_running_failed_and_the_peers():
+    rec = FlightRecorder(8, rank=1, size=4)
+    rec.done(rec.begin(sig()))
+    running = rec.begin(sig(), run=FakeRun())
+    assert rec.calls()[-1]["state"] == "step 3 of 6"
+    assert rec.calls()[-1]["peers"] == [{"kind": "recv", "rank": 2}]
+    assert rec.fail(running, TimeoutError("stuck"))
+    assert not rec.fail(running, TimeoutError("again"))  # already ended
+    last = rec.calls()[-1]
+    assert last["state"] == "failed" and last["step"] == 3 and last["steps"] == 6
+    assert last["error"] == "TimeoutError: stuck" and last["peers"][0]["rank"] == 2
+    native = rec.begin(sig(algorithm="native"))
+    assert rec.calls()[-1]["state"] == "posted" and rec.calls()[-1]["peers"] == "all"
+    rec.done(native)
+    assert native.run is None
+
+
+def test_dump_is_json_named_per_host_pid_rank_and_communicator(tmp_path):
+    rec = FlightRecorder(2, rank=3, size=4)
+    rec.done(rec.begin(sig()))
+    path = rec.dump("test", tmp_path, announce=False)
+    assert path.name.startswith("bmlmpi-trace-") and f"-c{rec.index}.json" in path.name
+    doc = json.loads(path.read_text())
+    assert doc["format"] == recorder.FORMAT and doc["rank"] == 3 and doc["size"] == 4
+    assert doc["reason"] == "test" and doc["calls"][0]["collective"] == "allreduce"
+
+
+def test_a_failed_call_dumps_and_names_the_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("BMLMPI_TRACE_DIR", str(tmp_path))
+    rec = FlightRecorder(2, rank=0, size=2)
+    exc = TimeoutError("no progress")
+    path = rec.failed_call(rec.begin(sig(), run=FakeRun()), exc)
+    assert path is not None and path.parent == tmp_path
+    assert str(path) in exc.__notes__[0] and f"bmlmpi-trace {tmp_path}" in exc.__notes__[0]
+
+
+def test_default_folder_is_per_job_under_the_temp_dir(monkeypatch):
+    monkeypatch.delenv("BMLMPI_TRACE_DIR", raising=False)
+    env = {"SLURM_JOB_ID": "1234"}
+    assert recorder.trace_dir(env).name == "bmlmpi-trace-slurm-1234"
+    assert recorder.job_id({"PMIX_NAMESPACE": "prterun-vm-12@1"}) == "prterun-vm-12_1"
+
+
+def test_capacity_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("BMLMPI_TRACE_CALLS", "0")
+    assert recorder.recorder_capacity() == 0
+    monkeypatch.setenv("BMLMPI_TRACE_CALLS", "-1")
+    with pytest.raises(ValueError):
+        recorder.recorder_capacity()
+
+
+# -- bmlmpi-trace on synthetic dumps ----------------------------------------------------------
+
+def dump(rank, size, calls, comm=0, kind="Communicator"):
+    return {"format": recorder.FORMAT, "rank": rank, "size": size, "comm": comm,
+            "kind": kind, "time": 1.0, "host": "h", "pid": 100 + rank, "reason": "test",
+            "recorded": (calls[-1]["seq"] + 1) if calls else 0, "file": f"r{rank}",
+            "calls": calls}
+
+
+def call(seq, count=10, op="sum", state="done", peers=None, start=0.0):
+    c = {"seq": seq, "collective": "allreduce", "count": count, "dtype": "float64", "op": op,
+         "root": None, "asked": "auto", "chosen": "ring", "start": start, "state": state}
+    if state != "done":
+        c["peers"] = peers if peers is not None else "all"
+    return c
+
+
+def test_skipped_call_is_named():
+    ops = ["sum", "max"] * 4
+    good = [call(i, op=ops[i]) for i in range(8)]
+    skipper = [call(i, op=(ops[:3] + ops[4:])[i]) for i in range(7)]
+    report = trace.analyse([dump(0, 3, good), dump(1, 3, skipper), dump(2, 3, good)])[0]
+    m = report["mismatches"][0]
+    assert m["seq"] == 3 and m["odd"][1]["kind"] == "skipped" and m["odd"][1]["differs"] == ["op"]
+    assert report["culprit"] == 1 and "rank 1 skipped a call" in report["verdict"]
+    assert "(rank skipped a call)" in trace.story(report)
+
+
+def test_extra_call_and_changed_count_are_named():
+    base = [call(i, count=10 + i) for i in range(5)]
+    extra = base[:2] + [call(2, count=99)] + [call(i + 1, count=10 + i) for i in range(2, 5)]
+    report = trace.analyse([dump(0, 3, base), dump(1, 3, extra), dump(2, 3, base)])[0]
+    m = report["mismatches"][0]
+    assert m["seq"] == 2 and m["odd"][1]["kind"] == "extra" and report["culprit"] == 1
+    changed = base[:3] + [call(3, count=7)]
+    r = trace.analyse([dump(0, 3, base[:4]), dump(1, 3, base[:4]), dump(2, 3, changed)])[0]
+    assert r["mismatches"][0]["odd"][2]["differs"] == ["count"] and r["culprit"] == 2
+
+
+def test_the_chain_of_waits_ends_at_the_rank_that_never_arrived():
+    # ranks 0 and 1 wait in seq 4 (0 on 1, 1 on 2); rank 2 finished seq 3 and went elsewhere
+    d0 = dump(0, 3, [call(i) for i in range(4)] + [call(4, state="failed",
+                                                         peers=[{"kind": "recv", "rank": 1}])])
+    d1 = dump(1, 3, [call(i) for i in range(4)] + [call(4, state="failed",
+                                                         peers=[{"kind": "recv", "rank": 2}])])
+    d2 = dump(2, 3, [call(i) for i in range(4)])
+    report = trace.analyse([d0, d1, d2])[0]
+    assert report["culprit"] == 2 and report["behind"] == [2]
+    assert [c["rank"] for c in report["chain"]] == [0, 1]
+    assert "never entered seq 4" in report["verdict"]
+    assert report["last_common_done"]["seq"] == 3
+
+
+def test_a_missing_rank_is_named(tmp_path):
+    stuck = [call(0), call(1, state="failed")]
+    report = trace.analyse([dump(0, 3, stuck), dump(1, 3, stuck)])[0]
+    assert report["missing"] == [2] and report["culprit"] == 2
+    for r, d in enumerate([dump(0, 3, stuck), dump(1, 3, stuck)]):
+        (tmp_path / f"bmlmpi-trace-h-p{r}-w{r}-c0.json").write_text(json.dumps(d))
+    assert trace.main([str(tmp_path)]) == 1
+    assert trace.main([str(tmp_path / "nothing-here")]) == 2
+
+
+def test_timeline_merge(tmp_path):
+    for rank in range(2):
+        doc = {"traceEvents": [{"name": "allreduce", "ph": "X", "ts": 1e6 + rank, "dur": 5,
+                                "pid": rank, "tid": 0, "args": {}}],
+               "otherData": {"dropped": 0}}
+        (tmp_path / f"timeline-h-p{rank}-w{rank}.json").write_text(json.dumps(doc))
+    out = timeline.merge(tmp_path)
+    events = json.loads(out.read_text())["traceEvents"]
+    assert sorted(e["pid"] for e in events) == [0, 1] and min(e["ts"] for e in events) == 0
