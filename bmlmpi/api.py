@@ -16,6 +16,8 @@ import contextlib
 import hashlib
 import logging
 import math
+import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -323,6 +325,18 @@ def _check_mode(value: str | None) -> str:
     return value
 
 
+def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
+    """``method`` called through a weak reference to its object (a watchdog thread must not
+    keep a dropped Communicator alive)."""
+    ref = weakref.WeakMethod(method)
+
+    def call(report: str) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(report)
+    return call
+
+
 def _still_posted(run: Any) -> bool:
     """Whether MPI may still use a held run's buffers (a request not complete)."""
     for r in run.reqs:
@@ -439,6 +453,7 @@ class Communicator(FamilyCalls):
         self._held: list[Any] = []        # runs given up while MPI may still use their buffers
         self._handled = [0]   # the last call number whose failure this rank has raised
         self._abandoned_upto = 0  # calls up to this number are abandoned on every rank
+        self._owner: int | None = None  # the thread inside a call (_one_thread)
         self._sig_ids: dict[tuple, int] = {}
         self._levels = self._split_levels()
         self._links = self._find_links()
@@ -468,7 +483,10 @@ class Communicator(FamilyCalls):
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=self._alarm_channel(),
-                                  before_abort=self._watchdog_fired)
+                                  before_abort=_weakly(self._watchdog_fired))
+        # a Communicator dropped without Free() still ends its watchdog thread (the watchdog
+        # holds it only weakly, above)
+        weakref.finalize(self, self._watchdog.close)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         # each collective's calls cycle through their own block of the tag space
         self._tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
@@ -680,7 +698,12 @@ class Communicator(FamilyCalls):
     # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
     # what an MPI failure means (_failure_noted, _is_failure).
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        return self._begin(sendbuf, recvbuf, op, algorithm)[1]
+        mine = self._one_thread()
+        try:
+            return self._begin(sendbuf, recvbuf, op, algorithm)[1]
+        finally:
+            if mine:
+                self._owner = None
 
     def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
                algorithm: str) -> tuple[PreparedCall, Request]:
@@ -859,7 +882,33 @@ class Communicator(FamilyCalls):
                 self._validate(None, exc)
             raise
 
+    def _one_thread(self) -> bool:
+        """Claim the communicator for this thread's call; False when it already holds it (a
+        call inside a call). A second thread inside a call raises: two threads' messages on
+        one communicator swap results silently (bmlmpi's communicators, like MPI's
+        collectives on one communicator, take one call at a time)."""
+        me = threading.get_ident()
+        owner = self._owner
+        if owner == me:
+            return False
+        if owner is not None:
+            raise RuntimeError(
+                f"bmlmpi.Communicator (rank {self.rank}): two threads called it at once (a "
+                f"call of thread {owner} is in progress); a communicator takes one call at a "
+                f"time: use one communicator per thread, or a lock")
+        self._owner = me
+        return True
+
     def _blocking(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
+        if not self._one_thread():
+            self._blocking_call(sendbuf, recvbuf, op, algorithm)
+            return
+        try:
+            self._blocking_call(sendbuf, recvbuf, op, algorithm)
+        finally:
+            self._owner = None
+
+    def _blocking_call(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce: the fast path when this signature may take it, else a
         started call waited on (which may then open the fast path for the signature).
 
@@ -1051,7 +1100,7 @@ class Communicator(FamilyCalls):
         dtype = recv.flat.dtype
         check_dtype_op(dtype, name)
         if algorithm == "auto":
-            algorithm = self._auto(count, dtype.itemsize)
+            algorithm = self._auto_for(count, dtype, name)
         out = recv.flat[:count]
         src = None if send is None else send.flat
         if src is not None and np.may_share_memory(src, out):
@@ -1193,7 +1242,7 @@ class Communicator(FamilyCalls):
         """``auto``'s choice for ``call`` over the current members."""
         if call.collective != "allreduce":
             return self._family_auto(call)
-        return self._auto(call.out.size, call.out.dtype.itemsize)
+        return self._auto_for(call.out.size, call.out.dtype, call.op)
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
@@ -1343,6 +1392,14 @@ class Communicator(FamilyCalls):
         return False
 
     def _test(self, entry: _Outstanding) -> bool:
+        mine = self._one_thread()
+        try:
+            return self._test_entry(entry)
+        finally:
+            if mine:
+                self._owner = None
+
+    def _test_entry(self, entry: _Outstanding) -> bool:
         if entry.failed is not None:
             raise entry.failed
         self._progress()
@@ -1353,6 +1410,14 @@ class Communicator(FamilyCalls):
         return entry.done
 
     def _wait(self, entry: _Outstanding) -> None:
+        mine = self._one_thread()
+        try:
+            self._wait_entry(entry)
+        finally:
+            if mine:
+                self._owner = None
+
+    def _wait_entry(self, entry: _Outstanding) -> None:
         if entry.failed is not None:
             raise entry.failed
         if entry.done:
@@ -1392,6 +1457,16 @@ class Communicator(FamilyCalls):
     def _progress_mark(self) -> tuple[int, ...]:
         """Changes whenever any outstanding allreduce completes a step of any lane."""
         return tuple(e.run.progress for e in self._active)
+
+    def _auto_for(self, count: int, dtype: np.dtype, op: str) -> str:
+        """``auto``'s choice for an allreduce, keeping one NaN rule: MIN and MAX of floats
+        propagate NaN (numpy's rule, which bmlmpi's kernels follow); Open MPI's own
+        MPI_MIN/MPI_MAX do not, so ``auto`` never hands those to ``native`` (the tree below
+        64 KiB, the ring above). ``native`` asked for explicitly is the MPI library's rule."""
+        choice = self._auto(count, dtype.itemsize)
+        if choice == "native" and op in ("min", "max") and dtype.kind == "f":
+            choice = "tree" if count * dtype.itemsize <= 65536 else "ring"
+        return choice
 
     def _auto(self, count: int, itemsize: int) -> str:
         key = (count, itemsize)
@@ -1506,9 +1581,16 @@ _last: tuple[MPI.Comm | None, Communicator | None] = (None, None)
 
 
 def _forget(comm: MPI.Comm, keyval: int, ctx: Communicator) -> None:
+    """MPI deletes the attribute: the user freed ``comm`` (or MPI is finalizing). The
+    Communicator made for it is freed with it (its duplicates, its watchdog thread), unless
+    MPI is finalizing (freeing communicators then is not allowed everywhere) or it still has
+    calls outstanding (Free refuses; they keep what they need)."""
     global _last
     if _last[1] is ctx:
         _last = (None, None)
+    if not MPI.Is_finalized() and comm not in (MPI.COMM_WORLD, MPI.COMM_SELF):
+        with contextlib.suppress(Exception):
+            ctx.Free()
 
 
 _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_forget)

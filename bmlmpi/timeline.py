@@ -33,7 +33,7 @@ from typing import Any
 
 from . import config
 from .execute import Run, RunObserver, install_observer
-from .recorder import FlightRecorder, Slot, _slug, _world_rank, now
+from .recorder import EPOCH, FlightRecorder, Slot, _slug, _world_rank, now
 
 MAX_EVENTS = 2_000_000
 _US = 1e6
@@ -54,7 +54,7 @@ class Timeline(RunObserver):
         if len(self.events) >= MAX_EVENTS:
             self.dropped += 1
             return
-        self.events.append({"name": name, "ph": "X", "ts": t0 * _US,
+        self.events.append({"name": name, "ph": "X", "ts": (t0 + EPOCH) * _US,
                             "dur": max(0.0, (t1 - t0) * _US), "pid": self.rank, "tid": tid,
                             "args": args})
 

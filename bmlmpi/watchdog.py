@@ -83,6 +83,11 @@ class Watchdog:
                                             daemon=True)
             self._thread.start()
 
+    def close(self) -> None:
+        """Let the thread end at its next wake-up, without waiting for it (what a
+        Communicator's finalizer calls when it is dropped without ``Free()``)."""
+        self._stop.set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():

@@ -11,3 +11,23 @@ def pytest_ignore_collect(collection_path, config):
     with_mpi = config.getoption("with_mpi", default=False)
     inside = Path(collection_path).resolve().is_relative_to(MPI_DIR.resolve())
     return inside and not with_mpi
+
+
+# Calls that fail on purpose (argument mismatches, deadlines) make every rank dump its flight
+# recorder; the suite's go into one folder of its own, removed when the run that made it ends.
+_TRACE_DIR: list[str] = []
+
+
+def pytest_configure(config):
+    import os
+    import tempfile
+    if not os.environ.get("BMLMPI_TRACE_DIR"):
+        folder = tempfile.mkdtemp(prefix="bmlmpi-trace-suite-")
+        os.environ["BMLMPI_TRACE_DIR"] = folder
+        _TRACE_DIR.append(folder)
+
+
+def pytest_unconfigure(config):
+    import shutil
+    for folder in _TRACE_DIR:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -269,11 +269,12 @@ def _check_result(s: Schedule, regions: list, state: np.ndarray, shift: np.ndarr
                 want = np.zeros(size + 1, dtype=np.int64)
                 want[list(who)] = 1
                 if (state[seg] != want).any():
+                    whom = (f"rank {who[0]}'s data" if len(who) == 1 else
+                            f"each live rank exactly once (ranks {list(who)})")
                     raise ScheduleError(
                         f"rank {s.rank}: elements [{a},{upto}) of the output hold "
                         f"contributions {state[seg][:size].tolist()} (garbage "
-                        f"{int(state[seg][size])}), expected each of ranks {list(who)} "
-                        f"exactly once")
+                        f"{int(state[seg][size])}), expected {whom}")
                 if c.lo - c.at - int(shift[seg]) != in_at - out_lo:
                     raise ScheduleError(
                         f"rank {s.rank}: output [{a},{upto}) holds input positions from "
