@@ -77,7 +77,8 @@ def flavour(mpiexec: str) -> str:
                              timeout=30).stdout.lower()
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
-    if "open mpi" in out or "open-rte" in out or "prte" in out:
+    # Open MPI 5 prints "(Open MPI)" or PRRTE; Open MPI 4 prints "mpiexec (OpenRTE) 4.1.6"
+    if any(mark in out for mark in ("open mpi", "open-rte", "openrte", "prte")):
         return "openmpi"
     if "hydra" in out or "mpich" in out:
         return "mpich"

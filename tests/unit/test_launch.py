@@ -82,3 +82,14 @@ def test_the_jobs_heartbeat_folders_are_removed(tmp_path):
     _notes(notes, 2, {"event": "start", "rank": 1, "heartbeat": str(other), "host": "elsewhere"})
     launch.remove_heartbeats(notes)
     assert not beat.exists() and other.exists()
+
+
+def test_flavour_from_each_launchers_version_line(tmp_path):
+    lines = {"mpiexec (Open MPI) 5.0.11": "openmpi", "mpiexec (OpenRTE) 4.1.6": "openmpi",
+             "prterun (PRRTE) 3.0.6": "openmpi", "HYDRA build details:": "mpich",
+             "something else 1.0": "unknown"}
+    for line, expected in lines.items():
+        fake = tmp_path / "mpiexec"
+        fake.write_text(f"#!/bin/sh\necho '{line}'\n")
+        fake.chmod(0o755)
+        assert launch.flavour(str(fake)) == expected, line
