@@ -15,7 +15,12 @@ def pytest_ignore_collect(collection_path, config):
 
 # Calls that fail on purpose (argument mismatches, deadlines) make every rank dump its flight
 # recorder; the suite's go into one folder of its own, removed when the run that made it ends.
+# Open MPI's shared-memory segments likewise: a singleton (one process, no mpiexec) leaves its
+# 16 MiB sm_segment file in /dev/shm at exit, and killed ranks leave theirs, so the suite's
+# processes, and the ranks they launch (mpiexec forwards OMPI_MCA_*), put them in a folder of
+# the run's own. Processes that find the variables set (the ranks' own pytest) keep them.
 _TRACE_DIR: list[str] = []
+SM_BACKING = "OMPI_MCA_btl_sm_backing_directory"
 
 
 def pytest_configure(config):
@@ -24,6 +29,10 @@ def pytest_configure(config):
     if not os.environ.get("BMLMPI_TRACE_DIR"):
         folder = tempfile.mkdtemp(prefix="bmlmpi-trace-suite-")
         os.environ["BMLMPI_TRACE_DIR"] = folder
+        _TRACE_DIR.append(folder)
+    if not os.environ.get(SM_BACKING) and os.path.isdir("/dev/shm"):
+        folder = tempfile.mkdtemp(prefix="bmlmpi-suite-", dir="/dev/shm")
+        os.environ[SM_BACKING] = folder
         _TRACE_DIR.append(folder)
 
 

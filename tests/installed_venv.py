@@ -124,6 +124,8 @@ def bare_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("BMLMPI_", "OMPI_", "PMIX_", "PRTE_", "SLURM_"))
            and k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    if "OMPI_MCA_btl_sm_backing_directory" in os.environ:  # tests/conftest.py
+        env["OMPI_MCA_btl_sm_backing_directory"] = os.environ["OMPI_MCA_btl_sm_backing_directory"]
     here = Path(sys.executable).parent
     env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":")
                            if p and Path(p) != here and not (Path(p) / "activate").exists())

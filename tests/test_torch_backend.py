@@ -112,6 +112,8 @@ def test_train_torch_mpirun_script_with_compression(venv, tmp_path):
     out = tmp_path / "job"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "BMLMPI_", "OMPI_", "PMIX_"))}
+    if "OMPI_MCA_btl_sm_backing_directory" in os.environ:  # tests/conftest.py
+        env["OMPI_MCA_btl_sm_backing_directory"] = os.environ["OMPI_MCA_btl_sm_backing_directory"]
     env.update(PATH=f"{venv.parent}:{env.get('PATH', '')}", BMLMPI_PYTHON=str(venv),
                BMLMPI_RANKS="2", BMLMPI_OUT=str(out), BMLMPI_CALIBRATE="0",
                BMLMPI_TRAIN_ARGS="--epochs 3 --compression fp16")

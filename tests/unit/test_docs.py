@@ -45,7 +45,7 @@ def snippet_env() -> dict[str, str]:
     # kernels are reused, as the MPI tests reuse them)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("BMLMPI_", "OMPI_", "PMIX_", "PRTE_"))
-           or k == "BMLMPI_CACHE_DIR"}
+           or k in ("BMLMPI_CACHE_DIR", "OMPI_MCA_btl_sm_backing_directory")}
     env["BMLMPI_TIMEOUT"] = "120"
     return env
 
