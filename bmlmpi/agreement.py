@@ -156,7 +156,9 @@ class Mailbox:
             del self._by_seq[s]
 
     def close(self) -> None:
-        """Cancel the posted receive (the communicator is about to be freed)."""
+        """Cancel the posted receive and take in the notices already delivered (the
+        communicator is about to be freed: an MPI library that reuses its context id, as
+        MPICH does, would otherwise match them with a later communicator's messages)."""
         req, self._req = self._req, None
         if req is not None:
             try:
@@ -164,3 +166,18 @@ class Mailbox:
                 req.Wait()
             except MPI.Exception:
                 pass
+        drain(self.control)
+
+
+def drain(comm: MPI.Comm) -> None:
+    """Receive and drop every message already delivered on ``comm``, which is about to be
+    freed: messages of calls abandoned after an error or a deadline would otherwise wait in
+    the library's queue, and an MPI library that reuses context ids (MPICH does) matches
+    them with a later communicator's receives."""
+    status = MPI.Status()
+    try:
+        while comm.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status):
+            box = bytearray(max(1, status.Get_count(MPI.BYTE)))
+            comm.Recv([box, MPI.BYTE], status.Get_source(), status.Get_tag())
+    except MPI.Exception:
+        pass

@@ -27,7 +27,16 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, config, kernels, registry, select
-from .agreement import DEADLINE, ERROR, MESSAGE_BYTES, TAG_ALARM, Mailbox, Message, decode
+from .agreement import (
+    DEADLINE,
+    ERROR,
+    MESSAGE_BYTES,
+    TAG_ALARM,
+    Mailbox,
+    Message,
+    decode,
+    drain,
+)
 from .buffers import BufferSpecError
 from .execute import (
     TAG_STEPS,
@@ -650,6 +659,7 @@ class Communicator(FamilyCalls):
             isinstance(h, tuple) or not _still_posted(h) for h in self._held)
         for c in [*self._levels, self._comm]:
             if c != MPI.COMM_NULL and not pending:
+                drain(c)
                 c.Free()
         if self._control is not self._comm and self._control != MPI.COMM_NULL:
             self._control.Free()
