@@ -143,6 +143,25 @@ def _shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
             for c in range(nchunks)]
 
 
+def _node_layout(rank: int, count: int, nodes: Nodes, inter: str,
+                 node_shape: Sequence[int] | None) -> tuple:
+    """What both hierarchical builders derive first: the node count, the inter-node
+    algorithm and node shape (checked), the L = max m_g balanced shards, this rank's node g,
+    local rank i, the node's members and their number m, and its ring neighbours."""
+    n_nodes = nodes.count
+    across = inter_algorithm(n_nodes, inter)
+    shape = tuple(default_shape(n_nodes) if node_shape is None else node_shape)
+    if across == "bml" and math.prod(shape) != n_nodes:
+        raise ValueError(f"node shape {shape} has {math.prod(shape)} nodes, not {n_nodes}")
+    width = nodes.max_local
+    shards = balanced_bounds(0, count, width)
+    g, i = nodes.node_of(rank), nodes.local_rank(rank)
+    mine = nodes.members[g]
+    m = len(mine)
+    right, left = mine[(i + 1) % m], mine[(i - 1) % m]
+    return n_nodes, across, shape, width, shards, g, i, mine, m, right, left
+
+
 def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter: str = "auto",
                           node_shape: Sequence[int] | None = None, intra: str = "ring",
                           itemsize: int = 4,
@@ -159,17 +178,8 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                          f"got {intra!r}")
     if nodes.size != size:
         raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
-    n_nodes = nodes.count
-    across = inter_algorithm(n_nodes, inter)
-    shape = tuple(default_shape(n_nodes) if node_shape is None else node_shape)
-    if across == "bml" and math.prod(shape) != n_nodes:
-        raise ValueError(f"node shape {shape} has {math.prod(shape)} nodes, not {n_nodes}")
-    width = nodes.max_local
-    shards = balanced_bounds(0, count, width)
-    g, i = nodes.node_of(rank), nodes.local_rank(rank)
-    mine = nodes.members[g]
-    m = len(mine)
-    right, left = mine[(i + 1) % m], mine[(i - 1) % m]
+    n_nodes, across, shape, width, shards, g, i, mine, m, right, left = _node_layout(
+        rank, count, nodes, inter, node_shape)
 
     steps: list[Step] = []
     chunks: list = []
@@ -248,17 +258,8 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
         raise ValueError(f"hierarchical rooted schedules are reduce and bcast, not "
                          f"{collective!r}")
     reducing = collective == "reduce"
-    n_nodes = nodes.count
-    across = inter_algorithm(n_nodes, inter)
-    shape = tuple(default_shape(n_nodes) if node_shape is None else node_shape)
-    if across == "bml" and math.prod(shape) != n_nodes:
-        raise ValueError(f"node shape {shape} has {math.prod(shape)} nodes, not {n_nodes}")
-    width = nodes.max_local
-    shards = balanced_bounds(0, count, width)
-    g, i = nodes.node_of(rank), nodes.local_rank(rank)
-    mine = nodes.members[g]
-    m = len(mine)
-    right, left = mine[(i + 1) % m], mine[(i - 1) % m]
+    n_nodes, across, shape, width, shards, g, i, mine, m, right, left = _node_layout(
+        rank, count, nodes, inter, node_shape)
     home = nodes.node_of(root)
     at_home = nodes.members[home]
 
