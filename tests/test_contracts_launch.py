@@ -79,7 +79,9 @@ def test_a_stopped_peer_cannot_keep_the_job_from_ending():
     res, records, took = launch("stopped", 3, {"BMLMPI_TIMEOUT": "3",
                                                "BMLMPI_BLOCKING": "polled"})
     out = (res.stdout + res.stderr)[-4000:]
-    assert sorted(r["rank"] for r in records) == [0, 1, 2], out
+    # The launcher's teardown may send the stopped rank SIGCONT before its SIGTERM, and the
+    # rank then prints its record a second time: count ranks, not records.
+    assert {r["rank"] for r in records} == {0, 1, 2}, out
     assert not [f for r in records for f in r["failures"]], out
     assert "MPI_Finalize gets" in res.stderr, out
     assert took < LAUNCH_TIMEOUT, out
