@@ -118,7 +118,7 @@ def main() -> None:
         meta = {"ranks": c.size, "count": args.count, "dtype": "float32",
                 "algorithm": args.algorithm, "iters": args.iters,
                 # what auto priced the links with (measured on its first call: no calibration)
-                "links_alpha_beta": known(c),
+                "links_alpha_beta": known(c.compression),
                 "load_average": os.getloadavg(), "host": platform.node(),
                 "cpus": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0]}
         Path(args.out).write_text(json.dumps({**meta, "rows": rows, "crossover": cross},
