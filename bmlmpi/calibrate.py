@@ -589,12 +589,6 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
             work.Free()
 
 
-def measure_alpha_beta(comm: MPI.Comm) -> tuple[float, float]:
-    """(α seconds per step, β seconds per byte) of ``comm``'s ranks (collective, cached)."""
-    c = calibrate(comm)
-    return c.alpha, c.beta
-
-
 # -- command line --------------------------------------------------------------------------
 
 def _fmt(seconds: float) -> str:
