@@ -19,7 +19,7 @@ Mechanism (user-level failure mitigation, mpi4py ≥ 4 on Open MPI ≥ 5 started
    ``MPI.IN_PLACE``.
 2. **Detect** (:mod:`.errors`). A request fails with ``ERR_PROC_FAILED``/
    ``ERR_PROC_FAILED_PENDING`` (a peer died) or ``ERR_REVOKED`` (another survivor noticed
-   first). A hung peer never fails a request: the heartbeat (:mod:`bmlmpi.heartbeat`) fences it
+   first). A hung peer never fails a request: the heartbeat (:mod:`.heartbeat`) fences it
    with SIGKILL after ``hang_timeout`` seconds without a beat, and ULFM then reports it. The
    detecting rank revokes the communicator so that every rank still waiting on anything stops.
 3. **Agree** (:mod:`.ledger`). A call commits on every survivor or on none: once its run has
@@ -58,7 +58,7 @@ Deadlines: every wait of this communicator polls non-blocking requests against `
 ``hang_timeout`` (``BMLMPI_HANG_TIMEOUT``, default 30 s) is the heartbeat age that gets a peer
 fenced, ``heartbeat`` (``BMLMPI_HEARTBEAT``) the beat period. Fencing reaches ranks on this
 rank's host only (SIGKILL); a hung rank on another host surfaces at the deadline — fencing
-across hosts needs the launcher (:mod:`bmlmpi.heartbeat`).
+across hosts needs the launcher (:mod:`.heartbeat`).
 
 Without ULFM: on Open MPI started without ``--with-ft ulfm`` (it is then off: the environment
 lacks ``OMPI_MCA_mpi_ft_enable``) or on an MPI whose ``MPI_Comm_is_revoked`` is missing (the

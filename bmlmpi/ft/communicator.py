@@ -20,7 +20,7 @@ from mpi4py import MPI
 from .. import config
 from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
-from ..heartbeat import Heartbeat
+from .heartbeat import Heartbeat
 from ..schedules import catalog
 from .errors import (
     FaultToleranceError,
