@@ -84,29 +84,45 @@ the spawned program enters through :func:`join`. Timings in ``regrowths``
 Mini-batch rescaling after failures: :func:`bmlmpi.rescaled_batch` (:mod:`bmlmpi.rescale`).
 """
 
-from .communicator import (
-    DEFAULT_HANG_TIMEOUT,
-    RECOVERY_MODES,
-    FaultTolerantCommunicator,
-    FaultTolerantRequest,
-)
-from .errors import (
-    FAILURE_CLASSES,
-    FaultToleranceError,
-    FaultToleranceUnavailable,
-    RankMasked,
-    is_failure,
-    ulfm_support,
-)
-from .exit import finish, install_exit_handlers
-from .family import ContributionsLost, RootFailed
-from .grow import GrowRecord, Joined, join
-from .membership import RecoveryRecord
+from __future__ import annotations
 
-__all__ = [
-    "ContributionsLost", "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES",
-    "FaultToleranceError", "RootFailed",
-    "FaultToleranceUnavailable", "FaultTolerantCommunicator", "FaultTolerantRequest",
-    "GrowRecord", "Joined", "RankMasked", "RecoveryRecord", "finish", "install_exit_handlers",
-    "is_failure", "join", "ulfm_support",
-]
+import importlib
+from typing import Any
+
+#: Each public name and its module: loaded on first use (PEP 562), so that the MPI-free parts
+#: (the heartbeat, the mini-batch rule) import without MPI.
+_EXPORTS = {
+    "ContributionsLost": "family",
+    "DEFAULT_HANG_TIMEOUT": "communicator",
+    "FAILURE_CLASSES": "errors",
+    "FaultToleranceError": "errors",
+    "FaultToleranceUnavailable": "errors",
+    "FaultTolerantCommunicator": "communicator",
+    "FaultTolerantRequest": "communicator",
+    "GrowRecord": "grow",
+    "Joined": "grow",
+    "RECOVERY_MODES": "communicator",
+    "RankMasked": "errors",
+    "RecoveryRecord": "membership",
+    "RootFailed": "family",
+    "finish": "exit",
+    "install_exit_handlers": "exit",
+    "is_failure": "errors",
+    "join": "grow",
+    "ulfm_support": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bmlmpi.ft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

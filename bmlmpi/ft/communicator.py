@@ -20,7 +20,6 @@ from mpi4py import MPI
 from .. import config
 from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
-from .heartbeat import Heartbeat
 from ..schedules import catalog
 from .errors import (
     FaultToleranceError,
@@ -32,6 +31,7 @@ from .errors import (
 from .exit import LIVE, started
 from .family import Skipped, retarget
 from .grow import GrowRecord, Growth
+from .heartbeat import Heartbeat
 from .ledger import Call, Ledger
 from .links import LinkWatch
 from .membership import Membership, RecoveryRecord
