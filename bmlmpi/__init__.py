@@ -54,7 +54,7 @@ _EXPORTS = {
     "RemoteArgumentError": "api",
     "Request": "api",
     "algorithms": "select",
-    "rescaled_batch": "rescale",
+    "rescaled_batch": "ft.rescale",
 }
 
 #: Modules a name needs besides its own: ``Communicator(fault_tolerant=True)`` builds the

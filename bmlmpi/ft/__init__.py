@@ -71,7 +71,7 @@ visible to the others and hang-free. A rank that still exits non-zero without th
 by the heartbeat (its process is gone but MPI never said so) and the survivors raise
 :class:`FaultToleranceError` instead of hanging.
 
-A link that goes down (:mod:`.links`): ``watch_links=`` names this server's NICs; when one
+A link that goes down (:mod:`.link_watch`): ``watch_links=`` names this server's NICs; when one
 goes down the rank fences itself (the BML slides: the server at the end of a failed link is masked)
 and the others recover from its death as from any other.
 
@@ -81,7 +81,7 @@ rank it replaces, hands it the current model state and goes back to the full BCu
 the spawned program enters through :func:`join`. Timings in ``regrowths``
 (:class:`GrowRecord`).
 
-Mini-batch rescaling after failures: :func:`bmlmpi.rescaled_batch` (:mod:`bmlmpi.rescale`).
+Mini-batch rescaling after failures: :func:`bmlmpi.rescaled_batch` (:mod:`.rescale`).
 """
 
 from __future__ import annotations
