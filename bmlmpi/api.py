@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, config, kernels, registry, select
+from . import binding, buffers, config, kernels, select
 from .agreement import (
     DEADLINE,
     ERROR,
@@ -1379,7 +1379,7 @@ class Communicator(FamilyCalls):
         if sched.uses_shm:
             return self._node_tier().bind(sched, itemsize)
         levels = [] if algorithms.get(algorithm).tiered else self._levels
-        return registry.bind(sched, self._comm, levels, self.shape)
+        return binding.bind(sched, self._comm, levels, self.shape)
 
     def _node_tier(self) -> NodeTier:
         """This rank's node of the current communicator (made on first use, collective;

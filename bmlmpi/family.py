@@ -785,7 +785,7 @@ class FamilyCalls:
 
     def _family_plan(self, call: FamilyCall) -> Any:
         """The compiled plan of a scheduled family call (cached per signature)."""
-        from . import registry
+        from . import binding
         from .execute import Plan
         from .ops import kernel_op
         from .schedules import algorithms
@@ -799,7 +799,7 @@ class FamilyCalls:
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
                                  self._links, nodes)
         levels = [] if tiered else self._levels
-        plan = registry.bind(sched, self._comm, levels, self.shape) if levels else \
+        plan = binding.bind(sched, self._comm, levels, self.shape) if levels else \
             Plan.flat(sched, self._comm)
         if call.collective in REDUCING:
             fan_in = max((len(offs) for lane in plan.lanes for st in lane
