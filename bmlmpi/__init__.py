@@ -53,7 +53,7 @@ _EXPORTS = {
     "RegistrationMismatch": "training",
     "RemoteArgumentError": "api",
     "Request": "api",
-    "algorithms": "select",
+    "algorithms": "selection",
     "rescaled_batch": "ft.rescale",
 }
 

@@ -48,7 +48,7 @@ from mpi4py import MPI
 
 from . import __version__, config
 from .api import Communicator
-from .select import algorithms as implemented
+from .selection import algorithms as implemented
 
 #: ``--collective`` -> (OSU's test title, the mpi4py method the baseline calls)
 COLLECTIVE_TESTS = {

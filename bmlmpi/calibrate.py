@@ -3,7 +3,7 @@
 :func:`calibrate` is collective: every rank of ``comm`` calls it together, every wait has a
 deadline (a missing rank raises :class:`~bmlmpi.execute.DeadlineExceeded`, never hangs), and
 every rank returns the same :class:`~bmlmpi.model.Calibration`, so that every rank's
-:func:`bmlmpi.select.choose` reaches the same decision. It took 0.5–3 s on the 2-core
+:func:`bmlmpi.selection.choose` reaches the same decision. It took 0.5–3 s on the 2-core
 development machine (2 to 12 ranks), most of it in the 16 MiB runs.
 
 What is measured, on a private duplicate of ``comm``, all ranks at once (ranks paired
@@ -599,7 +599,7 @@ def main(argv: Sequence[str] | None = None,
          printer: Callable[[str], None] = print) -> int:
     import argparse
 
-    from . import select
+    from . import selection
 
     ap = argparse.ArgumentParser(prog="python -m bmlmpi.calibrate",
                                  description="Measure (or read) the cost-model calibration "
@@ -612,7 +612,7 @@ def main(argv: Sequence[str] | None = None,
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--itemsize", type=int, default=4)
     args = ap.parse_args(argv)
-    runnable = select.algorithms()[1:]  # every allreduce algorithm but auto
+    runnable = selection.algorithms()[1:]  # every allreduce algorithm but auto
     if args.algorithms is not None:
         asked = [a.strip().lower() for a in args.algorithms.split(",") if a.strip()]
         bad = [a for a in asked if a not in runnable]
@@ -646,7 +646,7 @@ def main(argv: Sequence[str] | None = None,
         printer("one rank: auto runs native at every size (MPI_Allreduce on one rank is a "
                 "copy, through the blocking fast path); nothing to price")
         return 0
-    names = (select.candidates(args.max_bytes // args.itemsize, size)
+    names = (selection.candidates(args.max_bytes // args.itemsize, size)
              if args.algorithms is None else asked)
     if "hierarchical" in names:
         names.remove("hierarchical")  # priced only where nodes are known (a Communicator)
@@ -655,7 +655,7 @@ def main(argv: Sequence[str] | None = None,
     while nbytes <= args.max_bytes:
         count = nbytes // args.itemsize
         t = estimate(names, count, args.itemsize, size, calib=calib)
-        choice = select.explain(count, args.itemsize, size, calib).chosen
+        choice = selection.explain(count, args.itemsize, size, calib).chosen
         printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
                                             for n in names) + f"  {choice}")
         nbytes *= 4
