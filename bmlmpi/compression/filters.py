@@ -75,8 +75,9 @@ class TDF(Compressor):
     AND G-RP select, each alone when the other is off, send the rest in ``wire``.
 
     ``phi``/``d``: G-SMP (off when ``phi`` is None); ``p``/``seed``: G-RP (off when ``p`` is
-    None); ``wire``, ``path``, ``record``: :class:`.protocol.Compressor`. Every rank must
-    pass the same settings (the agreement refuses a mismatch).
+    None); ``wire``, ``path``, ``record``: :class:`.protocol.Compressor`. The ranks agree on
+    whether anything can be dropped, not on the thresholds: a rank's filter decides what that
+    rank sends (a per-rank ``seed`` only makes G-RP's positions overlap less).
     """
 
     spec_names = ("threshold", "random", "tdf")
@@ -110,9 +111,6 @@ class TDF(Compressor):
         smp = gsmp_selects(y, self.phi, self.d, t) if self.phi is not None else None
         rp = grp_selects(y.size, self.p, self.seed, t, key_of(key)) if self.p is not None else None
         return smp if rp is None else rp if smp is None else smp & rp
-
-    def settings(self) -> tuple:
-        return (self.phi, self.d, self.p, self.seed)
 
     @classmethod
     def from_spec(cls, name: str, args: list[str]) -> Compressor:

@@ -133,7 +133,7 @@ def _algorithm(comm: Any, count: int, itemsize: int) -> str:
 def _dense_seconds(comm: Any, alg: str, count: int, itemsize: int, alpha: float,
                    beta: float) -> float:
     from ..model import estimate
-    calib = getattr(comm, "calibration", None)
+    calib = comm.calibration
     if calib is None:
         t = estimate([alg], count, itemsize, comm.size, alpha=alpha, beta=beta,
                      shape=comm.shape)

@@ -6,8 +6,11 @@ array (its ``key``) it decides which elements this rank drops (:meth:`Compressor
 whether the kept ones travel in a 16-bit wire format (``wire``, a name registered in
 :mod:`bmlmpi.kernels.wire_formats`), and it declares what every rank must agree on
 (:meth:`Compressor.settings`: the compressed allreduce's one agreement compares a hash of the
-class, the wire format, the exchange path and these settings, and refuses a mismatch on every
-rank). The base class holds what every compressor shares, in this order per call:
+class, the wire format, the exchange path, whether it can drop anything, and these settings,
+and refuses a mismatch on every rank). The first four decide which exchange every rank
+enters, so they are always agreed; a compressor adds the settings it takes to be one choice
+for the whole job (top-k's k), not what may differ per rank (TDF's thresholds). The base
+class holds what every compressor shares, in this order per call:
 
 1. y = g + r: the new input plus what this array kept at the previous call (error feedback);
    ``t`` counts the calls on the array.
@@ -105,13 +108,13 @@ class Compressor:
         return None
 
     def settings(self) -> tuple:
-        """What every rank must agree on besides the class, wire format and path (numbers
-        and strings)."""
+        """What every rank must agree on besides the class, wire format, path and
+        :attr:`filters` (numbers and strings)."""
         return ()
 
     def agreement(self) -> tuple:
         """Everything the ranks must agree on, as one tuple."""
-        return (type(self).__name__, self.wire, self.path, *self.settings())
+        return (type(self).__name__, self.wire, self.path, self.filters, *self.settings())
 
     def agreement_code(self) -> int:
         """:meth:`agreement` as a 52-bit number (exact in a float64 agreement)."""

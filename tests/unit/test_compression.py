@@ -274,11 +274,13 @@ def test_bad_topk_specs_raise(bad):
 
 
 def test_what_ranks_agree_on_is_declared_by_each_compressor():
-    assert topk(3).agreement() == ("TopK", None, "auto", 3, None)
+    assert topk(3).agreement() == ("TopK", None, "auto", True, 3, None)
     assert topk(3).agreement_code() == topk(3).agreement_code()
     codes = {c.agreement_code() for c in (topk(3), topk(4), topk(ratio=0.5), topk(3, wire="fp16"),
-                                          threshold(1.0), threshold(2.0), fp16(), bf16())}
+                                          threshold(1.0), threshold(0.0), fp16(), bf16())}
     assert len(codes) == 8 and all(0 <= code < 2 ** 52 for code in codes)
+    # a rank's own threshold (or seed) is its own: only whether it can drop is agreed
+    assert threshold(1.0).agreement_code() == threshold(2.0, 0.5).agreement_code()
     pinned = topk(3)
     pinned.path = "sparse"
     assert pinned.agreement_code() != topk(3).agreement_code()
