@@ -795,12 +795,18 @@ class FamilyCalls:
             return plan
         tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
+        if call.algorithm == "shm":  # refused on every rank alike across nodes
+            self._node_tier().require_one_node()
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
                                  self._links, nodes)
         levels = [] if tiered else self._levels
-        plan = registry.bind(sched, self._comm, levels, self.shape) if levels else \
-            Plan.flat(sched, self._comm)
+        if sched.uses_shm:  # shared-memory steps: the node's window
+            plan = self._node_tier().bind(sched, call.dtype.itemsize)
+        elif levels:
+            plan = registry.bind(sched, self._comm, levels, self.shape)
+        else:
+            plan = Plan.flat(sched, self._comm)
         if call.collective in REDUCING:
             fan_in = max((len(offs) for lane in plan.lanes for st in lane
                           for _, _, offs in st.reduces), default=0)
@@ -814,6 +820,7 @@ class FamilyCalls:
         schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
         gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
         from .execute import collective_run
+        from .shm import ShmPlan
         if call.algorithm == "native":
             try:
                 req = call.start_native(self._comm)
@@ -831,4 +838,7 @@ class FamilyCalls:
             if finish is not None:
                 finish()
 
+        if isinstance(plan, ShmPlan):
+            return plan.start_collective(inp, output, call.op, tag_base, label, placed,
+                                         call.dtype)
         return collective_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)
