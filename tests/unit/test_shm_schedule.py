@@ -311,3 +311,31 @@ def test_verifier_catches_family_mistakes():
     i, j, o = _first(scheds, 0, PUBLISH)
     with pytest.raises(ScheduleError, match="input where"):
         verify(_replace_op(scheds, 0, i, j, lo=4, hi=8))
+
+
+# -- pricing -----------------------------------------------------------------------------------
+
+def test_shm_and_hierarchical_node_tier_priced_by_the_shared_memory_model():
+    from bmlmpi import select
+    from bmlmpi.model import Calibration, estimate
+
+    nodes = consecutive_nodes(4, 2)
+    calib = Calibration(alpha=2e-5, beta=1e-9, step_overhead=1e-5, shm_sync=3e-6,
+                        shm_copy=1e-10, shm_reduce=2e-10, native=((8, 1e-5), (1 << 26, 1e-1)))
+    slow_links = Calibration(**{**calib.to_dict(), "beta": 1e-6, "meta": {}})
+    n = 1 << 18
+    shm_tier = estimate(["hierarchical"], n, 4, 4, calib=calib, nodes=nodes, intra="shm")
+    ring_tier = estimate(["hierarchical"], n, 4, 4, calib=calib, nodes=nodes)
+    assert shm_tier != ring_tier
+    # auto prices the node tier in shared memory where the calibration measured it
+    why = select.explain(n, 4, 4, calib, nodes=nodes)
+    got = {c.name: c.model for c in why.candidates}
+    assert got["hierarchical"] == pytest.approx(shm_tier["hierarchical"])
+    # the shm family: no link term at all (β does not move it), the shared-memory one does
+    for coll, kw in (("reduce_scatter", {"counts": (n // 4,) * 4}), ("allgather", {}),
+                     ("reduce", {"root": 1}), ("bcast", {"root": 3})):
+        one = estimate(["shm"], n, 4, 4, calib=calib, collective=coll, **kw)["shm"]
+        assert one == estimate(["shm"], n, 4, 4, calib=slow_links, collective=coll,
+                               **kw)["shm"]
+        dearer = Calibration(**{**calib.to_dict(), "shm_copy": 1e-9, "meta": {}})
+        assert estimate(["shm"], n, 4, 4, calib=dearer, collective=coll, **kw)["shm"] > one
