@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +38,7 @@ from .agreement import (
     drain,
 )
 from .buffers import BufferSpecError
+from .compression.channel import CompressionChannel
 from .execute import (
     TAG_STEPS,
     DeadlineExceeded,
@@ -472,6 +473,7 @@ class Communicator(FamilyCalls):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._plans: dict[tuple, Plan] = {}
+        self._compression = CompressionChannel(self)
         self._tier: NodeTier | None = None
         self._validated: set[int] = set()
         self._calls = 0
@@ -686,9 +688,38 @@ class Communicator(FamilyCalls):
                    compression: Any = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request."""
         if compression is not None:   # the compression layer wraps this same call path
-            from .compression.layer import start
-            return start(self, sendbuf, recvbuf, op, compression)
+            return self._compression.start(sendbuf, recvbuf, op, compression)
         return self._start(sendbuf, recvbuf, op, self.algorithm)
+
+    # -- the compression seam (bmlmpi.compression) ---------------------------------------------
+    @property
+    def compression(self) -> CompressionChannel:
+        """This communicator's compression state: the private duplicate its compressed calls
+        send on, their tag blocks and plans, the measured α-β price, and ``start()`` of a
+        compressed allreduce with a chosen error-feedback key
+        (:class:`bmlmpi.compression.channel.CompressionChannel`)."""
+        return self._compression
+
+    def schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
+        """This rank's allreduce schedule of ``algorithm`` for ``count`` elements of
+        ``itemsize`` bytes over the current members (what the compression layer runs on
+        16-bit codes)."""
+        return self._schedule(algorithm, count, itemsize)
+
+    def choose(self, count: int, itemsize: int) -> str:
+        """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
+        bytes on this communicator (local; every rank picks the same)."""
+        return self._auto(count, itemsize)
+
+    def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
+                          what: str, abandon: Callable[[], None]
+                          ) -> Generator[list, None, Any]:
+        """Run the exchange ``stages`` of one compressed call (``what``) on ``channel``, its
+        result returned. The seam a fault-tolerant communicator overrides to settle the call
+        among the survivors, calling ``abandon()`` (which takes the call out of the
+        compressor's memory and drops the channel's duplicate) where it cannot; here the
+        stages run as they are."""
+        return (yield from stages)
 
     def allreduce(self, array: Any, op: Any = MPI.SUM) -> np.ndarray:
         """Return a new array holding the reduction of ``array`` over all ranks."""

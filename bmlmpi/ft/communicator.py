@@ -22,6 +22,7 @@ from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentEr
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
 from ..heartbeat import Heartbeat
 from ..schedules import catalog
+from .compressed import settle
 from .errors import (
     FaultToleranceError,
     FaultToleranceUnavailable,
@@ -342,9 +343,14 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         """
         if compression is not None:
             self._usable()
-            from ..compression.layer import start
-            return start(self, sendbuf, recvbuf, op, compression, fault_tolerant=True)
+            return self.compression.start(sendbuf, recvbuf, op, compression)
         return self._start(sendbuf, recvbuf, op, self.algorithm)
+
+    def settle_compressed(self, stages: Any, channel: Any, what: str,
+                          abandon: Callable[[], None]) -> Any:
+        """A compressed call's exchange settled among the survivors: it completes on every
+        survivor or on none (:mod:`.compressed`)."""
+        return settle(self, stages, channel, what, abandon)
 
     def _usable(self) -> None:
         if self._masked:
