@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, config, kernels, registry, select
+from . import binding, buffers, config, kernels, selection
 from .agreement import (
     DEADLINE,
     ERROR,
@@ -438,7 +438,7 @@ class Communicator(FamilyCalls):
         self.shape: Shape = ()
         try:
             self.timeout = timeout_from_env(timeout)
-            self.algorithm = select.check_algorithm(algorithm)
+            self.algorithm = selection.check_algorithm(algorithm)
             self.validate = _validation_enabled(validate)
             self.check = "every-call" if self._agrees_every_call() else _check_mode(check)
             self.shape = resolve_shape(comm.Get_size(), topology)
@@ -469,7 +469,7 @@ class Communicator(FamilyCalls):
         self._links = self._find_links()
         self._choices: dict[tuple[int, int], str] = {}
         self.calibration = None
-        if select.calibration_wanted(self.algorithm):
+        if selection.calibration_wanted(self.algorithm):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._plans: dict[tuple, Plan] = {}
@@ -1291,7 +1291,7 @@ class Communicator(FamilyCalls):
         """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
         ``algorithm`` None: the communicator's."""
         self._usable_for_calls()
-        algorithm = self.algorithm if algorithm is None else select.check_algorithm(algorithm)
+        algorithm = self.algorithm if algorithm is None else selection.check_algorithm(algorithm)
         if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
                                    else recvbuf[0] if recvbuf else None):
             raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
@@ -1410,7 +1410,7 @@ class Communicator(FamilyCalls):
         if sched.uses_shm:
             return self._node_tier().bind(sched, itemsize)
         levels = [] if algorithms.get(algorithm).tiered else self._levels
-        return registry.bind(sched, self._comm, levels, self.shape)
+        return binding.bind(sched, self._comm, levels, self.shape)
 
     def _node_tier(self) -> NodeTier:
         """This rank's node of the current communicator (made on first use, collective;
@@ -1513,7 +1513,7 @@ class Communicator(FamilyCalls):
         key = (count, itemsize)
         choice = self._choices.get(key)
         if choice is None:
-            why = select.explain(count, itemsize, self.size, self.calibration, self.shape,
+            why = selection.explain(count, itemsize, self.size, self.calibration, self.shape,
                                  nodes=self._nodes_for_auto())
             choice = self._choices[key] = why.chosen
             if _log.isEnabledFor(logging.DEBUG):
@@ -1522,16 +1522,16 @@ class Communicator(FamilyCalls):
         return choice
 
     def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
-                collective: str = "allreduce") -> select.Explanation:
+                collective: str = "allreduce") -> selection.Explanation:
         """What ``Allreduce`` of ``count`` elements of ``dtype`` with ``op`` runs on this
         communicator, and why: the candidates ``auto`` priced (predicted seconds: the cost
         model with this machine's calibration, and the model before the calibration's
         measured correction), the one chosen and the rule that chose it
-        (:class:`bmlmpi.select.Explanation`; ``str()`` of it is a small table). Local: no
+        (:class:`bmlmpi.selection.Explanation`; ``str()`` of it is a small table). Local: no
         communication; every rank reaches the same answer. A communicator built with a named
         algorithm explains that it runs it. ``collective``: also ``reduce_scatter``,
         ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
-        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.select.
+        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.selection.
         explain_collective`)."""
         if collective not in ("allreduce", *COLLECTIVES):
             raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
@@ -1544,16 +1544,16 @@ class Communicator(FamilyCalls):
         asked = (self.algorithm if collective == "allreduce"
                  else self._family_algorithm(collective, None))
         if asked != "auto":
-            return select.Explanation(collective, int(count), dt.itemsize, self.size,
+            return selection.Explanation(collective, int(count), dt.itemsize, self.size,
                                       asked, "asked",
                                       f"the communicator was built with "
                                       f"algorithm={self.algorithm!r}")
         if collective != "allreduce":
             blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
-            return select.explain_collective(
+            return selection.explain_collective(
                 collective, int(count), dt.itemsize, self.size, self.calibration, self.shape,
                 self._nodes_for_auto(), 0, (count // self.size,) * self.size if blocked else None)
-        return select.explain(int(count), dt.itemsize, self.size, self.calibration,
+        return selection.explain(int(count), dt.itemsize, self.size, self.calibration,
                               self.shape, nodes=self._nodes_for_auto())
 
     def _find_links(self) -> np.ndarray:
@@ -1670,7 +1670,7 @@ def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm =
         name = _CHECKED[algorithm]
     except (KeyError, TypeError):
         try:
-            name = select.check_algorithm(algorithm)
+            name = selection.check_algorithm(algorithm)
         except (ValueError, TypeError) as exc:
             ctx._refuse(exc)
         _CHECKED[algorithm] = name
@@ -1682,7 +1682,7 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm 
     """Non-blocking :func:`Allreduce`; progresses inside the request's ``Test``/``Wait``."""
     ctx = _communicator_for(comm)
     try:
-        name = select.check_algorithm(algorithm)
+        name = selection.check_algorithm(algorithm)
     except (ValueError, TypeError) as exc:
         ctx._refuse(exc)
     return ctx._start(sendbuf, recvbuf, op, name)

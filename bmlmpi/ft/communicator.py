@@ -20,7 +20,6 @@ from mpi4py import MPI
 from .. import config
 from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
-from ..heartbeat import Heartbeat
 from ..schedules import catalog
 from .compressed import settle
 from .errors import (
@@ -33,8 +32,9 @@ from .errors import (
 from .exit import LIVE, started
 from .family import Skipped, retarget
 from .grow import GrowRecord, Growth
+from .heartbeat import Heartbeat
 from .ledger import Call, Ledger
-from .links import LinkWatch
+from .link_watch import LinkWatch
 from .membership import Membership, RecoveryRecord
 
 DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
@@ -93,7 +93,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
     with the original ranks just lost; ``recovery`` — ``"auto"``, ``"fresh"`` or ``"bcube"``
     (:mod:`bmlmpi.ft`); ``hang_timeout`` and ``heartbeat`` — seconds (:mod:`bmlmpi.ft`);
     ``watch_links`` — this server's NICs (interface names in its network namespace): when one
-    goes down this rank is masked, i.e. ends itself and the others recover (:mod:`.links`).
+    goes down this rank is masked, i.e. ends itself and the others recover (:mod:`.link_watch`).
     """
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",

@@ -164,8 +164,8 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         o = self.options
         if not o.fault_tolerant:
             return {}
-        from .. import ft  # registers the fault-tolerant Communicator
-        del ft
+        from ..ft import communicator  # registers the fault-tolerant Communicator
+        del communicator
         return {"fault_tolerant": True, "recovery": o.recovery, "hang_timeout": o.hang_timeout,
                 "on_failure": o.on_failure}
 
