@@ -316,7 +316,7 @@ def test_verifier_catches_family_mistakes():
 # -- pricing -----------------------------------------------------------------------------------
 
 def test_shm_and_hierarchical_node_tier_priced_by_the_shared_memory_model():
-    from bmlmpi import select
+    from bmlmpi import selection as select
     from bmlmpi.model import Calibration, estimate
 
     nodes = consecutive_nodes(4, 2)
