@@ -376,6 +376,13 @@ def start(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
         if isinstance(recvbuf, np.ndarray):
             key = ("buffer", recvbuf.__array_interface__["data"][0], recvbuf.size,
                    recvbuf.dtype.str)
+    # a plain Communicator agrees on the call first (its signature names the compressor), so
+    # that a rank compressing where the others do not fails at once on every rank instead of
+    # meeting their data messages with its own collectives
+    agree = getattr(comm, "agree_compressed", None)
+    if agree is not None and not fault_tolerant:
+        agree(recvbuf, op, f"wire {compressor.wire or 'none'}, filters "
+                           f"{'on' if compressor.filters else 'off'}, path {compressor.path}")
     stages = _stages(comm, compressor, sendbuf, recvbuf, op, key, fault_tolerant)
     rec = comm.recorder
     if rec is not None:
