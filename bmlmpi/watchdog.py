@@ -174,13 +174,9 @@ class Watchdog:
                 news = None
                 self._alarm = None
             if news is not None and self.current is not None:
-                self.fired = (f"bmlmpi watchdog: {what}, fast-path call {self.calls}, is "
-                              f"blocked in MPI_Allreduce, which cannot be interrupted, and "
-                              f"{news}: that call can never complete; aborting the job")
-                self._report(self.fired)
-                self._last_words()
-                self._abort()
-                return True
+                return self._fire(f"bmlmpi watchdog: {what}, fast-path call {self.calls}, is "
+                                  f"blocked in MPI_Allreduce, which cannot be interrupted, "
+                                  f"and {news}: that call can never complete; aborting the job")
         n, now = self.calls, time.monotonic()
         if n != self._seen:
             # a call the watchdog has not seen yet: its clock starts
@@ -188,15 +184,19 @@ class Watchdog:
             return False
         since = self._since
         if now - since > self.timeout:
-            self.fired = (f"bmlmpi watchdog: {what}, call {n}, has been blocked in MPI for "
-                          f"{now - since:.1f} s ({self.source}{self.timeout:g}); another "
-                          f"rank never joined it; aborting the job (set "
-                          f"BMLMPI_BLOCKING=polled for a DeadlineExceeded instead)")
-            self._report(self.fired)
-            self._last_words()
-            self._abort()
-            return True
+            return self._fire(f"bmlmpi watchdog: {what}, call {n}, has been blocked in MPI "
+                              f"for {now - since:.1f} s ({self.source}{self.timeout:g}); "
+                              f"another rank never joined it; aborting the job (set "
+                              f"BMLMPI_BLOCKING=polled for a DeadlineExceeded instead)")
         return False
+
+    def _fire(self, report: str) -> bool:
+        """Write ``report``, have the flight recorder dumped, abort; True (it fired)."""
+        self.fired = report
+        self._report(report)
+        self._last_words()
+        self._abort()
+        return True
 
 
 def _to_stderr(message: str) -> None:
