@@ -289,7 +289,7 @@ def start(channel: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
     :class:`.channel.CompressionChannel`); returns a request.
 
     ``compression``: a :class:`Compressor` (keeps its error-feedback memory across calls) or
-    a spec string (:func:`.filters.parse`; a string builds a new compressor each call, so only
+    a spec string (:func:`.protocol.parse`; a string builds a new compressor each call, so only
     the stateless ``fp16``/``bf16`` are meaningful that way — pass an object for filters).
     ``key``: the registered array this call reduces (default: ``recvbuf``'s address and
     length, so reduce into the same array at every step for error feedback to carry over).
