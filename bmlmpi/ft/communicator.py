@@ -20,7 +20,6 @@ from mpi4py import MPI
 from .. import config
 from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
-from ..schedules import catalog
 from .compressed import settle
 from .errors import (
     FaultToleranceError,
@@ -36,6 +35,7 @@ from .heartbeat import Heartbeat
 from .ledger import Call, Ledger
 from .link_watch import LinkWatch
 from .membership import Membership, RecoveryRecord
+from .recovery import bcube_preserving
 
 DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
 RECOVERY_MODES = ("auto", "fresh", "bcube")
@@ -427,8 +427,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         (peers are original ranks); otherwise the requested algorithm over the current
         members. Every transfer runs on the one communicator."""
         if self.recovery == "bcube":
-            sched = catalog.bcube_preserving(algorithm, self._members[self.rank],
-                                             self.home_shape, self.failed, count)
+            sched = bcube_preserving(algorithm, self._members[self.rank], self.home_shape,
+                                     self.failed, count)
             if sched is not None:
                 current = {orig: cur for cur, orig in enumerate(self._members)}
                 return Plan(sched, [self._comm], lambda level, peer: (0, current[peer]))

@@ -35,8 +35,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..execute import wait_for, wait_request
-from ..schedules.recovery import fresh_shape
 from .errors import FaultToleranceError, is_failure
+from .recovery import fresh_shape
 
 #: One line per survived failure, from the survivors' rank 0 (Python's last-resort handler
 #: prints it on stderr when the program configured no logging).
