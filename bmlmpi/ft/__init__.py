@@ -108,7 +108,7 @@ _EXPORTS = {
     "finish": "exit",
     "install_exit_handlers": "exit",
     "is_failure": "errors",
-    "join": "grow",
+    "join": "communicator",
     "ulfm_support": "errors",
 }
 

@@ -68,7 +68,7 @@ class Ledger:
         self._events += 1
         with contextlib.suppress(MPI.Exception, NotImplementedError):
             self._comm.Revoke()
-        recorder = getattr(self, "_recorder", None)  # None while the base class constructs
+        recorder = self.recorder  # None while the base class constructs
         if recorder is not None:
             what = f"{type(exc).__name__}: {exc}" if exc is not None else "a peer's revoke"
             with contextlib.suppress(OSError):
