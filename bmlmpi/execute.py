@@ -447,7 +447,7 @@ class Run:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            _back_off(now - start, spin)
+            back_off(now - start, spin)
 
     def _drive_lane(self, timeout: float, interrupt: Interrupt | None = None) -> None:
         """:meth:`drive` for a plan of one lane: post a step, poll until its receives are in,
@@ -488,7 +488,7 @@ class Run:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            _back_off(now - start, spin)
+            back_off(now - start, spin)
 
     def _finalise(self) -> None:
         observer = self.observer
@@ -550,19 +550,13 @@ class Run:
                 r.Cancel()
             except MPI.Exception:
                 pass
-        end = time.monotonic() + bound
         left = reqs
-        while left and time.monotonic() < end:
-            still = []
-            for r in left:
-                try:
-                    if not r.Test():
-                        still.append(r)
-                except MPI.Exception:
-                    pass
-            left = still
-            if left:
-                time.sleep(1e-3)
+
+        def settled() -> bool:
+            nonlocal left
+            left = [r for r in left if not request_done(r)]
+            return not left
+        poll_until(settled, bound)
         return left
 
     def describe_timeout(self, timeout: float) -> str:
@@ -577,6 +571,14 @@ def wait_request(req: MPI.Request, timeout: float, what: str) -> None:
     """Wait for one MPI request; after ``timeout`` s raise DeadlineExceeded saying
     "``what`` within ``timeout`` s" (``what`` names what did not happen)."""
     wait_for(req.Test, timeout, lambda t: f"{what} within {t:g} s")
+
+
+def request_done(req: MPI.Request) -> bool:
+    """Whether ``req`` completed (an error completes it too: nothing is left to wait for)."""
+    try:
+        return req.Test()
+    except MPI.Exception:
+        return True
 
 
 _spin_cache: tuple[str | None, float] | None = None
@@ -594,15 +596,32 @@ def _spin_seconds() -> float:
     return value
 
 
-def _back_off(elapsed: float, spin: float) -> None:
+def back_off(elapsed: float, spin: float) -> None:
     """Between two polls of a wait that has lasted ``elapsed`` seconds: yield the core while
     ``elapsed`` < ``spin`` (``BMLMPI_SPIN``: MPI progresses only inside a poll, and an
     oversubscribed peer must get to run), then sleep up to 1 ms, longer as the wait grows,
-    so long waits cost no CPU."""
+    so long waits cost no CPU. The one back-off of every bmlmpi wait."""
     if elapsed < spin:
         os.sched_yield()
     else:
         time.sleep(min(1e-3, elapsed * 0.02))
+
+
+def poll_until(test: Callable[[], bool], seconds: float, spin: float | None = None) -> bool:
+    """Poll ``test`` with :func:`back_off` between polls until it is true (True) or
+    ``seconds`` have passed (False): for bounded waits that end without an error. ``spin``:
+    how long to yield before sleeping (default ``BMLMPI_SPIN``; 0 where a poll is costly)."""
+    if test():
+        return True
+    start = time.monotonic()
+    spin = _spin_seconds() if spin is None else spin
+    while True:
+        now = time.monotonic()
+        if now - start >= seconds:
+            return test()
+        back_off(now - start, spin)
+        if test():
+            return True
 
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
@@ -629,7 +648,7 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
             raise DeadlineExceeded(describe(timeout))
         if interrupt is not None:
             interrupt()
-        _back_off(now - start, spin)
+        back_off(now - start, spin)
 
 
 def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, op: str,
