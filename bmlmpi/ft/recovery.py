@@ -75,7 +75,7 @@ from functools import lru_cache
 from ..model.cost import price
 from ..model.network import BCubeWithout
 from ..schedules.bml import bml_schedule
-from ..schedules.types import Recv, Schedule, Step, Transfer, balanced_bounds
+from ..schedules.types import Recv, Schedule, Step, Transfer, balanced_bounds, merged_ranges
 from ..schedules.verify import ScheduleError, verify
 from ..topology.bcube import BCube, Shape, default_shape
 from .recovery_search import Bounds, TimedTrees, lower_bounds, min_steps, search_trees
@@ -351,16 +351,6 @@ def _relay_plan(radices: Shape, dead: frozenset[int], count: int
     return _assemble(moves, live), len(live)
 
 
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and out[-1][1] == lo:
-            out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
-
-
 def _assemble(moves: list[_Move], live: frozenset[int]) -> dict[int, list[Step]]:
     """Per-rank steps from the global transfers: merge adjacent ranges, drop unused slots."""
     grouped: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
@@ -373,7 +363,7 @@ def _assemble(moves: list[_Move], live: frozenset[int]) -> dict[int, list[Step]]
     for key in sorted(grouped):
         step, src, dst, stream, level, red = key
         i = slot_index[step]
-        for lo, hi in _merge(grouped[key]):
+        for lo, hi in merged_ranges(grouped[key]):
             sends[src][i].append(Transfer(dst, lo, hi, stream=stream, level=level))
             recvs[dst][i].append(Recv(src, lo, hi, stream=stream, level=level, reduce=red))
     return {r: [Step(tuple(s), tuple(v)) for s, v in zip(sends[r], recvs[r], strict=True)]

@@ -53,6 +53,7 @@ from .types import (
     Step,
     balanced_bounds,
     check_arguments,
+    merged_ranges,
 )
 
 #: Bytes of one rank's slice of a chunk, at least (``BMLMPI_SHM_CHUNK`` overrides it).
@@ -105,7 +106,9 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
         theirs = [(lo, hi, q) for lo, hi, q in chunks[c] if q != rank and hi > lo]
         ops: list[ShmOp] = []
         if kind == "P" and not alone:
-            ops = [ShmOp(PUBLISH, lo, hi) for lo, hi in _merged([(a, b) for a, b, _ in theirs])]
+            # one publish where the pieces of several owners touch
+            ops = [ShmOp(PUBLISH, lo, hi)
+                   for lo, hi in merged_ranges([(a, b) for a, b, _ in theirs])]
         elif kind == "G" and not alone:
             ops = [ShmOp(PUBLISH, lo, hi, source="result") for lo, hi in mine]
         elif kind == "R":
@@ -119,17 +122,6 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
                    for lo, hi, q in theirs]
         steps.append(Step(shm=tuple(ops)))
     return steps
-
-
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Adjacent ranges joined (one copy where the pieces of several owners touch)."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and out[-1][1] == lo:
-            out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
 
 
 def slices(lo: int, hi: int, members: Sequence[int]) -> list[Piece]:
