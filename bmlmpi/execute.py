@@ -433,7 +433,7 @@ class Run:
         lane_reqs = self.lane_reqs
         start = last = time.monotonic()
         mark = self.progress
-        spin = _spin_seconds()
+        spin = spin_seconds()
         while True:
             for reqs in lane_reqs:
                 if reqs is not None and _testall(reqs):
@@ -480,7 +480,7 @@ class Run:
         from the run's first poll, then sleeping; DeadlineExceeded after ``timeout`` s."""
         last = now = time.monotonic()
         if not clock[0]:
-            clock[0], clock[1] = now, _spin_seconds()
+            clock[0], clock[1] = now, spin_seconds()
         start, spin = clock
         while not _testall(reqs):
             now = time.monotonic()
@@ -584,7 +584,7 @@ def request_done(req: MPI.Request) -> bool:
 _spin_cache: tuple[str | None, float] | None = None
 
 
-def _spin_seconds() -> float:
+def spin_seconds() -> float:
     """``BMLMPI_SPIN``, parsed again only when its text changed (read once per blocking call)."""
     global _spin_cache
     raw = config.text("BMLMPI_SPIN")
@@ -614,7 +614,7 @@ def poll_until(test: Callable[[], bool], seconds: float, spin: float | None = No
     if test():
         return True
     start = time.monotonic()
-    spin = _spin_seconds() if spin is None else spin
+    spin = spin_seconds() if spin is None else spin
     while True:
         now = time.monotonic()
         if now - start >= seconds:
@@ -638,7 +638,7 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
         return
     start = last = time.monotonic()
     mark = progress()
-    spin = _spin_seconds()
+    spin = spin_seconds()
     while not test():
         now = time.monotonic()
         cur = progress()

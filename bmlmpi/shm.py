@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .execute import DeadlineExceeded, Plan, Run, _back_off, _spin_seconds, wait_request
+from .execute import DeadlineExceeded, Plan, Run, back_off, spin_seconds, wait_request
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import PUBLISH, REDUCE, Schedule, Step
@@ -406,7 +406,7 @@ class ShmRun:
             return
         start = last = time.monotonic()
         mark = (self.progress, self._flag_marks())
-        spin = _spin_seconds()
+        spin = spin_seconds()
         while not self.test():
             now = time.monotonic()
             cur = (self.progress, self._flag_marks())
@@ -416,7 +416,7 @@ class ShmRun:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            _back_off(now - start, spin)
+            back_off(now - start, spin)
 
     def _flag_marks(self) -> tuple[int, ...]:
         node = self.node
