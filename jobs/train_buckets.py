@@ -303,7 +303,7 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
         # the α, β the sparse/dense choice priced the links with (a fixed algorithm has no
         # calibration: measured on the first call that asked, bmlmpi.compression.links)
         from bmlmpi.compression.links import known
-        links = known(communicator)
+        links = known(communicator.compression)
         if links is not None:
             result["compression_links_alpha_beta"] = list(links)
     if buckets.profile is not None:
