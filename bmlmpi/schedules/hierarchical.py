@@ -144,7 +144,7 @@ def _shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
 
 
 def node_layout(rank: int, count: int, nodes: Nodes, inter: str,
-                 node_shape: Sequence[int] | None) -> tuple:
+                node_shape: Sequence[int] | None) -> tuple:
     """What both hierarchical builders derive first: the node count, the inter-node
     algorithm and node shape (checked), the L = max m_g balanced shards, this rank's node g,
     local rank i, the node's members and their number m, and its ring neighbours."""
