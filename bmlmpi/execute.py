@@ -626,8 +626,10 @@ def poll_until(test: Callable[[], bool], seconds: float, spin: float | None = No
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
              progress: Callable[[], object] = lambda: None,
-             interrupt: Interrupt | None = None) -> None:
-    """Poll ``test`` until it is true; raise DeadlineExceeded after ``timeout`` s without progress.
+             interrupt: Interrupt | None = None,
+             error: Callable[[str], BaseException] = DeadlineExceeded) -> None:
+    """Poll ``test`` until it is true; raise ``error(describe(timeout))`` (DeadlineExceeded)
+    after ``timeout`` s in which ``progress()`` did not change.
 
     MPI makes progress only inside its calls (a shared-memory rendezvous copy happens in the
     receiver's Test), so the first ``BMLMPI_SPIN`` seconds (default 0.05) poll continuously,
@@ -645,7 +647,7 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
         if cur != mark:
             mark, last = cur, now
         elif now - last > timeout:
-            raise DeadlineExceeded(describe(timeout))
+            raise error(describe(timeout))
         if interrupt is not None:
             interrupt()
         back_off(now - start, spin)
