@@ -36,7 +36,11 @@ count, dtype, op, root, algorithm — is checked across ranks as ``Allreduce``'s
 that disagree raise :class:`~bmlmpi.api.ArgumentMismatch` (or
 :class:`~bmlmpi.api.RemoteArgumentError` where another rank's arguments were refused) on
 every rank instead of hanging. Messages of different collectives never match: a scheduled
-call's tags lie in its collective's own block of the tag space (``TAG_KINDS``).
+call's tags lie in its collective's own block of the tag space (``TAG_KINDS``), and in its
+signature's own part of that block, so a rank that switches to another signature it already
+ran meets no partner either (docs/contracts.md). A native non-blocking or persistent call
+gives MPI buffers of its own, copied to the caller's once it completed
+(:meth:`FamilyCall.native_private`).
 """
 
 from __future__ import annotations
@@ -88,6 +92,17 @@ def _method(comm: MPI.Comm, name: str, form: str) -> Any:
 
 def _digest(values: tuple[int, ...]) -> str:
     return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
+
+
+def then(first: Any, second: Any) -> Any:
+    """``first()`` then ``second()`` (either may be None)."""
+    if first is None or second is None:
+        return second if first is None else first
+
+    def both() -> None:
+        first()
+        second()
+    return both
 
 
 def offsets(counts: tuple[int, ...]) -> tuple[int, ...]:
@@ -178,37 +193,88 @@ class FamilyCall:
             kernels.scale_avg(self.out, size)
 
     # -- the native launch: mpi4py's own call on the private communicator -------------------
-    def native(self, comm: MPI.Comm, form: str = "I") -> Any:
-        """mpi4py's own call for this one on ``comm`` with the user's buffers: ``form`` "I"
-        the non-blocking call (a Request), "" the blocking one, "_init" MPI 4's persistent
-        request. Reduce-scatter is ``Reduce_scatter_block`` or ``Reduce_scatter`` as called;
-        an allgather is ``Allgatherv`` over bytes (any layout, any datatype)."""
+    def native(self, comm: MPI.Comm, form: str = "") -> Any:
+        """mpi4py's own call for this one on ``comm`` with the user's buffers (the blocking
+        call, ``form`` ""; what the watchdog bounds). Reduce-scatter is
+        ``Reduce_scatter_block`` or ``Reduce_scatter`` as called; an allgather is
+        ``Allgatherv`` over bytes (any layout, any datatype)."""
+        name, args, _ = self._native_args(False)
+        return _method(comm, name, form)(*args)
+
+    def native_private(self, comm: MPI.Comm, form: str = "I") -> tuple[Any, Any]:
+        """(request, deliver): mpi4py's non-blocking (``form`` "I") or persistent
+        (``"_init"``) call for this one on ``comm``, writing into buffers of its own;
+        ``deliver()`` copies them into the caller's once the request completed. A call given
+        up at its deadline may still complete inside MPI when a late rank joins it: it then
+        writes memory bmlmpi holds (the request's run keeps it), never the caller's
+        (docs/contracts.md, "After a deadline"). ``deliver`` is None where MPI writes
+        nothing on this rank (a broadcast's root, a reduce's other ranks)."""
+        name, args, deliver = self._native_args(True)
+        return _method(comm, name, form)(*args), deliver
+
+    def _native_args(self, private: bool) -> tuple[str, tuple, Any]:
+        """(mpi4py method, its arguments, the copy from the private buffers or None)."""
         what = self.collective
+        deliver = None
         if what == "reduce_scatter":
-            sbuf = MPI.IN_PLACE if self.src is None else self.src
-            rbuf = self.out if self.src is None else self.result
             op = mpi_op(self.op)
+            if private:
+                # in place, MPI reads the whole input from ``out`` and writes this rank's
+                # block to its start: the same call with the input as sendbuf
+                sbuf = self.out if self.src is None else self.src
+                rbuf = np.empty_like(self.result)
+                dst = self.result
+
+                def deliver() -> None:
+                    np.copyto(dst, rbuf)
+            else:
+                sbuf = MPI.IN_PLACE if self.src is None else self.src
+                rbuf = self.out if self.src is None else self.result
             if self.native_block:
-                return _method(comm, "Reduce_scatter_block", form)(sbuf, rbuf, op)
-            return _method(comm, "Reduce_scatter", form)(sbuf, rbuf, list(self.counts), op)
+                return "Reduce_scatter_block", (sbuf, rbuf, op), deliver
+            return "Reduce_scatter", (sbuf, rbuf, list(self.counts), op), deliver
         if what == "allgather":
-            rspec = [self.out, list(self.counts), list(self.displs or offsets(self.counts)),
-                     MPI.BYTE]
-            sbuf = MPI.IN_PLACE if self.src is None else [self.src, MPI.BYTE]
-            return _method(comm, "Allgatherv", form)(sbuf, rspec)
+            displs = self.displs or offsets(self.counts)
+            rbuf = np.empty_like(self.out) if private else self.out
+            rspec = [rbuf, list(self.counts), list(displs), MPI.BYTE]
+            if self.src is not None:
+                sbuf = [self.src, MPI.BYTE]
+            elif private:
+                at, n = displs[self.rank], self.counts[self.rank]
+                sbuf = [self.out[at:at + n], MPI.BYTE]
+            else:
+                sbuf = MPI.IN_PLACE
+            if private:
+                out, counts = self.out, self.counts
+
+                def deliver() -> None:
+                    if self.displs is None:
+                        np.copyto(out[:self.total], rbuf[:self.total])
+                        return
+                    for at, n in zip(displs, counts, strict=True):
+                        np.copyto(out[at:at + n], rbuf[at:at + n])
+            return "Allgatherv", (sbuf, rspec), deliver
         if what == "reduce":
             op = mpi_op(self.op)
-            if self.rank == self.root:
+            if self.rank != self.root:
+                return "Reduce", (self.src, None, op, self.root), None
+            if private:
+                sbuf = self.out if self.src is None else self.src
+                rbuf, dst = np.empty_like(self.out), self.out
+
+                def deliver() -> None:
+                    np.copyto(dst, rbuf)
+            else:
                 sbuf = MPI.IN_PLACE if self.src is None else self.src
-                return _method(comm, "Reduce", form)(sbuf, self.out, op, self.root)
-            return _method(comm, "Reduce", form)(self.src, None, op, self.root)
-        return _method(comm, "Bcast", form)([self.out, MPI.BYTE], self.root)
+                rbuf = self.out
+            return "Reduce", (sbuf, rbuf, op, self.root), deliver
+        if not private or self.rank == self.root:
+            return "Bcast", ([self.out, MPI.BYTE], self.root), None
+        rbuf, dst = np.empty_like(self.out), self.out
 
-    def start_native(self, comm: MPI.Comm) -> MPI.Request:
-        return self.native(comm, "I")
-
-    def init_native(self, comm: MPI.Comm) -> MPI.Prequest:
-        return self.native(comm, "_init")
+        def deliver() -> None:
+            np.copyto(dst, rbuf)
+        return "Bcast", ([rbuf, MPI.BYTE], self.root), deliver
 
     # -- the scheduled launch: the schedule's input and output buffers ----------------------
     def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -795,12 +861,18 @@ class FamilyCalls:
             return plan
         tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
+        if call.algorithm == "shm":  # refused on every rank alike across nodes
+            self._node_tier().require_one_node()
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
                                  self._links, nodes)
         levels = [] if tiered else self._levels
-        plan = binding.bind(sched, self._comm, levels, self.shape) if levels else \
-            Plan.flat(sched, self._comm)
+        if sched.uses_shm:  # shared-memory steps: the node's window
+            plan = self._node_tier().bind(sched, call.dtype.itemsize)
+        elif levels:
+            plan = binding.bind(sched, self._comm, levels, self.shape)
+        else:
+            plan = Plan.flat(sched, self._comm)
         if call.collective in REDUCING:
             fan_in = max((len(offs) for lane in plan.lanes for st in lane
                           for _, _, offs in st.reduces), default=0)
@@ -814,21 +886,28 @@ class FamilyCalls:
         schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
         gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
         from .execute import collective_run
+        from .shm import ShmPlan
         if call.algorithm == "native":
             try:
-                req = call.start_native(self._comm)
+                req, deliver = call.native_private(self._comm)
             except (KeyError, ValueError, MPI.Exception) as exc:
                 if isinstance(exc, MPI.Exception) and self._is_failure(exc):
                     raise
                 raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
-            return self._native_run(req, finish, label)
+            return self._native_run(req, then(deliver, finish), label)
         plan = self._family_plan(call)
         inp, output = call.schedule_buffers()
-        tag_base = self._tag_base(TAG_KIND[call.collective])
+        # the signature's number in the tags: calls of different signatures never match
+        # (a rank that switches to another signature it already ran meets no partner)
+        tag_base = self._tag_base(TAG_KIND[call.collective], self._sig_id(
+            (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)))
 
         def placed() -> None:
             call.place(output)
             if finish is not None:
                 finish()
 
+        if isinstance(plan, ShmPlan):
+            return plan.start_collective(inp, output, call.op, tag_base, label, placed,
+                                         call.dtype)
         return collective_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)

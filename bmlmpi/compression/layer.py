@@ -310,6 +310,13 @@ def start(channel: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
         if isinstance(recvbuf, np.ndarray):
             key = ("buffer", recvbuf.__array_interface__["data"][0], recvbuf.size,
                    recvbuf.dtype.str)
+    # the communicator agrees on the call first (its signature names the compressor), so
+    # that a rank compressing where the others do not fails at once on every rank instead of
+    # meeting their data messages with its own collectives (a fault-tolerant communicator
+    # agrees inside the call: it has no first-call agreement)
+    comm.agree_compressed(recvbuf, op, f"wire {compressor.wire or 'none'}, filters "
+                                       f"{'on' if compressor.filters else 'off'}, path "
+                                       f"{compressor.path}")
     stages = _stages(channel, compressor, sendbuf, recvbuf, op, key)
     rec = comm.recorder
     if rec is not None:
