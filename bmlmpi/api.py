@@ -550,8 +550,8 @@ class Communicator(FamilyCalls):
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=self._alarm_channel(),
                                   before_abort=_weakly(self._watchdog_fired))
-        # a Communicator dropped without Free() still ends its watchdog thread (the watchdog
-        # holds it only weakly, above)
+        # a Communicator dropped without Free() is no longer watched (the watchdog holds it
+        # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         # each collective's calls cycle through their own block of the tag space

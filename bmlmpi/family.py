@@ -29,7 +29,9 @@ Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
 
 Reductions take the dtypes and ops of ``Allreduce`` (``bmlmpi.AVG`` included: a sum divided
 by the number of contributing ranks). Allgather and broadcast move bytes: any datatype
-mpi4py accepts (``MPI.BYTE``, ``MPI.BOOL``, structured arrays) travels unchanged.
+mpi4py accepts (``MPI.BYTE``, ``MPI.BOOL``, structured arrays) travels unchanged. Device
+(GPU) buffers are staged through host memory as ``Allreduce``'s (:class:`DeviceStaging`);
+the persistent forms refuse them.
 
 Argument agreement: the first call of each signature — collective, every rank's block
 count, dtype, op, root, algorithm — is checked across ranks as ``Allreduce``'s is, so ranks
@@ -138,7 +140,7 @@ class FamilyCall:
     out: np.ndarray             # reduce_scatter in place: the whole input; see the methods
     result: np.ndarray | None   # reduce_scatter: this rank's block of recvbuf (else None)
     displs: tuple[int, ...] | None = None  # allgather: slot starts in ``out`` (None: packed)
-    staging: Any = None         # never set: device arrays are refused (module docstring)
+    staging: Any = None         # DeviceStaging of device buffers (copied back at finish)
     native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
     extra: dict = field(default_factory=dict)
     slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
@@ -184,13 +186,15 @@ class FamilyCall:
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
-        that contributed (reduce-scatter: this rank's block; reduce: the root's result)."""
-        if self.op != "avg":
-            return
-        if self.collective == "reduce_scatter":
-            kernels.scale_avg(self.result, size)
-        elif self.collective == "reduce" and self.rank == self.root:
-            kernels.scale_avg(self.out, size)
+        that contributed (reduce-scatter: this rank's block; reduce: the root's result), and
+        staged device buffers get the result (:class:`DeviceStaging`)."""
+        if self.op == "avg":
+            if self.collective == "reduce_scatter":
+                kernels.scale_avg(self.result, size)
+            elif self.collective == "reduce" and self.rank == self.root:
+                kernels.scale_avg(self.out, size)
+        if self.staging is not None:
+            self.staging.finish()
 
     # -- the native launch: mpi4py's own call on the private communicator -------------------
     def native(self, comm: MPI.Comm, form: str = "") -> Any:
@@ -313,7 +317,6 @@ def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True,
         raise BufferSpecError(f"{what} must be a buffer (sendbuf may be MPI.IN_PLACE)")
     if isinstance(recvbuf, (list, tuple)) and not recvbuf:
         raise BufferSpecError(f"{what}: an empty buffer spec")
-    _refuse_device(recvbuf)
     spec = (buffers.resolve_blocks(recvbuf, what, blocks, reducing) if blocks
             else buffers.resolve(recvbuf, what, reducing=reducing))
     if not spec.flat.flags.writeable:
@@ -321,16 +324,40 @@ def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True,
     return spec
 
 
-def _refuse_device(spec: Any) -> None:
-    obj = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
-    if buffers.is_device_array(obj):
-        raise BufferSpecError("the collective family takes host buffers; a device array is "
-                              "staged by Allreduce only (copy it to the host first)")
+class DeviceStaging:
+    """A family call's device (GPU) buffers staged through pinned host memory, as
+    ``Allreduce`` stages its own (:func:`bmlmpi.kernels.gpu.to_host_staging`): each device
+    buffer is copied to the host before the call (the receive buffer too: an in-place input,
+    a slot or the part past an explicit count must survive) and the receive buffer back when
+    the call finishes (:meth:`FamilyCall.finish`). A call refused after staging never copies
+    back, so the device buffers stay as they were."""
+
+    def __init__(self) -> None:
+        self.finishers: list[Any] = []
+
+    def host(self, spec: Any, *, copy_out: bool = True) -> Any:
+        """``spec`` with its device buffer replaced by a host copy; anything else as given."""
+        obj = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
+        if not buffers.is_device_array(obj):
+            return spec
+        from .kernels import gpu
+        host, finish = gpu.to_host_staging(obj, copy_in=True, copy_out=copy_out)
+        self.finishers.append(finish)
+        return host if obj is spec else [host, *spec[1:]]
+
+    def attach(self, call: FamilyCall) -> FamilyCall:
+        if self.finishers:
+            call.staging = self
+        return call
+
+    def finish(self) -> None:
+        for f in self.finishers:
+            f()
+        self.finishers.clear()
 
 
 def _send_spec(sendbuf: Any, dtype: np.dtype, reducing: bool = True,
                blocks: int = 0) -> buffers.Spec:
-    _refuse_device(sendbuf)
     send = (buffers.resolve_blocks(sendbuf, "sendbuf", blocks, reducing) if blocks
             else buffers.resolve(sendbuf, "sendbuf", reducing=reducing))
     if send.flat.dtype != dtype:
@@ -387,6 +414,14 @@ def _as_bytes(a: np.ndarray) -> np.ndarray:
 def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
                            op: Any, block: bool, algorithm: str) -> FamilyCall:
     """``Reduce_scatter_block`` (``block``) or ``Reduce_scatter``."""
+    staged = DeviceStaging()
+    return staged.attach(_reduce_scatter(rank, size, staged.host(sendbuf, copy_out=False),
+                                         staged.host(recvbuf), recvcounts, op, block,
+                                         algorithm))
+
+
+def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
+                    op: Any, block: bool, algorithm: str) -> FamilyCall:
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
     # mpi4py reads an explicit count of a block reduce-scatter's whole buffer (the send
     # buffer, or the receive buffer in place) as the count of one block
@@ -496,6 +531,13 @@ def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ..
 def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
                       algorithm: str) -> FamilyCall:
     """``Allgather`` or (``vector``) ``Allgatherv``; the exchange moves bytes."""
+    staged = DeviceStaging()
+    return staged.attach(_allgather(rank, size, staged.host(sendbuf, copy_out=False),
+                                    staged.host(recvbuf), vector, algorithm))
+
+
+def _allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
+               algorithm: str) -> FamilyCall:
     name = "Allgatherv" if vector else "Allgather"
     if vector:
         flat, counts, displs = _allgatherv_recv(recvbuf, size)
@@ -527,7 +569,16 @@ def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: 
 
 def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any,
                    algorithm: str) -> FamilyCall:
+    """``Reduce``: the root's ``recvbuf`` alone is read (and staged, when on a device)."""
     root = _check_root(root, size)
+    staged = DeviceStaging()
+    return staged.attach(_reduce(rank, size, staged.host(sendbuf, copy_out=False),
+                                 staged.host(recvbuf) if rank == root else recvbuf, op, root,
+                                 algorithm))
+
+
+def _reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: int,
+            algorithm: str) -> FamilyCall:
     if rank == root:
         recv = _recv_spec(recvbuf)
         dtype = recv.flat.dtype
@@ -545,7 +596,6 @@ def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, ro
     if sendbuf is MPI.IN_PLACE or sendbuf is None:
         raise BufferSpecError("Reduce: MPI.IN_PLACE is the root's alone (MPI); pass the "
                               "input as sendbuf on the other ranks")
-    _refuse_device(sendbuf)
     send = buffers.resolve(sendbuf, "sendbuf")
     opname = _check_reduction(send.flat.dtype, op)
     return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,), root,
@@ -553,10 +603,16 @@ def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, ro
 
 
 def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> FamilyCall:
+    """``Bcast``: a device ``buf`` is staged, copied back on the receiving ranks."""
     root = _check_root(root, size)
     if buf is None or buf is MPI.IN_PLACE:
         raise BufferSpecError("Bcast: buf must be a buffer")
-    _refuse_device(buf)
+    staged = DeviceStaging()
+    return staged.attach(_bcast(rank, size, staged.host(buf, copy_out=rank != root), root,
+                                algorithm))
+
+
+def _bcast(rank: int, size: int, buf: Any, root: int, algorithm: str) -> FamilyCall:
     spec = buffers.resolve(buf, "buf", reducing=False)
     if rank != root and not spec.flat.flags.writeable:
         raise BufferSpecError("Bcast: buf is read-only on a receiving rank")
@@ -826,7 +882,15 @@ class FamilyCalls:
 
     def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
-        return self._persistent(self._family_prepared(collective, algorithm, build))
+
+        def host_only(alg: str) -> FamilyCall:
+            call = build(alg)
+            if call.staging is not None:  # refused: nothing is copied back to the device
+                raise BufferSpecError(f"{call.mpi_name}_init takes host buffers (a "
+                                      f"persistent request cannot stage device memory at "
+                                      f"every start)")
+            return call
+        return self._persistent(self._family_prepared(collective, algorithm, host_only))
 
     def _usable_for_calls(self) -> None:
         """Where a fault-tolerant communicator refuses a masked rank's calls."""

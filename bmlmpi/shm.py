@@ -32,6 +32,7 @@ rank's half-written slice is never read: a reader only reads what a flag publish
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +49,11 @@ FLAG_BYTES = 128         # the flag and padding: the buffers start on their own 
 ALIGN = 4096             # buffer capacity granularity (bytes)
 WATCH_TAG = 7            # the failure watch's receives (never matched: no one sends on it)
 FAILURE_CHECK_S = 0.01   # how often a waiting rank looks for a failure
+#: A wait first polls the flags without yielding this long, when the node's ranks do not
+#: outnumber the cores: a peer running on another core publishes within microseconds, while
+#: a yield on a busy machine can give the core away for a whole time slice.
+BUSY_POLL_S = 50e-6
+_CORES = os.cpu_count() or 1
 
 
 class ShmUnavailable(ValueError):
@@ -470,6 +476,8 @@ class ShmRun:
         start = last = time.monotonic()
         mark = (self.progress, self._flag_marks())
         spin = spin_seconds()
+        node = self.node
+        busy = BUSY_POLL_S if node is not None and node.size <= _CORES else 0.0
         while not self.test():
             now = time.monotonic()
             cur = (self.progress, self._flag_marks())
@@ -479,7 +487,8 @@ class ShmRun:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            back_off(now - start, spin)
+            if now - last >= busy:
+                back_off(now - start, spin)
 
     def _flag_marks(self) -> tuple[int, ...]:
         node = self.node

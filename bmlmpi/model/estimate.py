@@ -22,13 +22,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..schedules import algorithms as records
 from ..schedules.algorithms import Context
 from ..schedules.types import Schedule
-from .cost import Cost, price, price_symmetric
+from .cost import Cost, layout_copied, price, price_symmetric
 from .network import (
     BCubeNetwork,
     FatTree,
@@ -185,6 +185,9 @@ def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Net
 
     def make(r: int) -> Schedule:
         return alg.build(ctx.at(r))
+    if collective != "allreduce":  # the family's layouts may copy more than the plain one
+        scheds = [make(r) for r in range(size)]
+        return replace(price(scheds, network), copied=max(layout_copied(s) for s in scheds))
     if symmetric_on(name, network, collective):
         first = make(0)
         # With fewer elements than pieces some ranges are empty, unevenly across ranks, and
