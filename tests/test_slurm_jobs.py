@@ -86,8 +86,19 @@ def cluster() -> Iterator[object]:
 
 
 @pytest.mark.parametrize("check", list(ls.CHECKS))
-def test_under_local_slurm(cluster: object, check: str) -> None:
-    ls.CHECKS[check](cluster)
+def test_under_local_slurm(cluster: object, check: str,
+                           monkeypatch: pytest.MonkeyPatch) -> None:
+    if check == "train-torch" and not os.environ.get(ls.TORCH_PYTHON_VAR):
+        # the torch job runs in the torch tests' venv (made once, tests/torch_venv.py)
+        from torch_venv import python, torch_venv
+        why = torch_venv()
+        if why:
+            pytest.skip(why)
+        monkeypatch.setenv(ls.TORCH_PYTHON_VAR, str(python()))
+    try:
+        ls.CHECKS[check](cluster)
+    except ls.CheckSkipped as exc:
+        pytest.skip(str(exc))
 
 
 # ---------------------------------------------------------------------------------------------
