@@ -53,13 +53,13 @@ _EXPORTS = {
     "RegistrationMismatch": "training",
     "RemoteArgumentError": "api",
     "Request": "api",
-    "algorithms": "select",
-    "rescaled_batch": "rescale",
+    "algorithms": "selection",
+    "rescaled_batch": "ft.rescale",
 }
 
 #: Modules a name needs besides its own: ``Communicator(fault_tolerant=True)`` builds the
-#: subclass that :mod:`bmlmpi.ft` registers (api does not import ft, which extends it).
-_ALSO_LOADS = {"Communicator": ("ft",)}
+#: subclass that :mod:`bmlmpi.ft.communicator` registers (api does not import ft, which extends it).
+_ALSO_LOADS = {"Communicator": ("ft.communicator",)}
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 

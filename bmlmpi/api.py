@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, config, kernels, registry, select
+from . import binding, buffers, config, kernels, selection
 from .agreement import (
     DEADLINE,
     ERROR,
@@ -38,6 +38,7 @@ from .agreement import (
     drain,
 )
 from .buffers import BufferSpecError
+from .compression.channel import CompressionChannel
 from .execute import (
     TAG_STEPS,
     DeadlineExceeded,
@@ -437,7 +438,7 @@ class Communicator(FamilyCalls):
         self.shape: Shape = ()
         try:
             self.timeout = timeout_from_env(timeout)
-            self.algorithm = select.check_algorithm(algorithm)
+            self.algorithm = selection.check_algorithm(algorithm)
             self.validate = _validation_enabled(validate)
             self.check = "every-call" if self._agrees_every_call() else _check_mode(check)
             self.shape = resolve_shape(comm.Get_size(), topology)
@@ -468,10 +469,11 @@ class Communicator(FamilyCalls):
         self._links = self._find_links()
         self._choices: dict[tuple[int, int], str] = {}
         self.calibration = None
-        if select.calibration_wanted(self.algorithm):
+        if selection.calibration_wanted(self.algorithm):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._plans: dict[tuple, Plan] = {}
+        self._compression = CompressionChannel(self)
         self._tier: NodeTier | None = None
         self._validated: set[int] = set()
         self._calls = 0
@@ -686,9 +688,38 @@ class Communicator(FamilyCalls):
                    compression: Any = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request."""
         if compression is not None:   # the compression layer wraps this same call path
-            from .compression.layer import start
-            return start(self, sendbuf, recvbuf, op, compression)
+            return self._compression.start(sendbuf, recvbuf, op, compression)
         return self._start(sendbuf, recvbuf, op, self.algorithm)
+
+    # -- the compression seam (bmlmpi.compression) ---------------------------------------------
+    @property
+    def compression(self) -> CompressionChannel:
+        """This communicator's compression state: the private duplicate its compressed calls
+        send on, their tag blocks and plans, the measured α-β price, and ``start()`` of a
+        compressed allreduce with a chosen error-feedback key
+        (:class:`bmlmpi.compression.channel.CompressionChannel`)."""
+        return self._compression
+
+    def schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
+        """This rank's allreduce schedule of ``algorithm`` for ``count`` elements of
+        ``itemsize`` bytes over the current members (what the compression layer runs on
+        16-bit codes)."""
+        return self._schedule(algorithm, count, itemsize)
+
+    def choose(self, count: int, itemsize: int) -> str:
+        """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
+        bytes on this communicator (local; every rank picks the same)."""
+        return self._auto(count, itemsize)
+
+    def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
+                          what: str, abandon: Callable[[], None]
+                          ) -> Generator[list, None, Any]:
+        """Run the exchange ``stages`` of one compressed call (``what``) on ``channel``, its
+        result returned. The seam a fault-tolerant communicator overrides to settle the call
+        among the survivors, calling ``abandon()`` (which takes the call out of the
+        compressor's memory and drops the channel's duplicate) where it cannot; here the
+        stages run as they are."""
+        return (yield from stages)
 
     def allreduce(self, array: Any, op: Any = MPI.SUM) -> np.ndarray:
         """Return a new array holding the reduction of ``array`` over all ranks."""
@@ -1260,7 +1291,7 @@ class Communicator(FamilyCalls):
         """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
         ``algorithm`` None: the communicator's."""
         self._usable_for_calls()
-        algorithm = self.algorithm if algorithm is None else select.check_algorithm(algorithm)
+        algorithm = self.algorithm if algorithm is None else selection.check_algorithm(algorithm)
         if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
                                    else recvbuf[0] if recvbuf else None):
             raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
@@ -1379,7 +1410,7 @@ class Communicator(FamilyCalls):
         if sched.uses_shm:
             return self._node_tier().bind(sched, itemsize)
         levels = [] if algorithms.get(algorithm).tiered else self._levels
-        return registry.bind(sched, self._comm, levels, self.shape)
+        return binding.bind(sched, self._comm, levels, self.shape)
 
     def _node_tier(self) -> NodeTier:
         """This rank's node of the current communicator (made on first use, collective;
@@ -1482,7 +1513,7 @@ class Communicator(FamilyCalls):
         key = (count, itemsize)
         choice = self._choices.get(key)
         if choice is None:
-            why = select.explain(count, itemsize, self.size, self.calibration, self.shape,
+            why = selection.explain(count, itemsize, self.size, self.calibration, self.shape,
                                  nodes=self._nodes_for_auto())
             choice = self._choices[key] = why.chosen
             if _log.isEnabledFor(logging.DEBUG):
@@ -1491,16 +1522,16 @@ class Communicator(FamilyCalls):
         return choice
 
     def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
-                collective: str = "allreduce") -> select.Explanation:
+                collective: str = "allreduce") -> selection.Explanation:
         """What ``Allreduce`` of ``count`` elements of ``dtype`` with ``op`` runs on this
         communicator, and why: the candidates ``auto`` priced (predicted seconds: the cost
         model with this machine's calibration, and the model before the calibration's
         measured correction), the one chosen and the rule that chose it
-        (:class:`bmlmpi.select.Explanation`; ``str()`` of it is a small table). Local: no
+        (:class:`bmlmpi.selection.Explanation`; ``str()`` of it is a small table). Local: no
         communication; every rank reaches the same answer. A communicator built with a named
         algorithm explains that it runs it. ``collective``: also ``reduce_scatter``,
         ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
-        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.select.
+        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.selection.
         explain_collective`)."""
         if collective not in ("allreduce", *COLLECTIVES):
             raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
@@ -1513,16 +1544,16 @@ class Communicator(FamilyCalls):
         asked = (self.algorithm if collective == "allreduce"
                  else self._family_algorithm(collective, None))
         if asked != "auto":
-            return select.Explanation(collective, int(count), dt.itemsize, self.size,
+            return selection.Explanation(collective, int(count), dt.itemsize, self.size,
                                       asked, "asked",
                                       f"the communicator was built with "
                                       f"algorithm={self.algorithm!r}")
         if collective != "allreduce":
             blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
-            return select.explain_collective(
+            return selection.explain_collective(
                 collective, int(count), dt.itemsize, self.size, self.calibration, self.shape,
                 self._nodes_for_auto(), 0, (count // self.size,) * self.size if blocked else None)
-        return select.explain(int(count), dt.itemsize, self.size, self.calibration,
+        return selection.explain(int(count), dt.itemsize, self.size, self.calibration,
                               self.shape, nodes=self._nodes_for_auto())
 
     def _find_links(self) -> np.ndarray:
@@ -1639,7 +1670,7 @@ def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm =
         name = _CHECKED[algorithm]
     except (KeyError, TypeError):
         try:
-            name = select.check_algorithm(algorithm)
+            name = selection.check_algorithm(algorithm)
         except (ValueError, TypeError) as exc:
             ctx._refuse(exc)
         _CHECKED[algorithm] = name
@@ -1651,7 +1682,7 @@ def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm 
     """Non-blocking :func:`Allreduce`; progresses inside the request's ``Test``/``Wait``."""
     ctx = _communicator_for(comm)
     try:
-        name = select.check_algorithm(algorithm)
+        name = selection.check_algorithm(algorithm)
     except (ValueError, TypeError) as exc:
         ctx._refuse(exc)
     return ctx._start(sendbuf, recvbuf, op, name)

@@ -3,7 +3,7 @@
 :func:`calibrate` is collective: every rank of ``comm`` calls it together, every wait has a
 deadline (a missing rank raises :class:`~bmlmpi.execute.DeadlineExceeded`, never hangs), and
 every rank returns the same :class:`~bmlmpi.model.Calibration`, so that every rank's
-:func:`bmlmpi.select.choose` reaches the same decision. It took 0.5–3 s on the 2-core
+:func:`bmlmpi.selection.choose` reaches the same decision. It took 0.5–3 s on the 2-core
 development machine (2 to 12 ranks), most of it in the 16 MiB runs.
 
 What is measured, on a private duplicate of ``comm``, all ranks at once (ranks paired
@@ -50,14 +50,13 @@ Cache: ``$BMLMPI_CACHE_DIR`` or ``~/.cache/bmlmpi``, one JSON file per host and 
 (``calib-<host>-<mpi>.json``), one entry per (ranks, nodes). Rank 0 reads and writes it and
 broadcasts what it read; ``BMLMPI_RECALIBRATE=1`` (or ``use_cache=False``) measures afresh.
 
-``mpiexec -n 4 python -m bmlmpi.calibrate`` prints the calibration and the algorithm the model
-picks at each message size.
+``bmlmpi-calibrate`` (:mod:`bmlmpi.cli.calibrate`) prints the calibration and the algorithm the
+model picks at each message size.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import socket
@@ -296,7 +295,7 @@ def _one_node(comm: MPI.Comm, timeout: float) -> NodeTier | None:
 def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds: int,
                        timeout: float, tier: NodeTier | None = None) -> list[float]:
     """Seconds per call of the native blocking ``MPI_Allreduce`` and of each named schedule,
-    for ``nbytes`` of float64, measured the way the sweep (:mod:`bmlmpi.bench`) and user code
+    for ``nbytes`` of float64, measured the way the sweep (:mod:`bmlmpi.cli.bench`) and user code
     call them: every candidate reduces the same ``send`` into the same ``recv`` (a schedule
     with its separate input, as ``Allreduce(send, recv)`` runs it), in blocks of
     :data:`BLOCK_CALLS` consecutive calls with a barrier after each, the blocks of all
@@ -587,86 +586,3 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
     finally:
         if work != MPI.COMM_NULL:
             work.Free()
-
-
-def measure_alpha_beta(comm: MPI.Comm) -> tuple[float, float]:
-    """(α seconds per step, β seconds per byte) of ``comm``'s ranks (collective, cached)."""
-    c = calibrate(comm)
-    return c.alpha, c.beta
-
-
-# -- command line --------------------------------------------------------------------------
-
-def _fmt(seconds: float) -> str:
-    return f"{seconds * 1e6:10.1f}"
-
-
-def main(argv: Sequence[str] | None = None,
-         printer: Callable[[str], None] = print) -> int:
-    import argparse
-
-    from . import select
-
-    ap = argparse.ArgumentParser(prog="python -m bmlmpi.calibrate",
-                                 description="Measure (or read) the cost-model calibration "
-                                             "and print what auto picks per size, with the "
-                                             "predicted time of every algorithm it considers.")
-    ap.add_argument("--fresh", action="store_true", help="ignore the cache and re-measure")
-    ap.add_argument("--algorithms", default=None,
-                    help="comma-separated algorithms to price, among those auto can run "
-                         "(default: auto's own candidates on this communicator)")
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
-    ap.add_argument("--itemsize", type=int, default=4)
-    args = ap.parse_args(argv)
-    runnable = select.algorithms()[1:]  # every allreduce algorithm but auto
-    if args.algorithms is not None:
-        asked = [a.strip().lower() for a in args.algorithms.split(",") if a.strip()]
-        bad = [a for a in asked if a not in runnable]
-        if bad:
-            ap.error(f"not algorithms auto can run: {', '.join(bad)} (choose among "
-                     f"{', '.join(runnable)})")
-    comm = MPI.COMM_WORLD
-    start = time.perf_counter()
-    calib = calibrate(comm, use_cache=not args.fresh)
-    took = time.perf_counter() - start
-    if comm.Get_rank() != 0:
-        return 0
-    size = comm.Get_size()
-    printer(f"# calibration ({calib.meta.get('source')}, {took:.2f} s): ranks={size} "
-            f"host={calib.meta.get('host')} mpi={calib.meta.get('mpi')}")
-    printer(f"alpha={calib.alpha * 1e6:.2f} us  beta={calib.beta * 1e9:.4f} ns/B "
-            f"({1 / calib.beta / 1e9 if calib.beta else math.inf:.2f} GB/s)  "
-            f"step_overhead={calib.step_overhead * 1e6:.2f} us  "
-            f"msg_overhead={calib.msg_overhead * 1e6:.2f} us  gamma={calib.gamma * 1e9:.4f} ns/B")
-    if calib.has_shm:
-        printer(f"shared memory: sync={calib.shm_sync * 1e6:.2f} us/step  "
-                f"copy={calib.shm_copy * 1e9:.4f} ns/B  reduce={calib.shm_reduce * 1e9:.4f} "
-                f"ns/B read")
-    printer("native: " + ", ".join(f"{b} B {s * 1e6:.1f} us" for b, s in calib.native))
-    if calib.corrections:
-        printer("measured / model: " + ", ".join(f"{a} {b} B {f:.2f}"
-                                                  for a, b, f in calib.corrections))
-    if "phases" in calib.meta:
-        printer("phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in calib.meta["phases"].items()))
-    if size == 1:
-        printer("one rank: auto runs native at every size (MPI_Allreduce on one rank is a "
-                "copy, through the blocking fast path); nothing to price")
-        return 0
-    names = (select.candidates(args.max_bytes // args.itemsize, size)
-             if args.algorithms is None else asked)
-    if "hierarchical" in names:
-        names.remove("hierarchical")  # priced only where nodes are known (a Communicator)
-    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  auto's choice   (us)")
-    nbytes = args.itemsize
-    while nbytes <= args.max_bytes:
-        count = nbytes // args.itemsize
-        t = estimate(names, count, args.itemsize, size, calib=calib)
-        choice = select.explain(count, args.itemsize, size, calib).chosen
-        printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
-                                            for n in names) + f"  {choice}")
-        nbytes *= 4
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

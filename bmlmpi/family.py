@@ -501,8 +501,8 @@ def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> 
 
 def family_algorithms(collective: str) -> tuple[str, ...]:
     """The algorithms implemented for ``collective``: ``auto`` first, ``native`` last."""
-    from . import select
-    return tuple(select.algorithms(collective))
+    from . import selection
+    return tuple(selection.algorithms(collective))
 
 
 def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
@@ -766,13 +766,13 @@ class FamilyCalls:
         """Where a fault-tolerant communicator refuses a masked rank's calls."""
 
     def _family_auto(self, call: FamilyCall) -> str:
-        """``auto``'s choice for a family call (:func:`bmlmpi.select.choose_collective`)."""
-        from . import select
+        """``auto``'s choice for a family call (:func:`bmlmpi.selection.choose_collective`)."""
+        from . import selection
         key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
         choice = self._choices.get(key)
         if choice is None:
             blocked = call.collective in ("reduce_scatter", "allgather")
-            why = select.explain_collective(
+            why = selection.explain_collective(
                 call.collective, call.total, call.dtype.itemsize, self.size,
                 self.calibration, self.shape, self._nodes_for_auto(), call.root,
                 call.counts if blocked else None)
@@ -785,7 +785,7 @@ class FamilyCalls:
 
     def _family_plan(self, call: FamilyCall) -> Any:
         """The compiled plan of a scheduled family call (cached per signature)."""
-        from . import registry
+        from . import binding
         from .execute import Plan
         from .ops import kernel_op
         from .schedules import algorithms
@@ -799,7 +799,7 @@ class FamilyCalls:
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
                                  self._links, nodes)
         levels = [] if tiered else self._levels
-        plan = registry.bind(sched, self._comm, levels, self.shape) if levels else \
+        plan = binding.bind(sched, self._comm, levels, self.shape) if levels else \
             Plan.flat(sched, self._comm)
         if call.collective in REDUCING:
             fan_in = max((len(offs) for lane in plan.lanes for st in lane

@@ -44,9 +44,6 @@ def op_name(op: object) -> str:
                      f"MPI.MIN, MPI.MAX and bmlmpi.AVG")
 
 
-def op_code(name: str) -> int:
-    return _CODE[name]
-
 
 def kernel_op(name: str) -> str:
     """The pairwise kernel op: an average reduces as a sum."""

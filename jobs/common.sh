@@ -182,7 +182,7 @@ bmlmpi_sweep() {
     local extra=()
     read -r -a extra <<< "${BMLMPI_BENCH_ARGS:-}"
     bmlmpi_check_world "$ranks"
-    bmlmpi_launch "$ranks" "$BMLMPI_PYTHON" -m mpi4py -m bmlmpi.bench "${args[@]}" "${extra[@]}"
+    bmlmpi_launch "$ranks" "$BMLMPI_PYTHON" -m mpi4py -m bmlmpi.cli.bench "${args[@]}" "${extra[@]}"
     [[ -s $out/sweep.csv ]] || die "the sweep wrote no $out/sweep.csv"
     echo "bmlmpi job: sweep results in $out"
 }

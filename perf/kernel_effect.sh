@@ -9,7 +9,7 @@ out=perf/results/kernel-effect
 mkdir -p "$out"
 for n in "${@:-2 4}"; do
   for kernel in numpy auto; do
-    BMLMPI_KERNEL=$kernel timeout 1200 python -m bmlmpi.launch -n "$n" python -m bmlmpi.bench \
+    BMLMPI_KERNEL=$kernel timeout 1200 python -m bmlmpi.cli.launch -n "$n" python -m bmlmpi.cli.bench \
       -m 1048576:67108864 -i 10 -x 2 --algorithms bml,ring,native --no-progress \
       --json "$out/n$n-$kernel.json" > "$out/n$n-$kernel.txt"
   done

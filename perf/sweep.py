@@ -3,10 +3,10 @@
     python perf/sweep.py --ranks 2,4,9 --max 67108864 --out perf/results
 
 ``native`` is the MPI library's ``MPI_Allreduce`` as user code calls it (mpi4py's blocking
-``comm.Allreduce``); ``passthrough`` is bmlmpi's algorithm ``native`` (see bmlmpi/bench.py).
+``comm.Allreduce``); ``passthrough`` is bmlmpi's algorithm ``native`` (see bmlmpi/cli/bench.py).
 ``python -m perf.baseline`` adds the C loop and the memory floor to the same comparison.
 
-Runs ``bmlmpi-run -n N python -m bmlmpi.bench`` per rank count, small sizes (≤ 8 KiB) with
+Runs ``bmlmpi-run -n N python -m bmlmpi.cli.bench`` per rank count, small sizes (≤ 8 KiB) with
 OSU's default iterations and larger ones with fewer (``--large-iters``), saves the JSON of
 each run (rows + machine, MPI, versions, oversubscription) and writes ``summary.md`` with the
 latency and busbw ratios to native measured in the same run. Each run has a timeout.
@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def bench(n: int, lo: int, hi: int, algos: str, out: Path, extra: list[str],
           timeout: int, blocks: int = 5) -> dict:
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", str(n), sys.executable, "-m",
-           "bmlmpi.bench", "-m", f"{lo}:{hi}", "-f", "-c", "--busbw", "--algorithms", algos,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable, "-m",
+           "bmlmpi.cli.bench", "-m", f"{lo}:{hi}", "-f", "-c", "--busbw", "--algorithms", algos,
            "--blocks", str(blocks), "--json", str(out), "--no-progress", *extra]
     print("+", " ".join(cmd), flush=True)
     res = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, timeout=timeout)

@@ -22,7 +22,7 @@ def launch_spec(program: str, spec: dict, n: int, marker: str, *, timeout: float
     The job's own algorithm and BCube settings are cleared, calibration is off. The programs
     kill ranks on purpose: ``--tolerate-lost`` keeps those from failing the job, so its exit
     status says whether the survivors ended well."""
-    cmd = [sys.executable, "-m", "bmlmpi.launch", *(["--ft", "--tolerate-lost"] if ft else []),
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", *(["--ft", "--tolerate-lost"] if ft else []),
            "-n", str(n),
            sys.executable, program, json.dumps(spec)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}

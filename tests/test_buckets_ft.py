@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bmlmpi.launch import find_mpiexec, flavour
+from bmlmpi.cli.launch import find_mpiexec, flavour
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = int(os.environ.get("BMLMPI_FT_LAUNCH_TIMEOUT", "420"))
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
 
 @pytest.mark.parametrize("plan", ["layer", "threshold"])
 def test_rank_killed_mid_iteration(plan):
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "4", sys.executable,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "--ft", "-n", "4", sys.executable,
            "tests/ft/buckets_ranks.py", plan]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from ft_launching import launch_spec
 
-from bmlmpi.launch import find_mpiexec, flavour
+from bmlmpi.cli.launch import find_mpiexec, flavour
 
 LAUNCH_TIMEOUT = 240
 

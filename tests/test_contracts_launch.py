@@ -21,7 +21,7 @@ LAUNCH_TIMEOUT = 400
 
 
 def launch(scenario: str, n: int, env: dict, ft: bool = False):
-    cmd = [sys.executable, "-m", "bmlmpi.launch", *(["--ft"] if ft else []), "-n", str(n),
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", *(["--ft"] if ft else []), "-n", str(n),
            sys.executable, PROGRAM, scenario]
     full = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0", **env}
     full.pop("BMLMPI_ALGORITHM", None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ft_launching import launch_spec
 
-from bmlmpi.launch import find_mpiexec, flavour
+from bmlmpi.cli.launch import find_mpiexec, flavour
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT = 240

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from ft_launching import launch_spec
 
-from bmlmpi.launch import find_mpiexec, flavour
+from bmlmpi.cli.launch import find_mpiexec, flavour
 
 ROOT = Path(__file__).resolve().parents[1]
 RANKS_PROGRAM = "tests/ft/ft_ranks.py"
@@ -88,7 +88,7 @@ def check(groups: list[dict], res: subprocess.CompletedProcess, records: list[di
 def run_ranks(n: int, argv: list[str], what: str) -> subprocess.CompletedProcess:
     """``bmlmpi-run --ft -n n python ARGV``; a launch that outlives LAUNCH_TIMEOUT fails the
     test as a hang."""
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", str(n), sys.executable, *argv]
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "--ft", "-n", str(n), sys.executable, *argv]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     env.pop("BMLMPI_BCUBE", None)
     try:
@@ -246,7 +246,7 @@ def test_training_job_loses_a_rank_and_finishes(tmp_path):
 def test_fault_tolerant_path_warms_kernels_before_the_first_step():
     """Every schedule run of the fault-tolerant communicator starts after the kernels of its
     dtype and op were compiled: outside the step's deadline, as on the plain path."""
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "2", sys.executable,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "--ft", "-n", "2", sys.executable,
            "tests/ft/warmup_ranks.py", "ring", "bml", "tree"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,

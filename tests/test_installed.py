@@ -58,14 +58,14 @@ def test_import_from_the_root(venv):
 
 
 def test_bench_from_the_root(venv):
-    out = ok(run([str(venv / "bin" / "python"), "-m", "bmlmpi.bench", "--algorithms",
+    out = ok(run([str(venv / "bin" / "python"), "-m", "bmlmpi.cli.bench", "--algorithms",
                   "bml,native", "-m", "4:64", "-i", "3", "-x", "1", "-c", "--no-progress"]))
     assert "# Size" in out and "Pass" in out and "Fail" not in out, out
 
 
 def test_calibrate_from_the_root(venv, tmp_path):
-    ok(run([str(venv / "bin" / "python"), "-m", "bmlmpi.calibrate", "--help"], timeout=60))
-    out = ok(run([str(venv / "bin" / "python"), "-m", "bmlmpi.calibrate", "--fresh",
+    ok(run([str(venv / "bin" / "python"), "-m", "bmlmpi.cli.calibrate", "--help"], timeout=60))
+    out = ok(run([str(venv / "bin" / "python"), "-m", "bmlmpi.cli.calibrate", "--fresh",
                   "--algorithms", "bml,native", "--max-bytes", "1024"],
                  env=bare_env(BMLMPI_CACHE_DIR=str(tmp_path))))
     assert "native" in out, out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bmlmpi.launch import find_mpiexec, flavour
+from bmlmpi.cli.launch import find_mpiexec, flavour
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = "tests/ft/exit_ranks.py"
@@ -23,7 +23,7 @@ needs_ulfm = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
 
 
 def launch(mode: str, *flags: str, n: int = 3) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "bmlmpi.launch", *flags, "-n", str(n), "python", PROGRAM,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", *flags, "-n", str(n), "python", PROGRAM,
            mode]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     env.pop("BMLMPI_TOLERATE_LOST", None)

@@ -19,7 +19,7 @@ LAUNCH_TIMEOUT = int(os.environ.get("BMLMPI_TEST_LAUNCH_TIMEOUT", "900"))
 
 def run_ranks(n: int, args: list[str], timeout: int = LAUNCH_TIMEOUT,
               env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", str(n), sys.executable, *args]
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable, *args]
     full_env = {**os.environ, "BMLMPI_TIMEOUT": "60", "PYTHONUNBUFFERED": "1", **(env or {})}
     try:
         return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
@@ -49,7 +49,7 @@ def test_mpi_suite(n):
 
 def test_sweep_prints_osu_tables_and_validates(tmp_path):
     csv_path = tmp_path / "sweep.csv"
-    res = run_ranks(3, ["-m", "bmlmpi.bench", "-m", "4:65536", "-f", "-c", "--busbw",
+    res = run_ranks(3, ["-m", "bmlmpi.cli.bench", "-m", "4:65536", "-f", "-c", "--busbw",
                         "--algorithms", "all", "--blocks", "3", "-i", "12", "-x", "2",
                         "--csv", str(csv_path), "--expect-size", "3", "--no-progress"],
                     timeout=600)

@@ -37,7 +37,7 @@ def venv() -> Path:
 
 def launch(py: Path, n: int, args: list[str], *, ft: bool = False, timeout: float,
            env: dict | None = None) -> subprocess.CompletedProcess:
-    cmd = [str(py), "-m", "bmlmpi.launch", *(["--ft", "--tolerate-lost"] if ft else []), "-n",
+    cmd = [str(py), "-m", "bmlmpi.cli.launch", *(["--ft", "--tolerate-lost"] if ft else []), "-n",
            str(n), str(py), *args]
     full = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0",
             "BMLMPI_TIMEOUT": "120", **(env or {})}

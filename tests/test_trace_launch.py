@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from ft_launching import launch_spec
 
-from bmlmpi.launch import find_mpiexec, flavour
+from bmlmpi.cli.launch import find_mpiexec, flavour
 
 ROOT = Path(__file__).resolve().parents[1]
 DEADLINE = 6.0
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
 
 
 def trace(folder: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bmlmpi.trace", str(folder), *extra],
+    return subprocess.run([sys.executable, "-m", "bmlmpi.cli.trace", str(folder), *extra],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 

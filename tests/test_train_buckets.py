@@ -21,7 +21,7 @@ RTOL = 1e-9
 def run(args: list[str], ranks: int | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, str(JOB), *args]
     if ranks is not None:
-        cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", str(ranks), *cmd]
+        cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(ranks), *cmd]
     env = {**os.environ, "BMLMPI_TIMEOUT": "60", "PYTHONUNBUFFERED": "1"}
     try:
         return subprocess.run(cmd, cwd=ROOT / "jobs", capture_output=True, text=True,

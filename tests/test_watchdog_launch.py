@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bmlmpi import trace
+from bmlmpi.cli import trace
 
 ROOT = Path(__file__).resolve().parents[1]
 # the deadline: long enough that a loaded machine (two cores shared by many ranks) does not
@@ -50,7 +50,7 @@ PROGRAM = textwrap.dedent("""
 
 def launch(blocking: str, sleep: float,
            trace_dir: Path) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", "2", sys.executable, "-c", PROGRAM,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", "2", sys.executable, "-c", PROGRAM,
            str(sleep)]
     env = {**os.environ, "BMLMPI_TIMEOUT": str(DEADLINE), "BMLMPI_BLOCKING": blocking,
            "BMLMPI_CALIBRATE": "0", "PYTHONUNBUFFERED": "1", "BMLMPI_TRACE_DIR": str(trace_dir)}

@@ -7,6 +7,7 @@ wire formats, as a layer around any bmlmpi algorithm.
 * :mod:`.sparse` — index/value allreduce over BCube levels or the ring.
 * :mod:`.sharded` — reduce-scatter / update / P-SMP-filtered allgather (the pull side).
 * :mod:`.engine` — the staged request that drives them inside Test/Wait.
+* :mod:`.channel` — what a communicator keeps for its compressed calls (its ``compression``).
 """
 
 from .filters import Compressor, bf16, fp16, parse, random, tdf, threshold

@@ -38,21 +38,19 @@ for a bucket):
      ``sum``) of the filtered values in their accumulation dtype (zeros where dropped).
    The transfers are MPI.BYTE, so MPI never sees the dtype. The plan of each (algorithm,
    count, item size) is compiled once (:meth:`bmlmpi.execute.Plan.flat` on the private
-   duplicate communicator) and cached on the communicator; each call runs on its own block
-   of tags (:func:`.engine.next_tag_base`).
-   Steps 2-4 run on a private duplicate communicator, and the compressed calls of one
-   communicator run one after another (:class:`.engine.StagedRequest`), so a progress thread
-   testing them in any order cannot reorder their messages across ranks.
+   duplicate communicator) and cached in the communicator's compression channel
+   (:class:`.channel.CompressionChannel`); each call runs on its own block of tags.
+   Steps 2-4 run on the channel's private duplicate communicator, and the compressed calls of
+   one communicator run one after another (:class:`.engine.StagedRequest`), so a progress
+   thread testing them in any order cannot reorder their messages across ranks.
    With every filter off and no wire format (``compressor.identity``), the call is the plain
    allreduce of the caller's buffers, bit for bit, and keeps no residual.
 
-On a fault-tolerant communicator (``fault_tolerant=True`` passed by
-:class:`bmlmpi.ft.FaultTolerantCommunicator`): an MPI failure during steps 2-4 revokes the
-private communicator (so no survivor waits on it), and every call ends with an agreement
-(``MPI_Comm_iagree``) on whether every survivor completed its exchange. If one did not, or a
-rank failed, every survivor raises :class:`bmlmpi.ft.FaultToleranceError`, its recvbuf
-untouched and its error-feedback memory as before the call (nothing of it counts as sent);
-the compressed call is not re-run over the survivors. Cost: one agreement per call.
+Steps 2-4 run through the communicator's seam ``settle_compressed(stages, channel, what,
+abandon)``: the plain communicator runs them as they are; the fault-tolerant one
+(:mod:`bmlmpi.ft.compressed`) settles the call among the survivors, and where it cannot,
+calls ``abandon`` (which puts the compressor's error-feedback memory back as before the call
+and drops the channel's duplicate) before raising its own error; recvbuf is then untouched.
 
 Ops: SUM and bmlmpi.AVG (the average divides the sum by N); dtypes float32 and float64 (float16
 input accumulates in float32). Anything else raises ValueError before any communication (on
@@ -72,18 +70,16 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import kernels
-from ..execute import Plan, Run
+from ..execute import Run
 from ..ops import op_name
 from ..recorder import FlightRecorder, Signature, Slot
 from ..schedules.algorithms import with_wire_format
-from .engine import RunRequest, StagedRequest, drop_private_comm, next_tag_base, private_comm
+from .engine import RunRequest, StagedRequest
 from .filters import Compressor, parse
 from .links import DEFAULT_ALPHA, DEFAULT_BETA, alpha_beta, known
 from .sparse import (
     check_count,
     concatenate,
-    level_members,
     levels_exchange,
     merge,
     ring_exchange,
@@ -128,7 +124,7 @@ def _algorithm(comm: Any, count: int, itemsize: int) -> str:
     a wire format, else bml (native, tiered)."""
     alg = comm.algorithm
     if alg == "auto":
-        alg = comm._auto(count, itemsize)
+        alg = comm.choose(count, itemsize)
     return alg if alg in with_wire_format() else "bml"
 
 
@@ -144,17 +140,18 @@ def _dense_seconds(comm: Any, alg: str, count: int, itemsize: int, alpha: float,
     return t[alg]
 
 
-def choose_sparse(comm: Any, alg: str, kept: int, count: int, itemsize: int,
+def choose_sparse(channel: Any, alg: str, kept: int, count: int, itemsize: int,
                   wire_itemsize: int, alpha: float | None = None,
                   beta: float | None = None) -> bool:
     """Whether the sparse exchange of ``kept`` pairs (values of ``itemsize`` bytes) is
-    cheaper than the dense allreduce (elements of ``wire_itemsize`` bytes), priced with
-    (``alpha``, ``beta``): default :func:`.links.known` (the calibration's, the measured ones
-    or the defaults)."""
+    cheaper than the dense allreduce (elements of ``wire_itemsize`` bytes) on the
+    communicator of the compression ``channel``, priced with (``alpha``, ``beta``): default
+    :func:`.links.known` (the calibration's, the measured ones or the defaults)."""
+    comm = channel.owner
     if comm.size == 1 or count == 0:
         return False
     if alpha is None or beta is None:
-        alpha, beta = known(comm) or (DEFAULT_ALPHA, DEFAULT_BETA)
+        alpha, beta = known(channel) or (DEFAULT_ALPHA, DEFAULT_BETA)
     radices = None if alg == "ring" or not comm.level_comms else list(comm.shape)
     sparse = sparse_seconds(kept, count, itemsize, radices, comm.size, alpha, beta)
     return sparse < _dense_seconds(comm, alg, count, wire_itemsize, alpha, beta)
@@ -169,33 +166,13 @@ def _shape_code(compressor: Compressor) -> int:
     return 100 * _PATHS.get(compressor.path, 4) + 10 * bool(compressor.filters) + wire
 
 
-def _plan(comm: Any, dup: MPI.Comm, alg: str, count: int, itemsize: int,
-          op: str) -> Plan:
-    """The compiled plan of ``alg`` on the private communicator (cached per signature), its
-    kernels compiled outside any deadline."""
-    plans = comm._compression_plans
-    key = (alg, count, itemsize, op)
-    plan = plans.get(key)
-    if plan is None:
-        plan = Plan.flat(comm._schedule(alg, count, itemsize), dup)
-        fan_in = max((len(offs) for lane in plan.lanes for st in lane
-                      for _, _, offs in st.reduces), default=0)
-        if fan_in:
-            if op in kernels.WIRE_OPS:
-                kernels.warmup([], [op], sources=sorted({1, fan_in}))
-            else:
-                kernels.warmup([np.dtype(f"f{itemsize}")], [op], sources=sorted({1, fan_in}))
-        plans[key] = plan
-    return plan
-
-
-def _exchange(comm: Any, dup: MPI.Comm, tag: int, alg: str, buf: np.ndarray, op: str,
+def _exchange(channel: Any, tag: int, alg: str, buf: np.ndarray, op: str,
               what: str) -> Generator[list, None, int]:
     """The plain scheduled allreduce of ``buf`` (in place) with kernel op ``op``, through
     :class:`bmlmpi.execute.Run`; returns the bytes this rank sent."""
-    plan = _plan(comm, dup, alg, buf.size, buf.itemsize, op)
-    run = Run(plan, buf, op, tag, f"compressed {alg} allreduce ({what}, rank {comm.rank}, "
-                                  f"tags from {tag})")
+    plan = channel.plan(alg, buf.size, buf.itemsize, op)
+    run = Run(plan, buf, op, tag, f"compressed {alg} allreduce ({what}, rank "
+                                  f"{channel.owner.rank}, tags from {tag})")
     yield [RunRequest(run)]
     return plan.sched.sent_elements() * buf.itemsize
 
@@ -203,13 +180,15 @@ def _exchange(comm: Any, dup: MPI.Comm, tag: int, alg: str, buf: np.ndarray, op:
 def _plain_bytes(comm: Any, alg: str, count: int, itemsize: int) -> int:
     if comm.size == 1:
         return 0
-    return comm._schedule(alg, count, itemsize).sent_elements() * itemsize
+    return comm.schedule(alg, count, itemsize).sent_elements() * itemsize
 
 
-def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem: str | None,
+def _reduce(channel: Any, compressor: Compressor, step: Any, problem: str | None,
             count: int, key: Any) -> Generator[list, None, tuple[np.ndarray, str, int]]:
     """Steps 2-4 of the module docstring: (the summed values, the path, bytes sent)."""
+    comm = channel.owner
     size = comm.size
+    dup = channel.comm
     agree = np.zeros(7)
     shape = _shape_code(compressor)
     if problem is None:
@@ -217,7 +196,7 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
         agree[:] = [compressor.local_maxabs(step), kept, 0, count, -count, shape, -shape]
     else:
         agree[2] = 1
-    tag = next_tag_base(comm)
+    tag = channel.next_tag_base()
     got = np.empty(7)
     yield [dup.Iallreduce(agree, got, MPI.MAX)]
     if problem is not None:
@@ -238,8 +217,8 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
     sparse = compressor.path == "sparse"
     if compressor.path == "auto" and compressor.filters and size > 1:
         # every rank is here together: the agreement above matched the compressors
-        alpha, beta = yield from alpha_beta(comm, dup, tag)
-        sparse = choose_sparse(comm, alg, int(got[1]), count, wire_size, wire_size, alpha,
+        alpha, beta = yield from alpha_beta(channel, tag)
+        sparse = choose_sparse(channel, alg, int(got[1]), count, wire_size, wire_size, alpha,
                                beta)
     nz = None
     if sparse:
@@ -257,10 +236,8 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
             # a communicator without level communicators (the fault-tolerant one): the ring
             yield from ring_exchange(dup, tag, nz, values, result, box, combine)
         else:
-            members = getattr(comm, "_compression_levels", None)
-            if members is None:
-                members = comm._compression_levels = level_members(comm.level_comms, dup)
-            yield from levels_exchange(members, dup, tag, nz, values, result, box, combine)
+            yield from levels_exchange(channel.level_members(), dup, tag, nz, values, result,
+                                       box, combine)
         idx, val = result[0]
         total = np.zeros(count, acc)
         if compressor.wire is not None:
@@ -274,94 +251,57 @@ def _reduce(comm: Any, dup: MPI.Comm, compressor: Compressor, step: Any, problem
     if compressor.wire is not None:
         codes = step.codes                   # v encoded once, by finish
         if size > 1:
-            nbytes = yield from _exchange(comm, dup, tag, alg, codes, SUM_OP[compressor.wire],
+            nbytes = yield from _exchange(channel, tag, alg, codes, SUM_OP[compressor.wire],
                                           compressor.name)
         return decode(compressor.wire, codes, acc) / acc.type(step.scale), "wire", nbytes
     if size > 1:
-        nbytes = yield from _exchange(comm, dup, tag, alg, v, "sum", compressor.name)
+        nbytes = yield from _exchange(channel, tag, alg, v, "sum", compressor.name)
     return v, "dense", nbytes
 
 
-def _stages(comm: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: Any, key: Any,
-            fault_tolerant: bool):
+def _stages(channel: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op: Any,
+            key: Any):
+    comm = channel.owner
     problem, src, out, name = _problem(sendbuf, recvbuf, op)
     step = None
     count = 0 if src is None else src.size
     before = (compressor.residuals.get(key), compressor.iterations.get(key))
     if problem is None:
         step = compressor.begin(key, src)
-    if not fault_tolerant:
-        dup = private_comm(comm)
-        total, path, nbytes = yield from _reduce(comm, dup, compressor, step, problem, count,
-                                                 key)
-    else:
-        total, path, nbytes = yield from _settled(comm, compressor, step, problem, count, key,
-                                                  before)
-    if name == "avg":
-        total /= total.dtype.type(comm.size)
-    out[:] = total
-    compressor.count(path, nbytes)
 
-
-def _settled(comm: Any, compressor: Compressor, step: Any, problem: str | None, count: int,
-             key: Any, before: tuple) -> Generator[list, None, tuple[np.ndarray, str, int]]:
-    """:func:`_reduce` on a fault-tolerant communicator: an MPI failure revokes the private
-    communicator, and an agreement decides whether every survivor completed (module
-    docstring); if not, FaultToleranceError on every survivor and no trace of the call in
-    the compressor's memory."""
-    from ..ft.errors import FaultToleranceError
-
-    def undo(why: str, exc: BaseException | None):
+    def abandon() -> None:
+        """The call is given up on every rank: no trace of it in the compressor's memory,
+        and the channel's duplicate (which a failure made unusable) dropped."""
         residual, t = before
         for store, old in ((compressor.residuals, residual), (compressor.iterations, t)):
             if old is None:
                 store.pop(key, None)
             else:
                 store[key] = old
-        drop_private_comm(comm)
-        raise FaultToleranceError(
-            f"compressed allreduce ({compressor.name}) on a fault-tolerant communicator, rank "
-            f"{comm.rank} of {comm.size}: {why}; the call is abandoned on every survivor "
-            f"(recvbuf untouched) and the communicator must not be used again (end the rank "
-            f"with bmlmpi.ft.finish)") from exc
+        channel.drop()
 
-    try:
-        dup = private_comm(comm)
-    except MPI.Exception as exc:
-        undo(f"the private communicator could not be made ({exc.Get_error_string()})", exc)
-    failure: MPI.Exception | None = None
-    try:
-        result = yield from _reduce(comm, dup, compressor, step, problem, count, key)
-    except MPI.Exception as exc:
-        failure = exc
-        try:
-            dup.Revoke()    # every survivor's pending transfer on it fails at once
-        except (MPI.Exception, NotImplementedError):
-            pass
-    flag = np.array([0 if failure else 1], dtype=np.intc)
-    try:
-        yield [dup.Iagree(flag)]
-    except MPI.Exception as exc:   # ULFM: a rank failed (reported the same to every survivor)
-        undo(f"a rank failed during the call ({exc.Get_error_string()})", failure or exc)
-    if not flag[0]:
-        why = (failure.Get_error_string() if failure is not None else
-               "another survivor's exchange failed")
-        undo(f"a rank failed during the call ({why})", failure)
-    return result
+    total, path, nbytes = yield from comm.settle_compressed(
+        _reduce(channel, compressor, step, problem, count, key), channel,
+        f"compressed allreduce ({compressor.name})", abandon)
+    if name == "avg":
+        total /= total.dtype.type(comm.size)
+    out[:] = total
+    compressor.count(path, nbytes)
 
 
-def start(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
-          key: Any = None, fault_tolerant: bool = False) -> Any:
-    """Start a compressed allreduce on the bmlmpi Communicator ``comm``; returns a request.
+def start(channel: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
+          key: Any = None) -> Any:
+    """Start a compressed allreduce on the communicator of the compression ``channel`` (its
+    :class:`.channel.CompressionChannel`); returns a request.
 
     ``compression``: a :class:`Compressor` (keeps its error-feedback memory across calls) or
     a spec string (:func:`.filters.parse`; a string builds a new compressor each call, so only
     the stateless ``fp16``/``bf16`` are meaningful that way — pass an object for filters).
     ``key``: the registered array this call reduces (default: ``recvbuf``'s address and
     length, so reduce into the same array at every step for error feedback to carry over).
-    ``fault_tolerant``: the failure handling of a fault-tolerant communicator (module
-    docstring); with the identity compressor the call is the communicator's own allreduce.
+    With the identity compressor the call is the communicator's own allreduce.
     """
+    comm = channel.owner
     compressor = parse(compression)
     if compressor is None or compressor.identity:
         req = comm.Iallreduce(sendbuf, recvbuf, op)
@@ -376,12 +316,12 @@ def start(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
         if isinstance(recvbuf, np.ndarray):
             key = ("buffer", recvbuf.__array_interface__["data"][0], recvbuf.size,
                    recvbuf.dtype.str)
-    stages = _stages(comm, compressor, sendbuf, recvbuf, op, key, fault_tolerant)
+    stages = _stages(channel, compressor, sendbuf, recvbuf, op, key)
     rec = comm.recorder
     if rec is not None:
         stages = _recorded(rec, rec.begin(_signature(comm, compressor, recvbuf, op)), stages)
     return StagedRequest(stages, comm.timeout,
-                         f"compressed allreduce ({compressor.name})", owner=comm)
+                         f"compressed allreduce ({compressor.name})", queue=channel.queue)
 
 
 def _signature(comm: Any, compressor: Compressor, recvbuf: Any, op: Any) -> Signature:

@@ -22,7 +22,8 @@ The times are taken as the compressed call's own stages see them (posted, then t
 complete by whoever progresses the call), which is how the sparse exchange's messages are
 progressed too. Cost, once per communicator: 2 + ``SMALL_REPS`` + ``LARGE_REPS`` exchanges
 and one small allreduce (about 0.4 s at 100 Mbit/s, a few ms on shared memory). The result
-is kept on the communicator; ``BMLMPI_CALIBRATE=0`` keeps the defaults (no measurement).
+is kept in the communicator's compression channel (:attr:`.channel.CompressionChannel.links`);
+``BMLMPI_CALIBRATE=0`` keeps the defaults (no measurement).
 
 Source: the α-β (Hockney) model; the pairing is :mod:`bmlmpi.calibrate`'s.
 """
@@ -48,16 +49,16 @@ SMALL_REPS = 5
 LARGE_REPS = 3
 
 
-def known(comm: Any) -> tuple[float, float] | None:
-    """(α, β) without communication: the calibration's, the measured ones, or (with
-    ``BMLMPI_CALIBRATE=0``, or a single rank) the defaults; None: to be measured."""
-    calib = getattr(comm, "calibration", None)
+def known(channel: Any) -> tuple[float, float] | None:
+    """(α, β) without communication for a communicator's compression channel: its
+    communicator's calibration, the measured ones, or (with ``BMLMPI_CALIBRATE=0``, or a
+    single rank) the defaults; None: to be measured."""
+    calib = channel.owner.calibration
     if calib is not None:
         return calib.alpha, calib.beta
-    measured = getattr(comm, "_compression_links", None)
-    if measured is not None:
-        return measured
-    if comm.size == 1 or not config.get("BMLMPI_CALIBRATE"):
+    if channel.links is not None:
+        return channel.links
+    if channel.owner.size == 1 or not config.get("BMLMPI_CALIBRATE"):
         return DEFAULT_ALPHA, DEFAULT_BETA
     return None
 
@@ -92,13 +93,13 @@ def measure(dup: MPI.Comm, tag: int) -> Generator[list, None, tuple[float, float
     return float(agreed[0]), float(agreed[1])
 
 
-def alpha_beta(comm: Any, dup: MPI.Comm, tag: int) -> Generator[list, None, tuple[float, float]]:
-    """Stages giving the communicator's (α, β): :func:`known`, else :func:`measure`d once and
-    kept on ``comm``."""
-    have = known(comm)
+def alpha_beta(channel: Any, tag: int) -> Generator[list, None, tuple[float, float]]:
+    """Stages giving the communicator's (α, β): :func:`known`, else :func:`measure`d once on
+    the channel's duplicate and kept in ``channel.links``."""
+    have = known(channel)
     if have is not None:
         return have
-    comm._compression_links = got = yield from measure(dup, tag)
+    channel.links = got = yield from measure(channel.comm, tag)
     return got
 
 

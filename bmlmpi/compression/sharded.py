@@ -47,7 +47,7 @@ from mpi4py import MPI
 
 from ..ops import op_name
 from ..schedules.types import balanced_bounds
-from .engine import StagedRequest, private_comm
+from .engine import StagedRequest
 from .sparse import INDEX, check_count, pack, unpack
 
 
@@ -113,10 +113,10 @@ class ShardedStep:
             raise ValueError(f"grad must be a {self.params.dtype} array of shape "
                              f"{self.params.shape}")
         return StagedRequest(self._stages(np.ascontiguousarray(grad)), self.comm.timeout,
-                             "sharded step", owner=self.comm)
+                             "sharded step", queue=self.comm.compression.queue)
 
     def _stages(self, grad: np.ndarray):
-        dup = private_comm(self.comm)
+        dup = self.comm.compression.comm
         size = self.comm.size
         counts = np.diff(self.bounds).astype(np.int64)
         shard = np.empty(self.hi - self.lo, grad.dtype)

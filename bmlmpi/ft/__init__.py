@@ -19,7 +19,7 @@ Mechanism (user-level failure mitigation, mpi4py ≥ 4 on Open MPI ≥ 5 started
    ``MPI.IN_PLACE``.
 2. **Detect** (:mod:`.errors`). A request fails with ``ERR_PROC_FAILED``/
    ``ERR_PROC_FAILED_PENDING`` (a peer died) or ``ERR_REVOKED`` (another survivor noticed
-   first). A hung peer never fails a request: the heartbeat (:mod:`bmlmpi.heartbeat`) fences it
+   first). A hung peer never fails a request: the heartbeat (:mod:`.heartbeat`) fences it
    with SIGKILL after ``hang_timeout`` seconds without a beat, and ULFM then reports it. The
    detecting rank revokes the communicator so that every rank still waiting on anything stops.
 3. **Agree** (:mod:`.ledger`). A call commits on every survivor or on none: once its run has
@@ -58,7 +58,7 @@ Deadlines: every wait of this communicator polls non-blocking requests against `
 ``hang_timeout`` (``BMLMPI_HANG_TIMEOUT``, default 30 s) is the heartbeat age that gets a peer
 fenced, ``heartbeat`` (``BMLMPI_HEARTBEAT``) the beat period. Fencing reaches ranks on this
 rank's host only (SIGKILL); a hung rank on another host surfaces at the deadline — fencing
-across hosts needs the launcher (:mod:`bmlmpi.heartbeat`).
+across hosts needs the launcher (:mod:`.heartbeat`).
 
 Without ULFM: on Open MPI started without ``--with-ft ulfm`` (it is then off: the environment
 lacks ``OMPI_MCA_mpi_ft_enable``) or on an MPI whose ``MPI_Comm_is_revoked`` is missing (the
@@ -71,7 +71,7 @@ visible to the others and hang-free. A rank that still exits non-zero without th
 by the heartbeat (its process is gone but MPI never said so) and the survivors raise
 :class:`FaultToleranceError` instead of hanging.
 
-A link that goes down (:mod:`.links`): ``watch_links=`` names this server's NICs; when one
+A link that goes down (:mod:`.link_watch`): ``watch_links=`` names this server's NICs; when one
 goes down the rank fences itself (the BML slides: the server at the end of a failed link is masked)
 and the others recover from its death as from any other.
 
@@ -81,32 +81,48 @@ rank it replaces, hands it the current model state and goes back to the full BCu
 the spawned program enters through :func:`join`. Timings in ``regrowths``
 (:class:`GrowRecord`).
 
-Mini-batch rescaling after failures: :func:`bmlmpi.rescaled_batch` (:mod:`bmlmpi.rescale`).
+Mini-batch rescaling after failures: :func:`bmlmpi.rescaled_batch` (:mod:`.rescale`).
 """
 
-from .communicator import (
-    DEFAULT_HANG_TIMEOUT,
-    RECOVERY_MODES,
-    FaultTolerantCommunicator,
-    FaultTolerantRequest,
-)
-from .errors import (
-    FAILURE_CLASSES,
-    FaultToleranceError,
-    FaultToleranceUnavailable,
-    RankMasked,
-    is_failure,
-    ulfm_support,
-)
-from .exit import finish, install_exit_handlers
-from .family import ContributionsLost, RootFailed
-from .grow import GrowRecord, Joined, join
-from .membership import RecoveryRecord
+from __future__ import annotations
 
-__all__ = [
-    "ContributionsLost", "DEFAULT_HANG_TIMEOUT", "FAILURE_CLASSES", "RECOVERY_MODES",
-    "FaultToleranceError", "RootFailed",
-    "FaultToleranceUnavailable", "FaultTolerantCommunicator", "FaultTolerantRequest",
-    "GrowRecord", "Joined", "RankMasked", "RecoveryRecord", "finish", "install_exit_handlers",
-    "is_failure", "join", "ulfm_support",
-]
+import importlib
+from typing import Any
+
+#: Each public name and its module: loaded on first use (PEP 562), so that the MPI-free parts
+#: (the heartbeat, the mini-batch rule) import without MPI.
+_EXPORTS = {
+    "ContributionsLost": "family",
+    "DEFAULT_HANG_TIMEOUT": "communicator",
+    "FAILURE_CLASSES": "errors",
+    "FaultToleranceError": "errors",
+    "FaultToleranceUnavailable": "errors",
+    "FaultTolerantCommunicator": "communicator",
+    "FaultTolerantRequest": "communicator",
+    "GrowRecord": "grow",
+    "Joined": "grow",
+    "RECOVERY_MODES": "communicator",
+    "RankMasked": "errors",
+    "RecoveryRecord": "membership",
+    "RootFailed": "family",
+    "finish": "exit",
+    "install_exit_handlers": "exit",
+    "is_failure": "errors",
+    "join": "grow",
+    "ulfm_support": "errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bmlmpi.ft' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -20,8 +20,8 @@ from mpi4py import MPI
 from .. import config
 from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
-from ..heartbeat import Heartbeat
 from ..schedules import catalog
+from .compressed import settle
 from .errors import (
     FaultToleranceError,
     FaultToleranceUnavailable,
@@ -32,8 +32,9 @@ from .errors import (
 from .exit import LIVE, started
 from .family import Skipped, retarget
 from .grow import GrowRecord, Growth
+from .heartbeat import Heartbeat
 from .ledger import Call, Ledger
-from .links import LinkWatch
+from .link_watch import LinkWatch
 from .membership import Membership, RecoveryRecord
 
 DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
@@ -92,7 +93,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
     with the original ranks just lost; ``recovery`` — ``"auto"``, ``"fresh"`` or ``"bcube"``
     (:mod:`bmlmpi.ft`); ``hang_timeout`` and ``heartbeat`` — seconds (:mod:`bmlmpi.ft`);
     ``watch_links`` — this server's NICs (interface names in its network namespace): when one
-    goes down this rank is masked, i.e. ends itself and the others recover (:mod:`.links`).
+    goes down this rank is masked, i.e. ends itself and the others recover (:mod:`.link_watch`).
     """
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
@@ -342,9 +343,14 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         """
         if compression is not None:
             self._usable()
-            from ..compression.layer import start
-            return start(self, sendbuf, recvbuf, op, compression, fault_tolerant=True)
+            return self.compression.start(sendbuf, recvbuf, op, compression)
         return self._start(sendbuf, recvbuf, op, self.algorithm)
+
+    def settle_compressed(self, stages: Any, channel: Any, what: str,
+                          abandon: Callable[[], None]) -> Any:
+        """A compressed call's exchange settled among the survivors: it completes on every
+        survivor or on none (:mod:`.compressed`)."""
+        return settle(self, stages, channel, what, abandon)
 
     def _usable(self) -> None:
         if self._masked:

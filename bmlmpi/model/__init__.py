@@ -5,7 +5,7 @@
   by symmetry): per step α + the busiest link's bytes / bandwidth, summed over steps;
 * :mod:`.estimate` — :func:`estimate`, each algorithm's predicted time for a machine's
   :class:`Calibration`, and :func:`cheapest` of them (``auto``'s decision is
-  :func:`bmlmpi.select.choose`).
+  :func:`bmlmpi.selection.choose`).
 
 MPI-free; :mod:`bmlmpi.calibrate` measures a Calibration over MPI. ``python
 perf/paper/report.py`` reproduces the BML paper's analysis with it.

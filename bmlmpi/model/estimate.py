@@ -5,7 +5,7 @@ runs — on a network (by default one machine's shared memory, :class:`SharedMem
 machine's :class:`Calibration` (α, β, the Python executor's overheads, the reduction cost γ and
 the native ``MPI_Allreduce`` timings, all measured by :mod:`bmlmpi.calibrate`) and returns the
 predicted seconds of each; :func:`cheapest` names the lowest. The decision ``auto`` takes
-from these estimates is :func:`bmlmpi.select.choose`. ``native`` has no schedule: its time is
+from these estimates is :func:`bmlmpi.selection.choose`. ``native`` has no schedule: its time is
 interpolated from the calibration's measured (bytes, seconds) points.
 
 Every collective is priced the same way (``collective=``, with its ``root`` and block

@@ -2,8 +2,8 @@
 algorithms exist, which collectives each serves, how it builds its schedule and what it is.
 
 Everything that needs an algorithm by name derives from :data:`REGISTRY`: the communicators
-(:func:`build` through :mod:`bmlmpi.registry`, which binds a schedule to MPI communicators),
-``auto`` (:mod:`bmlmpi.select`: the names a collective offers and :meth:`Algorithm.applies`),
+(:func:`build` through :mod:`bmlmpi.binding`, which binds a schedule to MPI communicators),
+``auto`` (:mod:`bmlmpi.selection`: the names a collective offers and :meth:`Algorithm.applies`),
 the cost model (:mod:`bmlmpi.model.estimate`: :attr:`Algorithm.symmetric`), calibration
 (:attr:`Algorithm.calibrated`), compression (:attr:`Algorithm.wire_format`), the sweep and the
 public :func:`bmlmpi.algorithms`. Adding an algorithm is one module and one :func:`register`.

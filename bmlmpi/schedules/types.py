@@ -15,8 +15,7 @@ The other collectives' schedules name their copies explicitly (:mod:`.collective
 collective's plain layout): a reduce-scatter copies rank r's block out of the work buffer into
 its small recvbuf, an allgather copies the rank's sendbuf into its block, and an algorithm
 whose pieces do not fall on MPI's fixed block layout (BML) permutes the input on the way in or
-the result on the way out. An output that is the identity over ``[0, count)``
-(:meth:`Schedule.output_is_identity`) lets an executor run on the recvbuf itself.
+the result on the way out.
 
 Conventions every algorithm follows (the verifier checks them):
 
@@ -64,8 +63,6 @@ class Recv(Transfer):
 
     reduce: bool = False
 
-
-Send = Transfer
 
 #: The kinds of :class:`ShmOp`.
 PUBLISH, REDUCE, FETCH = "publish", "reduce", "fetch"
@@ -166,11 +163,6 @@ class Schedule:
         if self.outputs is not None:
             return self.outputs
         return (Copy(0, self.count, 0),) if self.count else ()
-
-    def output_is_identity(self) -> bool:
-        """Whether the result is the whole work buffer in place (the executor may then run
-        on the output buffer itself, when it holds ``count`` elements)."""
-        return self.output_copies() == ((Copy(0, self.count, 0),) if self.count else ())
 
     @property
     def nsteps(self) -> int:

@@ -164,8 +164,8 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         o = self.options
         if not o.fault_tolerant:
             return {}
-        from .. import ft  # registers the fault-tolerant Communicator
-        del ft
+        from ..ft import communicator  # registers the fault-tolerant Communicator
+        del communicator
         return {"fault_tolerant": True, "recovery": o.recovery, "hang_timeout": o.hang_timeout,
                 "on_failure": o.on_failure}
 
@@ -289,15 +289,13 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         """``tensor`` averaged over the ranks through bmlmpi's compressed allreduce, with the
         error-feedback memory of ``compressor`` kept under ``key`` (the DDP compression
         hook's call; host memory, a CUDA tensor is staged)."""
-        from ..compression.layer import start
         if not tensor.is_floating_point() or tensor.dtype == torch.bfloat16:
             raise UnsupportedCall(f"compressed all_reduce takes float16/32/64 tensors, not "
                                   f"{tensor.dtype}")
         v = view(tensor, device_path=False)
-        ft = getattr(self.communicator, "original_size", None) is not None
         with self._lock:
-            req = start(self.communicator, MPI.IN_PLACE, v.array, AVG, compressor, key=key,
-                        fault_tolerant=ft)
+            req = self.communicator.compression.start(MPI.IN_PLACE, v.array, AVG, compressor,
+                                                      key=key)
         what = f"bmlmpi compressed all_reduce ({compressor.name}, rank {self.rank()})"
         return self._track(Started(what, req.Test, req.Wait, v.finish, [tensor]))
 

@@ -433,10 +433,9 @@ class GradientBuckets:
                 if self.compression is None:
                     reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g.buffer, self.op))
                 else:
-                    from ..compression.layer import start
-                    reqs.append(start(self.comm, MPI.IN_PLACE, g.buffer, self.op,
-                                      self.compression, key=tuple(g.members),
-                                      fault_tolerant=self.fault_tolerant))
+                    reqs.append(self.comm.compression.start(
+                        MPI.IN_PLACE, g.buffer, self.op, self.compression,
+                        key=tuple(g.members)))
         with self._cond:
             bucket.requests = reqs
             bucket.steps = 0

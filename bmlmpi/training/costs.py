@@ -39,7 +39,7 @@ from mpi4py import MPI
 def comm_cost(comm: Any, grads: Sequence[np.ndarray]) -> tuple[float, float]:
     """(startup seconds, seconds per byte) of one allreduce on ``comm`` (a bmlmpi
     Communicator), fitted over the sizes between one element and all of ``grads``."""
-    from .. import select
+    from .. import selection
     from ..model import estimate
 
     size = comm.size
@@ -55,7 +55,7 @@ def comm_cost(comm: Any, grads: Sequence[np.ndarray]) -> tuple[float, float]:
     def seconds(count: int) -> float:
         algorithm = comm.algorithm
         if algorithm == "auto":
-            algorithm = select.choose(count, itemsize, size, calib, comm.shape)
+            algorithm = selection.choose(count, itemsize, size, calib, comm.shape)
         times = estimate([algorithm], count, itemsize, size, calib=calib, shape=comm.shape)
         if algorithm not in times:   # native without measured points: bml's model
             times = estimate(["bml"], count, itemsize, size, calib=calib, shape=comm.shape)

@@ -4,7 +4,7 @@
     python -m perf.baseline --ranks 2 --max 1048576 --out /tmp/quick
 
 For each rank count: the C loop (``allreduce_loop.c``, built with the MPI wheel's ``mpicc``;
-skipped with its reason where none is found), then the sweep (``bmlmpi.bench``) with the rows
+skipped with its reason where none is found), then the sweep (``bmlmpi.cli.bench``) with the rows
 ``native`` (mpi4py's blocking ``comm.Allreduce`` on COMM_WORLD), ``passthrough`` (bmlmpi's
 algorithm ``native``), ``auto`` and every schedule, interleaved in blocks at each size, then
 the C loop again; at N = 2 also the memory floor of a 64 MiB allreduce (``memfloor.py``). Every
@@ -16,7 +16,7 @@ at the start and the end; ``auto`` calibrates afresh into a private cache.
 
 ``--collectives`` adds the rest of the family (``reduce_scatter,allgather,reduce,bcast``, or
 ``all``; default none): at each rank count, after the allreduce rows, one sweep per collective
-(``bmlmpi.bench --collective``) with its ``native`` row mpi4py's own blocking call
+(``bmlmpi.cli.bench --collective``) with its ``native`` row mpi4py's own blocking call
 (``comm.Reduce_scatter_block``, ``comm.Allgather``, ``comm.Reduce``, ``comm.Bcast``), its
 ``passthrough``, ``auto`` and every algorithm the collective lists, interleaved likewise; a
 table per collective and its targets follow the allreduce's.
@@ -55,8 +55,8 @@ FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
 
 def bench(n: int, lo: int, hi: int, out: Path, extra: list[str], blocks: int, timeout: int,
           env: dict, rows: list[str] | None = None) -> dict:
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", str(n), sys.executable, "-m",
-           "bmlmpi.bench", "-m", f"{lo}:{hi}", "-f", "-c", "--algorithms",
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable, "-m",
+           "bmlmpi.cli.bench", "-m", f"{lo}:{hi}", "-f", "-c", "--algorithms",
            ",".join(rows or ROWS),
            "--blocks", str(blocks), "--json", str(out), "--no-progress",
            "--expect-size", str(n), *extra]
@@ -117,7 +117,7 @@ def measure(args: argparse.Namespace, out: Path) -> dict:
         run["c_after"] = c_loop(binary, n, args, out / f"c-n{n}-after.txt")
         run["rows"], run["machine"] = rows, machine
         if n == 2 and args.max >= args.floor_bytes:
-            cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", "2", sys.executable,
+            cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", "2", sys.executable,
                    str(HERE / "memfloor.py"), "--bytes", str(args.floor_bytes), "--json",
                    str(out / "memfloor-n2.json")]
             res = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True,

@@ -54,7 +54,7 @@ def command(binary: Path, ranks: int, lo: int, hi: int, iters: int, skip: int,
             iters_large: int, skip_large: int, blocks: int) -> list[str]:
     """``bmlmpi-run -n ranks binary ...``: the launcher adds what this MPI needs
     (oversubscription, yield when idle, root)."""
-    return [sys.executable, "-m", "bmlmpi.launch", "-n", str(ranks), str(binary), str(lo),
+    return [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(ranks), str(binary), str(lo),
             str(hi), str(iters), str(skip), str(iters_large), str(skip_large), str(blocks)]
 
 

@@ -14,6 +14,6 @@ n=${BMLMPI_RANKS:-4}
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 out=$here/results
 mkdir -p "$out"
-timeout 1800 "$py" -m bmlmpi.launch -n "$n" "$py" "$here/interleaved.py" \
+timeout 1800 "$py" -m bmlmpi.cli.launch -n "$n" "$py" "$here/interleaved.py" \
     --rounds "${ROUNDS:-8}" --out "$out/interleaved-n$n.json"
 "$py" "$here/plot.py" "$out" "$n"

@@ -3,7 +3,7 @@ the measured sparse/dense crossover (the cost model's choice checked against bot
 
 Run inside the ranks (N = 4 on shared memory here):
 
-    python -m bmlmpi.launch -n 4 python perf/compression/bench.py --count 524288 --iters 8 \
+    python -m bmlmpi.cli.launch -n 4 python perf/compression/bench.py --count 524288 --iters 8 \
         --out perf/compression/bench.json
 
 Input: a gradient-like float32 array (normal values whose scale varies over blocks, like the

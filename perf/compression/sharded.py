@@ -1,7 +1,7 @@
 """The pull side: ShardedStep (reduce-scatter, owner update, P-SMP-filtered allgather) against a
 plain allreduce followed by the update on every rank; time and parameters published per step.
 
-    python -m bmlmpi.launch -n 4 python perf/compression/sharded.py --out sharded.json
+    python -m bmlmpi.cli.launch -n 4 python perf/compression/sharded.py --out sharded.json
 
 Workload: a float32 model of ``count`` parameters, SGD with a learning rate that decays like a
 training run's (so relative changes shrink and P-SMP publishes less over time); gradients

@@ -3,7 +3,7 @@ beside the uncompressed run, bytes per step and step time; one plot.
 
     python perf/compression/train.py --ranks 4 --epochs 5      # writes train.json, train.png
 
-Each run is ``python -m bmlmpi.launch -n RANKS python jobs/train_buckets.py --compression SPEC``
+Each run is ``python -m bmlmpi.cli.launch -n RANKS python jobs/train_buckets.py --compression SPEC``
 from the same initial model and data order; OPENBLAS_NUM_THREADS=1 (more ranks than cores).
 """
 
@@ -29,7 +29,7 @@ SPECS = [BASELINE, "fp16", "bf16", "threshold:0.001:0.5", "random:0.6", "tdf:0.0
 def run(spec: str, ranks: int, epochs: int, plan: str, timeout: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run.json"
-        cmd = [sys.executable, "-m", "bmlmpi.launch", "-n", str(ranks), sys.executable,
+        cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(ranks), sys.executable,
                str(ROOT / "jobs" / "train_buckets.py"), "--epochs", str(epochs), "--plan", plan,
                "--compression", spec, "--out", str(out)]
         env = dict(os.environ, OPENBLAS_NUM_THREADS="1")

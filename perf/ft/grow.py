@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(spec: dict, timeout: float) -> list[dict]:
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "9", sys.executable,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "--ft", "-n", "9", sys.executable,
            "tests/ft/grow_ranks.py", json.dumps(spec)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,

@@ -39,7 +39,7 @@ def veth(name: str) -> None:
 def launch(groups: list[dict], timeout: float) -> list[dict]:
     spec = {"timeout": 120, "hang_timeout": 20, "groups": groups}
     n = sum(g["size"] for g in groups)
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", str(n), sys.executable,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "--ft", "-n", str(n), sys.executable,
            "tests/ft/ft_ranks.py", json.dumps(spec)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,

@@ -182,7 +182,7 @@ def plan_launch(rng: random.Random, groups: int, group_size: int, min_survivors:
 
 def run_launch(spec: dict, timeout: float) -> tuple[list[dict], float, str]:
     n = len(spec["groups"]) * spec["group_size"]
-    cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", str(n), sys.executable,
+    cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "--ft", "-n", str(n), sys.executable,
            str(Path(__file__).resolve()), "--rank-side", json.dumps(spec)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
     t0 = time.time()

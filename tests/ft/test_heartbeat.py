@@ -8,11 +8,11 @@ import uuid
 
 import pytest
 
-from bmlmpi.heartbeat import Heartbeat
+from bmlmpi.ft.heartbeat import Heartbeat
 
 CHILD = """
 import os, signal, sys, time
-from bmlmpi.heartbeat import Heartbeat
+from bmlmpi.ft.heartbeat import Heartbeat
 hb = Heartbeat(sys.argv[1], 1, 0.05, 100.0)
 mode = sys.argv[2]
 print("ready", flush=True)

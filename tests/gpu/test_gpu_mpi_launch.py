@@ -30,7 +30,7 @@ def test_device_allreduce_under_mpiexec(n):
 
 def test_sweep_with_device_buffers():
     """``bmlmpi-bench -d cuda``: every algorithm on cupy buffers, validated, OSU tables."""
-    res = run_ranks(2, ["-m", "bmlmpi.bench", "-d", "cuda", "-m", "4:1048576", "-c", "-f",
+    res = run_ranks(2, ["-m", "bmlmpi.cli.bench", "-d", "cuda", "-m", "4:1048576", "-c", "-f",
                         "--algorithms", "all", "-i", "20", "-x", "2", "--no-progress"],
                     timeout=600)
     tables = sweep_tables(res)

@@ -138,16 +138,16 @@ def test_iallreduce_many_outstanding_waited_in_any_order(comm):
 
 @pytest.mark.mpi
 def test_algorithm_env_override_and_auto_rule(comm, monkeypatch):
-    from bmlmpi import select
+    from bmlmpi import selection
 
     monkeypatch.setenv("BMLMPI_ALGORITHM", "native")
-    assert select.choose(1 << 28, 4, comm.size) == "native"
-    assert not select.calibration_wanted("auto")
+    assert selection.choose(1 << 28, 4, comm.size) == "native"
+    assert not selection.calibration_wanted("auto")
     monkeypatch.setenv("BMLMPI_ALGORITHM", "ring")
-    assert select.choose(1, 4, comm.size) == "ring"
+    assert selection.choose(1, 4, comm.size) == "ring"
     monkeypatch.setenv("BMLMPI_ALGORITHM", "nonsense")
     with pytest.raises(ValueError, match="unknown algorithm"):
-        select.choose(4, 4, comm.size)
+        selection.choose(4, 4, comm.size)
     monkeypatch.delenv("BMLMPI_ALGORITHM")
     # the calibrated model's choice is one of the candidates and the same on every rank
     ctx = bmlmpi.Communicator(comm)
@@ -157,5 +157,5 @@ def test_algorithm_env_override_and_auto_rule(comm, monkeypatch):
     assert comm.allgather(picks) == [picks] * comm.size
     ctx.Free()
     monkeypatch.setenv("BMLMPI_TREE_ARRAY_BOUND", "100")
-    assert "multitree" not in select.candidates(100, 4)
-    assert "tree" not in select.candidates(101, 4)
+    assert "multitree" not in selection.candidates(100, 4)
+    assert "tree" not in selection.candidates(101, 4)

@@ -68,7 +68,7 @@ def test_wire_path_is_the_sum_within_its_rounding(comm, mk):
     if comm.size > 1:
         assert seen.runs and seen.steps >= len(seen.runs)
         run = next(iter(seen.runs))
-        assert run.plan.comms == [comm._compression_comm]   # the private duplicate
+        assert run.plan.comms == [comm.compression.comm]   # the private duplicate
         assert run.buf.dtype == np.uint16                    # the codes travel
         assert c.bytes_sent["wire"] == 3 * run.plan.sched.sent_elements() * 2
     else:
@@ -93,7 +93,7 @@ def test_dense_filtered_path_runs_the_executor(comm):
     assert set(c.calls) == {"dense"}
     if comm.size > 1:
         assert seen.runs
-        assert all(r.buf.dtype == np.float32 and r.plan.comms == [comm._compression_comm]
+        assert all(r.buf.dtype == np.float32 and r.plan.comms == [comm.compression.comm]
                    for r in seen.runs)
 
 

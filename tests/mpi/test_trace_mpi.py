@@ -14,7 +14,8 @@ import pytest
 from mpi4py import MPI
 
 import bmlmpi
-from bmlmpi import execute, recorder, trace
+from bmlmpi import execute, recorder
+from bmlmpi.cli import trace
 
 _made: list[Path] = []
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from bmlmpi import bench, calibrate
+from bmlmpi import calibrate
+from bmlmpi.cli import bench
 from bmlmpi.execute import DeadlineExceeded
 
 REPO = Path(__file__).resolve().parents[2]

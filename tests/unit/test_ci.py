@@ -40,6 +40,6 @@ def test_ci_checks_command_1s_venv_before_command_2():
     assert first < check < second
     after = (ROOT / ".ci" / "after-install").read_text()
     assert '"editable"' in after and "jobs/sweep-mpirun.sh" in after
-    for step in ("bmlmpi.Communicator", "-m bmlmpi.bench", "-m bmlmpi.calibrate",
+    for step in ("bmlmpi.Communicator", "-m bmlmpi.cli.bench", "-m bmlmpi.cli.calibrate",
                  "-m perf.baseline", ".venv/bin/bmlmpi-run -n 2 python"):
         assert step in after, step

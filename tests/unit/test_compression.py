@@ -9,6 +9,7 @@ import pytest
 
 from bmlmpi.compression import filters, links, parse, tdf, threshold
 from bmlmpi.compression import random as grp
+from bmlmpi.compression.channel import CompressionChannel
 from bmlmpi.compression.layer import choose_sparse
 from bmlmpi.compression.sharded import psmp_publishes, psmp_threshold
 from bmlmpi.compression.sparse import concatenate, merge, pack, sparse_seconds, unpack
@@ -164,11 +165,12 @@ def test_concatenate_keeps_every_pair_unsummed_in_order():
 class _Comm:
     """What links.known and choose_sparse read of a bmlmpi Communicator (2x2 BCube, bml)."""
     size, shape, level_comms, calibration = 4, (2, 2), [None, None], None
+    comm, timeout = None, 10.0
 
 
 def test_links_known_and_the_choice_they_drive(monkeypatch):
     monkeypatch.delenv("BMLMPI_CALIBRATE", raising=False)
-    comm = _Comm()
+    comm = CompressionChannel(_Comm())
     assert links.known(comm) is None                 # to be measured on the first call
     monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
     assert links.known(comm) == (links.DEFAULT_ALPHA, links.DEFAULT_BETA)
@@ -180,7 +182,7 @@ def test_links_known_and_the_choice_they_drive(monkeypatch):
                              links.DEFAULT_BETA)
     assert choose_sparse(comm, "bml", kept, count, 8, 8, 2e-4, 8e-8)
     assert not choose_sparse(comm, "bml", count // 2, count, 8, 8, 2e-4, 8e-8)
-    comm._compression_links = (2e-4, 8e-8)
+    comm.links = (2e-4, 8e-8)
     assert links.known(comm) == (2e-4, 8e-8)
     assert choose_sparse(comm, "bml", kept, count, 8, 8)   # priced with the measured links
 

@@ -1,5 +1,6 @@
 """The wire ops ``sum_fp16``/``sum_bf16`` (bmlmpi.kernels) that the compressed allreduce's 16-bit
-path runs through the executor, and the tag blocks of compressed calls. MPI-free.
+path runs through the executor (MPI-free), and the tag blocks of compressed calls (a
+compression channel on a duplicate of COMM_SELF).
 
 Against an independent float64 reference: the kernel decodes to float32, adds every operand of
 a call in float32 (dst first, then the sources in order) and rounds once to nearest even."""
@@ -9,9 +10,11 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 from bmlmpi import kernels
 from bmlmpi.compression import engine, layer
+from bmlmpi.compression.channel import TAG_CALLS, CompressionChannel
 from bmlmpi.compression.wire import LARGEST, SUM_OP, UNIT, bound, decode, encode, scale
 from bmlmpi.execute import TAG_STEPS
 from bmlmpi.kernels import dispatch
@@ -190,20 +193,36 @@ def test_numba_and_numpy_give_the_same_bits():
             assert same.all()
 
 
-class _FakeComm:
-    pass
+class _Owner:
+    """What a compression channel asks of its communicator for its duplicate."""
+
+    timeout = 10.0
+
+    def __init__(self):
+        self.comm = MPI.COMM_SELF.Dup()
 
 
 def test_tag_blocks_do_not_overlap_a_run():
     """A Run uses tags base + [0, TAG_STEPS): consecutive compressed calls' blocks are
     disjoint, and the blocks fit below the MPI tag bound used."""
     assert engine.TAG_SPAN >= TAG_STEPS
-    c = _FakeComm()
-    c._compression_blocks = 8
-    bases = [engine.next_tag_base(c) for _ in range(10)]
-    assert bases[:8] == [i * engine.TAG_SPAN for i in range(8)]
-    assert bases[8] == 0
-    assert max(bases) + engine.TAG_SPAN <= 8 * engine.TAG_SPAN
+    owner = _Owner()
+    channel = CompressionChannel(owner)
+    try:
+        dup = channel.comm
+        tag_ub = int(dup.Get_attr(MPI.TAG_UB) or 32767)   # as the channel reads it
+        blocks = channel.blocks
+        assert blocks == max(1, min(TAG_CALLS, (tag_ub + 1) // engine.TAG_SPAN))
+        bases = [channel.next_tag_base() for _ in range(blocks + 2)]
+        assert bases[:blocks] == [i * engine.TAG_SPAN for i in range(blocks)]
+        assert bases[blocks] == 0
+        assert max(bases) + engine.TAG_SPAN - 1 <= tag_ub
+        assert channel.comm is dup           # made once
+        channel.drop()
+        assert channel.comm is not dup       # remade after a drop
+    finally:
+        channel.drop()
+        owner.comm.Free()
 
 
 def test_no_second_executor_in_the_layer():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bmlmpi import api, config, execute, kernels, select
+from bmlmpi import api, config, execute, kernels, selection
 from bmlmpi.topology import bcube, links, trees
 
 dispatch, gpu = kernels.dispatch, kernels.gpu
@@ -110,9 +110,9 @@ def test_unset_variables_give_their_defaults(monkeypatch):
     assert execute.timeout_from_env() == execute.DEFAULT_TIMEOUT == 120.0
     assert execute._spin_seconds() == 0.05
     assert api._validation_enabled(None) is True
-    assert select.calibration_wanted("auto") is True
-    assert select.env_algorithm() is None and select.tree_array_bound() is None
-    assert select.choose(64 * 1024, 1, 4) == "bml" and select.choose(64 * 1024 - 1, 1, 4) == \
+    assert selection.calibration_wanted("auto") is True
+    assert selection.env_algorithm() is None and selection.tree_array_bound() is None
+    assert selection.choose(64 * 1024, 1, 4) == "bml" and selection.choose(64 * 1024 - 1, 1, 4) == \
         "native"
     assert trees.link_penalty() == trees.DEFAULT_PENALTY == 0.7
     assert links.links_from_env() is None
@@ -136,7 +136,7 @@ def test_validate_switch(monkeypatch, text, expected):
 def test_calibrate_switch(monkeypatch, text, expected):
     monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
     monkeypatch.setenv("BMLMPI_CALIBRATE", text)
-    assert select.calibration_wanted("auto") is expected
+    assert selection.calibration_wanted("auto") is expected
 
 
 def test_cuda_aware_switch(monkeypatch):
@@ -147,7 +147,7 @@ def test_cuda_aware_switch(monkeypatch):
 
 @pytest.mark.parametrize("name, call", [
     ("BMLMPI_VALIDATE", lambda: api._validation_enabled(None)),
-    ("BMLMPI_CALIBRATE", lambda: select.calibration_wanted("auto")),
+    ("BMLMPI_CALIBRATE", lambda: selection.calibration_wanted("auto")),
     ("BMLMPI_CUDA_AWARE", gpu.cuda_aware_mpi),
 ])
 def test_bad_switch_is_an_error_where_it_is_used(monkeypatch, name, call):
@@ -161,10 +161,10 @@ def test_bad_switch_is_an_error_where_it_is_used(monkeypatch, name, call):
     ("BMLMPI_TIMEOUT", "soon", execute.timeout_from_env),
     ("BMLMPI_TIMEOUT", "-1", execute.timeout_from_env),
     ("BMLMPI_SPIN", "fast", execute._spin_seconds),
-    ("BMLMPI_TREE_ARRAY_BOUND", "big", select.tree_array_bound),
-    ("BMLMPI_AUTO_BML_BYTES", "64k", lambda: select.choose(1 << 20, 4, 4)),
+    ("BMLMPI_TREE_ARRAY_BOUND", "big", selection.tree_array_bound),
+    ("BMLMPI_AUTO_BML_BYTES", "64k", lambda: selection.choose(1 << 20, 4, 4)),
     ("BMLMPI_TREE_LINK_PENALTY", "2", trees.link_penalty),
-    ("BMLMPI_ALGORITHM", "nonsense", select.env_algorithm),
+    ("BMLMPI_ALGORITHM", "nonsense", selection.env_algorithm),
 ])
 def test_bad_values_are_errors_where_they_are_used(monkeypatch, name, text, call):
     monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)

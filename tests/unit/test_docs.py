@@ -57,7 +57,7 @@ def test_python_snippet_runs(code, snippet_env, tmp_path):
     script = tmp_path / "snippet.py"
     script.write_text(code)
     if launch and launch.group("ft"):
-        cmd = [sys.executable, "-m", "bmlmpi.launch", "--ft", "-n", "1",
+        cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "--ft", "-n", "1",
                sys.executable, str(script)]
     else:
         cmd = [sys.executable, str(script)]

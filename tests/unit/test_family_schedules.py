@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from bmlmpi import select
+from bmlmpi import selection
 from bmlmpi.model import Calibration, SharedMemoryNode, algorithm_cost, estimate
 from bmlmpi.schedules import algorithms
 from bmlmpi.schedules.algorithms import Algorithm, Context
@@ -187,17 +187,17 @@ def test_a_broadcast_must_carry_the_roots_data():
 # -- the records -------------------------------------------------------------------------------
 
 def test_the_records_list_each_collectives_algorithms():
-    assert select.algorithms() == ["auto", "bml", "ring", "tree", "multitree", "hierarchical",
+    assert selection.algorithms() == ["auto", "bml", "ring", "tree", "multitree", "hierarchical",
                                    "shm", "native"]
     for coll in NAMES:
-        names = select.algorithms(coll)
+        names = selection.algorithms(coll)
         assert names[0] == "auto" and names[-1] == "native"
         assert "ps" not in names
-    assert "ring" in select.algorithms("reduce_scatter")
+    assert "ring" in selection.algorithms("reduce_scatter")
     with pytest.raises(ValueError, match="unknown collective"):
-        select.algorithms("alltoall")
+        selection.algorithms("alltoall")
     with pytest.raises(ValueError, match="implemented for reduce_scatter"):
-        select.check_algorithm("hierarchical_not", "reduce_scatter")
+        selection.check_algorithm("hierarchical_not", "reduce_scatter")
 
 
 def _direct_reduce_scatter(ctx: Context) -> Schedule:
@@ -221,9 +221,9 @@ def test_a_toy_algorithm_is_one_registration():
     toy = Algorithm("toy", {"reduce_scatter": _direct_reduce_scatter}, calibrated=True)
     algorithms.register(toy)
     try:
-        assert "toy" in select.algorithms("reduce_scatter")
-        assert "toy" not in select.algorithms()
-        assert select.algorithms("reduce_scatter")[-1] == "native"
+        assert "toy" in selection.algorithms("reduce_scatter")
+        assert "toy" not in selection.algorithms()
+        assert selection.algorithms("reduce_scatter")[-1] == "native"
         ctx = Context(4, 10, 4, collective="reduce_scatter", counts=(1, 2, 3, 4))
         verify(algorithms.schedules("toy", ctx))                        # verified
         assert algorithms.build("toy", ctx.at(2)).outputs == (Copy(3, 6, 0),)  # by name
@@ -231,7 +231,7 @@ def test_a_toy_algorithm_is_one_registration():
                               collective="reduce_scatter", counts=(1, 2, 3, 4))
         assert cost.nsteps == 1                                         # priced
         assert "toy" in algorithms.calibrated(4)                        # calibrated
-        assert "toy" in select.candidates(10, 4, collective="reduce_scatter",
+        assert "toy" in selection.candidates(10, 4, collective="reduce_scatter",
                                           counts=(1, 2, 3, 4))          # considered by auto
         calib = Calibration(alpha=1e-6, beta=1e-9,
                             natives=(("reduce_scatter", 8, 1.0), ("reduce_scatter", 1 << 20,
@@ -239,18 +239,18 @@ def test_a_toy_algorithm_is_one_registration():
         t = estimate(["toy", "ring", "native"], 10, 4, 4, calib=calib,
                      collective="reduce_scatter", counts=(1, 2, 3, 4))
         assert set(t) == {"toy", "ring", "native"} and t["native"] == 1.0
-        assert select.choose(10, 4, 4, calib, collective="reduce_scatter",
+        assert selection.choose(10, 4, 4, calib, collective="reduce_scatter",
                              counts=(1, 2, 3, 4)) in ("toy", "ring")
     finally:
         algorithms.unregister("toy")
-    assert "toy" not in select.algorithms("reduce_scatter")
+    assert "toy" not in selection.algorithms("reduce_scatter")
 
 
 def test_auto_without_a_native_timing_for_the_collective_uses_the_fixed_rule():
     calib = Calibration(alpha=1e-6, beta=1e-9, native=((8, 1e-6), (1 << 20, 1e-3)))
-    assert select.choose(10, 4, 4, calib, collective="allgather") == "native"
-    big = select.choose(1 << 20, 4, 4, calib, collective="allgather")
-    assert big in select.algorithms("allgather")[1:-1]
+    assert selection.choose(10, 4, 4, calib, collective="allgather") == "native"
+    big = selection.choose(1 << 20, 4, 4, calib, collective="allgather")
+    assert big in selection.algorithms("allgather")[1:-1]
 
 
 def test_shapes_resolve_as_the_communicator_does():
@@ -285,7 +285,7 @@ def test_auto_prices_each_collective_against_its_own_native_call():
     slow_native = Calibration(alpha=1e-6, beta=1e-10, natives=natives)
     for coll in FAMILY:
         kw = {"root": 1} if coll in ("reduce", "bcast") else {}
-        pick = select.choose(1 << 20, 4, 4, slow_native, collective=coll, **kw)
-        assert pick in select.algorithms(coll)[1:-1]  # a schedule beats a 1 s native call
-        assert select.choose(2, 4, 4, slow_native, collective=coll, **kw) == "native"
-        assert select.choose_collective(coll, 1 << 20, 4, 4) == "native"  # uncalibrated
+        pick = selection.choose(1 << 20, 4, 4, slow_native, collective=coll, **kw)
+        assert pick in selection.algorithms(coll)[1:-1]  # a schedule beats a 1 s native call
+        assert selection.choose(2, 4, 4, slow_native, collective=coll, **kw) == "native"
+        assert selection.choose_collective(coll, 1 << 20, 4, 4) == "native"  # uncalibrated

@@ -9,7 +9,7 @@ from fractions import Fraction as F
 import numpy as np
 import pytest
 
-from bmlmpi import select
+from bmlmpi import selection
 from bmlmpi.model import (
     Calibration,
     SharedMemoryNode,
@@ -249,19 +249,19 @@ def test_catalog_prices_hierarchical_on_two_tier_networks():
 
 
 def test_auto_considers_hierarchical_only_with_shared_nodes():
-    assert "hierarchical" not in select.candidates(100, 8)
-    assert "hierarchical" not in select.candidates(100, 8, consecutive_nodes(8, 1))
-    assert "hierarchical" not in select.candidates(100, 8, consecutive_nodes(8, 8))
-    assert "hierarchical" in select.candidates(100, 8, consecutive_nodes(8, 2))
+    assert "hierarchical" not in selection.candidates(100, 8)
+    assert "hierarchical" not in selection.candidates(100, 8, consecutive_nodes(8, 1))
+    assert "hierarchical" not in selection.candidates(100, 8, consecutive_nodes(8, 8))
+    assert "hierarchical" in selection.candidates(100, 8, consecutive_nodes(8, 2))
     calib = Calibration(alpha=1e-5, beta=1e-9, step_overhead=2e-5, msg_overhead=1e-6,
                         native=((8, 1.0), (1 << 24, 1.0)))  # a very slow native
     nodes = consecutive_nodes(8, 4)
-    pick = select.choose(1 << 16, 4, 8, calib=calib, nodes=nodes)
-    assert pick in select.candidates(1 << 16, 8, nodes)
-    times = estimate(select.candidates(1 << 16, 8, nodes), 1 << 16, 4, 8, calib=calib,
+    pick = selection.choose(1 << 16, 4, 8, calib=calib, nodes=nodes)
+    assert pick in selection.candidates(1 << 16, 8, nodes)
+    times = estimate(selection.candidates(1 << 16, 8, nodes), 1 << 16, 4, 8, calib=calib,
                      nodes=nodes)
     assert pick == min(times, key=times.__getitem__)
-    assert "hierarchical" in select.algorithms()
+    assert "hierarchical" in selection.algorithms()
 
 
 @pytest.mark.parametrize("sizes", [(2, 2, 2, 2), (3, 3, 3), (4, 4), (3, 1, 2), (2,) * 11],

@@ -631,7 +631,7 @@ def test_bench_writes_results_for_every_backend(tmp_path, capsys):
 def test_sweep_device_option_without_a_gpu_says_so():
     if gpu.gpu_available():
         pytest.skip("a GPU is visible here")
-    from bmlmpi import bench
+    from bmlmpi.cli import bench
 
     to_device, to_host = bench.device_buffers("host")
     a = np.arange(3.0)

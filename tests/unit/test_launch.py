@@ -5,7 +5,7 @@ import json
 import os
 import sys
 
-from bmlmpi import launch
+from bmlmpi.cli import launch
 
 
 def test_bare_python_becomes_this_interpreter():

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from bmlmpi import recorder, timeline, trace
+from bmlmpi import recorder, timeline
+from bmlmpi.cli import trace
 from bmlmpi.recorder import FlightRecorder, Signature
 
 

@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import pytest
 
+from bmlmpi.ft.rescale import rescaled_batch
 from bmlmpi.model import BCubeNetwork, BCubeWithout, price
-from bmlmpi.rescale import rescaled_batch
 from bmlmpi.schedules.bml import bml_schedules
 from bmlmpi.schedules.recovery import (
     MAX_PLANNED_SERVERS,

@@ -33,13 +33,12 @@ bounds and which algorithm serves which collective all come from the algorithm r
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from . import config
 from .schedules import algorithms as records
 from .schedules.algorithms import AUTO_TREE_MAX_RANKS, Context, tree_array_bound
 
-DEFAULT_BML_BYTES: int = config.variable("BMLMPI_AUTO_BML_BYTES").default
 #: ``auto`` leaves native only for a schedule predicted at least this much faster: a near-tie
 #: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
 NATIVE_MARGIN = 1.05
@@ -122,11 +121,6 @@ class Explanation:
     @property
     def nbytes(self) -> int:
         return self.count * self.itemsize
-
-    def as_dict(self) -> dict:
-        d = asdict(self)
-        d["nbytes"] = self.nbytes
-        return d
 
     def __str__(self) -> str:
         lines = [f"{self.collective} of {self.count} x {self.itemsize} B on {self.size} "

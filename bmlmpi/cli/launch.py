@@ -1,6 +1,6 @@
 """``bmlmpi-run``: mpiexec with the flags this machine and MPI need, then exec.
 
-    bmlmpi-run -n 9 python -m bmlmpi.bench --algorithms bml,native
+    bmlmpi-run -n 9 python -m bmlmpi.cli.bench --algorithms bml,native
 
 Finds the ``mpiexec`` installed beside this Python (the embedded Open MPI wheel) or on PATH
 (``BMLMPI_MPIEXEC`` overrides), identifies it, and adds only what is missing:
@@ -45,7 +45,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import config
+from .. import config
 
 #: Launcher options of bmlmpi-run itself (removed before mpiexec sees the arguments).
 OWN_FLAGS = ("--ft", "--dry-run", "--tolerate-lost")

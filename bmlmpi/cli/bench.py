@@ -1,4 +1,4 @@
-"""OSU-style allreduce latency sweep: ``python -m bmlmpi.bench`` / ``bmlmpi-bench``.
+"""OSU-style allreduce latency sweep: ``python -m bmlmpi.cli.bench`` / ``bmlmpi-bench``.
 
 Options and output follow OSU's ``osu_allreduce`` so existing parsers read the tables: sizes
 in bytes of MPI_FLOAT data, powers of two from ``-m MIN:MAX`` (default 4:1048576), 1000
@@ -46,9 +46,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import __version__, config
-from .api import Communicator
-from .select import algorithms as implemented
+from .. import __version__, config
+from ..api import Communicator
+from ..selection import algorithms as implemented
 
 #: ``--collective`` -> (OSU's test title, the mpi4py method the baseline calls)
 COLLECTIVE_TESTS = {
@@ -206,7 +206,7 @@ def device_buffers(device: str):
     """(to_device, to_host) for ``device``: identity for host, cupy copies for cuda."""
     if device == "host":
         return (lambda a: a), (lambda a: a)
-    from .kernels import gpu
+    from ..kernels import gpu
 
     if not gpu.gpu_available():
         raise SystemExit("bmlmpi-bench: -d cuda needs cupy and a CUDA device "

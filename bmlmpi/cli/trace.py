@@ -351,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "DIR/timeline.json)")
     args = ap.parse_args(argv)
     if args.timeline:
-        from .timeline import merge
+        from ..timeline import merge
         try:
             out = merge(args.directory, args.output)
         except FileNotFoundError as exc:

@@ -1,0 +1,89 @@
+"""``bmlmpi-calibrate`` (``python -m bmlmpi.cli.calibrate``): measure (or read) the cost-model
+calibration of the ranks it runs on and print it, with the predicted time of every algorithm
+``auto`` considers and its choice per size. Run it under the launcher, e.g.
+``bmlmpi-run -n 4 bmlmpi-calibrate --fresh``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from mpi4py import MPI
+
+from .. import selection
+from ..calibrate import calibrate
+from ..model.estimate import estimate
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e6:10.1f}"
+
+
+def main(argv: Sequence[str] | None = None,
+         printer: Callable[[str], None] = print) -> int:
+    ap = argparse.ArgumentParser(prog="bmlmpi-calibrate",
+                                 description="Measure (or read) the cost-model calibration "
+                                             "and print what auto picks per size, with the "
+                                             "predicted time of every algorithm it considers.")
+    ap.add_argument("--fresh", action="store_true", help="ignore the cache and re-measure")
+    ap.add_argument("--algorithms", default=None,
+                    help="comma-separated algorithms to price, among those auto can run "
+                         "(default: auto's own candidates on this communicator)")
+    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--itemsize", type=int, default=4)
+    args = ap.parse_args(argv)
+    runnable = selection.algorithms()[1:]  # every allreduce algorithm but auto
+    if args.algorithms is not None:
+        asked = [a.strip().lower() for a in args.algorithms.split(",") if a.strip()]
+        bad = [a for a in asked if a not in runnable]
+        if bad:
+            ap.error(f"not algorithms auto can run: {', '.join(bad)} (choose among "
+                     f"{', '.join(runnable)})")
+    comm = MPI.COMM_WORLD
+    start = time.perf_counter()
+    calib = calibrate(comm, use_cache=not args.fresh)
+    took = time.perf_counter() - start
+    if comm.Get_rank() != 0:
+        return 0
+    size = comm.Get_size()
+    printer(f"# calibration ({calib.meta.get('source')}, {took:.2f} s): ranks={size} "
+            f"host={calib.meta.get('host')} mpi={calib.meta.get('mpi')}")
+    printer(f"alpha={calib.alpha * 1e6:.2f} us  beta={calib.beta * 1e9:.4f} ns/B "
+            f"({1 / calib.beta / 1e9 if calib.beta else math.inf:.2f} GB/s)  "
+            f"step_overhead={calib.step_overhead * 1e6:.2f} us  "
+            f"msg_overhead={calib.msg_overhead * 1e6:.2f} us  gamma={calib.gamma * 1e9:.4f} ns/B")
+    if calib.has_shm:
+        printer(f"shared memory: sync={calib.shm_sync * 1e6:.2f} us/step  "
+                f"copy={calib.shm_copy * 1e9:.4f} ns/B  reduce={calib.shm_reduce * 1e9:.4f} "
+                f"ns/B read")
+    printer("native: " + ", ".join(f"{b} B {s * 1e6:.1f} us" for b, s in calib.native))
+    if calib.corrections:
+        printer("measured / model: " + ", ".join(f"{a} {b} B {f:.2f}"
+                                                  for a, b, f in calib.corrections))
+    if "phases" in calib.meta:
+        printer("phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in calib.meta["phases"].items()))
+    if size == 1:
+        printer("one rank: auto runs native at every size (MPI_Allreduce on one rank is a "
+                "copy, through the blocking fast path); nothing to price")
+        return 0
+    names = (selection.candidates(args.max_bytes // args.itemsize, size)
+             if args.algorithms is None else asked)
+    if "hierarchical" in names:
+        names.remove("hierarchical")  # priced only where nodes are known (a Communicator)
+    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  auto's choice   (us)")
+    nbytes = args.itemsize
+    while nbytes <= args.max_bytes:
+        count = nbytes // args.itemsize
+        t = estimate(names, count, args.itemsize, size, calib=calib)
+        choice = selection.explain(count, args.itemsize, size, calib).chosen
+        printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
+                                            for n in names) + f"  {choice}")
+        nbytes *= 4
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
