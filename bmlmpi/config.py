@@ -225,7 +225,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "`bmlmpi-bench` fails unless the MPI world has this many ranks", _count(1)),
     Variable("BMLMPI_COMPRESSION", "compressor", None, "none",
              "torch backend `bmlmpi`: compressor spec for every SUM/AVG all_reduce of float "
-             "tensors (`fp16`, `bf16`, `tdf:PHI:D:P`, ...)", _text),
+             "tensors (`fp16`, `bf16`, `tdf:PHI:D:P`, `topk:RATIO`, ...)", _text),
     Variable("BMLMPI_FAULT_TOLERANT", "boolean", False, "off",
              "torch backend `bmlmpi`: on: run on the fault-tolerant communicator "
              "(`bmlmpi-run --ft`)", parse_bool),

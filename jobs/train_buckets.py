@@ -82,7 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help=".npy file for rank 0's final parameters (flat, float64)")
     p.add_argument("--compression", default="none",
                    help="gradient compression (bmlmpi.compression spec): none, fp16, bf16, "
-                        "threshold:PHI[:D], random:P[:SEED], tdf:PHI:D:P[:WIRE]; @sparse or "
+                        "threshold:PHI[:D], random:P[:SEED], tdf:PHI:D:P[:WIRE], topk:K, "
+                        "topk:RATIO; @sparse or "
                         "@dense after it pins the exchange")
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch < 1:
@@ -303,7 +304,7 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
         # the α, β the sparse/dense choice priced the links with (a fixed algorithm has no
         # calibration: measured on the first call that asked, bmlmpi.compression.links)
         from bmlmpi.compression.links import known
-        links = known(communicator)
+        links = known(communicator.compression)
         if links is not None:
             result["compression_links_alpha_beta"] = list(links)
     if buckets.profile is not None:

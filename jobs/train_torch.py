@@ -53,7 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--algorithm", default=os.environ.get("BMLMPI_ALGORITHM", "auto"))
     p.add_argument("--topology", default=None, help="BCube shape, e.g. 2x2")
     p.add_argument("--compression", default=None,
-                   help="a bmlmpi compressor spec: fp16, bf16, threshold:PHI, tdf:PHI:D:P, ...")
+                   help="a bmlmpi compressor spec: fp16, bf16, threshold:PHI, tdf:PHI:D:P, "
+                        "topk:RATIO, ...")
     p.add_argument("--plan", default=None, choices=["ibatch", "layer", "single", "threshold"],
                    help="bmlmpi bucket plan over DDP's buckets (bucket_plan_hook)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap")

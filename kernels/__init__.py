@@ -6,8 +6,9 @@ children); ``scale_avg(dst, n)`` turns a sum of ``n`` contributions into their a
 ``combine_into(out, a, b, op)`` writes ``a <op> b`` into ``out`` in one pass (:mod:`.combine`,
 also the executor's unchecked per-step calls). ``op`` is one of ``"sum", "prod", "min",
 "max"`` (an average is a sum followed by ``scale_avg``), or a wire op,
-``"sum_fp16"``/``"sum_bf16"``: the sum of 16-bit codes held in uint16 arrays, added in
-float32 and rounded once to 16 bits (the compressed allreduce's reduction, host arrays only).
+``"sum_<format>"`` of a registered wire format (:mod:`.wire_formats`; ``"sum_fp16"``,
+``"sum_bf16"``): the sum of 16-bit codes held in uint16 arrays, added in float32 and rounded
+once to 16 bits (the compressed allreduce's reduction, host arrays only).
 
 Back ends, chosen per call by :mod:`.dispatch` (its docstring gives the rule): numpy, the
 reference (:mod:`.numpy_backend`, which also states the exact semantics: wrapping integers,
@@ -29,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from . import wire_formats
 from .combine import combine_into
 from .dispatch import (
     NUMBA_FUSED_MIN_BYTES,
     OPS,
     PARALLEL_MIN_BYTES,
-    WIRE_OPS,
     check_op,
     cpu_backend,
     kernel_mode,
@@ -43,11 +44,12 @@ from .dispatch import (
     reduce_many_into,
     scale_avg,
     set_kernel_mode,
+    wire_ops,
 )
 
-__all__ = ["DTYPES", "NUMBA_FUSED_MIN_BYTES", "OPS", "PARALLEL_MIN_BYTES", "WIRE_OPS",
-           "combine_into", "cpu_backend", "reduce_into", "reduce_many_into", "scale_avg",
-           "set_kernel_mode", "set_threads", "warmup"]
+__all__ = ["DTYPES", "NUMBA_FUSED_MIN_BYTES", "OPS", "PARALLEL_MIN_BYTES", "combine_into",
+           "cpu_backend", "reduce_into", "reduce_many_into", "scale_avg", "set_kernel_mode",
+           "set_threads", "warmup", "wire_ops"]
 
 #: Every dtype the kernels take (longdouble and clongdouble through numpy only).
 DTYPES = tuple(np.dtype(t) for t in (
@@ -79,8 +81,9 @@ def warmup(dtypes: Iterable[Any] | None = None, ops: Iterable[str] | None = None
     """
     dts = [np.dtype(d) for d in (dtypes if dtypes is not None else DTYPES)]
     op_list = list(ops if ops is not None else OPS)
-    wire_ops = [op for op in op_list if op in WIRE_OPS]
-    op_list = [op for op in op_list if op not in WIRE_OPS]
+    wire = [wire_formats.for_op(op) for op in op_list]
+    families = sorted({f.numba for f in wire if f is not None and f.numba is not None})
+    op_list = [op for op, f in zip(op_list, wire, strict=True) if f is None]
     counts = sorted(set(int(k) for k in sources))
     if any(k < 1 for k in counts):
         raise ValueError(f"source counts must be at least 1, got {counts}")
@@ -91,8 +94,8 @@ def warmup(dtypes: Iterable[Any] | None = None, ops: Iterable[str] | None = None
     mod = load_numba()
     if mod is not None:
         mod.warmup(dts, counts)
-        if wire_ops and kernel_mode() != "numpy":
-            mod.warmup_wire(wire_ops, counts)
+        if families and kernel_mode() != "numpy":
+            mod.warmup_wire(families, counts)
     if gpu:
         from . import cupy_backend
         cupy_backend.warmup(dts, op_list, counts)

@@ -52,7 +52,7 @@ def _numba_for(dtype: np.dtype, nbytes: int, nsrc: int) -> ModuleType | None:
 def reduce_trusted(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None:
     """``dst = dst <op> srcs[0] <op> ...`` for the executor's own one-dimensional contiguous
     host slices of one dtype and length (unchecked; see the module docstring)."""
-    if op in dispatch.WIRE_OPS:  # 16-bit codes in uint16 arrays: never an integer sum
+    if dispatch.is_wire_op(op):  # 16-bit codes in uint16 arrays: never an integer sum
         dispatch.reduce_many_into(dst, srcs, op)
         return
     mod = _numba_for(dst.dtype, dst.nbytes, len(srcs))
@@ -66,7 +66,7 @@ def reduce_trusted(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None
 
 def combine_trusted(out: np.ndarray, a: np.ndarray, b: np.ndarray, op: str) -> None:
     """``out = a <op> b`` for the executor's own slices (unchecked; ``out`` overlaps neither)."""
-    mod = None if op in dispatch.WIRE_OPS else _numba_for(out.dtype, out.nbytes, 1)
+    mod = None if dispatch.is_wire_op(op) else _numba_for(out.dtype, out.nbytes, 1)
     if mod is not None:
         mod.combine_into(out, a, b, op)
     elif op in _UFUNC:

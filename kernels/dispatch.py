@@ -24,11 +24,12 @@ Where a call goes:
 - ``scale_avg``: numba for float16, and for float32/64 under the thread rule; numpy otherwise
   (its integer floor division by a scalar is already fast).
 
-- the wire ops ``sum_fp16`` and ``sum_bf16`` (:data:`WIRE_OPS`: sums of 16-bit codes held in
-  uint16 arrays, float32 accumulation, one rounding per call; semantics in
-  :mod:`.numpy_backend`) run on host arrays only, in numba under ``auto`` at any size (numpy
-  needs a pass per conversion, like its float16 loops), in numpy under ``numpy`` or for a
-  partly overlapping source.
+- the wire ops ``sum_<format>`` of the registered wire formats (:func:`wire_ops`,
+  :mod:`.wire_formats`: sums of 16-bit codes held in uint16 arrays, float32 accumulation, one
+  rounding per call; semantics in :mod:`.numpy_backend`) run on host arrays only, in numba
+  under ``auto`` at any size where the format names numba kernels (numpy needs a pass per
+  conversion, like its float16 loops), in numpy under ``numpy``, for a partly overlapping
+  source, or for a format without numba kernels.
 
 If numba cannot be imported, ``auto`` quietly uses numpy; ``BMLMPI_KERNEL=numba`` raises.
 """
@@ -43,13 +44,11 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from . import gpu, numpy_backend
+from . import gpu, numpy_backend, wire_formats
 from .limits import NUMBA_DTYPES, NUMBA_FUSED_MIN_BYTES, PARALLEL_MIN_BYTES
 
 OPS = ("sum", "prod", "min", "max")
-#: sums of 16-bit wire codes (uint16 arrays): the compressed allreduce's reduction
-WIRE_OPS = ("sum_fp16", "sum_bf16")
-_CODES = np.dtype(np.uint16)
+_CODES = wire_formats.CODES
 
 MODES = config.KERNEL_MODES
 _HALF = np.dtype(np.float16)
@@ -95,14 +94,24 @@ def set_kernel_mode(mode: str | None) -> None:
 
 # -- checks ------------------------------------------------------------------------------------
 
+def wire_ops() -> tuple[str, ...]:
+    """The ops that sum 16-bit wire codes (uint16 arrays), one per registered wire format:
+    the compressed allreduce's reductions."""
+    return wire_formats.ops()
+
+
+def is_wire_op(op: str) -> bool:
+    return wire_formats.for_op(op) is not None
+
+
 def check_op(op: str, dtype: np.dtype) -> None:
-    if op in WIRE_OPS:
+    if is_wire_op(op):
         if dtype != _CODES:
             raise TypeError(f"{op} reduces 16-bit codes held in uint16 arrays, not {dtype}")
         return
     if op not in OPS:
         raise ValueError(f"unknown reduction op {op!r}; expected one of "
-                         f"{', '.join(OPS + WIRE_OPS)}")
+                         f"{', '.join(OPS + wire_ops())}")
     if dtype.kind not in _KINDS:
         raise TypeError(f"cannot reduce dtype {dtype}: kernels take integer, floating and "
                         f"complex dtypes")
@@ -211,7 +220,7 @@ def reduce_many_into(dst: Any, srcs: Sequence[Any], op: str) -> None:
         dst = gpu.as_cupy(dst)
     check_op(op, dst.dtype)
     srcs = _check_sources(dst, srcs, host)
-    if op in WIRE_OPS:
+    if is_wire_op(op):
         _wire_reduce(dst, srcs, op, host)
         return
     if not host:
@@ -233,16 +242,17 @@ def _wire_reduce(dst: Any, srcs: Sequence[Any], op: str, host: bool) -> None:
     if not srcs or dst.size == 0:
         return
     mode = kernel_mode()
+    family = wire_formats.for_op(op).numba
     views = None
-    if mode != "numpy" and load_numba() is not None:
+    if family is not None and mode != "numpy" and load_numba() is not None:
         if not any(_partial_overlap(dst, s) for s in srcs):
             views = _flat([dst, *srcs])
-    elif mode == "numba":
+    elif family is not None and mode == "numba":
         raise ImportError("BMLMPI_KERNEL=numba but numba cannot be imported") from _numba_error
     if views is None:
         numpy_backend.wire_reduce_many_into(dst, srcs, op)
     else:
-        load_numba().wire_reduce_many_into(views[0], views[1:], op)
+        load_numba().wire_reduce_many_into(views[0], views[1:], family)
 
 
 def reduce_into(dst: Any, src: Any, op: str) -> None:

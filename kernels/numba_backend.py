@@ -13,10 +13,11 @@ op). The fused kernel takes the sources as a tuple and is compiled once per sour
 float16 has no scalar type in numba, so float16 arrays are passed as uint16 views and
 converted to float32 and back with LLVM's ``fpext``/``fptrunc`` (one instruction each on
 x86-64 with F16C). Arithmetic runs in float32, as numpy's does, so results match numpy bit
-for bit. The wire ops (``sum_fp16``, ``sum_bf16``) take uint16 codes: half codes go through the
-float16 kernels above; bfloat16 codes are widened to float32 by a shift and rounded back to
-nearest even with integer arithmetic on the float32's bits (NaN keeps its quiet bit), as
-:func:`bmlmpi.kernels.numpy_backend.encode16` does. Extended precision (longdouble,
+for bit. The wire ops take uint16 codes, by kernel family (:data:`WIRE_FAMILIES`, named by a
+registered wire format, :mod:`.wire_formats`): ``half`` codes go through the float16 kernels
+above; ``bf16`` codes are widened to float32 by a shift and rounded back to nearest even with
+integer arithmetic on the float32's bits (NaN keeps its quiet bit), as the ``bf16`` format's
+``encode`` does. Extended precision (longdouble,
 clongdouble) is not available in numba; the
 dispatcher sends it to numpy.
 
@@ -453,31 +454,36 @@ def combine_into(out: np.ndarray, a: np.ndarray, b: np.ndarray, op: str, *,
     _run(job, out.nbytes, _bits(out), _bits(a), _bits(b), OP_CODE[op], parallel=parallel)
 
 
-def wire_reduce_many_into(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str, *,
+#: the kernel families that sum 16-bit wire codes (a wire format names one as its ``numba``)
+WIRE_FAMILIES = ("half", "bf16")
+
+
+def wire_reduce_many_into(dst: np.ndarray, srcs: Sequence[np.ndarray], family: str, *,
                           parallel: bool | None = None) -> None:
-    """A wire op (``sum_fp16``/``sum_bf16``) on uint16 codes: float32 sum, one rounding."""
+    """A wire op on uint16 codes with the kernels of ``family`` (:data:`WIRE_FAMILIES`):
+    float32 sum, one rounding."""
     if len({s.flags.writeable for s in srcs}) > 1:
         srcs = [s if s.flags.writeable else s.copy() for s in srcs]
-    if op == "sum_fp16":
-        job = "pair_half" if len(srcs) == 1 else "many_half"
-    else:
-        job = "pair_bf16" if len(srcs) == 1 else "many_bf16"
+    if family not in WIRE_FAMILIES:
+        raise ValueError(f"no numba wire kernels of family {family!r}")
+    job = f"pair_{family}" if len(srcs) == 1 else f"many_{family}"
     args = srcs[0] if len(srcs) == 1 else tuple(srcs)
     _run(job, dst.nbytes, dst, args, OP_CODE["sum"], parallel=parallel)
 
 
-def warmup_wire(ops: Iterable[str], sources: Iterable[int] = (1, 2)) -> None:
-    """Compile (or load) the wire ops' kernels for these source counts, as :func:`warmup`."""
+def warmup_wire(families: Iterable[str], sources: Iterable[int] = (1, 2)) -> None:
+    """Compile (or load) the wire kernels of these families for these source counts, as
+    :func:`warmup`."""
     forms = (False, True) if _threads > 1 or _forced_form else (False,)
-    for op in ops:
+    for family in families:
         for parallel in forms:
             for k in sorted(set(sources)):
-                if (op, k, parallel) in _warm:
+                if (f"wire_{family}", k, parallel) in _warm:
                     continue
                 one = np.zeros(1, np.uint16)
-                wire_reduce_many_into(one, [np.zeros(1, np.uint16) for _ in range(k)], op,
+                wire_reduce_many_into(one, [np.zeros(1, np.uint16) for _ in range(k)], family,
                                       parallel=parallel)
-                _warm.add((op, k, parallel))
+                _warm.add((f"wire_{family}", k, parallel))
 
 
 def scale_avg(dst: np.ndarray, n: int, *, parallel: bool | None = None) -> None:

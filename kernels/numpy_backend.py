@@ -14,11 +14,12 @@ uses fused multiply-adds for it where the CPU has them):
   repeated pairwise calls do, except for float16, which accumulates in float32 across the
   sources and rounds to float16 once (pairwise float16 calls compute in float32 too, as numpy
   does, so a single source gives the same bits either way);
-- the wire ops ``sum_fp16`` and ``sum_bf16`` (:data:`bmlmpi.kernels.dispatch.WIRE_OPS`) take
-  uint16 arrays of 16-bit codes (IEEE half, bfloat16): every operand is decoded to float32,
-  all of a call's operands are added in float32 (``dst`` first, then the sources in order)
-  and the float32 sum is rounded once to 16 bits, to nearest even; NaN stays NaN (bfloat16
-  sets the quiet bit), an infinite or out-of-range sum becomes infinity;
+- the wire ops ``sum_<format>`` of the registered wire formats (:mod:`.wire_formats`:
+  ``sum_fp16``, ``sum_bf16``) take uint16 arrays of 16-bit codes (IEEE half, bfloat16):
+  every operand is decoded to float32 with the format's ``decode``, all of a call's operands
+  are added in float32 (``dst`` first, then the sources in order) and the float32 sum is
+  rounded once to 16 bits with its ``encode``, to nearest even; NaN stays NaN (bfloat16 sets
+  the quiet bit), an infinite or out-of-range sum becomes infinity;
 - ``scale_avg`` floor-divides integers (rounds toward minus infinity, like Python's ``//``)
   and divides floats by ``n`` converted to the element type (float32 for float16); complex
   values have their real and imaginary parts divided separately.
@@ -29,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
+from . import wire_formats
 
 NAME = "numpy"
 
@@ -51,39 +54,13 @@ def reduce_many_into(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> No
         f(dst, s, out=dst)
 
 
-def decode16(codes: np.ndarray, wire: str) -> np.ndarray:
-    """uint16 codes of ``wire`` ("fp16" or "bf16") as float32 (exact)."""
-    if wire == "fp16":
-        return codes.view(np.float16).astype(np.float32)
-    return (codes.astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-def encode16(x: np.ndarray, wire: str) -> np.ndarray:
-    """float32 ``x`` rounded to nearest even as uint16 codes of ``wire``; NaN stays NaN."""
-    if wire == "fp16":
-        return x.astype(np.float16).view(np.uint16)
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    out = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
-           >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(x)
-    if nan.any():
-        # truncating keeps sign, exponent and the top mantissa bits; the quiet bit makes sure
-        # a NaN whose payload sat in the dropped bits stays a NaN
-        out[nan] = ((u[nan] >> np.uint32(16)) | np.uint32(0x40)).astype(np.uint16)
-    return out
-
-
-#: the wire op's 16-bit format
-WIRE_FORMAT = {"sum_fp16": "fp16", "sum_bf16": "bf16"}
-
-
 def wire_reduce_many_into(dst: np.ndarray, srcs: Sequence[np.ndarray], op: str) -> None:
-    wire = WIRE_FORMAT[op]
+    fmt = wire_formats.for_op(op)
     with np.errstate(over="ignore", invalid="ignore"):   # inf and NaN are results here
-        acc = decode16(dst, wire)
+        acc = fmt.decode(dst)
         for s in srcs:
-            acc += decode16(s, wire)
-        dst[...] = encode16(acc, wire).reshape(dst.shape)
+            acc += fmt.decode(s)
+        dst[...] = fmt.encode(acc).reshape(dst.shape)
 
 
 def scale_avg(dst: np.ndarray, n: int) -> None:

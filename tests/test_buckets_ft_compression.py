@@ -26,7 +26,8 @@ def launch(spec: dict) -> tuple[str, list[dict]]:
 
 
 @pytest.mark.parametrize("algorithm,compression", [("bml", "fp16"), ("bml", "tdf"),
-                                                   ("ring", "tdf"), ("bml", "tdf-sparse")])
+                                                   ("ring", "tdf"), ("bml", "tdf-sparse"),
+                                                   ("bml", "topk-sparse")])
 def test_compressed_buckets_without_failures_equal_the_plain_communicators(algorithm,
                                                                             compression):
     tail, records = launch({"algorithm": algorithm, "compression": compression})
@@ -38,7 +39,8 @@ def test_compressed_buckets_without_failures_equal_the_plain_communicators(algor
             assert it["same_as_plain"] and it["same_on_every_rank"], (r["rank"], it)
             if compression == "fp16":
                 assert it["exact"], (r["rank"], it)
-        want = {"fp16": ["wire"], "tdf": ["wire"], "tdf-sparse": ["sparse"]}[compression]
+        want = {"fp16": ["wire"], "tdf": ["wire"], "tdf-sparse": ["sparse"],
+                "topk-sparse": ["sparse"]}[compression]
         assert r["iterations"][-1]["paths"] == want, r
 
 

@@ -36,13 +36,13 @@ def test_compressed_calls_without_failures_equal_the_plain_communicators(algorit
     assert res.returncode == 0, tail
     assert sorted(r["rank"] for r in records if r.get("done")) == [0, 1, 2], tail
     calls = [r for r in records if "call" in r]
-    assert len(calls) == 3 * 4, tail
+    assert len(calls) == 3 * 6, tail
     for r in calls:
         assert "error" not in r, r
         assert r["same_as_plain"] and r["same_on_every_rank"], r
     paths = {r["name"]: r["path"] for r in calls}
     assert paths == {"fp16": ["wire"], "bf16": ["wire"], "tdf-dense": ["wire"],
-                     "tdf-sparse": ["sparse"]}
+                     "tdf-sparse": ["sparse"], "topk-sparse": ["sparse"], "topk-wire": ["wire"]}
 
 
 @pytest.mark.parametrize("call,step,before", [(0, 1, False), (2, 0, False), (3, 0, True)])

@@ -65,7 +65,8 @@ def test_backend_against_gloo(venv, n):
     assert res.returncode == 0, tail
     checks = {line.split()[1] for line in res.stdout.splitlines() if line.startswith("CHECK ")}
     for name in ("ddp_equals_gloo", "fp16_hook_step1_gradient_matches_torch",
-                 "tdf:0.002:0.5:0.5_error_feedback", "ibatch_hook_planned", "zero_equals_ddp",
+                 "tdf:0.002:0.5:0.5_error_feedback", "topk:0.05_error_feedback",
+                 "ibatch_hook_planned", "zero_equals_ddp",
                  "fsdp2_equals_ddp", "fsdp1_equals_ddp", "refused_band", "future_without_wait",
                  "store_on_given_host",
                  "reduce_scatter_list[4099,torch.int64]", "reduce[5,torch.float32,root1]"):

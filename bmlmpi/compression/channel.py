@@ -123,7 +123,7 @@ class CompressionChannel:
             fan_in = max((len(offs) for lane in plan.lanes for st in lane
                           for _, _, offs in st.reduces), default=0)
             if fan_in:
-                dtypes = [] if op in kernels.WIRE_OPS else [np.dtype(f"f{itemsize}")]
+                dtypes = [] if op in kernels.wire_ops() else [np.dtype(f"f{itemsize}")]
                 kernels.warmup(dtypes, [op], sources=sorted({1, fan_in}))
             self._plans[key] = plan
         return plan

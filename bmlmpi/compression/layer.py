@@ -1,16 +1,18 @@
-"""The compressed allreduce: a compressor (:mod:`.filters`) around any bmlmpi algorithm.
+"""The compressed allreduce: a compressor (:mod:`.protocol`; :mod:`.filters`, :mod:`.topk`)
+around any bmlmpi algorithm.
 
 ``Communicator.Allreduce(sendbuf, recvbuf, op, compression=...)`` and ``GradientBuckets(...,
 compression=...)`` come here. One call on one registered array (error-feedback memory is kept
 per array key: the result buffer's address and length for a direct call, the member arrays
 for a bucket):
 
-1. ``begin``: y = input + residual; the filters' dropped mask (no communication).
+1. ``begin``: y = input + residual; the compressor's dropped mask (no communication).
 2. Agreement: one ``Iallreduce(MAX)`` of seven numbers on a private duplicate communicator:
    max |kept y| (the wire scale), the largest kept count (dense or sparse), an error flag,
-   ±count and ± the compressor's path, filters and wire format as one code (bad input, or a
-   count or compressor that differs, raises on every rank, never hangs; so every rank takes
-   the same branch after it, the α-β measurement included).
+   ±count and ± a 52-bit hash of what the compressor declares the ranks must agree on
+   (:meth:`.protocol.Compressor.agreement`: its class, settings, wire format and path) (bad
+   input, or a count or compressor that differs, raises on every rank, never hangs; so every
+   rank takes the same branch after it, the α-β measurement included).
 3. ``finish``: the values to send (rounded to the wire format with the agreed scale) and the
    new residual y − sent.
 4. The exchange, one of:
@@ -75,8 +77,8 @@ from ..ops import op_name
 from ..recorder import FlightRecorder, Signature, Slot
 from ..schedules.algorithms import with_wire_format
 from .engine import RunRequest, StagedRequest
-from .filters import Compressor, parse
 from .links import DEFAULT_ALPHA, DEFAULT_BETA, alpha_beta, known
+from .protocol import Compressor, parse
 from .sparse import (
     check_count,
     concatenate,
@@ -85,7 +87,7 @@ from .sparse import (
     ring_exchange,
     sparse_seconds,
 )
-from .wire import SUM_OP, decode
+from .wire import decode, sum_op
 
 
 def _array(buf: Any, what: str) -> np.ndarray:
@@ -131,7 +133,7 @@ def _algorithm(comm: Any, count: int, itemsize: int) -> str:
 def _dense_seconds(comm: Any, alg: str, count: int, itemsize: int, alpha: float,
                    beta: float) -> float:
     from ..model import estimate
-    calib = getattr(comm, "calibration", None)
+    calib = comm.calibration
     if calib is None:
         t = estimate([alg], count, itemsize, comm.size, alpha=alpha, beta=beta,
                      shape=comm.shape)
@@ -155,15 +157,6 @@ def choose_sparse(channel: Any, alg: str, kept: int, count: int, itemsize: int,
     radices = None if alg == "ring" or not comm.level_comms else list(comm.shape)
     sparse = sparse_seconds(kept, count, itemsize, radices, comm.size, alpha, beta)
     return sparse < _dense_seconds(comm, alg, count, wire_itemsize, alpha, beta)
-
-
-_PATHS = {"auto": 1, "sparse": 2, "dense": 3}
-
-
-def _shape_code(compressor: Compressor) -> int:
-    """The compressor's exchange-deciding settings as one number (agreed across ranks)."""
-    wire = {None: 0, "fp16": 1, "bf16": 2}.get(compressor.wire, 3)
-    return 100 * _PATHS.get(compressor.path, 4) + 10 * bool(compressor.filters) + wire
 
 
 def _exchange(channel: Any, tag: int, alg: str, buf: np.ndarray, op: str,
@@ -190,7 +183,7 @@ def _reduce(channel: Any, compressor: Compressor, step: Any, problem: str | None
     size = comm.size
     dup = channel.comm
     agree = np.zeros(7)
-    shape = _shape_code(compressor)
+    shape = compressor.agreement_code()
     if problem is None:
         kept = count - (int(step.dropped.sum()) if step.dropped is not None else 0)
         agree[:] = [compressor.local_maxabs(step), kept, 0, count, -count, shape, -shape]
@@ -209,8 +202,9 @@ def _reduce(channel: Any, compressor: Compressor, step: Any, problem: str | None
                          f"{count}, the largest {int(got[3])}, the smallest {int(-got[4])})")
     if got[5] != -got[6]:
         raise ValueError(f"ranks passed different compressors to a compressed allreduce (this "
-                         f"rank {compressor.name}: its filters, wire format or exchange path "
-                         f"differ from another rank's)")
+                         f"rank {compressor.name}, agreeing on {compressor.agreement()}: its "
+                         f"class, settings, wire format or exchange path differ from another "
+                         f"rank's)")
     acc = step.y.dtype
     wire_size = 2 if compressor.wire else acc.itemsize
     alg = _algorithm(comm, count, wire_size)
@@ -251,7 +245,7 @@ def _reduce(channel: Any, compressor: Compressor, step: Any, problem: str | None
     if compressor.wire is not None:
         codes = step.codes                   # v encoded once, by finish
         if size > 1:
-            nbytes = yield from _exchange(channel, tag, alg, codes, SUM_OP[compressor.wire],
+            nbytes = yield from _exchange(channel, tag, alg, codes, sum_op(compressor.wire),
                                           compressor.name)
         return decode(compressor.wire, codes, acc) / acc.type(step.scale), "wire", nbytes
     if size > 1:

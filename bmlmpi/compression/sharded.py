@@ -138,7 +138,7 @@ class ShardedStep:
         if dense:
             displs = np.asarray(self.bounds[:-1], np.int64)
             yield [dup.Iallgatherv(self.master.copy(), [self.params, counts, displs,
-                                                       MPI._typedict[grad.dtype.char]])]
+                                                       MPI.Datatype.fromcode(grad.dtype.char)])]
             published = self.params.size
         else:
             got = np.empty(int(nbytes.sum()), np.uint8)

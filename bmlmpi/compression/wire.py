@@ -49,23 +49,24 @@ import math
 
 import numpy as np
 
-from ..kernels.numpy_backend import decode16, encode16
-
-WIRES = ("fp16", "bf16")
-#: bound on every encoded value and partial sum (a power of two below the format's maximum)
-_BOUND = {"fp16": 2.0 ** 15, "bf16": 2.0 ** 126}
-#: the largest finite value, and the unit roundoff, of each format
-LARGEST = {"fp16": 65504.0, "bf16": float(2.0 ** 128 * (1 - 2.0 ** -8))}
-UNIT = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
-#: the kernel op that sums codes of each format
-SUM_OP = {"fp16": "sum_fp16", "bf16": "sum_bf16"}
+from ..kernels import wire_formats
 
 
 def check_wire(wire: str | None) -> str | None:
-    if wire is not None and wire not in WIRES:
-        raise ValueError(f"unknown wire format {wire!r}; wire formats: {', '.join(WIRES)} "
-                         f"or None (the array's own dtype)")
+    """``wire`` when it names a registered wire format (or is None); ValueError otherwise."""
+    if wire is not None:
+        wire_formats.get(wire)
     return wire
+
+
+def sum_op(wire: str) -> str:
+    """The kernel op that sums ``wire``'s codes."""
+    return wire_formats.get(wire).op
+
+
+def unit(wire: str) -> float:
+    """``wire``'s unit roundoff."""
+    return wire_formats.get(wire).unit
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:
@@ -77,9 +78,10 @@ def bound(wire: str, size: int) -> float:
     """B for ``size`` ranks: the power of two that N·M·s stays below (module docstring): 2^15
     (fp16) or 2^126 (bf16), halved while B·g^N exceeds the format's largest finite value.
     Below B = 1 (past about 22,000 ranks) the proof gives nothing useful: ValueError."""
-    growth = size * (math.log1p(UNIT[wire]) + math.log1p(2.0 ** -24)) / math.log(2)
-    e = int(math.log2(_BOUND[wire]))
-    while e + growth > math.log2(LARGEST[wire]):
+    fmt = wire_formats.get(wire)
+    growth = size * (math.log1p(fmt.unit) + math.log1p(2.0 ** -24)) / math.log(2)
+    e = int(math.log2(fmt.bound))
+    while e + growth > math.log2(fmt.largest):
         e -= 1
     if e < 0:
         raise ValueError(f"the {wire} wire's overflow bound does not cover {size} ranks")
@@ -101,14 +103,12 @@ def scale(wire: str, maxabs: float, size: int) -> float:
 def encode(wire: str, x: np.ndarray) -> np.ndarray:
     """``x`` (float32/float64) as 16-bit codes (uint16), rounded to nearest even (bf16: from
     float64 through float32); NaN stays NaN."""
-    if wire == "fp16":
-        return x.astype(np.float16).view(np.uint16)
-    return encode16(np.asarray(x, dtype=np.float32), wire)
+    return wire_formats.get(wire).encode(x)
 
 
 def decode(wire: str, codes: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """16-bit codes back to ``dtype`` (exact: every 16-bit value is a float32)."""
-    return decode16(codes, wire).astype(dtype, copy=False)
+    return wire_formats.get(wire).decode(codes).astype(dtype, copy=False)
 
 
 def round_trip(wire: str, x: np.ndarray) -> np.ndarray:
@@ -116,5 +116,5 @@ def round_trip(wire: str, x: np.ndarray) -> np.ndarray:
     return decode(wire, encode(wire, x), x.dtype)
 
 
-__all__ = ["LARGEST", "SUM_OP", "UNIT", "WIRES", "accumulation_dtype", "bound", "check_wire",
-           "decode", "encode", "round_trip", "scale"]
+__all__ = ["accumulation_dtype", "bound", "check_wire", "decode", "encode", "round_trip",
+           "scale", "sum_op", "unit"]

@@ -341,6 +341,12 @@ def _shm_allreduce(ctx: Context) -> Schedule:
     return shm_schedule(ctx.rank, ctx.size, ctx.count, ctx.itemsize, shm_chunk_bytes())
 
 
+def _hierarchical_blocks(ctx: Context) -> Schedule:
+    from .hierarchical_blocks import hierarchical_blocks_schedule
+    return hierarchical_blocks_schedule(ctx.collective, ctx.rank, ctx.size, ctx.blocks(),
+                                        ctx.node_map())
+
+
 def _hierarchical_rooted(ctx: Context) -> Schedule:
     from .hierarchical import hierarchical_rooted_schedule
     return hierarchical_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count,
@@ -400,8 +406,10 @@ register(Algorithm(
     wire_format=True, calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
     doc="one topology-aware tree per root (the MXNet tree-reduce proposal)"))
 register(Algorithm(
-    "hierarchical", {"allreduce": _hierarchical_allreduce, "reduce": _hierarchical_rooted,
-                     "bcast": _hierarchical_rooted}, applies=_hierarchical_applies,
+    "hierarchical", {"allreduce": _hierarchical_allreduce,
+                     "reduce_scatter": _hierarchical_blocks, "allgather": _hierarchical_blocks,
+                     "reduce": _hierarchical_rooted, "bcast": _hierarchical_rooted},
+    applies=_hierarchical_applies,
     tiered=True, doc="inside each node, then BML or ring across nodes"))
 register(Algorithm(
     "shm", {"allreduce": _shm_allreduce}, applies=_shm_applies, calibrated=True,

@@ -162,6 +162,21 @@ def _node_layout(rank: int, count: int, nodes: Nodes, inter: str,
     return n_nodes, across, shape, width, shards, g, i, mine, m, right, left
 
 
+def across_nodes(sub: Schedule, owners: Sequence[int], base: int, stream: int,
+                 sends: list[list[Transfer]], recvs: list[list[Recv]]) -> None:
+    """Add the network tier's schedule ``sub`` (over the nodes, on a range of its own) to
+    the steps ``sends``/``recvs``: node h becomes rank ``owners[h]``, ranges move by
+    ``base``, streams by ``stream``, levels to the network tiers 1 + l."""
+    for w, st in enumerate(sub.steps):
+        for t in st.sends:
+            sends[w].append(Transfer(owners[t.peer], base + t.lo, base + t.hi,
+                                     stream=stream + t.stream, level=1 + max(t.level, 0)))
+        for t in st.recvs:
+            recvs[w].append(Recv(owners[t.peer], base + t.lo, base + t.hi,
+                                 stream=stream + t.stream, level=1 + max(t.level, 0),
+                                 reduce=t.reduce))
+
+
 def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter: str = "auto",
                           node_shape: Sequence[int] | None = None, intra: str = "ring",
                           itemsize: int = 4,
@@ -207,15 +222,7 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
             owners = [node[j % len(node)] for node in nodes.members]
             sub = (bml_schedule(g, n_nodes, hi - lo, shape) if across == "bml"
                    else ring_schedule(g, n_nodes, hi - lo))
-            for w, st in enumerate(sub.steps):
-                for t in st.sends:
-                    sends[w].append(Transfer(owners[t.peer], lo + t.lo, lo + t.hi,
-                                             stream=j * sub_streams + t.stream,
-                                             level=1 + max(t.level, 0)))
-                for t in st.recvs:
-                    recvs[w].append(Recv(owners[t.peer], lo + t.lo, lo + t.hi,
-                                         stream=j * sub_streams + t.stream,
-                                         level=1 + max(t.level, 0), reduce=t.reduce))
+            across_nodes(sub, owners, lo, j * sub_streams, sends, recvs)
     steps += [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
 
     if chunks:
@@ -231,6 +238,26 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                     streams=max(1, width * sub_streams),
                     meta={"nodes": nodes.sizes, "inter": across, "intra": intra,
                           "node_shape": shape if across == "bml" else None})
+
+
+def node_ring(shards: list[int], i: int, m: int, width: int, right: int, left: int,
+              reduce: bool) -> list[Step]:
+    """The node tier's ring, one half: ``width`` − 1 steps over the shards (boundaries
+    ``shards``) for local rank ``i`` of an ``m``-rank node. The reduce-scatter (``reduce``)
+    leaves local rank i with its node's sum of the shards it owns, the allgather passes every
+    owner's shards around; a node with fewer ranks idles in the last steps."""
+    out: list[Step] = []
+    for t in range(width - 1):
+        if t >= m - 1:
+            out.append(Step())
+            continue
+        sent = (i - t - 1) % m if reduce else (i - t) % m
+        into = (i - t - 2) % m if reduce else (i - t - 1) % m
+        out.append(Step(tuple(Transfer(right, lo, hi, level=0)
+                              for lo, hi in _chunk(shards, sent, m)),
+                        tuple(Recv(left, lo, hi, level=0, reduce=reduce)
+                              for lo, hi in _chunk(shards, into, m))))
+    return out
 
 
 def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: int,
@@ -263,20 +290,6 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
     home = nodes.node_of(root)
     at_home = nodes.members[home]
 
-    def ring_half(reduce: bool) -> list[Step]:
-        out: list[Step] = []
-        for t in range(width - 1):
-            if t >= m - 1:
-                out.append(Step())
-                continue
-            sent = (i - t - 1) % m if reduce else (i - t) % m
-            into = (i - t - 2) % m if reduce else (i - t - 1) % m
-            out.append(Step(tuple(Transfer(right, lo, hi, level=0)
-                                  for lo, hi in _chunk(shards, sent, m)),
-                            tuple(Recv(left, lo, hi, level=0, reduce=reduce)
-                                  for lo, hi in _chunk(shards, into, m))))
-        return out
-
     # the step between root and the owners on its node (shard j: local rank j mod m there)
     owners_home = [(at_home[j % len(at_home)], shards[j], shards[j + 1]) for j in range(width)]
     far = [(o, lo, hi) for o, lo, hi in owners_home if o != root and hi > lo]
@@ -300,22 +313,14 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
             sub = (bml_rooted_schedule(collective, g, n_nodes, hi - lo, shape, home)
                    if across == "bml" else
                    ring_rooted_schedule(collective, g, n_nodes, hi - lo, home))
-            for w, st in enumerate(sub.steps):
-                for t in st.sends:
-                    sends[w].append(Transfer(owners[t.peer], lo + t.lo, lo + t.hi,
-                                             stream=j * sub_streams + t.stream,
-                                             level=1 + max(t.level, 0)))
-                for t in st.recvs:
-                    recvs[w].append(Recv(owners[t.peer], lo + t.lo, lo + t.hi,
-                                         stream=j * sub_streams + t.stream,
-                                         level=1 + max(t.level, 0), reduce=t.reduce))
+            across_nodes(sub, owners, lo, j * sub_streams, sends, recvs)
     middle = [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
     if size == 1:
         steps: list[Step] = []
     elif reducing:
-        steps = ring_half(True) + middle + [direct]
+        steps = node_ring(shards, i, m, width, right, left, True) + middle + [direct]
     else:
-        steps = [direct] + middle + ring_half(False)
+        steps = [direct] + middle + node_ring(shards, i, m, width, right, left, False)
     coll = collective_record(collective)
     return Schedule("hierarchical", rank, size, count, compact(steps),
                     streams=max(1, width * sub_streams),

@@ -15,11 +15,14 @@ contributed, the survivors after a failure on the fault-tolerant backend).
 * :func:`compression_hook` — bmlmpi's compressed allreduce (:mod:`bmlmpi.compression`) with a
   :class:`bmlmpi.compression.Compressor` kept in the state: ``fp16``, ``bf16`` (16-bit wire with
   a shared power-of-two scale, partial sums rounded at every step), the TDF filters
-  (``threshold``, ``random``, ``tdf``). Error feedback: the compressor keeps what it did not
-  send of each bucket and adds it at the next step. Its memory is kept per group of parameters
-  (the bucket's parameter indices), so DDP rebuilding its buckets after the first iteration
-  moves each parameter's residual into its new bucket (``Compressor.regroup``) instead of
-  losing it. Host memory only: a CUDA bucket is staged through the host.
+  (``threshold``, ``random``, ``tdf``), top-k sparsification (``CompressionState("topk:0.01")``
+  or ``CompressionState(bmlmpi.compression.topk(ratio=0.01))``: Deep Gradient Compression's
+  sparsification; give a ratio, since k applies per bucket). Error feedback: the compressor
+  keeps what it did not send of each bucket and adds it at the next step. Its memory is kept
+  per group of parameters (the bucket's parameter indices), so DDP rebuilding its buckets
+  after the first iteration moves each parameter's residual into its new bucket
+  (``Compressor.regroup``) instead of losing it. Host memory only: a CUDA bucket is staged
+  through the host.
 * :func:`bucket_plan_hook` — bmlmpi's bucket plans (:mod:`bmlmpi.training`, the iBatch paper)
   over DDP's buckets: every DDP bucket is one array of a :class:`bmlmpi.GradientBuckets`,
   which fuses them by the plan (``ibatch``: profiled on three iterations, then iBatch's

@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 import bmlmpi
-from bmlmpi.compression import Compressor, bf16, fp16, tdf, threshold
+from bmlmpi.compression import Compressor, bf16, fp16, tdf, threshold, topk
 from bmlmpi.compression import random as grp
 from bmlmpi.compression.links import known
 
@@ -48,7 +48,8 @@ def compressors() -> dict[str, Compressor | None]:
             f"threshold({PHI * 0.05:g},0.5)": threshold(PHI * 0.05, 0.5),
             "random(0.9)": grp(0.9, 1),
             f"tdf({PHI * 0.05:g},0.5,0.9,fp16)": tdf(PHI * 0.05, 0.5, 0.9, "fp16"),
-            f"tdf({PHI * 0.05:g},0.5,0.9,none)": tdf(PHI * 0.05, 0.5, 0.9, None)}
+            f"tdf({PHI * 0.05:g},0.5,0.9,none)": tdf(PHI * 0.05, 0.5, 0.9, None),
+            "topk(0.01)": topk(ratio=0.01), "topk(0.01,fp16)": topk(ratio=0.01, wire="fp16")}
 
 
 def timed(comm, c, x, out, comp) -> float:
@@ -78,7 +79,7 @@ def main() -> None:
             if it >= 2:
                 times.append(t)
         if comp is None:
-            sched = c._schedule(args.algorithm, args.count, 4)
+            sched = c.schedule(args.algorithm, args.count, 4)
             nbytes = sched.sent_elements() * 4
             paths = {"plain": args.iters + 2}
         else:
@@ -118,7 +119,7 @@ def main() -> None:
         meta = {"ranks": c.size, "count": args.count, "dtype": "float32",
                 "algorithm": args.algorithm, "iters": args.iters,
                 # what auto priced the links with (measured on its first call: no calibration)
-                "links_alpha_beta": known(c),
+                "links_alpha_beta": known(c.compression),
                 "load_average": os.getloadavg(), "host": platform.node(),
                 "cpus": os.cpu_count(), "mpi": MPI.Get_library_version().splitlines()[0]}
         Path(args.out).write_text(json.dumps({**meta, "rows": rows, "crossover": cross},

@@ -301,8 +301,9 @@ def ddp_checks(rank: int, n: int, gloo) -> None:
     check("bf16_hook_step1_gradient", *close(g0f, g0p, rtol=0,
                                              atol=g0p.abs().max().item() * 2.0 ** -7 * 2))
     check("bf16_hook_identical", identical_on_every_rank(p_bf))
-    # the TDF filters: error feedback conserved, the result the average of what was sent
-    for spec in ("threshold:0.002", "tdf:0.002:0.5:0.5", "random:0.5:7"):
+    # the TDF filters and top-k: error feedback conserved, the result the average of what was
+    # sent
+    for spec in ("threshold:0.002", "tdf:0.002:0.5:0.5", "random:0.5:7", "topk:0.05"):
         state = hooks.CompressionState(spec)
         state.compressor.record = True
         seen = []

@@ -31,12 +31,13 @@ from mpi4py import MPI
 
 import bmlmpi
 from bmlmpi import ft
-from bmlmpi.compression import fp16, tdf
+from bmlmpi.compression import fp16, tdf, topk
 
 SHAPES = [(40,), (3, 7), (1,), (300,), (17,), (64,), (5, 5), (128,)]
 COMPRESSORS = {"fp16": fp16,
                "tdf": lambda: tdf(4.5, 0.5, 0.5, "fp16"),
-               "tdf-sparse": lambda: tdf(4.5, 0.5, 0.5, None)}
+               "tdf-sparse": lambda: tdf(4.5, 0.5, 0.5, None),
+               "topk-sparse": lambda: topk(ratio=0.25)}
 
 
 def inputs(rank: int, it: int) -> list[np.ndarray]:
@@ -46,7 +47,7 @@ def inputs(rank: int, it: int) -> list[np.ndarray]:
 
 def make(name: str):
     c = COMPRESSORS[name]()
-    if name == "tdf-sparse":
+    if name.endswith("-sparse"):
         c.path = "sparse"
     return c
 

@@ -8,10 +8,10 @@ failure case, a rank that really dies). ``SPEC`` is JSON::
     {"timeout": 30, "hang_timeout": 10, "algorithm": "bml", "kill": null | {"call": 1,
      "rank": 2, "step": 1, "before": false}}
 
-Every rank runs compressed calls (fp16, bf16, TDF on the dense and sparse paths) on the
-fault-tolerant communicator and, beside it, the same calls with fresh compressors on a plain
-:class:`bmlmpi.Communicator` over the same ranks: without failures the results must be the same
-bits. With ``kill``, the rank dies (SIGKILL) when the compressed call ``call``'s Run posts
+Every rank runs compressed calls (fp16, bf16, TDF and top-k on the dense and sparse paths) on
+the fault-tolerant communicator and, beside it, the same calls with fresh compressors on a
+plain :class:`bmlmpi.Communicator` over the same ranks: without failures the results must be
+the same bits. With ``kill``, the rank dies (SIGKILL) when the compressed call ``call``'s Run posts
 schedule step ``step`` (``before``: just before the call); every survivor must then raise
 FaultToleranceError, with its recvbuf untouched and its compressor's memory as before the
 call, and end through ``ft.finish``.
@@ -31,11 +31,13 @@ from mpi4py import MPI
 
 import bmlmpi
 from bmlmpi import execute, ft
-from bmlmpi.compression import bf16, fp16, tdf
+from bmlmpi.compression import bf16, fp16, tdf, topk
 
 CALLS = [("fp16", fp16, "auto"), ("bf16", bf16, "auto"),
          ("tdf-dense", lambda: tdf(0.3, 1.0, 0.5, "fp16"), "dense"),
-         ("tdf-sparse", lambda: tdf(0.3, 1.0, 0.5, None), "sparse")]
+         ("tdf-sparse", lambda: tdf(0.3, 1.0, 0.5, None), "sparse"),
+         ("topk-sparse", lambda: topk(300), "sparse"),
+         ("topk-wire", lambda: topk(ratio=0.25, wire="bf16"), "dense")]
 
 
 def emit(**record) -> None:

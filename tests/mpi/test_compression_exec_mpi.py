@@ -11,7 +11,7 @@ import bmlmpi
 from bmlmpi import execute
 from bmlmpi.compression import bf16, fp16, tdf, threshold
 from bmlmpi.compression.engine import TAG_SPAN
-from bmlmpi.compression.wire import UNIT
+from bmlmpi.kernels import wire_formats
 
 ALGS = ["bml", "ring", "tree", "multitree"]
 
@@ -61,7 +61,7 @@ def test_wire_path_is_the_sum_within_its_rounding(comm, mk):
             # every partial sum is rounded once per reduction step (at most N roundings of
             # a value at most N·M): the wire's rounding of the float32 sum
             m = np.abs(sent).max()
-            tol = comm.size * comm.size * UNIT[c.wire] * m
+            tol = comm.size * comm.size * wire_formats.get(c.wire).unit * m
             assert np.abs(out.astype(np.float64) - want).max() <= tol
             assert same_on_every_rank(comm, out)
     assert set(c.calls) == {"wire"}

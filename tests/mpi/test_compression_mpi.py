@@ -1,6 +1,9 @@
 """bmlmpi.compression on real ranks: identity is the plain allreduce bit for bit, error feedback
 holds exactly on every rank, the exchanges sum what the filters kept, the sparse and dense paths
-agree, the sharded step equals allreduce + update, bad input raises everywhere."""
+agree, the sharded step equals allreduce + update, bad input raises everywhere; top-k is exact
+where k = n, sums what every rank kept, refuses different k on every rank, runs in buckets."""
+
+import math
 
 import numpy as np
 import pytest
@@ -8,7 +11,7 @@ from mpi4py import MPI
 
 import bmlmpi
 from bmlmpi import config
-from bmlmpi.compression import Compressor, ShardedStep, bf16, fp16, tdf, threshold
+from bmlmpi.compression import Compressor, ShardedStep, bf16, fp16, tdf, threshold, topk
 from bmlmpi.compression import random as grp
 
 ALGS = ["bml", "ring"]
@@ -300,4 +303,86 @@ def test_gradient_buckets_compression(comm):
                 want += np.where(drop, 0, y)
                 res[r][i] = np.where(drop, y, 0)
             assert np.array_equal(grads[i].reshape(-1).astype(np.float64), want)
+    b.close()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", ["dense", "sparse"])
+def test_topk_with_k_equal_n_is_the_plain_allreduce(comm, path):
+    """k = n keeps everything: the result is MPI's own sum bit for bit (small integers), on
+    both exchanges, and nothing is left in the residual."""
+    n = 777
+    c = topk(n)
+    c.path = path
+    out = np.empty(n, np.float32)
+    for it in range(2):
+        x = data(n, comm.rank, it)
+        comm.Allreduce(x, out, MPI.SUM, compression=c)
+        want = np.empty_like(x)
+        comm.comm.Allreduce(x, want, MPI.SUM)
+        assert np.array_equal(out, want)
+        assert not next(iter(c.residuals.values())).any()
+    assert set(c.calls) == {path}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("path", ["dense", "sparse"])
+def test_topk_sums_what_every_rank_kept(comm, path):
+    """Each rank keeps its own k largest |y| (its positions differ from the others'): the
+    result is the exact sum of what the ranks sent, every kept |y| is at least every dropped
+    one, and y = sent + kept on every rank."""
+    n, k = 1200, 50
+    c = topk(k)
+    c.path, c.record = path, True
+    out = np.empty(n, np.float32)
+    for it in range(3):
+        x = data(n, comm.rank, it, ints=False)
+        comm.Allreduce(x, out, MPI.SUM, compression=c)
+        _, y, sent, kept = c.history[-1]
+        picked = sent != 0
+        assert picked.sum() <= k
+        assert np.abs(y[picked]).min(initial=np.inf) >= np.abs(kept).max(initial=0)
+        assert np.array_equal(y.astype(np.float64), sent.astype(np.float64) + kept)
+        everyone = np.stack(comm.comm.allgather(sent)).astype(np.float64)
+        assert np.allclose(out, everyone.sum(axis=0), rtol=1e-6, atol=1e-5)
+        results = comm.comm.allgather(out.tobytes())
+        assert all(r == results[0] for r in results)
+
+
+@pytest.mark.mpi
+def test_topk_with_different_k_raises_on_every_rank(comm):
+    if comm.size == 1:
+        return
+    x = data(300, comm.rank, 0)
+    out = np.full_like(x, -1.0)
+    for mine in (topk(10 + comm.rank), topk(ratio=0.1 if comm.rank else 0.2)):
+        with pytest.raises(ValueError, match="different compressors"):
+            comm.Allreduce(x, out, MPI.SUM, compression=mine)
+        assert (out == -1.0).all()
+    comm.Allreduce(x, out, MPI.SUM, compression=topk(10))   # still usable
+
+
+@pytest.mark.mpi
+def test_gradient_buckets_topk(comm):
+    """GradientBuckets with top-k: every group's result is the sum of what the ranks sent
+    for it (error feedback per group), the k largest of each group's y."""
+    shapes = [(40,), (7, 3), (500,), (1,)]
+    grads = [np.zeros(s, np.float32) for s in shapes]
+    c = topk(ratio=0.1)
+    c.record = True
+    b = bmlmpi.GradientBuckets(grads, comm=comm, op=MPI.SUM, plan="layer", compression=c)
+    for it in range(3):
+        for i in reversed(range(len(grads))):
+            grads[i][...] = data(grads[i].size, comm.rank, it + i, ints=False).reshape(shapes[i])
+            b.mark_ready(i)
+        b.wait()
+        calls = c.history[-len(shapes):]
+        assert sorted(key for key, *_ in calls) == [(i,) for i in range(len(shapes))]
+        for key, y, sent, kept in calls:
+            (i,) = key
+            assert np.count_nonzero(sent) <= math.ceil(0.1 * y.size)
+            assert np.array_equal(y.astype(np.float64), sent.astype(np.float64) + kept)
+            everyone = np.stack(comm.comm.allgather(sent)).astype(np.float64).sum(axis=0)
+            assert np.allclose(grads[i].reshape(-1), everyone, rtol=1e-6, atol=1e-5)
+    assert sum(c.iterations.values()) == 3 * len(shapes)
     b.close()

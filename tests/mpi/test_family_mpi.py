@@ -60,6 +60,19 @@ def _roots(size: int) -> list[int]:
     return sorted({0, size // 2, size - 1})
 
 
+def _communicator(comm, algorithm: str, monkeypatch) -> bmlmpi.Communicator:
+    """The communicator of ``algorithm``; hierarchical's pretends nodes of 2 consecutive
+    ranks (the variable is read when the communicator is built), so that both of its tiers
+    run (``test_hierarchical_on_pretended_nodes`` takes nodes of 3)."""
+    if algorithm != "hierarchical":
+        return bmlmpi.Communicator(comm, algorithm=algorithm)
+    monkeypatch.setenv("BMLMPI_RANKS_PER_NODE", "2")
+    try:
+        return bmlmpi.Communicator(comm, algorithm=algorithm)
+    finally:
+        monkeypatch.delenv("BMLMPI_RANKS_PER_NODE")
+
+
 def _first_bad(got, want) -> str:
     bad = np.nonzero(got != want)[0]
     return "shape" if got.shape != want.shape else f"index {bad[0]} got {got[bad[0]]} " \
@@ -67,11 +80,11 @@ def _first_bad(got, want) -> str:
 
 
 @pytest.mark.mpi
-def test_reduce_scatter(comm):
+def test_reduce_scatter(comm, monkeypatch):
     size, rank = comm.size, comm.rank
     failures = []
     for algorithm in bmlmpi.algorithms("reduce_scatter"):
-        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        ctx = _communicator(comm, algorithm, monkeypatch)
         for counts in _block_counts(size, 3) + _block_counts(size, 0) + _large([1031] * size):
             total, off = sum(counts), int(np.cumsum([0] + counts)[rank])
             block = len(set(counts)) == 1
@@ -116,11 +129,11 @@ def _contribution(n: int, rank: int, dtype) -> np.ndarray:
 
 
 @pytest.mark.mpi
-def test_allgather(comm):
+def test_allgather(comm, monkeypatch):
     size, rank = comm.size, comm.rank
     failures = []
     for algorithm in bmlmpi.algorithms("allgather"):
-        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        ctx = _communicator(comm, algorithm, monkeypatch)
         for counts in _block_counts(size, 3) + _block_counts(size, 0) + _large([777] * size):
             total = sum(counts)
             off = np.cumsum([0] + counts).tolist()
@@ -169,11 +182,11 @@ def test_allgather(comm):
 
 
 @pytest.mark.mpi
-def test_reduce(comm):
+def test_reduce(comm, monkeypatch):
     size, rank = comm.size, comm.rank
     failures = []
     for algorithm in bmlmpi.algorithms("reduce"):
-        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        ctx = _communicator(comm, algorithm, monkeypatch)
         for n in (0, 1, 5, 3 * size + 1, *_large(1031)):
             for dtype, op, op_id in _cases(ALL_DTYPES if n == 3 * size + 1 else _few(size)):
                 x = rank_input(n, rank, dtype, op)
@@ -204,11 +217,11 @@ def test_reduce(comm):
 
 
 @pytest.mark.mpi
-def test_bcast(comm):
+def test_bcast(comm, monkeypatch):
     size, rank = comm.size, comm.rank
     failures = []
     for algorithm in bmlmpi.algorithms("bcast"):
-        ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+        ctx = _communicator(comm, algorithm, monkeypatch)
         for n in (0, 1, 5, 3 * size + 1, *_large(4099)):
             for dtype in (ALL_DTYPES + [np.bool_]) if n == 3 * size + 1 else _few(size):
                 for root in _roots(size):
@@ -435,4 +448,86 @@ def test_repeated_blocking_calls_read_new_data(comm):
         if not np.array_equal(b, np.full(4, (it % size) * 10 + it)):
             failures.append(f"Bcast {it}")
     ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_hierarchical_on_pretended_nodes(comm, monkeypatch):
+    """Hierarchical on two tiers with nodes of 3 consecutive ranks (unequal where 3 does not
+    divide the size; the tests above take nodes of 2 for every dtype and op): reduce-scatter
+    and allgather on MPI's block layout (equal, uneven with zeros, large), reduce and
+    broadcast from every kind of root, in place and not, against numpy's exact result and
+    mpi4py's own call."""
+    size, rank = comm.size, comm.rank
+    failures = []
+    from bmlmpi.topology.nodes import consecutive_nodes
+    for per_node in (3,):
+        monkeypatch.setenv("BMLMPI_RANKS_PER_NODE", str(per_node))
+        ctx = bmlmpi.Communicator(comm, algorithm="hierarchical")
+        monkeypatch.delenv("BMLMPI_RANKS_PER_NODE")
+        if ctx.nodes() != consecutive_nodes(size, per_node):
+            failures.append(f"{per_node}/node: nodes {ctx.nodes()}")
+        for counts in _block_counts(size, 3) + [[0] * size] + _large([1031] * size):
+            total, off = sum(counts), np.cumsum([0] + counts).tolist()
+            label = f"{per_node}/node counts={counts}"
+            for dtype, op, op_id in ((np.int32, MPI.SUM, "sum"), (np.float64, MPI.MAX, "max"),
+                                     (np.int64, bmlmpi.AVG, "avg"))[:3 if size <= 6 else 2]:
+                x = rank_input(total, rank, dtype, op)
+                want = reference(total, size, dtype, op)[off[rank]:off[rank + 1]]
+                for in_place in (False, True):
+                    out = x.copy() if in_place else np.full(counts[rank], 77, dtype)
+                    ctx.Reduce_scatter(MPI.IN_PLACE if in_place else x, out, counts, op)
+                    if not np.array_equal(out[:counts[rank]], want):
+                        failures.append(f"{label} RS {op_id} in_place={in_place}: "
+                                        f"{_first_bad(out[:counts[rank]], want)}")
+                if op is MPI.SUM:
+                    ref = np.empty(counts[rank], dtype)
+                    comm.Reduce_scatter(x, ref, counts, op)
+                    if not np.array_equal(ref, want):
+                        failures.append(f"{label}: mpi4py's Reduce_scatter differs")
+                    if len(set(counts)) == 1:
+                        blk = np.empty(counts[rank], dtype)
+                        ctx.Reduce_scatter_block(x, blk, op)
+                        if not np.array_equal(blk, want):
+                            failures.append(f"{label} RS block: {_first_bad(blk, want)}")
+            for dtype in (np.int16, np.float64):
+                parts = [_contribution(c, r, dtype) for r, c in enumerate(counts)]
+                want, mine = np.concatenate(parts), parts[rank]
+                for in_place in (False, True):
+                    out = np.zeros(total, dtype)
+                    if in_place:
+                        out[off[rank]:off[rank + 1]] = mine
+                    ctx.Allgatherv(MPI.IN_PLACE if in_place else mine, [out, counts])
+                    if not np.array_equal(out, want):
+                        failures.append(f"{label} AG in_place={in_place}: "
+                                        f"{_first_bad(out, want)}")
+                displs, at = [0] * size, 1
+                for r in reversed(range(size)):
+                    displs[r], at = at, at + counts[r] + 2
+                out, ref = np.zeros(at, dtype), np.zeros(at, dtype)
+                ctx.Allgatherv(mine, [out, counts, displs, None])
+                comm.Allgatherv(mine, [ref, counts, displs, None])
+                if not np.array_equal(out, ref):
+                    failures.append(f"{label} AG displs: {_first_bad(out, ref)}")
+                if len(set(counts)) == 1:
+                    out, ref = np.empty(total, dtype), np.empty(total, dtype)
+                    ctx.Allgather(mine, out)
+                    comm.Allgather(mine, ref)
+                    if not np.array_equal(out, ref):
+                        failures.append(f"{label} Allgather: {_first_bad(out, ref)}")
+        for n in (0, 5, 3 * size + 1, *_large(1031)):
+            for root in _roots(size):
+                x = rank_input(n, rank, np.float64, MPI.SUM)
+                out = np.full(n, 77.0) if rank == root else None
+                ctx.Reduce(x, out, MPI.SUM, root)
+                ref = np.empty(n) if rank == root else None
+                comm.Reduce(x, ref, MPI.SUM, root)
+                if rank == root and not np.array_equal(out, ref):
+                    failures.append(f"{per_node}/node Reduce n={n} root={root}: "
+                                    f"{_first_bad(out, ref)}")
+                buf = _contribution(n, rank, np.int32)
+                ctx.Bcast(buf, root)
+                if not np.array_equal(buf, _contribution(n, root, np.int32)):
+                    failures.append(f"{per_node}/node Bcast n={n} root={root}")
+        ctx.Free()
     all_ranks_agree(comm, failures)

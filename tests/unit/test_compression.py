@@ -1,4 +1,5 @@
-"""bmlmpi.compression without MPI: codecs, scale, filters, error feedback, sparse merge, P-SMP."""
+"""bmlmpi.compression without MPI: codecs, scale, filters, top-k, error feedback, sparse merge,
+P-SMP."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from bmlmpi.compression import filters, links, parse, tdf, threshold
+from bmlmpi.compression import TopK, bf16, filters, fp16, links, parse, tdf, threshold, topk
 from bmlmpi.compression import random as grp
 from bmlmpi.compression.channel import CompressionChannel
 from bmlmpi.compression.layer import choose_sparse
@@ -203,3 +204,83 @@ def test_finish_on_the_kept_indices_codes_them_as_the_full_pass(wire):
     assert np.array_equal(whole.residuals["k"], part.residuals["k"])
     assert np.array_equal(b.y.astype(np.float64), b.sent.astype(np.float64) +
                           part.residuals["k"].astype(np.float64))
+
+
+def test_topk_keeps_the_k_largest_and_keeps_the_rest():
+    c = topk(3)
+    x = np.array([0.5, -4.0, 1.0, 3.0, -0.25, 2.0, 0.0], np.float32)
+    step = c.begin("k", x)
+    assert step.dropped.tolist() == [True, False, True, False, True, False, True]
+    c.finish("k", step, float(np.abs(x).max()), 4)
+    assert step.sent.tolist() == [0, -4, 0, 3, 0, 2, 0]
+    assert c.residuals["k"].tolist() == [0.5, 0, 1, 0, -0.25, 0, 0]
+    assert (c.elements, c.dropped) == (7, 4)
+    assert topk(ratio=0.3).kept_count(7) == 3 and topk(100).kept_count(7) == 7
+
+
+@pytest.mark.parametrize("make", [lambda n: topk(n), lambda n: topk(10 * n),
+                                  lambda n: topk(ratio=1.0)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_topk_is_exact_where_k_is_n(make, dtype):
+    n = 257
+    c = make(n)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        x = (rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n)).astype(dtype)
+        step = c.begin("k", x)
+        assert step.dropped is None
+        c.finish("k", step, float(np.abs(x).max()), 4)
+        assert np.array_equal(step.sent, x) and step.sent.dtype == dtype
+        assert not c.residuals["k"].any()
+    assert c.dropped == 0 and not c.identity    # still a compressed call (its own agreement)
+
+
+def test_topk_error_feedback_carries_the_residual():
+    """The same gradient every step, one element kept per step: only the residual lets the
+    small components through (without it, element 0 would be sent every time and the others
+    never), and what was sent plus what is kept is exactly every step's input."""
+    g = np.array([4.0, 3.0, 2.0, 1.0], np.float32)
+    c = topk(1)
+    total = np.zeros(4)
+    sent_at = set()
+    steps = 12
+    for _ in range(steps):
+        step = c.begin("k", g)
+        c.finish("k", step, float(np.abs(step.y).max()), 2)
+        total += step.sent
+        sent_at |= set(np.flatnonzero(step.sent).tolist())
+    assert sent_at == {0, 1, 2, 3}
+    assert np.array_equal(total + c.residuals["k"], steps * g.astype(np.float64))
+    assert np.abs(c.residuals["k"]).max() < 4 * np.abs(g).sum()   # bounded, not growing
+
+
+@pytest.mark.parametrize("spec,k,ratio,wire", [("topk:10", 10, None, None),
+                                               ("topk:0.01", None, 0.01, None),
+                                               ("topk:5:bf16", 5, None, "bf16"),
+                                               ("topk:2.5e-3:fp16", None, 2.5e-3, "fp16")])
+def test_topk_specs(spec, k, ratio, wire):
+    c = parse(spec)
+    assert isinstance(c, TopK) and (c.k, c.ratio, c.wire) == (k, ratio, wire)
+    assert parse(spec + "@sparse").path == "sparse"
+
+
+@pytest.mark.parametrize("bad", ["topk", "topk:0", "topk:-3", "topk:1.5", "topk:0.0",
+                                 "topk:3:int8", "topk:1:2:3"])
+def test_bad_topk_specs_raise(bad):
+    with pytest.raises(ValueError):
+        parse(bad)
+    with pytest.raises(ValueError):
+        topk(3, ratio=0.5)
+
+
+def test_what_ranks_agree_on_is_declared_by_each_compressor():
+    assert topk(3).agreement() == ("TopK", None, "auto", True, 3, None)
+    assert topk(3).agreement_code() == topk(3).agreement_code()
+    codes = {c.agreement_code() for c in (topk(3), topk(4), topk(ratio=0.5), topk(3, wire="fp16"),
+                                          threshold(1.0), threshold(0.0), fp16(), bf16())}
+    assert len(codes) == 8 and all(0 <= code < 2 ** 52 for code in codes)
+    # a rank's own threshold (or seed) is its own: only whether it can drop is agreed
+    assert threshold(1.0).agreement_code() == threshold(2.0, 0.5).agreement_code()
+    pinned = topk(3)
+    pinned.path = "sparse"
+    assert pinned.agreement_code() != topk(3).agreement_code()

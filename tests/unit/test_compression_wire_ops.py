@@ -13,11 +13,11 @@ import pytest
 from mpi4py import MPI
 
 from bmlmpi import kernels
-from bmlmpi.compression import engine, layer
+from bmlmpi.compression import ReducedPrecision, engine, layer
 from bmlmpi.compression.channel import TAG_CALLS, CompressionChannel
-from bmlmpi.compression.wire import LARGEST, SUM_OP, UNIT, bound, decode, encode, scale
+from bmlmpi.compression.wire import bound, decode, encode, scale, sum_op, unit
 from bmlmpi.execute import TAG_STEPS
-from bmlmpi.kernels import dispatch
+from bmlmpi.kernels import dispatch, wire_formats
 
 WIRES = ("fp16", "bf16")
 BACKENDS = ("numpy", "numba")
@@ -62,7 +62,7 @@ def test_wire_op_is_float32_sum_rounded_once(backend, wire, nsrc):
     n = 3001
     ops = [random_wire_values(rng, n, wire) for _ in range(nsrc + 1)]
     dst = codes_of(ops[0], wire)
-    kernels.reduce_many_into(dst, [codes_of(o, wire) for o in ops[1:]], SUM_OP[wire])
+    kernels.reduce_many_into(dst, [codes_of(o, wire) for o in ops[1:]], sum_op(wire))
     got = decode(wire, dst, np.float64)
     acc = ops[0].astype(np.float32)
     for o in ops[1:]:
@@ -85,12 +85,12 @@ def test_executor_reductions_sum_wire_codes_as_the_dispatcher_does(backend, wire
     rng = np.random.default_rng(n)
     a, b = random_wire_values(rng, n, wire), random_wire_values(rng, n, wire)
     want = codes_of(a, wire)
-    kernels.reduce_many_into(want, [codes_of(b, wire)], SUM_OP[wire])
+    kernels.reduce_many_into(want, [codes_of(b, wire)], sum_op(wire))
     got = codes_of(a, wire)
-    combine.reduce_trusted(got, [codes_of(b, wire)], SUM_OP[wire])
+    combine.reduce_trusted(got, [codes_of(b, wire)], sum_op(wire))
     assert np.array_equal(got, want)
     out = np.zeros(n, np.uint16)
-    combine.combine_trusted(out, codes_of(a, wire), codes_of(b, wire), SUM_OP[wire])
+    combine.combine_trusted(out, codes_of(a, wire), codes_of(b, wire), sum_op(wire))
     assert np.array_equal(out, want)
 
 
@@ -104,7 +104,7 @@ def test_executor_reductions_sum_wire_codes_as_the_dispatcher_does(backend, wire
 ])
 def test_wire_op_rounds_ties_to_even(backend, wire, a, b, want):
     dst = codes_of(np.array([a]), wire)
-    kernels.reduce_into(dst, codes_of(np.array([b]), wire), SUM_OP[wire])
+    kernels.reduce_into(dst, codes_of(np.array([b]), wire), sum_op(wire))
     assert decode(wire, dst, np.float64)[0] == want
 
 
@@ -113,7 +113,7 @@ def test_wire_op_keeps_nan_and_infinity(backend, wire):
     nan, inf = float("nan"), float("inf")
     a = codes_of(np.array([nan, 1.0, inf, inf, -inf, 2.0]), wire)
     b = codes_of(np.array([1.0, nan, 1.0, -inf, -1.0, nan]), wire)
-    kernels.reduce_into(a, b, SUM_OP[wire])
+    kernels.reduce_into(a, b, sum_op(wire))
     got = decode(wire, a, np.float64)
     assert np.isnan(got[[0, 1, 3, 5]]).all()
     assert got[2] == inf and got[4] == -inf
@@ -134,10 +134,10 @@ def test_no_overflow_at_the_bound(backend, wire, size):
         v = codes_of(np.array([m * s, -m * s]), wire)   # rounded: may lie above M·s
         acc = v.copy()
         for _ in range(size - 1):
-            kernels.reduce_into(acc, v, SUM_OP[wire])
+            kernels.reduce_into(acc, v, sum_op(wire))
             assert np.isfinite(decode(wire, acc, np.float64)).all()
         total = decode(wire, acc, np.float64)
-        assert abs(total[0] - size * m * s) <= size * size * UNIT[wire] * m * s
+        assert abs(total[0] - size * m * s) <= size * size * unit(wire) * m * s
 
 
 @pytest.mark.parametrize("wire", WIRES)
@@ -147,18 +147,18 @@ def test_without_the_prescale_the_16_bit_sum_overflows(backend, wire):
     v = codes_of(np.array([m]), wire)
     acc = v.copy()
     for _ in range(3):
-        kernels.reduce_into(acc, v, SUM_OP[wire])
+        kernels.reduce_into(acc, v, sum_op(wire))
     assert np.isinf(decode(wire, acc, np.float64)).all()
 
 
 @pytest.mark.parametrize("wire", WIRES)
 def test_bound_shrinks_only_where_the_growth_needs_it(wire):
-    g = (1 + UNIT[wire]) * (1 + 2.0 ** -24)
+    g = (1 + unit(wire)) * (1 + 2.0 ** -24)
     default = 2.0 ** 15 if wire == "fp16" else 2.0 ** 126
     for size in (1, 2, 100, 354, 355, 1418, 1419, 10 ** 4):
         b = bound(wire, size)
-        assert b * g ** size <= LARGEST[wire]
-        assert b == default or 2 * b * g ** size > LARGEST[wire]
+        assert b * g ** size <= wire_formats.get(wire).largest
+        assert b == default or 2 * b * g ** size > wire_formats.get(wire).largest
     assert bound(wire, 354 if wire == "bf16" else 1418) == default
     assert bound(wire, 355 if wire == "bf16" else 1419) < default
     with pytest.raises(ValueError, match="does not cover"):
@@ -183,7 +183,7 @@ def test_numba_and_numpy_give_the_same_bits():
                 d = dst.copy()
                 dispatch.set_kernel_mode(mode)
                 try:
-                    kernels.reduce_many_into(d, srcs, SUM_OP[wire])
+                    kernels.reduce_many_into(d, srcs, sum_op(wire))
                 finally:
                     dispatch.set_kernel_mode(None)
                 out[mode] = d
@@ -228,3 +228,52 @@ def test_tag_blocks_do_not_overlap_a_run():
 def test_no_second_executor_in_the_layer():
     assert not hasattr(layer, "_schedule_stages")
     assert layer.Run is __import__("bmlmpi.execute", fromlist=["Run"]).Run
+
+
+def _q8_encode(x: np.ndarray) -> np.ndarray:
+    """Signed 8.8 fixed point: x·256 rounded to nearest even, clipped, as int16 bits."""
+    v = np.clip(np.rint(np.asarray(x, np.float64) * 256), -32768, 32767)
+    return v.astype(np.int16).view(np.uint16)
+
+
+def _q8_decode(codes: np.ndarray) -> np.ndarray:
+    return codes.view(np.int16).astype(np.float32) / np.float32(256)
+
+
+@pytest.fixture
+def q8():
+    fmt = wire_formats.register(wire_formats.WireFormat(
+        "q8", _q8_encode, _q8_decode, unit=2.0 ** -9, largest=127.99609375, bound=64.0))
+    yield fmt
+    wire_formats.unregister("q8")
+
+
+def test_a_wire_format_registered_once_feeds_the_kernels_and_the_compressors(q8, backend):
+    """A format registered in a test alone: its wire op runs in the kernels (numpy: it names
+    no numba kernels, whatever the back end asked), and a compressor sends in it."""
+    assert q8.op == "sum_q8" and "sum_q8" in kernels.wire_ops()
+    a = q8.encode(np.array([1.5, -2.25, 0.00390625, 100.0]))
+    srcs = [q8.encode(np.array([0.5, 1.0, 0.00390625, 20.0])),
+            q8.encode(np.array([0.25, 0.5, 0.0, 3.0]))]
+    kernels.reduce_many_into(a, srcs, "sum_q8")
+    assert q8.decode(a).tolist() == [2.25, -0.75, 0.0078125, 123.0]
+    with pytest.raises(ValueError, match="already registered"):
+        wire_formats.register(q8)
+    c = ReducedPrecision("q8")
+    x = np.array([1.0, -0.5, 0.3, 0.001], np.float32)
+    step = c.begin("k", x)
+    v = c.finish("k", step, float(np.abs(x).max()), 2)
+    s = step.scale
+    assert s == 32.0                       # 2·1.0·s ≤ bound 64
+    assert np.array_equal(step.codes, q8.encode(x * np.float32(s)))
+    assert np.array_equal(v, q8.decode(step.codes))
+    assert np.array_equal(step.y.astype(np.float64),
+                          step.sent.astype(np.float64) + c.residuals["k"].astype(np.float64))
+    assert sum_op("q8") == "sum_q8"
+
+
+def test_unknown_wire_formats_are_refused():
+    with pytest.raises(ValueError, match="unknown wire format 'fp8'"):
+        ReducedPrecision("fp8")
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        kernels.reduce_into(np.zeros(2, np.uint16), np.zeros(2, np.uint16), "sum_fp8")

@@ -80,17 +80,51 @@ def test_every_bcube_factorisation_verifies():
                 verify(algorithms.schedules("bml", ctx))
 
 
-def test_hierarchical_reduce_and_bcast_verify_on_two_tiers():
+def two_tier_cases():
     from bmlmpi.topology.nodes import Nodes, consecutive_nodes
     cases = [consecutive_nodes(n, r) for n in (2, 4, 6, 8, 9, 12) for r in (2, 3, 4) if r < n]
-    cases += [Nodes(((0, 1, 2), (3,), (4, 5))), Nodes(((0, 3), (1, 2, 4, 5), (6,)))]
-    for nodes in cases:
+    return cases + [Nodes(((0, 1, 2), (3,), (4, 5))), Nodes(((0, 3), (1, 2, 4, 5), (6,)))]
+
+
+def test_hierarchical_reduce_and_bcast_verify_on_two_tiers():
+    for nodes in two_tier_cases():
         n = nodes.size
         for coll in ("reduce", "bcast"):
             for count in (0, 1, n - 1, 2 * n + 1, 300):
                 for root in sorted({0, n // 2, n - 1}):
                     verify(algorithms.schedules("hierarchical", Context(
                         n, count, 4, collective=coll, root=root, nodes=nodes)))
+
+
+@pytest.mark.parametrize("inter", ["bml", "ring"])
+def test_hierarchical_reduce_scatter_and_allgather_verify_on_two_tiers(inter):
+    """MPI's block layout over the columns of local ranks, every node layout the MPI tests
+    pretend (2 ranks a node at N = 2..12), unequal and scattered nodes, both network tiers."""
+    import random
+
+    from bmlmpi.schedules.hierarchical_blocks import hierarchical_blocks_schedule
+    from bmlmpi.topology.nodes import consecutive_nodes, nodes_from_ids
+    cases = two_tier_cases() + [consecutive_nodes(n, 2) for n in (1, 2, 3, 5, 7, 9, 12)]
+    rng = random.Random(26)
+    cases += [nodes_from_ids([rng.randrange(max(1, n // 2)) for _ in range(n)])
+              for n in (rng.randint(2, 20) for _ in range(12))]
+    for nodes in cases:
+        n = nodes.size
+        for coll in ("reduce_scatter", "allgather"):
+            for counts in block_cases(n):
+                scheds = [hierarchical_blocks_schedule(coll, r, n, counts, nodes, inter)
+                          for r in range(n)]
+                verify(scheds)
+                # the node tier's ring (r − 1 steps) and the network tier's
+                k = len(scheds[0].meta["node_shape"] or ()) if inter == "bml" else nodes.count - 1
+                if nodes.count > 1 and nodes.equal:
+                    assert all(s.nsteps == nodes.max_local - 1 + k for s in scheds)
+    # one node, ranks in order: MPI's layout itself (the executor's plain copies)
+    for coll in ("reduce_scatter", "allgather"):
+        s = hierarchical_blocks_schedule(coll, 1, 3, (2, 3, 4), consecutive_nodes(3, 3))
+        plain = algorithms.build("ring", Context(3, 9, 4, rank=1, collective=coll,
+                                                 counts=(2, 3, 4)))
+        assert (s.inputs, s.outputs) == (plain.inputs, plain.outputs)
 
 
 def test_ring_halves_move_what_theory_says():
