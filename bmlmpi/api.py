@@ -48,7 +48,7 @@ from .execute import (
     wait_for,
     wait_request,
 )
-from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls
+from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls, then
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
@@ -121,6 +121,8 @@ class PreparedCall:
 
     @staticmethod
     def describe_signature(sig: tuple | None) -> str:
+        if sig is not None and sig[0] == "compressed":
+            return CompressedCall.describe_signature(sig)
         if sig is None or len(sig) != 5:
             return FamilyCall.describe_signature(sig)
         return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
@@ -138,6 +140,30 @@ class PreparedCall:
             kernels.scale_avg(self.out, size)
         if self.staging is not None:
             self.staging.finish()
+
+
+@dataclass(slots=True)
+class CompressedCall:
+    """What the first-call agreement sees of a compressed allreduce (:mod:`bmlmpi.
+    compression`): its signature carries the compressor's settings, so a rank that
+    compresses (or compresses otherwise) where the others do not fails the agreement."""
+
+    count: int | None
+    dtype: str | None
+    op: str | None
+    algorithm: str
+    compression: str
+    collective = "allreduce"
+
+    def signature(self, shape: Shape) -> tuple:
+        return ("compressed", self.count, self.dtype, self.op, self.algorithm,
+                self.compression, shape)
+
+    @staticmethod
+    def describe_signature(sig: tuple) -> str:
+        _, count, dtype, op, algorithm, compression, _ = sig
+        return (f"allreduce count={count} dtype={dtype} op={op} algorithm={algorithm} "
+                f"compressed ({compression})")
 
 
 class Request:
@@ -218,6 +244,28 @@ class NativeRun:
 
     def describe_timeout(self, timeout: float) -> str:
         return f"{self.what} made no progress in {timeout:g} s"
+
+
+class NativePersistent:
+    """The MPI library's persistent request of a native ``…_init`` call, bound to buffers of
+    its own: ``deliver()`` copies them into the caller's after each completed start, so a
+    start given up at its deadline never writes the caller's buffer later."""
+
+    __slots__ = ("req", "deliver")
+
+    def __init__(self, req: MPI.Prequest, deliver: Callable[[], None] | None):
+        self.req = req
+        self.deliver = deliver
+
+    def Free(self) -> None:
+        """Free the MPI request unless a start of it is still in MPI's hands (a start given
+        up at its deadline: freeing an active persistent collective is erroneous; the
+        communicator holds it)."""
+        try:
+            if self.req.Test():
+                self.req.Free()
+        except MPI.Exception:
+            pass
 
 
 class _FastCall:
@@ -495,8 +543,8 @@ class Communicator(FamilyCalls):
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=self._alarm_channel(),
                                   before_abort=_weakly(self._watchdog_fired))
-        # a Communicator dropped without Free() still ends its watchdog thread (the watchdog
-        # holds it only weakly, above)
+        # a Communicator dropped without Free() is no longer watched (the watchdog holds it
+        # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         # each collective's calls cycle through their own block of the tag space
@@ -544,13 +592,16 @@ class Communicator(FamilyCalls):
 
     def _agree_construction(self, error: Exception | None) -> None:
         """One agreement on the new duplicate: whether any rank's arguments failed, and
-        whether every rank names the same shape and checking mode."""
+        whether every rank names the same shape, algorithm, checking mode and validation
+        (ranks that differ in these would exchange different messages: ``auto`` calibrates
+        on the data communicator, a rank that does not validate never joins an agreement)."""
         if self.size == 1:
             if error is not None:
                 self._comm.Free()
                 raise error
             return
-        h = 0 if error is not None else _signature_hash((self.shape, self.check))
+        h = 0 if error is not None else _signature_hash(
+            (self.shape, self.algorithm, self.check, self.validate))
         vec = np.array([1 if error else 0, self.rank if error else -1, h, -h], dtype=np.int64)
         res = np.empty_like(vec)
         try:
@@ -560,7 +611,8 @@ class Communicator(FamilyCalls):
             self._comm.Free()
             raise
         if error is not None or res[0] or res[2] != -res[3]:
-            mine = None if error else f"{format_shape(self.shape)}/{self.check}"
+            mine = None if error else (f"{format_shape(self.shape)}/{self.algorithm}/"
+                                       f"{self.check}/{'on' if self.validate else 'off'}")
             everyone = self._comm.allgather(mine)
             self._comm.Free()
             if error is not None:
@@ -571,8 +623,9 @@ class Communicator(FamilyCalls):
                     f"error); the communicator was not built on any rank")
             lines = ", ".join(f"rank {r}: {w}" for r, w in enumerate(everyone))
             raise ArgumentMismatch(f"bmlmpi.Communicator: the ranks name different "
-                                   f"topologies or checking modes (topology/check: {lines}); "
-                                   f"the communicator was not built on any rank")
+                                   f"topologies, algorithms, checking modes or validation "
+                                   f"(topology/algorithm/check/validate: {lines}); the "
+                                   f"communicator was not built on any rank")
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -923,6 +976,24 @@ class Communicator(FamilyCalls):
                 self._validate(None, exc)
             raise
 
+    def agree_compressed(self, recvbuf: Any, op: Any, compression: str) -> None:
+        """A compressed allreduce's place among this communicator's calls (called by
+        :func:`bmlmpi.compression.layer.start` before its first collective): numbered as
+        every call, and the first call of each signature agreed on like any other, the
+        compressor's settings (``compression``) in the signature. A rank that compresses
+        where the others run the plain call, or compresses otherwise, makes that first call
+        raise :class:`ArgumentMismatch` on every rank at once (docs/contracts.md). The
+        fault-tolerant communicator agrees inside the compressed call itself."""
+        if self._mailbox is None:
+            return
+        self._begin_call()
+        count = dtype = name = None
+        if isinstance(recvbuf, np.ndarray):
+            count, dtype = int(recvbuf.size), recvbuf.dtype.str
+        with contextlib.suppress(Exception):
+            name = op_name(op)
+        self._validate(CompressedCall(count, dtype, name, self.algorithm, compression), None)
+
     def _one_thread(self) -> bool:
         """Claim the communicator for this thread's call; False when it already holds it (a
         call inside a call). A second thread inside a call raises: two threads' messages on
@@ -1150,9 +1221,11 @@ class Communicator(FamilyCalls):
             src = None  # the same memory: an in-place call spelled with two names
         return PreparedCall(algorithm, name, src, out, staging, requested)
 
-    def _validate(self, call: PreparedCall | None, error: Exception | None) -> None:
+    def _validate(self, call: PreparedCall | None, error: Exception | None,
+                  always: bool = False) -> None:
         """Agree across ranks that the call is well-formed; raise on every rank if not
-        (:mod:`bmlmpi.agreement`: the first call of a signature, or every call)."""
+        (:mod:`bmlmpi.agreement`: the first call of a signature, or every call; ``always``:
+        this call whatever the signature)."""
         if self.size == 1:
             if error is not None:
                 raise error
@@ -1172,9 +1245,9 @@ class Communicator(FamilyCalls):
             return
         sig = call.signature(self.shape)
         h = _signature_hash(sig)
-        if h in self._validated:
+        if h in self._validated and not always:
             return
-        text = PreparedCall.describe_signature(sig)
+        text = call.describe_signature(sig)
         try:
             got = self._mailbox.gather(
                 seq, h, text, self.timeout,
@@ -1257,9 +1330,9 @@ class Communicator(FamilyCalls):
         """The tag base of the next call (every call advances the count): the call's slot in
         its collective's block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`).
         Inside the block, the signature's number (``sig``, :meth:`_sig_id`) picks a part and
-        the count a slot in it, so messages of allreduces with different signatures never
-        match (up to ``_sig_slots`` signatures: 1024 with Open MPI's tag bound), even when
-        ranks disagree on which signature they run."""
+        the count a slot in it, so messages of calls with different signatures never match
+        (up to ``_sig_slots`` signatures: 1024 with Open MPI's tag bound), even when ranks
+        disagree on which signature they run."""
         slot = (sig % self._sig_slots) * self._call_slots + self._calls % self._call_slots
         self._calls += 1
         return slot * TAG_STEPS + kind * self._tag_mod
@@ -1299,9 +1372,11 @@ class Communicator(FamilyCalls):
         return self._persistent(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
 
     def _persistent(self, call: PreparedCall | FamilyCall) -> PersistentRequest:
-        """Agree on ``call`` across ranks now and compile it once (:mod:`bmlmpi.persistent`)."""
+        """Agree on ``call`` across ranks now and compile it once (:mod:`bmlmpi.persistent`).
+        The agreement is made at every ``_init``, even of a signature already agreed on: a
+        rank whose arguments fail its local check makes every rank's ``_init`` raise."""
         with self._failure_noted():
-            self._validate(call, None)
+            self._validate(call, None, always=True)
         compiled = None
         if self._fast is not None:  # the plain communicator (the ledger compiles per attempt)
             if call.algorithm == "native":
@@ -1312,14 +1387,20 @@ class Communicator(FamilyCalls):
                 compiled = self._family_plan(call)
         return PersistentRequest(self, call, compiled)
 
-    def _native_init(self, call: PreparedCall | FamilyCall) -> MPI.Prequest | None:
-        """The MPI library's persistent request for a native call; None where the library
-        has none (each start then posts the non-blocking call)."""
+    def _native_init(self, call: PreparedCall | FamilyCall) -> NativePersistent | None:
+        """The MPI library's persistent request for a native call, on buffers of its own
+        (:class:`NativePersistent`); None where the library has none (each start then posts
+        the non-blocking call)."""
         try:
             if call.collective != "allreduce":
-                return call.init_native(self._comm)
-            sbuf = MPI.IN_PLACE if call.src is None else call.src
-            return self._comm.Allreduce_init(sbuf, call.out, mpi_op(call.op))
+                return NativePersistent(*call.native_private(self._comm, "_init"))
+            sbuf = call.out if call.src is None else call.src
+            private, out = np.empty_like(call.out), call.out
+
+            def deliver() -> None:
+                np.copyto(out, private)
+            return NativePersistent(self._comm.Allreduce_init(sbuf, private, mpi_op(call.op)),
+                                    deliver)
         except (NotImplementedError, AttributeError):
             return None
         except MPI.Exception as exc:
@@ -1333,21 +1414,25 @@ class Communicator(FamilyCalls):
         def finish() -> None:
             call.finish(self.size)
 
+        # a start is a call: numbered alike on every rank; refused on a revoked
+        # communicator, and after another rank's argument error as any call is
+        seq = self._begin_call()
         label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {self.rank}, "
-                 f"call {self._calls + 1})")
-        if isinstance(compiled, MPI.Prequest):
-            compiled.Start()
-            run: Run | NativeRun = NativeRun(compiled, finish, self.rank, label)
+                 f"call {seq})")
+        if isinstance(compiled, NativePersistent):
+            compiled.req.Start()
+            run: Run | NativeRun = NativeRun(compiled.req, then(compiled.deliver, finish),
+                                             self.rank, label)
         elif isinstance(compiled, Plan | ShmPlan):
             if call.collective == "allreduce":
-                run = _run_of(compiled)(compiled, call.out, call.op, self._tag_base(), label,
-                                        finish, src=call.src)
+                sig = self._sig_id((call.algorithm, call.out.size, call.out.dtype, call.op))
+                run = _run_of(compiled)(compiled, call.out, call.op, self._tag_base(sig=sig),
+                                        label, finish, src=call.src)
             else:
                 run = self._launch_family(call, label, finish)
         else:
             run = self._launch(call, label, finish)
-        self._callno += 1  # a start is a call: the same number on every rank
-        entry = _Outstanding(self, run, self._callno, self._record(call))
+        entry = _Outstanding(self, run, seq, self._record(call))
         if not entry.poll():
             self._active.append(entry)
         return entry

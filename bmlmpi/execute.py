@@ -21,7 +21,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config
-from .deferred import Deferred, analyse
+from .deferred import Deferred, Ranges, analyse
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import Schedule, streams_are_independent
@@ -172,6 +172,8 @@ class Plan:
         self.nsteps = len(sched.steps)
         self.scratch_elems = base
         self._pool: list[np.ndarray] = []
+        self._work: list[np.ndarray] = []
+        self._read_out: Ranges | None = None
         self._deferred: Deferred | None = None
         self._programs: dict[bool, tuple[tuple[_StepProgram, ...], ...]] = {}
 
@@ -223,6 +225,29 @@ class Plan:
 
     def give_scratch(self, s: np.ndarray) -> None:
         self._pool.append(s)
+
+    def take_work(self, dtype: np.dtype) -> np.ndarray:
+        """A work buffer of the schedule's ``count`` elements (a collective whose result is
+        not the whole buffer), kept between runs: a new one per call costs the kernel's page
+        faults and zeroing of every page, more than the copies it holds."""
+        while self._work:
+            w = self._work.pop()
+            if w.dtype == dtype:
+                return w
+        return np.empty(self.sched.count, dtype=dtype)
+
+    def give_work(self, w: np.ndarray) -> None:
+        self._work.append(w)
+
+    def read_out(self) -> Ranges:
+        """The input ranges a run with a separate input and a work buffer of its own must
+        still copy at the end (:attr:`Deferred.final`): only those its output copies read.
+        A reduce-scatter's untouched blocks are other ranks' and never leave the buffer."""
+        if self._read_out is None:
+            outs = [(c.lo, c.hi) for c in self.sched.output_copies()]
+            self._read_out = tuple((max(a, lo), min(b, hi)) for a, b in self.deferred().final
+                                   for lo, hi in outs if max(a, lo) < min(b, hi))
+        return self._read_out
 
 
 class RunObserver:
@@ -288,19 +313,21 @@ class Run:
     """
 
     __slots__ = ("plan", "buf", "src", "prog", "kop", "tag_base", "_label", "finish", "pos",
-                 "lane_reqs", "progress", "done", "scratch", "observer", "stalled")
+                 "lane_reqs", "progress", "done", "scratch", "observer", "stalled", "final")
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
                  label: str | Callable[[], str], finish: Callable[[], None] | None = None,
-                 src: np.ndarray | None = None):
+                 src: np.ndarray | None = None, final: Ranges | None = None):
         """``src``: the input, when it is not already in ``buf``; the run then copies only
-        what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``. ``label`` names
-        the run in a timeout's message (a callable: built only then)."""
+        what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``. ``final``: the
+        input ranges to copy at the end (default: every range no step touched). ``label``
+        names the run in a timeout's message (a callable: built only then)."""
         self.plan = plan
         self.buf = buf
         if src is not None and not buf.size:
             src = None
         self.src = src
+        self.final = final
         self.prog = plan.program(src is not None)
         self.kop = kernel_op(op)
         self.tag_base = tag_base
@@ -496,7 +523,7 @@ class Run:
             observer.finishing(self)
         if self.src is not None:
             src, buf = self.src, self.buf
-            for lo, hi in self.plan.deferred().final:
+            for lo, hi in self.plan.deferred().final if self.final is None else self.final:
                 np.copyto(buf[lo:hi], src[lo:hi])
         if self.scratch is not None:
             self.plan.give_scratch(self.scratch)
@@ -656,8 +683,8 @@ def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, o
     if out is not None and out.size == count and outs == identity:
         work, outs = out, ()
     else:
-        work = np.empty(count, dtype if dtype is not None else
-                        (out.dtype if out is not None else inp.dtype))
+        work = plan.take_work(dtype if dtype is not None else
+                              (out.dtype if out is not None else inp.dtype))
     src = None
     if inp is not None:
         ins = sched.input_copies()
@@ -668,13 +695,15 @@ def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, o
                 piece, dest = inp[c.lo:c.hi], work[c.at:c.at + c.n]
                 if not (piece.ctypes.data == dest.ctypes.data and piece.size == dest.size):
                     np.copyto(dest, piece)
-    if not outs:
+    if work is out:
         return Run(plan, work, op, tag_base, label, finish, src=src)
 
     def copied_out() -> None:
         for c in outs:
             np.copyto(out[c.at:c.at + c.n], work[c.lo:c.hi])
+        plan.give_work(work)
         if finish is not None:
             finish()
 
-    return Run(plan, work, op, tag_base, label, copied_out, src=src)
+    return Run(plan, work, op, tag_base, label, copied_out, src=src,
+               final=None if src is None else plan.read_out())

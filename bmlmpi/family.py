@@ -29,14 +29,20 @@ Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
 
 Reductions take the dtypes and ops of ``Allreduce`` (``bmlmpi.AVG`` included: a sum divided
 by the number of contributing ranks). Allgather and broadcast move bytes: any datatype
-mpi4py accepts (``MPI.BYTE``, ``MPI.BOOL``, structured arrays) travels unchanged.
+mpi4py accepts (``MPI.BYTE``, ``MPI.BOOL``, structured arrays) travels unchanged. Device
+(GPU) buffers are staged through host memory as ``Allreduce``'s (:class:`DeviceStaging`);
+the persistent forms refuse them.
 
 Argument agreement: the first call of each signature — collective, every rank's block
 count, dtype, op, root, algorithm — is checked across ranks as ``Allreduce``'s is, so ranks
 that disagree raise :class:`~bmlmpi.api.ArgumentMismatch` (or
 :class:`~bmlmpi.api.RemoteArgumentError` where another rank's arguments were refused) on
 every rank instead of hanging. Messages of different collectives never match: a scheduled
-call's tags lie in its collective's own block of the tag space (``TAG_KINDS``).
+call's tags lie in its collective's own block of the tag space (``TAG_KINDS``), and in its
+signature's own part of that block, so a rank that switches to another signature it already
+ran meets no partner either (docs/contracts.md). A native non-blocking or persistent call
+gives MPI buffers of its own, copied to the caller's once it completed
+(:meth:`FamilyCall.native_private`).
 """
 
 from __future__ import annotations
@@ -90,6 +96,17 @@ def _digest(values: tuple[int, ...]) -> str:
     return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
 
 
+def then(first: Any, second: Any) -> Any:
+    """``first()`` then ``second()`` (either may be None)."""
+    if first is None or second is None:
+        return second if first is None else first
+
+    def both() -> None:
+        first()
+        second()
+    return both
+
+
 def offsets(counts: tuple[int, ...]) -> tuple[int, ...]:
     """Where each rank's block starts when the blocks lie one after another in rank order."""
     out, at = [], 0
@@ -123,7 +140,7 @@ class FamilyCall:
     out: np.ndarray             # reduce_scatter in place: the whole input; see the methods
     result: np.ndarray | None   # reduce_scatter: this rank's block of recvbuf (else None)
     displs: tuple[int, ...] | None = None  # allgather: slot starts in ``out`` (None: packed)
-    staging: Any = None         # never set: device arrays are refused (module docstring)
+    staging: Any = None         # DeviceStaging of device buffers (copied back at finish)
     native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
     extra: dict = field(default_factory=dict)
     slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
@@ -169,46 +186,99 @@ class FamilyCall:
 
     def finish(self, size: int) -> None:
         """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
-        that contributed (reduce-scatter: this rank's block; reduce: the root's result)."""
-        if self.op != "avg":
-            return
-        if self.collective == "reduce_scatter":
-            kernels.scale_avg(self.result, size)
-        elif self.collective == "reduce" and self.rank == self.root:
-            kernels.scale_avg(self.out, size)
+        that contributed (reduce-scatter: this rank's block; reduce: the root's result), and
+        staged device buffers get the result (:class:`DeviceStaging`)."""
+        if self.op == "avg":
+            if self.collective == "reduce_scatter":
+                kernels.scale_avg(self.result, size)
+            elif self.collective == "reduce" and self.rank == self.root:
+                kernels.scale_avg(self.out, size)
+        if self.staging is not None:
+            self.staging.finish()
 
     # -- the native launch: mpi4py's own call on the private communicator -------------------
-    def native(self, comm: MPI.Comm, form: str = "I") -> Any:
-        """mpi4py's own call for this one on ``comm`` with the user's buffers: ``form`` "I"
-        the non-blocking call (a Request), "" the blocking one, "_init" MPI 4's persistent
-        request. Reduce-scatter is ``Reduce_scatter_block`` or ``Reduce_scatter`` as called;
-        an allgather is ``Allgatherv`` over bytes (any layout, any datatype)."""
+    def native(self, comm: MPI.Comm, form: str = "") -> Any:
+        """mpi4py's own call for this one on ``comm`` with the user's buffers (the blocking
+        call, ``form`` ""; what the watchdog bounds). Reduce-scatter is
+        ``Reduce_scatter_block`` or ``Reduce_scatter`` as called; an allgather is
+        ``Allgatherv`` over bytes (any layout, any datatype)."""
+        name, args, _ = self._native_args(False)
+        return _method(comm, name, form)(*args)
+
+    def native_private(self, comm: MPI.Comm, form: str = "I") -> tuple[Any, Any]:
+        """(request, deliver): mpi4py's non-blocking (``form`` "I") or persistent
+        (``"_init"``) call for this one on ``comm``, writing into buffers of its own;
+        ``deliver()`` copies them into the caller's once the request completed. A call given
+        up at its deadline may still complete inside MPI when a late rank joins it: it then
+        writes memory bmlmpi holds (the request's run keeps it), never the caller's
+        (docs/contracts.md, "After a deadline"). ``deliver`` is None where MPI writes
+        nothing on this rank (a broadcast's root, a reduce's other ranks)."""
+        name, args, deliver = self._native_args(True)
+        return _method(comm, name, form)(*args), deliver
+
+    def _native_args(self, private: bool) -> tuple[str, tuple, Any]:
+        """(mpi4py method, its arguments, the copy from the private buffers or None)."""
         what = self.collective
+        deliver = None
         if what == "reduce_scatter":
-            sbuf = MPI.IN_PLACE if self.src is None else self.src
-            rbuf = self.out if self.src is None else self.result
             op = mpi_op(self.op)
+            if private:
+                # in place, MPI reads the whole input from ``out`` and writes this rank's
+                # block to its start: the same call with the input as sendbuf
+                sbuf = self.out if self.src is None else self.src
+                rbuf = np.empty_like(self.result)
+                dst = self.result
+
+                def deliver() -> None:
+                    np.copyto(dst, rbuf)
+            else:
+                sbuf = MPI.IN_PLACE if self.src is None else self.src
+                rbuf = self.out if self.src is None else self.result
             if self.native_block:
-                return _method(comm, "Reduce_scatter_block", form)(sbuf, rbuf, op)
-            return _method(comm, "Reduce_scatter", form)(sbuf, rbuf, list(self.counts), op)
+                return "Reduce_scatter_block", (sbuf, rbuf, op), deliver
+            return "Reduce_scatter", (sbuf, rbuf, list(self.counts), op), deliver
         if what == "allgather":
-            rspec = [self.out, list(self.counts), list(self.displs or offsets(self.counts)),
-                     MPI.BYTE]
-            sbuf = MPI.IN_PLACE if self.src is None else [self.src, MPI.BYTE]
-            return _method(comm, "Allgatherv", form)(sbuf, rspec)
+            displs = self.displs or offsets(self.counts)
+            rbuf = np.empty_like(self.out) if private else self.out
+            rspec = [rbuf, list(self.counts), list(displs), MPI.BYTE]
+            if self.src is not None:
+                sbuf = [self.src, MPI.BYTE]
+            elif private:
+                at, n = displs[self.rank], self.counts[self.rank]
+                sbuf = [self.out[at:at + n], MPI.BYTE]
+            else:
+                sbuf = MPI.IN_PLACE
+            if private:
+                out, counts = self.out, self.counts
+
+                def deliver() -> None:
+                    if self.displs is None:
+                        np.copyto(out[:self.total], rbuf[:self.total])
+                        return
+                    for at, n in zip(displs, counts, strict=True):
+                        np.copyto(out[at:at + n], rbuf[at:at + n])
+            return "Allgatherv", (sbuf, rspec), deliver
         if what == "reduce":
             op = mpi_op(self.op)
-            if self.rank == self.root:
+            if self.rank != self.root:
+                return "Reduce", (self.src, None, op, self.root), None
+            if private:
+                sbuf = self.out if self.src is None else self.src
+                rbuf, dst = np.empty_like(self.out), self.out
+
+                def deliver() -> None:
+                    np.copyto(dst, rbuf)
+            else:
                 sbuf = MPI.IN_PLACE if self.src is None else self.src
-                return _method(comm, "Reduce", form)(sbuf, self.out, op, self.root)
-            return _method(comm, "Reduce", form)(self.src, None, op, self.root)
-        return _method(comm, "Bcast", form)([self.out, MPI.BYTE], self.root)
+                rbuf = self.out
+            return "Reduce", (sbuf, rbuf, op, self.root), deliver
+        if not private or self.rank == self.root:
+            return "Bcast", ([self.out, MPI.BYTE], self.root), None
+        rbuf, dst = np.empty_like(self.out), self.out
 
-    def start_native(self, comm: MPI.Comm) -> MPI.Request:
-        return self.native(comm, "I")
-
-    def init_native(self, comm: MPI.Comm) -> MPI.Prequest:
-        return self.native(comm, "_init")
+        def deliver() -> None:
+            np.copyto(dst, rbuf)
+        return "Bcast", ([rbuf, MPI.BYTE], self.root), deliver
 
     # -- the scheduled launch: the schedule's input and output buffers ----------------------
     def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -247,7 +317,6 @@ def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True,
         raise BufferSpecError(f"{what} must be a buffer (sendbuf may be MPI.IN_PLACE)")
     if isinstance(recvbuf, (list, tuple)) and not recvbuf:
         raise BufferSpecError(f"{what}: an empty buffer spec")
-    _refuse_device(recvbuf)
     spec = (buffers.resolve_blocks(recvbuf, what, blocks, reducing) if blocks
             else buffers.resolve(recvbuf, what, reducing=reducing))
     if not spec.flat.flags.writeable:
@@ -255,16 +324,40 @@ def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True,
     return spec
 
 
-def _refuse_device(spec: Any) -> None:
-    obj = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
-    if buffers.is_device_array(obj):
-        raise BufferSpecError("the collective family takes host buffers; a device array is "
-                              "staged by Allreduce only (copy it to the host first)")
+class DeviceStaging:
+    """A family call's device (GPU) buffers staged through pinned host memory, as
+    ``Allreduce`` stages its own (:func:`bmlmpi.kernels.gpu.to_host_staging`): each device
+    buffer is copied to the host before the call (the receive buffer too: an in-place input,
+    a slot or the part past an explicit count must survive) and the receive buffer back when
+    the call finishes (:meth:`FamilyCall.finish`). A call refused after staging never copies
+    back, so the device buffers stay as they were."""
+
+    def __init__(self) -> None:
+        self.finishers: list[Any] = []
+
+    def host(self, spec: Any, *, copy_out: bool = True) -> Any:
+        """``spec`` with its device buffer replaced by a host copy; anything else as given."""
+        obj = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
+        if not buffers.is_device_array(obj):
+            return spec
+        from .kernels import gpu
+        host, finish = gpu.to_host_staging(obj, copy_in=True, copy_out=copy_out)
+        self.finishers.append(finish)
+        return host if obj is spec else [host, *spec[1:]]
+
+    def attach(self, call: FamilyCall) -> FamilyCall:
+        if self.finishers:
+            call.staging = self
+        return call
+
+    def finish(self) -> None:
+        for f in self.finishers:
+            f()
+        self.finishers.clear()
 
 
 def _send_spec(sendbuf: Any, dtype: np.dtype, reducing: bool = True,
                blocks: int = 0) -> buffers.Spec:
-    _refuse_device(sendbuf)
     send = (buffers.resolve_blocks(sendbuf, "sendbuf", blocks, reducing) if blocks
             else buffers.resolve(sendbuf, "sendbuf", reducing=reducing))
     if send.flat.dtype != dtype:
@@ -321,6 +414,14 @@ def _as_bytes(a: np.ndarray) -> np.ndarray:
 def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
                            op: Any, block: bool, algorithm: str) -> FamilyCall:
     """``Reduce_scatter_block`` (``block``) or ``Reduce_scatter``."""
+    staged = DeviceStaging()
+    return staged.attach(_reduce_scatter(rank, size, staged.host(sendbuf, copy_out=False),
+                                         staged.host(recvbuf), recvcounts, op, block,
+                                         algorithm))
+
+
+def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
+                    op: Any, block: bool, algorithm: str) -> FamilyCall:
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
     # mpi4py reads an explicit count of a block reduce-scatter's whole buffer (the send
     # buffer, or the receive buffer in place) as the count of one block
@@ -430,6 +531,13 @@ def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ..
 def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
                       algorithm: str) -> FamilyCall:
     """``Allgather`` or (``vector``) ``Allgatherv``; the exchange moves bytes."""
+    staged = DeviceStaging()
+    return staged.attach(_allgather(rank, size, staged.host(sendbuf, copy_out=False),
+                                    staged.host(recvbuf), vector, algorithm))
+
+
+def _allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
+               algorithm: str) -> FamilyCall:
     name = "Allgatherv" if vector else "Allgather"
     if vector:
         flat, counts, displs = _allgatherv_recv(recvbuf, size)
@@ -461,7 +569,16 @@ def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: 
 
 def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any,
                    algorithm: str) -> FamilyCall:
+    """``Reduce``: the root's ``recvbuf`` alone is read (and staged, when on a device)."""
     root = _check_root(root, size)
+    staged = DeviceStaging()
+    return staged.attach(_reduce(rank, size, staged.host(sendbuf, copy_out=False),
+                                 staged.host(recvbuf) if rank == root else recvbuf, op, root,
+                                 algorithm))
+
+
+def _reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: int,
+            algorithm: str) -> FamilyCall:
     if rank == root:
         recv = _recv_spec(recvbuf)
         dtype = recv.flat.dtype
@@ -479,7 +596,6 @@ def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, ro
     if sendbuf is MPI.IN_PLACE or sendbuf is None:
         raise BufferSpecError("Reduce: MPI.IN_PLACE is the root's alone (MPI); pass the "
                               "input as sendbuf on the other ranks")
-    _refuse_device(sendbuf)
     send = buffers.resolve(sendbuf, "sendbuf")
     opname = _check_reduction(send.flat.dtype, op)
     return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,), root,
@@ -487,10 +603,16 @@ def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, ro
 
 
 def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> FamilyCall:
+    """``Bcast``: a device ``buf`` is staged, copied back on the receiving ranks."""
     root = _check_root(root, size)
     if buf is None or buf is MPI.IN_PLACE:
         raise BufferSpecError("Bcast: buf must be a buffer")
-    _refuse_device(buf)
+    staged = DeviceStaging()
+    return staged.attach(_bcast(rank, size, staged.host(buf, copy_out=rank != root), root,
+                                algorithm))
+
+
+def _bcast(rank: int, size: int, buf: Any, root: int, algorithm: str) -> FamilyCall:
     spec = buffers.resolve(buf, "buf", reducing=False)
     if rank != root and not spec.flat.flags.writeable:
         raise BufferSpecError("Bcast: buf is read-only on a receiving rank")
@@ -760,7 +882,15 @@ class FamilyCalls:
 
     def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
-        return self._persistent(self._family_prepared(collective, algorithm, build))
+
+        def host_only(alg: str) -> FamilyCall:
+            call = build(alg)
+            if call.staging is not None:  # refused: nothing is copied back to the device
+                raise BufferSpecError(f"{call.mpi_name}_init takes host buffers (a "
+                                      f"persistent request cannot stage device memory at "
+                                      f"every start)")
+            return call
+        return self._persistent(self._family_prepared(collective, algorithm, host_only))
 
     def _usable_for_calls(self) -> None:
         """Where a fault-tolerant communicator refuses a masked rank's calls."""
@@ -795,12 +925,18 @@ class FamilyCalls:
             return plan
         tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
+        if call.algorithm == "shm":  # refused on every rank alike across nodes
+            self._node_tier().require_one_node()
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
                                  self._links, nodes)
         levels = [] if tiered else self._levels
-        plan = binding.bind(sched, self._comm, levels, self.shape) if levels else \
-            Plan.flat(sched, self._comm)
+        if sched.uses_shm:  # shared-memory steps: the node's window
+            plan = self._node_tier().bind(sched, call.dtype.itemsize)
+        elif levels:
+            plan = binding.bind(sched, self._comm, levels, self.shape)
+        else:
+            plan = Plan.flat(sched, self._comm)
         if call.collective in REDUCING:
             fan_in = max((len(offs) for lane in plan.lanes for st in lane
                           for _, _, offs in st.reduces), default=0)
@@ -814,21 +950,28 @@ class FamilyCalls:
         schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
         gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
         from .execute import collective_run
+        from .shm import ShmPlan
         if call.algorithm == "native":
             try:
-                req = call.start_native(self._comm)
+                req, deliver = call.native_private(self._comm)
             except (KeyError, ValueError, MPI.Exception) as exc:
                 if isinstance(exc, MPI.Exception) and self._is_failure(exc):
                     raise
                 raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
-            return self._native_run(req, finish, label)
+            return self._native_run(req, then(deliver, finish), label)
         plan = self._family_plan(call)
         inp, output = call.schedule_buffers()
-        tag_base = self._tag_base(TAG_KIND[call.collective])
+        # the signature's number in the tags: calls of different signatures never match
+        # (a rank that switches to another signature it already ran meets no partner)
+        tag_base = self._tag_base(TAG_KIND[call.collective], self._sig_id(
+            (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)))
 
         def placed() -> None:
             call.place(output)
             if finish is not None:
                 finish()
 
+        if isinstance(plan, ShmPlan):
+            return plan.start_collective(inp, output, call.op, tag_base, label, placed,
+                                         call.dtype)
         return collective_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)

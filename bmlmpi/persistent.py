@@ -36,6 +36,14 @@ class PersistentRequest:
         self._freed = False
 
     @property
+    def compiled(self) -> Any:
+        """What each start runs, for instrumentation: a schedule's compiled plan, for
+        ``native`` the MPI library's persistent request on buffers of bmlmpi's own
+        (:class:`bmlmpi.api.NativePersistent`, its ``req``), or None (each start then posts
+        the non-blocking call; a fault-tolerant communicator compiles per attempt)."""
+        return self._compiled
+
+    @property
     def active(self) -> bool:
         """Started and not yet completed by ``Test``/``Wait``."""
         return self._entry is not None

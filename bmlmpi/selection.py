@@ -12,9 +12,11 @@ predicted ``NATIVE_MARGIN`` (5 %) faster: the most ``auto`` may then give away a
 better of native and the best schedule is that margin, the issue's target for ``auto``.
 Every rank holds the same calibration, so every rank reaches the same choice without talking.
 ``hierarchical`` is a candidate where more than one node holds more than one rank (real
-nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others. ``shm`` is
-a candidate where all ranks are on one node and the calibration measured its constants
-(σ per step, β_copy, γ_shm).
+nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others, its node
+tier by the shared-memory model where the calibration measured shared memory (it runs there
+in shared memory), else by the message model. ``shm`` is a candidate where all ranks are on
+one node and the calibration measured its constants (σ per step, β_copy, γ_shm), for every
+collective of the family.
 The tree candidates are offered up to ``AUTO_TREE_MAX_RANKS`` ranks (generating the multi-tree
 set costs seconds beyond that), and between the two trees the size bound
 ``BMLMPI_TREE_ARRAY_BOUND`` (elements) decides when it is set: single tree at or below it,
@@ -171,8 +173,11 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     names = candidates(count, size, nodes, collective, root, counts)
     if not calib.has_shm:  # shared memory not measured here (several nodes, or one rank)
         names = [n for n in names if n != "shm"]
+    # hierarchical's node tier runs in shared memory where the nodes' ranks share it; it is
+    # priced so where the calibration measured shared memory (σ, β_copy, γ_shm)
+    intra = "shm" if calib.has_shm else "ring"
     kw = dict(calib=calib, shape=shape, nodes=nodes, collective=collective, root=root,
-              counts=counts)
+              counts=counts, intra=intra)
     times = estimate(names, count, itemsize, size, **kw)
     raw = estimate([n for n in times if n != records.NATIVE], count, itemsize, size,
                    corrected=False, **kw)

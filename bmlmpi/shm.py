@@ -32,6 +32,7 @@ rank's half-written slice is never read: a reader only reads what a flag publish
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,12 +43,17 @@ from mpi4py import MPI
 from .execute import DeadlineExceeded, Plan, Run, _back_off, _spin_seconds, wait_request
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
-from .schedules.types import PUBLISH, REDUCE, Schedule, Step
+from .schedules.types import FETCH, PUBLISH, REDUCE, Copy, Schedule, Step
 
 FLAG_BYTES = 128         # the flag and padding: the buffers start on their own cache lines
 ALIGN = 4096             # buffer capacity granularity (bytes)
 WATCH_TAG = 7            # the failure watch's receives (never matched: no one sends on it)
 FAILURE_CHECK_S = 0.01   # how often a waiting rank looks for a failure
+#: A wait first polls the flags without yielding this long, when the node's ranks do not
+#: outnumber the cores: a peer running on another core publishes within microseconds, while
+#: a yield on a busy machine can give the core away for a whole time slice.
+BUSY_POLL_S = 50e-6
+_CORES = os.cpu_count() or 1
 
 
 class ShmUnavailable(ValueError):
@@ -199,6 +205,8 @@ class _Op:
     from_result: bool
     publish: bool
     step: int                          # the schedule step (for messages)
+    to_result: bool = True
+    in_shift: int = 0                  # work position − input position of its input reads
 
 
 class ShmPlan:
@@ -218,8 +226,10 @@ class ShmPlan:
         writes_segment = []
         i = 0
         steps = sched.steps
+        result_span = (sched.count, 0)
         while i < len(steps):
             if steps[i].sends or steps[i].recvs:
+                result_span = (0, sched.count)
                 j = i
                 while j < len(steps) and not steps[j].shm:
                     j += 1
@@ -231,20 +241,76 @@ class ShmPlan:
                 continue
             ops = []
             for o in steps[i].shm:
+                reads_input = o.kind == REDUCE or (o.kind == PUBLISH and o.source == "input")
                 ops.append(_Op(o.kind, o.lo, o.hi, tuple(local[p] for p in o.peers),
                                tuple((local[p], s + 1) for p, s in o.after),
-                               o.source == "result", o.publish, i))
+                               o.source == "result", o.publish, i, o.to_result,
+                               _input_shift(sched, o.lo, o.hi) if reads_input else 0))
+                if o.kind == FETCH or (o.kind == REDUCE and o.to_result) or (
+                        o.kind == PUBLISH and o.source == "result"):
+                    result_span = (min(result_span[0], o.lo), max(result_span[1], o.hi))
             writes_segment.append(any(o.kind == PUBLISH or o.publish for o in ops))
             self.phases.append(("shm", (i, tuple(ops), writes_segment[-1])))
             i += 1
-        self.segment_elems = sched.count if any(
-            o.kind == PUBLISH or o.publish for st in steps for o in st.shm) else 0
+        #: the range of work positions the result is read or written at
+        self.result_span = result_span
+        # the same on every rank of the node, whatever its own ops (growing the window is
+        # collective): a rank with nothing to publish may still fetch
+        self.segment_elems = sched.count if sched.size > 1 and any(st.shm for st in steps) \
+            else 0
         if node is not None and self.segment_elems:
             node.ensure(self.segment_elems * itemsize)
 
     def start(self, buf: np.ndarray, op: str, tag_base: int, label: str | Callable[[], str],
               finish: Callable[[], None] | None = None, src: np.ndarray | None = None) -> ShmRun:
         return ShmRun(self, buf, op, tag_base, label, finish, src)
+
+    def start_collective(self, inp: np.ndarray | None, out: np.ndarray | None, op: str,
+                         tag_base: int, label: str | Callable[[], str],
+                         finish: Callable[[], None] | None = None,
+                         dtype: np.dtype | None = None) -> ShmRun:
+        """A run of any collective's schedule on the user's input and output buffers (as
+        :func:`bmlmpi.execute.collective_run` does for messages): the result is ``out``
+        itself when the schedule's output is the identity over it, or ``out`` shifted when
+        the schedule reads and writes the result only inside its one output copy (a
+        reduce-scatter's block) and ``out`` shares no memory with ``inp``; otherwise a work
+        buffer copied out at the end. The input is read through the input copies."""
+        sched = self.sched
+        count = sched.count
+        outs = sched.output_copies()
+        identity = (Copy(0, count, 0),) if count else ()
+        shift, copy_out = 0, ()
+        lo, hi = self.result_span
+        if out is not None and out.size == count and outs == identity:
+            res = out
+        elif (out is not None and len(outs) == 1 and outs[0].lo <= lo and hi <= outs[0].hi
+              and (inp is None or not np.may_share_memory(inp, out))):
+            res, shift = out, outs[0].lo - outs[0].at
+        else:
+            res = np.empty(count, dtype if dtype is not None else
+                           (out.dtype if out is not None else inp.dtype))
+            copy_out = outs
+        if not copy_out:
+            run = ShmRun(self, res, op, tag_base, label, finish, inp)
+        else:
+            def copied_out() -> None:
+                for c in copy_out:
+                    np.copyto(out[c.at:c.at + c.n], res[c.lo:c.hi])
+                if finish is not None:
+                    finish()
+            run = ShmRun(self, res, op, tag_base, label, copied_out, inp)
+        run.rshift = shift
+        return run
+
+
+def _input_shift(sched: Schedule, lo: int, hi: int) -> int:
+    """Work position − input position for an op reading the input at ``[lo, hi)``: the
+    input copy that holds the range (a schedule's ops never straddle two)."""
+    for c in sched.input_copies():
+        if c.at <= lo and hi <= c.at + c.n:
+            return c.at - c.lo
+    raise ValueError(f"shared-memory op reads input [{lo}, {hi}) outside every input copy "
+                     f"of the schedule")
 
 
 class ShmRun:
@@ -273,6 +339,7 @@ class ShmRun:
         self.waiting: tuple[int, int, int] | None = None  # (step, op, peer) while blocked
         self._last_flags: tuple[int, ...] = ()
         self.parity = 0
+        self.rshift = 0      # work position − position in ``buf`` (a reduce-scatter's block)
         if self.node is not None:
             self.parity = self.node.calls % 2
             self.node.calls += 1
@@ -327,22 +394,24 @@ class ShmRun:
     def _do(self, o: _Op) -> None:
         lo, hi = o.lo, o.hi
         buf, segs = self.buf, self.segs
+        at, into = lo - self.rshift, hi - self.rshift
         if o.kind == PUBLISH:
-            np.copyto(segs[self.node.rank][lo:hi], (buf if o.from_result else self.src)[lo:hi])
+            np.copyto(segs[self.node.rank][lo:hi],
+                      buf[at:into] if o.from_result else self.src[lo - o.in_shift:hi - o.in_shift])
         elif o.kind == REDUCE:
-            out = buf[lo:hi]
-            src = self.src[lo:hi]
+            src = self.src[lo - o.in_shift:hi - o.in_shift]
+            out = buf[at:into] if o.to_result else segs[self.node.rank][lo:hi]
             if not o.peers:
-                if self.src is not buf:
+                if src.ctypes.data != out.ctypes.data:  # in place: the input is there already
                     np.copyto(out, src)
             else:
                 combine_trusted(out, src, segs[o.peers[0]][lo:hi], self.kop)
                 if len(o.peers) > 1:
                     reduce_trusted(out, [segs[q][lo:hi] for q in o.peers[1:]], self.kop)
-                if o.publish:
+                if o.publish and o.to_result:
                     np.copyto(segs[self.node.rank][lo:hi], out)
         else:
-            np.copyto(buf[lo:hi], segs[o.peers[0]][lo:hi])
+            np.copyto(buf[at:into], segs[o.peers[0]][lo:hi])
 
     def test(self) -> bool:
         """Advance without blocking; True once complete."""
@@ -407,6 +476,8 @@ class ShmRun:
         start = last = time.monotonic()
         mark = (self.progress, self._flag_marks())
         spin = _spin_seconds()
+        node = self.node
+        busy = BUSY_POLL_S if node is not None and node.size <= _CORES else 0.0
         while not self.test():
             now = time.monotonic()
             cur = (self.progress, self._flag_marks())
@@ -416,7 +487,8 @@ class ShmRun:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            _back_off(now - start, spin)
+            if now - last >= busy:
+                _back_off(now - start, spin)
 
     def _flag_marks(self) -> tuple[int, ...]:
         node = self.node

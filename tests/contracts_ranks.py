@@ -100,6 +100,150 @@ def bad_buffers(bad: str, n: int, call: int):
     raise ValueError(bad)
 
 
+#: The family's collectives the contracts are tried on (mpi4py's method names).
+FAMILY = ("Reduce_scatter_block", "Allgather", "Reduce", "Bcast")
+#: Their roots: rank 1 (the rank with bad arguments) is where a reduce writes, and a
+#: broadcast's receiver.
+ROOTS = {"Reduce": 1, "Bcast": 0}
+
+
+def rdata(n: int, call: int, r: int) -> np.ndarray:
+    """Rank ``r``'s input of :func:`data`."""
+    return ((np.arange(n) * 7 + r * 3 + call * 5) % 11).astype(np.float64)
+
+
+def family_args(what: str, m: int, call: int,
+                root: int | None = None) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """(the call's arguments on this rank, the array it writes, what that array must hold
+    afterwards) of a family call of ``m`` elements a block (``root`` None: :data:`ROOTS`)."""
+    root = ROOTS.get(what, 0) if root is None else root
+    if what == "Reduce_scatter_block":
+        out = np.zeros(m)
+        whole = sum(rdata(size * m, call, r) for r in range(size))
+        return (rdata(size * m, call, rank), out), out, whole[rank * m:(rank + 1) * m]
+    if what == "Allgather":
+        out = np.zeros(size * m)
+        return (rdata(m, call, rank), out), out, np.concatenate(
+            [rdata(m, call, r) for r in range(size)])
+    if what == "Reduce":
+        out = np.zeros(m)
+        want_out = sum(rdata(m, call, r) for r in range(size)) if rank == root else out.copy()
+        return (rdata(m, call, rank), out, MPI.SUM, root), out, want_out
+    buf = rdata(m, call, root) if rank == root else np.zeros(m)
+    return (buf, root), buf, rdata(m, call, root)
+
+
+def family_run(ctx, what: str, kind: str, args: tuple) -> None:
+    """One family call: blocking, non-blocking (``I…`` then Wait) or persistent (``…_init``,
+    Start, Wait, Free)."""
+    if kind == "blocking":
+        getattr(ctx, what)(*args)
+    elif kind == "nonblocking":
+        getattr(ctx, "I" + what.lower())(*args).Wait()
+    else:
+        req = getattr(ctx, what + "_init")(*args)
+        req.Start()
+        req.Wait()
+        req.Free()
+
+
+def family_good(label: str, ctx, what: str, kind: str, m: int, call: int,
+                root: int | None = None) -> None:
+    args, out, expected = family_args(what, m, call, root)
+    k, msg, _ = outcome(lambda: family_run(ctx, what, kind, args))
+    if k:
+        failures.append(f"{label}: good call {call} raised {k}: {msg[:300]}")
+    elif not np.array_equal(out, expected):
+        failures.append(f"{label}: good call {call} gave {out[:6]} not {expected[:6]}")
+
+
+def family_arguments(quick: float, blocking_mode: str) -> None:
+    """Item 1 for the family: rank 1's read-only output after a signature's first calls,
+    blocking, non-blocking and persistent: it raises its own error, every other rank
+    RemoteArgumentError at once or (a part that needs nothing from rank 1) its right
+    result; the next call is right. (Reduce: rank 1 is the root; Bcast: rank 1 receives.)"""
+    m = 5
+    for algorithm in ("native", "bml"):
+        ctx = bmlmpi.Communicator(world, algorithm=algorithm)
+        call = 0
+        for what in FAMILY:
+            for kind in ("blocking", "nonblocking", "init"):
+                if kind == "blocking" and algorithm == "native" and blocking_mode == "watchdog":
+                    continue  # mpi4py's blocking call itself: the watchdog's case
+                label = f"family {algorithm} {what} {kind}"
+                for _ in range(3):
+                    call += 1
+                    family_good(label, ctx, what, kind, m, call)
+                call += 1
+                args, out, right = family_args(what, m, call)
+                if rank == 1:
+                    out.flags.writeable = False
+                    expect(label + " read-only", lambda: family_run(ctx, what, kind, args), 1,
+                           "BufferSpecError", within=quick)
+                else:
+                    # a rank whose part of the call needs nothing from rank 1 (a broadcast's
+                    # root, a receiver the root feeds, a reduce's rank that only sends) may
+                    # complete it, with its right result, before the notice arrives
+                    k, msg, took = outcome(lambda: family_run(ctx, what, kind, args))
+                    if not (k == "RemoteArgumentError" and "rank 1" in msg
+                            or not k and np.array_equal(out, right)):
+                        failures.append(f"{label} read-only: raised {k or 'nothing'} "
+                                        f"({msg[:200]}), out={out[:6]}")
+                    if took > quick:
+                        failures.append(f"{label} read-only: took {took:.1f} s")
+                world.Barrier()   # a rank that completed learns of the error at its next call
+                call += 1
+                family_good(label + " (after)", ctx, what, kind, m, call)
+        ctx.Free()
+    # a rank switching op on a native family call: the every-call check catches it
+    ctx = bmlmpi.Communicator(world, algorithm="native", check="every-call")
+    x, y = np.ones(4 * size), np.zeros(4)
+    ctx.Reduce_scatter_block(x, y, MPI.SUM)
+    ctx.Reduce_scatter_block(x, y, MPI.MAX)
+    expect("every-call: rank 1 switches a Reduce_scatter_block's op",
+           lambda: ctx.Reduce_scatter_block(x, y, MPI.SUM if rank == 1 else MPI.MAX), None,
+           "ArgumentMismatch", within=quick)
+    family_good("every-call after", ctx, "Reduce_scatter_block", "blocking", 4, 1)
+    ctx.Free()
+
+
+def option_differences(quick: float) -> None:
+    """Item 7: options that differ per rank (the algorithm, validation, compression at a
+    signature's first call) raise ArgumentMismatch on every rank at once, naming each
+    rank's; the communicator stays usable."""
+    expect("algorithm auto on rank 0, bml elsewhere",
+           lambda: bmlmpi.Communicator(world, algorithm="auto" if rank == 0 else "bml"),
+           None, "ArgumentMismatch", within=quick, name="auto")
+    expect("validate off on rank 1",
+           lambda: bmlmpi.Communicator(world, validate=rank != 1), None, "ArgumentMismatch",
+           within=quick, name="/off")
+    call = 100
+    for algorithm in ("native", "bml"):
+        ctx = bmlmpi.Communicator(world, algorithm=algorithm)
+        n = 6
+        for kind in ("blocking", "nonblocking"):
+            for label, mine in (("fp16 on rank 1 only", "fp16" if rank == 1 else None),
+                                ("fp16 on rank 1, bf16 elsewhere",
+                                 "fp16" if rank == 1 else "bf16"),
+                                ("plain on rank 1, fp16 elsewhere",
+                                 None if rank == 1 else "fp16")):
+                n += 1   # a signature's first call on every rank
+                call += 1
+                a, b = data(n, call), np.zeros(n)
+                expect(f"{algorithm} {kind} {label}",
+                       lambda: (ctx.Allreduce(a, b, compression=mine) if kind == "blocking"
+                                else ctx.Iallreduce(a, b, compression=mine).Wait()),
+                       None, "ArgumentMismatch", within=quick, name="compressed (wire fp16")
+                call += 1
+                good_call(f"{algorithm} {kind} {label} (after)", ctx, kind, n, call)
+        call += 1
+        a, b = data(n, call), np.zeros(n)
+        k, msg, _ = outcome(lambda: ctx.Allreduce(a, b, compression="fp16"))
+        if k or not np.array_equal(b, want(n, call)):
+            failures.append(f"{algorithm}: fp16 on every rank: {k} {msg[:200]} {b[:4]}")
+        ctx.Free()
+
+
 # -- scenarios ----------------------------------------------------------------------------
 def scenario_arguments() -> None:
     """Items 1, 6, 7 and 5a: bad arguments on one rank, at construction and after a
@@ -177,6 +321,8 @@ def scenario_arguments() -> None:
         "BufferSpecError", within=quick)
     good_call("every-call after", ctx, "blocking", 8, 1)
     ctx.Free()
+    family_arguments(quick, blocking_mode)
+    option_differences(quick)
 
 
 def scenario_switch() -> None:
@@ -206,6 +352,62 @@ def scenario_switch() -> None:
             if k != "CommunicatorRevoked":
                 failures.append(f"{label}: the next call raised {k or 'nothing'}")
             ctx.Free()
+    switch_family(timeout)
+
+
+def switch_family(timeout: float) -> None:
+    """Item 2 for the family's schedules and a persistent allreduce: the same contract."""
+    def blocks(m):  # a reduce-scatter of m elements a block
+        return lambda ctx, x: ctx.Reduce_scatter_block(x + np.ones(size * m), np.zeros(m))
+
+    def slots(m):  # an allgather of m elements a slot
+        return lambda ctx, x: ctx.Allgather(x + np.ones(m), np.zeros(size * m))
+
+    def reduce(op):
+        return lambda ctx, x: ctx.Reduce(x + np.ones(8), np.zeros(8), op, 0)
+
+    cases = (("bml", "Reduce_scatter_block count", blocks(4), blocks(8)),
+             ("ring", "Allgather count", slots(4), slots(8)),
+             ("tree", "Reduce op", reduce(MPI.SUM), reduce(MPI.MAX)))
+    for algorithm, change, first, second in cases:
+        ctx = bmlmpi.Communicator(world, algorithm=algorithm)
+        first(ctx, 0)
+        second(ctx, 0)
+        label = f"{algorithm} switch {change}"
+        kind, msg, took = outcome(lambda: (first if rank == 1 else second)(ctx, rank))
+        if kind == "" and what_returns_nothing(change):
+            kind = "DeadlineExceeded"   # its sends went out; it receives no result
+        switched(label, ctx, kind, msg, took, timeout)
+    # persistent allreduces (bml): each start of its own signature's tags
+    ctx = bmlmpi.Communicator(world, algorithm="bml")
+    short = ctx.Allreduce_init(np.ones(8), np.zeros(8))
+    long = ctx.Allreduce_init(np.ones(16), np.zeros(16))
+    for req in (short, long):
+        req.Start()
+        req.Wait()
+    mine = short if rank == 1 else long
+    kind, msg, took = outcome(lambda: (mine.Start(), mine.Wait()))
+    switched("bml switch Allreduce_init count", ctx, kind, msg, took, timeout)
+
+
+def what_returns_nothing(change: str) -> bool:
+    """Whether this rank's part of the call is sends only (a reduce's leaves may complete
+    them and return: they have no result to get wrong)."""
+    return change.startswith("Reduce ") and rank != 0
+
+
+def switched(label: str, ctx, kind: str, msg: str, took: float, timeout: float) -> None:
+    """What must hold after a rank switched signature: every rank raised within its deadline,
+    and the communicator is revoked; frees ``ctx``."""
+    if kind not in ("DeadlineExceeded", "CommunicatorRevoked"):
+        failures.append(f"{label}: raised {kind or 'nothing'} ({msg[:200]})")
+    if took > timeout + 10:
+        failures.append(f"{label}: took {took:.1f} s")
+    world.Barrier()
+    k, _, _ = outcome(lambda: ctx.Allreduce(np.ones(8), np.zeros(8)))
+    if k != "CommunicatorRevoked":
+        failures.append(f"{label}: the next call raised {k or 'nothing'}")
+    ctx.Free()
 
 
 def scenario_late() -> None:
@@ -240,6 +442,84 @@ def scenario_late() -> None:
         if k != "CommunicatorRevoked":
             failures.append(f"{label}: a later call raised {k or 'nothing'} ({msg[:200]})")
         world.Barrier()
+        ctx.Free()
+    late_family(timeout)
+
+
+def join_native(comm, what: str, args: tuple) -> None:
+    """Join, with mpi4py's own non-blocking call on ``comm``, the call bmlmpi's native family
+    makes for ``what`` (an allgather is an Allgatherv of bytes, a broadcast one of bytes)."""
+    if what == "Allgather":
+        send, out = args
+        n = send.nbytes
+        comm.Iallgatherv([send, MPI.BYTE], [out.view(np.uint8), [n] * size,
+                                            [n * r for r in range(size)], MPI.BYTE]).Wait()
+    elif what == "Bcast":
+        comm.Ibcast([args[0], MPI.BYTE], args[1]).Wait()
+    else:
+        getattr(comm, "I" + what.lower())(*args).Wait()
+
+
+def late_family(timeout: float) -> None:
+    """Item 3 for the family's native calls and a native persistent allreduce: rank 1 is
+    late; the others raise, write 42 into every output, and rank 1 then joins the abandoned
+    MPI calls itself on the data communicator (what a late rank that joined in the instant
+    before the notice arrived does): MPI completes them on the others, and must write
+    memory bmlmpi holds, not the caller's. Non-blocking and persistent; with
+    BMLMPI_BLOCKING=polled also a blocking call (a polled non-blocking one inside)."""
+    m = 3
+    polled = os.environ.get("BMLMPI_BLOCKING") == "polled"
+    for kind in ("nonblocking", "blocking") if polled else ("nonblocking",):
+        ctx = bmlmpi.Communicator(world, algorithm="native")
+        label = f"late native family {kind}"
+        for call in (1, 2):
+            for what in FAMILY:
+                family_good(label, ctx, what, kind, m, call, root=0)
+        held = np.zeros(m)   # the persistent allreduce's recvbuf
+        persistent = ctx.Allreduce_init(data(m, 0), held)
+        persistent.Start()
+        persistent.Wait()
+        names = FAMILY if kind == "nonblocking" else FAMILY[:1]
+        calls = [family_args(what, m, 3, root=0) for what in names]
+        if rank == 1:
+            time.sleep(timeout + 2)
+            for what, (args, _, _) in zip(names, calls, strict=True):
+                join_native(ctx.comm, what, args)
+            if kind == "nonblocking":
+                # the MPI library's persistent request itself (made at Allreduce_init)
+                persistent.compiled.req.Start()
+                persistent.compiled.req.Wait()
+            world.Barrier()
+            world.Barrier()
+        else:
+            outs = [out for _, out, _ in calls]
+            if kind == "nonblocking":
+                reqs = [getattr(ctx, "I" + what.lower())(*args)
+                        for what, (args, _, _) in zip(names, calls, strict=True)]
+                persistent.Start()
+                waits = [r.Wait for r in reqs] + [persistent.Wait]
+                names = (*names, "Allreduce_init")
+                outs.append(held)
+            else:
+                waits = [lambda: ctx.Reduce_scatter_block(*calls[0][0])]
+            expected = [want_out for _, _, want_out in calls] + [want(m, 0)]
+            for what, wait, out, right in zip(names, waits, outs, expected, strict=False):
+                k, msg, _ = outcome(wait)
+                # a call that completed before the deadline (a broadcast at its root and the
+                # root's direct receivers) returns with its result
+                if not (k in ("DeadlineExceeded", "CommunicatorRevoked")
+                        or (not k and np.array_equal(out, right))):
+                    failures.append(f"{label}: {what} raised {k or 'nothing'}: {msg[:200]} "
+                                    f"{out}")
+            for out in outs:
+                out[:] = 42
+            world.Barrier()   # MPI progresses here: the calls rank 1 joined complete
+            time.sleep(1)
+            world.Barrier()
+            for what, out in zip(names, outs, strict=True):
+                if not np.all(out == 42):
+                    failures.append(f"{label}: {what} wrote the caller's buffer after "
+                                    f"DeadlineExceeded: {out}")
         ctx.Free()
 
 

@@ -52,22 +52,27 @@ def check_records(res, records, n: int) -> None:
                                         (6, "watchdog")])
 def test_bad_arguments_on_one_rank_fail_every_rank_quickly(n, blocking):
     """Items 1, 6, 7, 5a: bad input on one rank (constructor or a call after the signature's
-    first calls) raises its own error there and RemoteArgumentError naming it on the others,
-    well within half the deadline; the next call is right."""
+    first calls; the allreduce and the family, blocking, non-blocking and persistent) raises
+    its own error there and RemoteArgumentError naming it on the others, well within half
+    the deadline; the next call is right. Options that differ per rank (algorithm,
+    validation, compression) raise ArgumentMismatch on every rank at once."""
     res, records, _ = launch("arguments", n, {"BMLMPI_TIMEOUT": "30",
                                               "BMLMPI_BLOCKING": blocking})
     check_records(res, records, n)
 
 
 def test_a_rank_switching_signature_never_gets_a_wrong_result():
-    """Item 2: schedules tell signatures apart by tag; every rank raises at its deadline."""
+    """Item 2: schedules tell signatures apart by tag (the allreduce, the family, persistent
+    starts); every rank raises at its deadline."""
     res, records, _ = launch("switch", 4, {"BMLMPI_TIMEOUT": "4", "BMLMPI_BLOCKING": "polled"})
     check_records(res, records, 4)
 
 
 @pytest.mark.parametrize("blocking", ["polled", "watchdog"])
 def test_a_late_rank_never_writes_a_buffer_after_deadline_exceeded(blocking):
-    """Item 3: the 42 -> 406 case; the late rank does not join, the communicator is revoked."""
+    """Item 3: the 42 -> 406 case; the late rank does not join, the communicator is revoked;
+    for the family's native calls and a native persistent allreduce the late rank joins the
+    abandoned MPI calls, which still write no buffer of the others'."""
     res, records, _ = launch("late", 3, {"BMLMPI_TIMEOUT": "3", "BMLMPI_BLOCKING": blocking})
     check_records(res, records, 3)
     late = next(r for r in records if r["rank"] == 1)["notes"]

@@ -10,6 +10,11 @@ step (latency, synchronisation). A schedule costs the sum of its steps; the step
 are aligned by index (step i of every rank is the same logical step). Receives are the same
 messages as the sends and add nothing.
 
+A schedule whose pieces do not lie in the collective's plain layout (BML's reduce-scatter
+and allgather on MPI's blocks) copies more between the rank's buffers and its work buffer than
+the plain layout does (:func:`layout_copied`); :attr:`Cost.copied` holds the busiest rank's
+extra elements, priced at the machine's copy rate.
+
 The bandwidth part, divided by ``count``, is in units of T_F (the full buffer over one
 reference link) — the paper's GST; :attr:`Cost.t_f` holds it exactly (a :class:`Fraction`
 when every bandwidth is rational). :meth:`Cost.seconds` adds the per-step terms of a machine:
@@ -40,6 +45,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from ..schedules.collectives import collective
 from ..schedules.types import Schedule
 from .network import Bandwidth, Link, Network
 
@@ -70,6 +76,8 @@ class Cost:
     network: str
     count: int
     steps: tuple[StepCost, ...]
+    copied: int = 0  # layout copies: elements the busiest rank copies beyond the plain layout
+
 
     @property
     def nsteps(self) -> int:
@@ -101,7 +109,9 @@ class Cost:
                 shm_copy: float = 0.0, shm_reduce: float = 0.0) -> float:
         """Time in seconds: per active step α + ``step_overhead`` + ``msg_overhead`` · messages
         + busiest-link time · itemsize · β + γ · reduced · itemsize; per shared-memory step
-        ``shm_sync`` + copied · itemsize · ``shm_copy`` + read · itemsize · ``shm_reduce``."""
+        ``shm_sync`` + copied · itemsize · ``shm_copy`` + read · itemsize · ``shm_reduce``;
+        and the layout copies, :attr:`copied` · itemsize · ``shm_copy`` (β where the copy rate
+        was not measured: one machine's MPI moves a message by copying it too)."""
         if itemsize <= 0:
             raise ValueError(f"itemsize must be positive, got {itemsize}")
         total = 0.0
@@ -112,6 +122,8 @@ class Cost:
             elif s.active:
                 total += (alpha + step_overhead + msg_overhead * s.messages
                           + float(s.time) * itemsize * beta + gamma * s.reduced * itemsize)
+        if self.copied:
+            total += self.copied * itemsize * (shm_copy if shm_copy > 0 else beta)
         return total
 
 
@@ -226,4 +238,25 @@ def price_symmetric(sched: Schedule, network: Network) -> Cost:
     return Cost(sched.algorithm, network.name, sched.count, tuple(out))
 
 
-__all__ = ["Cost", "StepCost", "price", "price_symmetric"]
+
+def _copied(copies: Sequence, count: int, result_is_work: bool) -> int:
+    if result_is_work and tuple((c.lo, c.hi, c.at) for c in copies) == (
+            ((0, count, 0),) if count else ()):
+        return 0  # the executor runs on the output buffer itself
+    return sum(c.hi - c.lo for c in copies)
+
+
+def layout_copied(sched: Schedule) -> int:
+    """Elements ``sched`` copies between its rank's buffers and the work buffer beyond what
+    its collective's plain layout copies (:mod:`bmlmpi.schedules.collectives`): 0 for a
+    schedule in the plain layout, the whole result for BML's allgather on several levels."""
+    coll = collective(sched.collective)
+    n, r, root, counts = sched.count, sched.rank, sched.root, sched.counts
+    mine = (_copied(sched.input_copies(), n, False)
+            + _copied(sched.output_copies(), n, True))
+    plain = (_copied(coll.plain_inputs(r, n, root, counts), n, False)
+             + _copied(coll.plain_outputs(r, n, root, counts), n, True))
+    return max(0, mine - plain)
+
+
+__all__ = ["Cost", "StepCost", "layout_copied", "price", "price_symmetric"]

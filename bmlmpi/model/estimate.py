@@ -22,13 +22,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..schedules import algorithms as records
 from ..schedules.algorithms import Context
 from ..schedules.types import Schedule
-from .cost import Cost, price, price_symmetric
+from .cost import Cost, layout_copied, price, price_symmetric
 from .network import (
     BCubeNetwork,
     FatTree,
@@ -165,9 +165,11 @@ def symmetric_on(name: str, network: Network, collective: str = "allreduce") -> 
 
 def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Network, *,
                    shape: Any = None, nodes: Any = None, collective: str = "allreduce",
-                   root: int = 0, counts: Sequence[int] | None = None) -> Cost:
+                   root: int = 0, counts: Sequence[int] | None = None,
+                   intra: str = "ring") -> Cost:
     """Price algorithm ``name`` for ``count`` elements of ``itemsize`` bytes on ``network``
-    (``collective`` with its ``root`` and block ``counts``; ``nodes`` for the tiered ones)."""
+    (``collective`` with its ``root`` and block ``counts``; ``nodes`` for the tiered ones,
+    ``intra`` their node tier: ``ring`` messages or ``shm`` shared-memory steps)."""
     alg = records.get(name)
     if not alg.scheduled or not alg.serves(collective):
         raise ValueError(f"no {collective} schedule for algorithm {name!r}; known: "
@@ -179,10 +181,13 @@ def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Net
     links = network.weights if isinstance(network, LinkMatrixNetwork | TwoTierNetwork) else None
     ctx = Context(size, count, itemsize, collective=collective, root=root,
                   counts=None if counts is None else tuple(counts), shape=shape, links=links,
-                  nodes=nodes)
+                  nodes=nodes, intra=intra)
 
     def make(r: int) -> Schedule:
         return alg.build(ctx.at(r))
+    if collective != "allreduce":  # the family's layouts may copy more than the plain one
+        scheds = [make(r) for r in range(size)]
+        return replace(price(scheds, network), copied=max(layout_copied(s) for s in scheds))
     if symmetric_on(name, network, collective):
         first = make(0)
         # With fewer elements than pieces some ranges are empty, unevenly across ranks, and
@@ -201,9 +206,9 @@ def _default_network(size: int) -> Network:
 @functools.lru_cache(maxsize=4096)
 def _cached_cost(name: str, count: int, itemsize: int, size: int, network: Network,
                  shape: Any, nodes: Any, collective: str, root: int,
-                 counts: tuple[int, ...] | None) -> Cost:
+                 counts: tuple[int, ...] | None, intra: str = "ring") -> Cost:
     return algorithm_cost(name, count, itemsize, size, network, shape=shape, nodes=nodes,
-                          collective=collective, root=root, counts=counts)
+                          collective=collective, root=root, counts=counts, intra=intra)
 
 
 def _params(calib: Calibration | None, alpha: float | None, beta: float | None) -> Calibration:
@@ -227,9 +232,10 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
              beta: float | None = None, *, calib: Calibration | None = None,
              shape: Any = None, nodes: Any = None, collective: str = "allreduce",
              root: int = 0, counts: Sequence[int] | None = None,
-             corrected: bool = True) -> dict[str, float]:
+             corrected: bool = True, intra: str = "ring") -> dict[str, float]:
     """Predicted seconds of each algorithm (``native`` only when the calibration measured it;
-    ``auto`` is skipped). Arguments as :func:`cheapest`; ``corrected=False`` leaves out the
+    ``auto`` is skipped). Arguments as :func:`cheapest`; ``intra``: the node tier the tiered
+    algorithms run (``shm``: priced by the shared-memory model); ``corrected=False`` leaves out the
     calibration's measured corrections (they apply only on the default network, the
     calibrated machine itself, and only to the allreduce, the one they were measured on)."""
     if count < 0 or itemsize <= 0 or size < 1:
@@ -250,7 +256,7 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
                 out[name] = t
             continue
         cost = _cached_cost(name, count, itemsize, size, network, shape_key, nodes, collective,
-                            root, counts_key)
+                            root, counts_key, intra)
         seconds = cost.seconds(itemsize, p.alpha, p.beta, step_overhead=p.step_overhead,
                                msg_overhead=p.msg_overhead, gamma=p.gamma,
                                shm_sync=p.shm_sync, shm_copy=p.shm_copy,

@@ -341,6 +341,12 @@ def _shm_allreduce(ctx: Context) -> Schedule:
     return shm_schedule(ctx.rank, ctx.size, ctx.count, ctx.itemsize, shm_chunk_bytes())
 
 
+def _shm_collective(ctx: Context) -> Schedule:
+    from .shm import shm_collective_schedule
+    return shm_collective_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count, ctx.itemsize,
+                                   shm_chunk_bytes(), ctx.root, ctx.blocks())
+
+
 def _hierarchical_blocks(ctx: Context) -> Schedule:
     from .hierarchical_blocks import hierarchical_blocks_schedule
     return hierarchical_blocks_schedule(ctx.collective, ctx.rank, ctx.size, ctx.blocks(),
@@ -412,7 +418,9 @@ register(Algorithm(
     applies=_hierarchical_applies,
     tiered=True, doc="inside each node, then BML or ring across nodes"))
 register(Algorithm(
-    "shm", {"allreduce": _shm_allreduce}, applies=_shm_applies, calibrated=True,
+    "shm", {"allreduce": _shm_allreduce, "reduce_scatter": _shm_collective,
+            "allgather": _shm_collective, "reduce": _shm_collective, "bcast": _shm_collective},
+    applies=_shm_applies, calibrated=True,
     doc="one node's ranks through a shared MPI-3 window: copy in, reduce each slice from "
         "every peer's segment, copy out (IJHPCA 2025; Open MPI's XHC)"))
 register(Algorithm(

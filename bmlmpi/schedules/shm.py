@@ -27,6 +27,27 @@ on a cache-sized piece. Nothing but the waits (flags in shared memory) passes be
 no message carries data. Steps: 3C (the stage steps that exist); for one rank one reduce step
 (the input copied to the result, nothing when in place).
 
+The rest of the family (:func:`shm_collective_schedule`), on the same three kinds of step,
+each a pure schedule the verifier proves against its collective's contract:
+
+* reduce-scatter (blocks of ``counts``, zeros allowed): the allreduce's P and R with the
+  owner of block q reducing it into its result — no F. Per rank: copy-in of the others'
+  blocks, the reduction reads N·B_r and writes B_r (B_r its own block's bytes).
+* allgather(v): G(c) publishes the own block's piece c of the input and copies it into the
+  result; F(c) fetches every other block's piece c from its owner's segment. Per rank: the
+  own block copied twice, every other block copied once — no message, no intermediate hop.
+* reduce (root ρ): the allreduce's P and R, every rank reducing its slice of each chunk, the
+  non-roots into their segment only; F: the root alone fetches the reduced slices. The
+  reduction is spread over all N ranks instead of N−1 inputs summed at the root.
+* broadcast (root ρ): G(c): the root publishes chunk c of its buffer (chunks of at least
+  ``chunk_bytes``, at most :data:`MAX_CHUNKS`); F(c): every other rank copies it out of the
+  root's segment. One copy in, one copy out per reader, pipelined.
+
+A rank must wait, in every call, for each peer that reads its segment (the two images
+alternate by call); where its own reads give no such wait (a broadcast's root, the owner of
+the only non-empty block) its first segment write waits until that peer has entered the
+call (a wait on step −1, which costs nothing once the peer has left the previous call).
+
 Cost per rank, B = buffer bytes: copy-in (N−1)/N·B read and written, the reduction N·B/N = B
 read and 2B/N written (result and segment), copy-out (N−1)/N·B read and written; against a
 message-passing allreduce there is no sender's copy into MPI's buffer, no receiver's copy
@@ -43,7 +64,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
+from .collectives import collective as collective_record
 from .types import (
     FETCH,
     PUBLISH,
@@ -52,6 +75,7 @@ from .types import (
     ShmOp,
     Step,
     balanced_bounds,
+    block_offsets,
     check_arguments,
 )
 
@@ -62,9 +86,13 @@ DEFAULT_CHUNK_BYTES = 256 * 1024
 #: chunk (no overlap between ranks) and many (64 MiB in 128 chunks of 256 KiB: 28.6 ms; in
 #: 4 to 32 chunks: 19.6–22.3 ms).
 MAX_CHUNKS = 4
+#: An allreduce of at most ``chunk_bytes`` / this many bytes (64 KiB by default) runs in one
+#: shot (:func:`one_shot_steps`): every rank reduces the whole buffer, which saves one
+#: synchronisation (a flag, a wait) per call for (N−1)·B more bytes read.
+ONE_SHOT_FRACTION = 4
 #: The stage sequences of :func:`node_steps`.
 STAGES = {"allreduce": ("P", "R", "F"), "reduce_scatter": ("P", "R"),
-          "allgather": ("G", "F")}
+          "allgather": ("G", "F"), "reduce": ("P", "R", "F"), "gather": ("G", "F")}
 
 Piece = tuple[int, int, int]  # (lo, hi, owner rank)
 
@@ -79,16 +107,30 @@ def chunk_count(count: int, itemsize: int, ranks: int, chunk_bytes: int,
 
 
 def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piece]],
-               stages: str, first: int = 0) -> list[Step]:
+               stages: str, first: int = 0, root: int | None = None,
+               own_copy: bool = True) -> list[Step]:
     """``rank``'s shared-memory steps over ``members`` (global ranks, ``rank`` among them)
-    for ``chunks`` (each a list of (lo, hi, owner) pieces) and ``stages``: ``allreduce``
-    (publish the input, reduce, fetch), ``reduce_scatter`` (publish the input, reduce into the
-    result only) or ``allgather`` (publish the own pieces of the result, fetch the others').
+    for ``chunks`` (each a list of (lo, hi, owner) pieces) and ``stages``:
+
+    * ``allreduce``: publish the input, reduce the own pieces (into the result and the
+      segment), fetch the others';
+    * ``reduce_scatter``: publish the input, reduce the own pieces into the result only;
+    * ``reduce``: as ``allreduce``, but only ``root`` fetches, and the others reduce into
+      their segment alone (they keep no result);
+    * ``allgather``: publish the own pieces of the result, fetch the others';
+    * ``gather``: publish the own pieces of the input (with ``own_copy`` also copied into the
+      result: an allgather's own block; a broadcast's root has its input in its one buffer
+      already), fetch the others'.
 
     Every rank of ``members`` gets the same number of steps (the step indices are shared:
     the waits name them; ``first`` is the schedule step the first of them will be). A group
-    of one rank publishes nothing (no one would read it)."""
+    of one rank publishes nothing (no one would read it). A rank waits, in every call, for
+    every peer that reads its segment (what makes the two alternating buffer images safe):
+    where its own reads do not already make it wait for such a peer, its first segment write
+    waits until that peer has entered the call (step −1)."""
     kinds = STAGES[stages]
+    if stages == "reduce" and root not in members:
+        raise ValueError(f"reduce within a node needs its root among {list(members)}")
     alone = len(members) == 1
     index: dict[tuple[str, int], int] = {}
     order: list[tuple[str, int]] = []
@@ -99,6 +141,9 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
             if 0 <= c < nchunks:
                 index[(kind, c)] = first + len(order)
                 order.append((kind, c))
+    keeps = stages != "reduce" or rank == root          # writes its reduction to the result
+    shares = not alone and (stages == "allreduce" or (stages == "reduce" and rank != root))
+    fetches = stages != "reduce" or rank == root
     steps: list[Step] = []
     for kind, c in order:
         mine = [(lo, hi) for lo, hi, q in chunks[c] if q == rank and hi > lo]
@@ -106,19 +151,58 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
         ops: list[ShmOp] = []
         if kind == "P" and not alone:
             ops = [ShmOp(PUBLISH, lo, hi) for lo, hi in _merged([(a, b) for a, b, _ in theirs])]
-        elif kind == "G" and not alone:
-            ops = [ShmOp(PUBLISH, lo, hi, source="result") for lo, hi in mine]
+        elif kind == "G":
+            source = "result" if stages == "allgather" else "input"
+            ops = [] if alone else [ShmOp(PUBLISH, lo, hi, source=source) for lo, hi in mine]
+            if stages == "gather" and own_copy:
+                ops += [ShmOp(REDUCE, lo, hi) for lo, hi in mine]
         elif kind == "R":
             peers = tuple(p for p in members if p != rank)
             after = tuple((p, index[("P", c)]) for p in peers)
-            ops = [ShmOp(REDUCE, lo, hi, peers, after, publish=stages == "allreduce"
-                         and not alone) for lo, hi in mine]
-        elif kind == "F":
-            ready = "R" if stages == "allreduce" else "G"
+            ops = [ShmOp(REDUCE, lo, hi, peers, after, publish=shares, to_result=keeps)
+                   for lo, hi in mine]
+        elif kind == "F" and fetches:
+            ready = "G" if stages in ("allgather", "gather") else "R"
             ops = [ShmOp(FETCH, lo, hi, (q,), ((q, index[(ready, c)]),))
                    for lo, hi, q in theirs]
         steps.append(Step(shm=tuple(ops)))
+    if not alone:
+        _wait_for_readers(steps, _readers(rank, members, chunks, stages, root))
     return steps
+
+
+def _readers(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piece]],
+             stages: str, root: int | None) -> set[int]:
+    """The members that read ``rank``'s segment in :func:`node_steps`'s steps."""
+    kinds = STAGES[stages]
+    fetchers = ({root} if stages == "reduce" else set(members)) - {rank}
+    shares_own = "G" in kinds or stages == "allreduce" or (stages == "reduce" and rank != root)
+    out: set[int] = set()
+    for chunk in chunks:
+        for lo, hi, q in chunk:
+            if hi <= lo:
+                continue
+            if q != rank and "P" in kinds:
+                out.add(q)  # q reduces its piece from every peer's published input
+            elif q == rank and shares_own:
+                out |= fetchers
+    return out
+
+
+def _wait_for_readers(steps: list[Step], readers: set[int]) -> None:
+    """Make the first op that writes the own segment wait (step −1: entered the call) for
+    every reader the steps do not wait for otherwise."""
+    waited = {p for st in steps for o in st.shm for p, _ in o.after}
+    missing = tuple((p, -1) for p in sorted(readers - waited))
+    if not missing:
+        return
+    for i, st in enumerate(steps):
+        for j, o in enumerate(st.shm):
+            if o.kind == PUBLISH or o.publish:
+                ops = list(st.shm)
+                ops[j] = replace(o, after=missing + o.after)
+                steps[i] = Step(shm=tuple(ops))
+                return
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -149,6 +233,8 @@ def shm_schedule(rank: int, size: int, count: int, itemsize: int = 4,
     steps: list[Step] = []
     if count and size == 1:  # nothing to share: the input is the result
         steps = [Step(shm=(ShmOp(REDUCE, 0, count),))]
+    elif count and count * itemsize * ONE_SHOT_FRACTION <= chunk_bytes:
+        steps = one_shot_steps(rank, members, count)
     elif count:
         nchunks = chunk_count(count, itemsize, size, chunk_bytes, max_chunks)
         bounds = balanced_bounds(0, count, nchunks)
@@ -156,6 +242,79 @@ def shm_schedule(rank: int, size: int, count: int, itemsize: int = 4,
         steps = node_steps(rank, members, chunks, "allreduce")
     return Schedule("shm", rank, size, count, tuple(steps),
                     meta={"chunk_bytes": chunk_bytes})
+
+
+def one_shot_steps(rank: int, members: Sequence[int], count: int) -> list[Step]:
+    """The small-message allreduce: publish the whole input (step 0), then reduce the whole
+    buffer from the input and every peer's segment into the result (step 1). One wait on the
+    peers instead of the two of publish/reduce/fetch, for (N−1)·B more bytes read."""
+    peers = tuple(p for p in members if p != rank)
+    return [Step(shm=(ShmOp(PUBLISH, 0, count),)),
+            Step(shm=(ShmOp(REDUCE, 0, count, peers, tuple((p, 0) for p in peers)),))]
+
+
+def block_chunks(counts: Sequence[int], members: Sequence[int], nchunks: int
+                 ) -> list[list[Piece]]:
+    """Blocks of ``counts`` elements laid end to end, block j owned by ``members[j]``, each
+    cut into ``nchunks`` balanced pieces: chunk c holds piece c of every block."""
+    off = block_offsets(counts)
+    cuts = [balanced_bounds(off[j], off[j + 1], nchunks) for j in range(len(counts))]
+    return [[(cut[c], cut[c + 1], members[j]) for j, cut in enumerate(cuts)]
+            for c in range(nchunks)]
+
+
+def shm_collective_schedule(collective: str, rank: int, size: int, count: int,
+                            itemsize: int = 4, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                            root: int = 0, counts: Sequence[int] | None = None,
+                            max_chunks: int = MAX_CHUNKS) -> Schedule:
+    """Rank ``rank``'s shared-memory ``collective`` over ``size`` ranks of one node
+    (:mod:`.collectives`' contracts; ``count`` elements of the work buffer, ``counts`` the
+    blocks of a reduce-scatter or allgather, ``root`` of a reduce or broadcast):
+
+    * ``reduce_scatter``: publish the other ranks' blocks of the input, reduce the own block
+      from the input and every peer's segment into the result (P, R per chunk);
+    * ``allgather``: publish the own block of the input and copy it into the result, fetch
+      every other block from its owner's segment (G, F);
+    * ``reduce``: the allreduce's P and R with the reduced slices kept in the segments, and
+      the root alone fetching them (P, R, F);
+    * ``bcast``: the root publishes its buffer, every other rank fetches it (G, F);
+    * ``allreduce``: :func:`shm_schedule`.
+
+    Chunks: pieces of at least ``chunk_bytes`` per rank (a broadcast's whole chunk is one
+    piece), at most ``max_chunks`` of them, pipelined as the allreduce's."""
+    if collective == "allreduce":
+        return shm_schedule(rank, size, count, itemsize, chunk_bytes, max_chunks)
+    check_arguments(rank, size, count)
+    coll = collective_record(collective)
+    members = list(range(size))
+    blocks = None
+    if coll.blocked:
+        even = balanced_bounds(0, count, size)
+        blocks = (tuple(counts) if counts is not None else
+                  tuple(even[j + 1] - even[j] for j in range(size)))
+        if len(blocks) != size or sum(blocks) != count:
+            raise ValueError(f"block counts {blocks} must be {size} counts summing to {count}")
+    steps: list[Step] = []
+    if count and not (collective == "bcast" and size == 1):
+        if collective == "bcast":
+            nchunks = chunk_count(count, itemsize, 1, chunk_bytes, max_chunks)
+            bounds = balanced_bounds(0, count, nchunks)
+            chunks = [[(bounds[c], bounds[c + 1], root)] for c in range(nchunks)]
+            steps = node_steps(rank, members, chunks, "gather", own_copy=False)
+        elif collective == "reduce":
+            nchunks = chunk_count(count, itemsize, size, chunk_bytes, max_chunks)
+            bounds = balanced_bounds(0, count, nchunks)
+            chunks = [slices(bounds[c], bounds[c + 1], members) for c in range(nchunks)]
+            steps = node_steps(rank, members, chunks, "reduce", root=root)
+        else:
+            nchunks = chunk_count(count, itemsize, size, chunk_bytes, max_chunks)
+            chunks = block_chunks(blocks, members, nchunks)
+            steps = node_steps(rank, members, chunks, "reduce_scatter" if collective ==
+                               "reduce_scatter" else "gather")
+    return Schedule("shm", rank, size, count, tuple(steps), meta={"chunk_bytes": chunk_bytes},
+                    collective=collective, root=root if coll.rooted else 0, counts=blocks,
+                    inputs=coll.plain_inputs(rank, count, root, blocks),
+                    outputs=coll.plain_outputs(rank, count, root, blocks))
 
 
 def shm_schedules(size: int, count: int, itemsize: int = 4,
@@ -166,5 +325,6 @@ def shm_schedules(size: int, count: int, itemsize: int = 4,
             for r in range(size)]
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "chunk_count", "node_steps", "shm_schedule",
-           "shm_schedules", "slices"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "ONE_SHOT_FRACTION", "block_chunks",
+           "chunk_count", "node_steps", "one_shot_steps", "shm_collective_schedule",
+           "shm_schedule", "shm_schedules", "slices"]

@@ -79,12 +79,19 @@ class ShmOp:
       result (``source="result"``) into its own segment;
     * ``reduce``: result ``[lo, hi)`` = this rank's input ``<op>`` every ``peers``' segment
       ``[lo, hi)``, in one pass; with ``publish`` the result is written into the own segment
-      too, for the peers to fetch;
+      too, for the peers to fetch; with ``to_result`` False (and ``publish``) it goes into the
+      own segment only (a reduce's non-root keeps no result); without ``peers`` it is a copy
+      of the input into the result;
     * ``fetch``: copy ``[lo, hi)`` of ``peers[0]``'s segment into this rank's result.
 
     ``after`` lists ``(peer, step)``: before the op, wait until ``peer`` has completed its
-    step ``step`` (an earlier step). The verifier proves these waits order every read after
-    the write it needs and every overwrite after the reads of the old value.
+    step ``step`` (an earlier step), or with ``step`` −1 until ``peer`` has entered this call
+    (left the previous one: what a rank that reads nothing of a peer waits for before it
+    writes its segment again). The verifier proves these waits order every read after the
+    write it needs and every overwrite after the reads of the old value.
+
+    Ranges are work-buffer positions; the input is read through the schedule's input copies
+    (an allgather's contribution sits at its block), the result is the work buffer.
     """
 
     kind: str
@@ -94,6 +101,7 @@ class ShmOp:
     after: tuple[tuple[int, int], ...] = ()
     source: str = "input"
     publish: bool = False
+    to_result: bool = True
 
     @property
     def n(self) -> int:

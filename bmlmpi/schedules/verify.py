@@ -30,7 +30,7 @@ Shared-memory steps (:class:`~bmlmpi.schedules.types.ShmOp`) are simulated on a 
 per rank, its segment, with these further rules:
 
 6. a step holds messages or shared-memory operations, not both; an op's waits name live peers
-   and earlier steps;
+   and earlier steps (or step −1: the peer has entered the call);
 7. publish before read: a rank reads a range of a peer's segment only after waiting (in this
    op or an earlier one) for the peer's step that last wrote every element of it, in an
    earlier step; a range never written this call is never read;
@@ -40,9 +40,12 @@ per rank, its segment, with these further rules:
 9. the input is read before it is overwritten: with ``sendbuf`` IN_PLACE the input is the
    result buffer, so an op that reads input elements must come before any write of the
    result there (a reduction may write the range it reads, element by element);
-10. the result starts undefined: a schedule with shared-memory steps reads no element of the
-   result (a send, a reduce-receive, a publish of the result) before writing it, and two
-   writes of one step never overlap;
+10. the result (the work buffer) starts undefined — a broadcast's one buffer excepted, which
+   holds the root's input — : a schedule with shared-memory steps reads no element of the
+   result (a send, a reduce-receive, a publish of the result) before writing it, reads its
+   input only where its input copies put some (in work positions), and two writes of one
+   step never overlap; at the end its output copies must meet the collective's contract
+   (rule 5);
 11. across calls: the segments alternate between two buffers by call parity, so a rank writes
     a buffer again two calls later; that is safe when every rank waits, in every call, on
     every peer that reads its segment (that peer has then left the previous call).
@@ -101,7 +104,7 @@ def _check_structure(scheds: Sequence[Schedule], live: list[int]) -> tuple[int, 
                     if not (0 <= p < size) or p == s.rank or p not in live:
                         raise ScheduleError(f"step {i} rank {s.rank}: bad or dead peer {p}")
                 for _, w in o.after:
-                    if not 0 <= w < i:
+                    if not -1 <= w < i:
                         raise ScheduleError(f"step {i} rank {s.rank}: waits on step {w}, "
                                             f"not an earlier one")
     return size, count
@@ -182,21 +185,15 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
         raise ScheduleError(f"{coll.name}: root {root} outside [0, {size})")
     nsteps = max(len(s.steps) for s in scheds)
     _check_matching(by_rank, nsteps)
-    if any(s.uses_shm for s in scheds):
-        if coll.name != "allreduce":
-            raise ScheduleError(f"{coll.name}: shared-memory steps are proven for allreduce "
-                                f"schedules only")
-        for s in scheds:
-            _check_hazards(s)
-        if count:
-            _ShmSimulation(by_rank, live_l, size, count, nsteps).run()
-        return
     for s in scheds:
         _check_hazards(s)
         _check_copies(s, "input", s.input_copies(),
                       coll.input_size(s.rank, count, root, counts), count)
         _check_copies(s, "output", s.output_copies(), count,
                       coll.output_size(s.rank, count, root, counts))
+    if any(s.uses_shm for s in scheds):
+        _ShmSimulation(by_rank, live_l, size, count, nsteps, coll).run()
+        return
 
     cuts = {0, count}
     for s in scheds:
@@ -290,25 +287,45 @@ def _check_result(s: Schedule, regions: list, state: np.ndarray, shift: np.ndarr
 
 
 class _ShmSimulation:
-    """Rules 4-10 for schedules with shared-memory steps: every rank's result, input use and
-    segment, step by step (module docstring)."""
+    """Rules 4-11 for schedules with shared-memory steps: every rank's result (its work
+    buffer), input use and segment, step by step (module docstring). Each tracked element
+    holds a multiplicity vector and the offset (work position − input position) of the input
+    positions it derives from, as the message simulation does."""
 
     def __init__(self, by_rank: dict[int, Schedule], live: list[int], size: int, count: int,
-                 nsteps: int):
+                 nsteps: int, coll):
         self.by_rank, self.live, self.size, self.nsteps = by_rank, live, size, nsteps
+        self.coll, self.count = coll, count
         cuts = {0, count}
         for s in by_rank.values():
             for step in s.steps:
                 for t in (*step.sends, *step.recvs, *step.shm):
-                    cuts.add(t.lo)
-                    cuts.add(t.hi)
+                    if t.hi > t.lo:
+                        cuts.update((t.lo, t.hi))
+            for c in s.input_copies():
+                cuts.update((c.at, c.at + c.n))
+            for c in s.output_copies():
+                cuts.update((c.lo, c.hi))
         self.edges = np.array(sorted(cuts))
         nseg = len(self.edges) - 1
         self.unit = {r: np.eye(size, dtype=np.int64)[r] for r in live}
         self.out = {r: np.zeros((nseg, size), dtype=np.int64) for r in live}
+        self.out_shift = {r: np.full(nseg, _GARBAGE, dtype=np.int64) for r in live}
         self.out_written = {r: np.zeros(nseg, dtype=bool) for r in live}
         self.seg = {r: np.zeros((nseg, size), dtype=np.int64) for r in live}
+        self.seg_shift = {r: np.full(nseg, _GARBAGE, dtype=np.int64) for r in live}
         self.seg_step = {r: np.full(nseg, -1, dtype=np.int64) for r in live}  # last write
+        # the input in work positions: where the input copies put it, and its offset there
+        self.inp_shift = {r: np.full(nseg, _GARBAGE, dtype=np.int64) for r in live}
+        for r in live:
+            for c in by_rank[r].input_copies():
+                sl = self.segs(c.at, c.at + c.n)
+                self.inp_shift[r][sl.start:sl.stop] = c.at - c.lo
+            if coll.name == "bcast":  # one buffer: the root's result is its input
+                have = self.inp_shift[r] != _GARBAGE
+                self.out[r][have] = self.unit[r]
+                self.out_shift[r][have] = self.inp_shift[r][have]
+                self.out_written[r][have] = True
         # per rank's segment element: the (reader, step) reads of its current value
         self.readers: dict[int, list[list[tuple[int, int]]]] = {
             r: [[] for _ in range(nseg)] for r in live}
@@ -323,8 +340,19 @@ class _ShmSimulation:
     def where(self, i: int, r: int, lo: int, hi: int) -> str:
         return f"step {i} rank {r} [{lo},{hi})"
 
-    def read_segment(self, i: int, r: int, p: int, lo: int, hi: int) -> np.ndarray:
-        steps = self.seg_step[p][self.segs(lo, hi).start:self.segs(lo, hi).stop]
+    def combine(self, i: int, r: int, lo: int, hi: int, parts: list) -> tuple:
+        """The reduction of ``parts`` ((multiplicities, offsets) of one range)."""
+        total = sum(p[0] for p in parts)
+        shift = parts[0][1].copy()
+        for _, other in parts[1:]:
+            if (other != shift).any():
+                raise ScheduleError(f"{self.where(i, r, lo, hi)}: reduces data of other "
+                                    f"input positions")
+        return total, shift
+
+    def read_segment(self, i: int, r: int, p: int, lo: int, hi: int) -> tuple:
+        sl = self.segs(lo, hi)
+        steps = self.seg_step[p][sl.start:sl.stop]
         if (steps < 0).any():
             raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads rank {p}'s segment "
                                 f"where {p} never published it")
@@ -333,21 +361,25 @@ class _ShmSimulation:
             raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads rank {p}'s segment "
                                 f"before its owner published it (in step {need}; waited "
                                 f"for step {self.seen[r].get(p, -1)})")
-        for k in self.segs(lo, hi):
+        for k in sl:
             self.readers[p][k].append((r, i))
         self.read_by[p].add(r)
-        sl = self.segs(lo, hi)
-        return self.seg[p][sl.start:sl.stop].copy()
+        return self.seg[p][sl.start:sl.stop].copy(), self.seg_shift[p][sl.start:sl.stop].copy()
 
-    def read_input(self, i: int, r: int, lo: int, hi: int, op_pos: tuple[int, int],
-                   own_write: bool = False) -> None:
-        for k in self.segs(lo, hi):
+    def read_input(self, i: int, r: int, lo: int, hi: int, op_pos: tuple[int, int]) -> tuple:
+        sl = self.segs(lo, hi)
+        shift = self.inp_shift[r][sl.start:sl.stop]
+        if (shift == _GARBAGE).any():
+            raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads input where the rank's "
+                                f"input copies put none")
+        for k in sl:
             w = self.input_clobbered[r][k]
             if w is not None and w < op_pos:
                 raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads the input after the "
                                     f"result overwrote it (in place it is the same buffer)")
+        return np.broadcast_to(self.unit[r], (len(sl), self.size)).copy(), shift.copy()
 
-    def write_out(self, i: int, r: int, lo: int, hi: int, value: np.ndarray,
+    def write_out(self, i: int, r: int, lo: int, hi: int, value: tuple,
                   op_pos: tuple[int, int], step_writes: list) -> None:
         for a, b in step_writes:
             if a < hi and lo < b:
@@ -355,20 +387,21 @@ class _ShmSimulation:
                                     f"in one step overlap")
         step_writes.append((lo, hi))
         sl = self.segs(lo, hi)
-        self.out[r][sl.start:sl.stop] = value
+        self.out[r][sl.start:sl.stop], self.out_shift[r][sl.start:sl.stop] = value
         self.out_written[r][sl.start:sl.stop] = True
         for k in sl:
             if self.input_clobbered[r][k] is None:
                 self.input_clobbered[r][k] = op_pos
 
-    def read_out(self, i: int, r: int, lo: int, hi: int, what: str) -> np.ndarray:
+    def read_out(self, i: int, r: int, lo: int, hi: int, what: str) -> tuple:
         sl = self.segs(lo, hi)
         if not self.out_written[r][sl.start:sl.stop].all():
             raise ScheduleError(f"{self.where(i, r, lo, hi)}: {what} reads the result "
                                 f"before anything was written there")
-        return self.out[r][sl.start:sl.stop].copy()
+        return (self.out[r][sl.start:sl.stop].copy(),
+                self.out_shift[r][sl.start:sl.stop].copy())
 
-    def write_segment(self, i: int, r: int, lo: int, hi: int, value: np.ndarray) -> None:
+    def write_segment(self, i: int, r: int, lo: int, hi: int, value: tuple) -> None:
         for k in self.segs(lo, hi):
             for q, j in self.readers[r][k]:
                 if j >= i or self.seen[r].get(q, -1) < j:
@@ -376,7 +409,7 @@ class _ShmSimulation:
                                         f"while rank {q} may still read it (step {j})")
             self.readers[r][k] = []
         sl = self.segs(lo, hi)
-        self.seg[r][sl.start:sl.stop] = value
+        self.seg[r][sl.start:sl.stop], self.seg_shift[r][sl.start:sl.stop] = value
         self.seg_step[r][sl.start:sl.stop] = i
 
     def run(self) -> None:
@@ -394,15 +427,18 @@ class _ShmSimulation:
                     for t in step.sends:
                         self.read_out(i, r, t.lo, t.hi, "a send")
                     pending_msgs.append((r, step))
-            snapshot = {r: self.out[r].copy() for r in self.live}
+            snapshot = {r: (self.out[r].copy(), self.out_shift[r].copy()) for r in self.live}
             for r, step in pending_msgs:
                 writes: list = []
                 for t in step.recvs:
                     sl = self.segs(t.lo, t.hi)
-                    incoming = snapshot[t.peer][sl.start:sl.stop]
+                    incoming = (snapshot[t.peer][0][sl.start:sl.stop],
+                                snapshot[t.peer][1][sl.start:sl.stop])
                     if t.reduce:
-                        self.read_out(i, r, t.lo, t.hi, "a reduce-receive")
-                        self.out[r][sl.start:sl.stop] += incoming
+                        mine = self.read_out(i, r, t.lo, t.hi, "a reduce-receive")
+                        total = self.combine(i, r, t.lo, t.hi, [mine, incoming])
+                        self.out[r][sl.start:sl.stop], self.out_shift[r][sl.start:sl.stop] = \
+                            total
                         for k in sl:
                             if self.input_clobbered[r][k] is None:
                                 self.input_clobbered[r][k] = (i, -1)
@@ -414,20 +450,13 @@ class _ShmSimulation:
                     raise ScheduleError(f"rank {r} never waits on rank {q}, which reads its "
                                         f"segment: the next call but one could overwrite "
                                         f"what {q} still reads")
-        want = np.zeros(self.size, dtype=np.int64)
-        want[self.live] = 1
+        s0 = self.by_rank[self.live[0]]
         for r in self.live:
-            if not self.out_written[r].all():
-                seg = int(np.nonzero(~self.out_written[r])[0][0])
-                raise ScheduleError(f"rank {r}: elements [{self.edges[seg]},"
-                                    f"{self.edges[seg + 1]}) of the result are never written")
-            bad = np.nonzero((self.out[r] != want).any(axis=1))[0]
-            if len(bad):
-                seg = bad[0]
-                raise ScheduleError(
-                    f"rank {r}: elements [{self.edges[seg]},{self.edges[seg + 1]}) hold "
-                    f"contributions {self.out[r][seg].tolist()}, expected each live rank "
-                    f"exactly once")
+            s = self.by_rank[r]
+            state = np.concatenate([self.out[r], (~self.out_written[r])[:, None]
+                                    .astype(np.int64)], axis=1)
+            _check_result(s, self.coll.regions(r, self.live, self.count, s0.root, s0.counts),
+                          state, self.out_shift[r], self.edges, self.size)
 
     def shm_step(self, i: int, r: int, ops) -> None:
         writes: list = []
@@ -438,19 +467,19 @@ class _ShmSimulation:
                 self.waited_on[r].add(p)
             if o.kind == PUBLISH:
                 if o.source == "input":
-                    self.read_input(i, r, o.lo, o.hi, pos)
-                    value = np.broadcast_to(self.unit[r], (len(self.segs(o.lo, o.hi)),
-                                                           self.size))
+                    value = self.read_input(i, r, o.lo, o.hi, pos)
                 else:
                     value = self.read_out(i, r, o.lo, o.hi, "a publish")
                 self.write_segment(i, r, o.lo, o.hi, value)
             elif o.kind == REDUCE:
-                self.read_input(i, r, o.lo, o.hi, pos)
-                total = np.broadcast_to(self.unit[r], (len(self.segs(o.lo, o.hi)),
-                                                       self.size)).copy()
-                for p in o.peers:
-                    total += self.read_segment(i, r, p, o.lo, o.hi)
-                self.write_out(i, r, o.lo, o.hi, total, pos, writes)
+                parts = [self.read_input(i, r, o.lo, o.hi, pos)]
+                parts += [self.read_segment(i, r, p, o.lo, o.hi) for p in o.peers]
+                total = self.combine(i, r, o.lo, o.hi, parts)
+                if not (o.to_result or o.publish):
+                    raise ScheduleError(f"{self.where(i, r, o.lo, o.hi)}: a reduction that "
+                                        f"writes neither the result nor the segment")
+                if o.to_result:
+                    self.write_out(i, r, o.lo, o.hi, total, pos, writes)
                 if o.publish:
                     self.write_segment(i, r, o.lo, o.hi, total)
             else:

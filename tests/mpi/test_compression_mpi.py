@@ -196,7 +196,9 @@ def test_different_compressor_paths_raise_on_every_rank(comm):
     c = threshold(1.0)
     c.path = "sparse" if comm.rank == 0 else "dense"
     x = data(50, comm.rank, 0)
-    with pytest.raises(ValueError, match="different compressors"):
+    # the first-call agreement sees the compressors' settings (an ArgumentMismatch, a
+    # ValueError, naming each rank's)
+    with pytest.raises(ValueError, match="arguments differ across ranks.*path sparse"):
         comm.Allreduce(x, np.empty_like(x), MPI.SUM, compression=c)
     out = np.empty_like(x)
     comm.Allreduce(x, out, MPI.SUM, compression=threshold(1.0))   # still usable
@@ -235,7 +237,7 @@ def test_bad_input_raises_on_every_rank(comm):
         comm.Allreduce(bad, np.empty_like(bad), MPI.SUM, compression=threshold(1.0))
     if comm.size > 1:
         n = 10 + (comm.rank == 0)
-        with pytest.raises(ValueError, match="different counts"):
+        with pytest.raises(ValueError, match="arguments differ across ranks.*count=11"):
             comm.Allreduce(data(n, comm.rank, 0), np.empty(n, np.float32), MPI.SUM,
                            compression=threshold(1.0))
     # still usable afterwards
@@ -356,10 +358,19 @@ def test_topk_with_different_k_raises_on_every_rank(comm):
     x = data(300, comm.rank, 0)
     out = np.full_like(x, -1.0)
     for mine in (topk(10 + comm.rank), topk(ratio=0.1 if comm.rank else 0.2)):
-        with pytest.raises(ValueError, match="different compressors"):
+        # the first-call agreement names each rank's settings
+        with pytest.raises(ValueError, match=r"arguments differ across ranks.*TopK \("):
             comm.Allreduce(x, out, MPI.SUM, compression=mine)
         assert (out == -1.0).all()
     comm.Allreduce(x, out, MPI.SUM, compression=topk(10))   # still usable
+    # without that agreement (validate=False) the compressed call's own agreement refuses
+    unchecked = bmlmpi.Communicator(MPI.COMM_WORLD, algorithm=comm.algorithm, validate=False)
+    try:
+        with pytest.raises(ValueError, match=r"different compressors.*'TopK'"):
+            unchecked.Allreduce(x, out, MPI.SUM, compression=topk(10 + comm.rank))
+        unchecked.Allreduce(x, out, MPI.SUM, compression=topk(10))
+    finally:
+        unchecked.Free()
 
 
 @pytest.mark.mpi

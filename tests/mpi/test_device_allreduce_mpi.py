@@ -1,4 +1,5 @@
-"""Allreduce of GPU arrays across ranks: cupy arrays and torch CUDA tensors, every algorithm.
+"""Allreduce and the rest of the family on GPU arrays across ranks: cupy arrays and torch
+CUDA tensors.
 
 Skipped, as a whole module, where cupy is missing or sees no CUDA device (CI). Launched under
 mpiexec by ``tests/gpu/test_gpu_mpi_launch.py`` where a GPU exists; several ranks may share
@@ -96,3 +97,39 @@ def test_torch_cuda_tensors(comm):
     torch.cuda.synchronize()
     np.testing.assert_array_equal(out.cpu().numpy(), reference(n, comm.size, np.float32,
                                                                 MPI.SUM))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["bml", "ring", "native"])
+def test_cupy_arrays_in_the_family(comm, algorithm):
+    """Reduce-scatter, allgather(v), reduce and broadcast of cupy arrays (staged through
+    host memory as Allreduce's), against numpy's result of the same data."""
+    size, rank = comm.size, comm.rank
+    ctx = bmlmpi.Communicator(comm, algorithm=algorithm)
+    failures = []
+    counts = [(r * 5 + 3) % 4 + (1 << 16) * (r % 2) for r in range(size)]
+    total, off = sum(counts), np.cumsum([0] + counts).tolist()
+    for dtype, op in ((np.float32, MPI.SUM), (np.int32, MPI.MAX), (np.float64, bmlmpi.AVG)):
+        x = rank_input(total, rank, dtype, op)
+        want = reference(total, size, dtype, op)
+        out = cupy.full(counts[rank], 7, dtype)
+        ctx.Reduce_scatter(cupy.asarray(x), out, counts, op)
+        if not np.array_equal(cupy.asnumpy(out), want[off[rank]:off[rank + 1]]):
+            failures.append(f"Reduce_scatter {np.dtype(dtype).name}")
+        if algorithm in bmlmpi.algorithms("reduce"):
+            red = cupy.zeros(total, dtype)
+            ctx.Reduce(cupy.asarray(x), red if rank == size - 1 else None, op, size - 1)
+            if rank == size - 1 and not np.array_equal(cupy.asnumpy(red), want):
+                failures.append(f"Reduce {np.dtype(dtype).name}")
+        gathered = cupy.zeros(total, dtype)
+        ctx.Allgatherv(cupy.asarray(x[off[rank]:off[rank + 1]]), [gathered, counts])
+        parts = [rank_input(total, r, dtype, op)[off[r]:off[r + 1]] for r in range(size)]
+        if not np.array_equal(cupy.asnumpy(gathered), np.concatenate(parts)):
+            failures.append(f"Allgatherv {np.dtype(dtype).name}")
+        if algorithm in bmlmpi.algorithms("bcast"):
+            buf = cupy.asarray(rank_input(total, rank, dtype, op))
+            ctx.Bcast(buf, size // 2)
+            if not np.array_equal(cupy.asnumpy(buf), rank_input(total, size // 2, dtype, op)):
+                failures.append(f"Bcast {np.dtype(dtype).name}")
+    ctx.Free()
+    all_ranks_agree(comm, failures)

@@ -531,3 +531,109 @@ def test_hierarchical_on_pretended_nodes(comm, monkeypatch):
                     failures.append(f"{per_node}/node Bcast n={n} root={root}")
         ctx.Free()
     all_ranks_agree(comm, failures)
+
+
+class _DeviceStandIn:
+    """A stand-in for a GPU array: ``__cuda_array_interface__`` over host memory (``mem``),
+    which is what bmlmpi recognises a device array by. Its staging is replaced in the test
+    by copies that behave as cupy's (device to host before, host to device after), so a
+    result that reaches ``mem`` by any other way than the staging's copy back cannot pass."""
+
+    def __init__(self, mem: np.ndarray):
+        self.mem = mem
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.mem.shape, "typestr": self.mem.dtype.str,
+                "data": (self.mem.ctypes.data, False), "version": 3}
+
+
+@pytest.mark.mpi
+def test_device_buffers_are_staged(comm, monkeypatch):
+    """Every family call takes device arrays (and ``[buf, ...]`` specs of them) as
+    ``Allreduce`` does: staged through host memory, the result copied back; the persistent
+    forms refuse them on every rank. Runs without a GPU (the stand-in above); the cupy
+    version is tests/mpi/test_device_allreduce_mpi.py's, where a GPU exists."""
+    from bmlmpi.kernels import gpu
+    size, rank = comm.size, comm.rank
+    staged = []
+
+    def to_host_staging(dev, *, copy_in=True, copy_out=True):
+        host = dev.mem.copy() if copy_in else np.full_like(dev.mem, 55)
+        staged.append(dev)
+
+        def finish():
+            if copy_out:
+                dev.mem[...] = host
+        return host, finish
+
+    monkeypatch.setattr(gpu, "to_host_staging", to_host_staging)
+    failures = []
+
+    def algorithms(collective):
+        # staging is the same for every algorithm: a schedule's and mpi4py's own
+        return [a for a in bmlmpi.algorithms(collective) if a in ("bml", "native")]
+
+    def was_staged(label, before):
+        if len(staged) == before:
+            failures.append(f"{label}: no buffer was staged")
+
+    counts = [(r * 5 + 3) % 4 for r in range(size)]
+    total, off = sum(counts), np.cumsum([0] + counts).tolist()
+    for algorithm in algorithms("reduce_scatter"):
+        ctx = _communicator(comm, algorithm, monkeypatch)
+        x = rank_input(total, rank, np.int64, MPI.SUM)
+        want = reference(total, size, np.int64, MPI.SUM)[off[rank]:off[rank + 1]]
+        dev_x, dev_out = _DeviceStandIn(x.copy()), _DeviceStandIn(np.full(counts[rank], 7))
+        before = len(staged)
+        ctx.Reduce_scatter(dev_x, [dev_out, MPI.INT64_T], counts, MPI.SUM)
+        was_staged(f"{algorithm} Reduce_scatter", before)
+        if not np.array_equal(dev_out.mem, want) or not np.array_equal(dev_x.mem, x):
+            failures.append(f"{algorithm} Reduce_scatter")
+        dev_io = _DeviceStandIn(x.copy())
+        ctx.Reduce_scatter(MPI.IN_PLACE, dev_io, counts, bmlmpi.AVG)
+        avg = reference(total, size, np.int64, bmlmpi.AVG)[off[rank]:off[rank + 1]]
+        if not np.array_equal(dev_io.mem[:counts[rank]], avg):
+            failures.append(f"{algorithm} Reduce_scatter in place")
+        ctx.Free()
+    for algorithm in algorithms("allgather"):
+        ctx = _communicator(comm, algorithm, monkeypatch)
+        parts = [_contribution(c, r, np.float32) for r, c in enumerate(counts)]
+        dev_out = _DeviceStandIn(np.zeros(total + 3, np.float32))
+        before = len(staged)
+        req = ctx.Iallgatherv(_DeviceStandIn(parts[rank].copy()), [dev_out, counts])
+        req.Wait()
+        was_staged(f"{algorithm} Iallgatherv", before)
+        want = np.concatenate(parts + [np.zeros(3, np.float32)])
+        if not np.array_equal(dev_out.mem, want):
+            failures.append(f"{algorithm} Iallgatherv: {_first_bad(dev_out.mem, want)}")
+        ctx.Free()
+    for algorithm in algorithms("reduce"):
+        ctx = _communicator(comm, algorithm, monkeypatch)
+        root = size - 1
+        x = rank_input(11, rank, np.float64, MPI.MAX)
+        dev_out = _DeviceStandIn(np.full(11, -1.0))
+        ctx.Reduce(_DeviceStandIn(x), dev_out if rank == root else None, MPI.MAX, root)
+        if rank == root and not np.array_equal(dev_out.mem,
+                                               reference(11, size, np.float64, MPI.MAX)):
+            failures.append(f"{algorithm} Reduce")
+        ctx.Free()
+    for algorithm in algorithms("bcast"):
+        ctx = _communicator(comm, algorithm, monkeypatch)
+        dev = _DeviceStandIn(_contribution(9, rank, np.int16))
+        before = len(staged)
+        ctx.Bcast([dev, MPI.INT16_T], size // 2)
+        was_staged(f"{algorithm} Bcast", before)
+        if not np.array_equal(dev.mem, _contribution(9, size // 2, np.int16)):
+            failures.append(f"{algorithm} Bcast")
+        ctx.Free()
+    # a persistent request cannot stage at every start: refused on every rank, nothing
+    # copied back
+    ctx = bmlmpi.Communicator(comm)
+    dev = _DeviceStandIn(np.arange(4.0))
+    with pytest.raises((bmlmpi.BufferSpecError, bmlmpi.RemoteArgumentError)):
+        ctx.Bcast_init(dev, 0)
+    if not np.array_equal(dev.mem, np.arange(4.0)):
+        failures.append("Bcast_init wrote the device buffer")
+    ctx.Free()
+    all_ranks_agree(comm, failures)

@@ -323,3 +323,23 @@ def test_auto_prices_each_collective_against_its_own_native_call():
         assert pick in selection.algorithms(coll)[1:-1]  # a schedule beats a 1 s native call
         assert selection.choose(2, 4, 4, slow_native, collective=coll, **kw) == "native"
         assert selection.choose_collective(coll, 1 << 20, 4, 4) == "native"  # uncalibrated
+
+
+def test_the_model_prices_bmls_layout_copies():
+    """BML's allgather on two levels copies its whole result out of BML's piece order (one
+    pass more than ring, which works in the recvbuf): the model adds it at the copy rate;
+    in the plain layout (ring, BML's reduce-scatter, one level) nothing is added."""
+    from bmlmpi.model import SharedMemoryNode
+    count = 4 * 1024
+    net = SharedMemoryNode(4)
+    bml = algorithm_cost("bml", count, 8, 4, net, collective="allgather")
+    ring = algorithm_cost("ring", count, 8, 4, net, collective="allgather")
+    assert bml.copied == count and ring.copied == 0
+    assert algorithm_cost("bml", count, 8, 4, net, collective="reduce_scatter").copied == 0
+    assert algorithm_cost("bml", count, 8, 2, SharedMemoryNode(2),
+                          collective="allgather").copied == 0
+    plain = dataclasses.replace(bml, copied=0)
+    assert bml.seconds(8, 1e-6, 1e-9) == pytest.approx(plain.seconds(8, 1e-6, 1e-9)
+                                                      + count * 8 * 1e-9)
+    assert bml.seconds(8, 1e-6, 1e-9, shm_copy=2e-10) == pytest.approx(
+        plain.seconds(8, 1e-6, 1e-9, shm_copy=2e-10) + count * 8 * 2e-10)
