@@ -634,13 +634,15 @@ def _back_off(elapsed: float, spin: float) -> None:
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
              progress: Callable[[], object] = lambda: None,
-             interrupt: Interrupt | None = None) -> None:
+             interrupt: Interrupt | None = None, busy: float = 0.0) -> None:
     """Poll ``test`` until it is true; raise DeadlineExceeded after ``timeout`` s without progress.
 
     MPI makes progress only inside its calls (a shared-memory rendezvous copy happens in the
     receiver's Test), so the first ``BMLMPI_SPIN`` seconds (default 0.05) poll continuously,
     yielding the core between polls so an oversubscribed peer can run; after that the poll
     sleeps up to 1 ms between tests, so long waits (slow links, missing peers) cost no CPU.
+    ``busy``: for this long after each progress the poll does not even yield (a shared-memory
+    run whose peers have cores of their own, :data:`bmlmpi.shm.BUSY_POLL_S`).
     """
     if test():
         return
@@ -656,7 +658,8 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
             raise DeadlineExceeded(describe(timeout))
         if interrupt is not None:
             interrupt()
-        _back_off(now - start, spin)
+        if now - last >= busy:
+            _back_off(now - start, spin)
 
 
 def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, op: str,
