@@ -1585,7 +1585,8 @@ class Communicator(FamilyCalls):
         try:
             wait_for(lambda: (self._progress(), entry.done)[1], self.timeout,
                      entry.run.describe_timeout, progress=self._progress_mark,
-                     interrupt=interrupt)
+                     interrupt=interrupt,
+                     busy=entry.run.busy if isinstance(entry.run, ShmRun) else 0.0)
         except DeadlineExceeded as exc:
             if entry in self._active:
                 self._active.remove(entry)

@@ -653,7 +653,7 @@ def poll_until(test: Callable[[], bool], seconds: float, spin: float | None = No
 
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
              progress: Callable[[], object] = lambda: None,
-             interrupt: Interrupt | None = None,
+             interrupt: Interrupt | None = None, busy: float = 0.0,
              error: Callable[[str], BaseException] = DeadlineExceeded) -> None:
     """Poll ``test`` until it is true; raise ``error(describe(timeout))`` (DeadlineExceeded)
     after ``timeout`` s in which ``progress()`` did not change.
@@ -662,6 +662,8 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
     receiver's Test), so the first ``BMLMPI_SPIN`` seconds (default 0.05) poll continuously,
     yielding the core between polls so an oversubscribed peer can run; after that the poll
     sleeps up to 1 ms between tests, so long waits (slow links, missing peers) cost no CPU.
+    ``busy``: for this long after each progress the poll does not even yield (a shared-memory
+    run whose peers have cores of their own, :data:`bmlmpi.shm.BUSY_POLL_S`).
     """
     if test():
         return
@@ -677,7 +679,8 @@ def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float
             raise error(describe(timeout))
         if interrupt is not None:
             interrupt()
-        back_off(now - start, spin)
+        if now - last >= busy:
+            back_off(now - start, spin)
 
 
 def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, op: str,

@@ -476,8 +476,7 @@ class ShmRun:
         start = last = time.monotonic()
         mark = (self.progress, self._flag_marks())
         spin = spin_seconds()
-        node = self.node
-        busy = BUSY_POLL_S if node is not None and node.size <= _CORES else 0.0
+        busy = self.busy
         while not self.test():
             now = time.monotonic()
             cur = (self.progress, self._flag_marks())
@@ -489,6 +488,13 @@ class ShmRun:
                 interrupt()
             if now - last >= busy:
                 back_off(now - start, spin)
+
+    @property
+    def busy(self) -> float:
+        """How long a wait polls without yielding (:data:`BUSY_POLL_S` where the node's
+        ranks do not outnumber the cores, else 0)."""
+        node = self.node
+        return BUSY_POLL_S if node is not None and node.size <= _CORES else 0.0
 
     def _flag_marks(self) -> tuple[int, ...]:
         node = self.node
