@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .execute import DeadlineExceeded, Plan, Run, _back_off, _spin_seconds, wait_request
+from .execute import DeadlineExceeded, Plan, Run, back_off, spin_seconds, wait_request
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import FETCH, PUBLISH, REDUCE, Copy, Schedule, Step
@@ -475,7 +475,7 @@ class ShmRun:
             return
         start = last = time.monotonic()
         mark = (self.progress, self._flag_marks())
-        spin = _spin_seconds()
+        spin = spin_seconds()
         busy = self.busy
         while not self.test():
             now = time.monotonic()
@@ -487,7 +487,7 @@ class ShmRun:
             if interrupt is not None:
                 interrupt()
             if now - last >= busy:
-                _back_off(now - start, spin)
+                back_off(now - start, spin)
 
     @property
     def busy(self) -> float:

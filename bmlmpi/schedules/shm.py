@@ -77,6 +77,7 @@ from .types import (
     balanced_bounds,
     block_offsets,
     check_arguments,
+    merged_ranges,
 )
 
 #: Bytes of one rank's slice of a chunk, at least (``BMLMPI_SHM_CHUNK`` overrides it).
@@ -150,7 +151,9 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
         theirs = [(lo, hi, q) for lo, hi, q in chunks[c] if q != rank and hi > lo]
         ops: list[ShmOp] = []
         if kind == "P" and not alone:
-            ops = [ShmOp(PUBLISH, lo, hi) for lo, hi in _merged([(a, b) for a, b, _ in theirs])]
+            # one publish where the pieces of several owners touch
+            ops = [ShmOp(PUBLISH, lo, hi)
+                   for lo, hi in merged_ranges([(a, b) for a, b, _ in theirs])]
         elif kind == "G":
             source = "result" if stages == "allgather" else "input"
             ops = [] if alone else [ShmOp(PUBLISH, lo, hi, source=source) for lo, hi in mine]
@@ -203,19 +206,6 @@ def _wait_for_readers(steps: list[Step], readers: set[int]) -> None:
                 ops[j] = replace(o, after=missing + o.after)
                 steps[i] = Step(shm=tuple(ops))
                 return
-
-
-def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Adjacent ranges joined (one copy where the pieces of several owners touch)."""
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and out[-1][1] == lo:
-            out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
-
-
 def slices(lo: int, hi: int, members: Sequence[int]) -> list[Piece]:
     """``[lo, hi)`` cut into one balanced slice per member, in member order."""
     b = balanced_bounds(lo, hi, len(members))
