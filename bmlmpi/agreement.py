@@ -34,12 +34,13 @@ the fast paths do not poll.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from mpi4py import MPI
+
+from .execute import wait_for
 
 #: Message kinds.
 SIGNATURE, ERROR, DEADLINE = 0, 1, 2
@@ -138,15 +139,8 @@ class Mailbox:
             if r != self.rank:
                 self._sends.append((self.control.Isend([msg, MPI.BYTE], r, TAG_MAIL), msg))
         got = self._by_seq[seq]
-        last, have = time.monotonic(), len(got)
-        while len(got) < self.size:
-            if self.failure(seq) is not None:
-                break
-            if len(got) != have:
-                last, have = time.monotonic(), len(got)
-            elif time.monotonic() - last > timeout:
-                raise deadline_error(describe(timeout))
-            time.sleep(2e-5 if time.monotonic() - last < 0.05 else 1e-3)
+        wait_for(lambda: len(got) >= self.size or self.failure(seq) is not None, timeout,
+                 describe, progress=lambda: len(got), error=deadline_error)
         return self._by_seq.pop(seq)
 
     def forget_before(self, seq: int) -> None:

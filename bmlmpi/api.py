@@ -444,6 +444,13 @@ class Communicator(FamilyCalls):
     checked path.
     """
 
+    #: Whether calls survive the death of ranks (:mod:`bmlmpi.ft`'s communicator says True).
+    fault_tolerant: bool = False
+    #: The original ranks lost so far: none here (the fault-tolerant communicator's grow).
+    failed: tuple[int, ...] = ()
+    #: The flight recorder, made late in construction (None until then, and when disabled).
+    _recorder: FlightRecorder | None = None
+
     #: The subclass ``fault_tolerant=True`` builds. It registers itself when its module is
     #: imported (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``
     #: in :mod:`bmlmpi.ft`, which ``bmlmpi.Communicator`` loads), so this module never
@@ -543,8 +550,8 @@ class Communicator(FamilyCalls):
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=self._alarm_channel(),
                                   before_abort=_weakly(self._watchdog_fired))
-        # a Communicator dropped without Free() still ends its watchdog thread (the watchdog
-        # holds it only weakly, above)
+        # a Communicator dropped without Free() is no longer watched (the watchdog holds it
+        # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
         tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
         # each collective's calls cycle through their own block of the tag space
@@ -725,24 +732,45 @@ class Communicator(FamilyCalls):
 
     # -- public calls ---------------------------------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                  compression: Any = None) -> None:
+                  algorithm: str | None = None, compression: Any = None) -> None:
         """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (``sendbuf`` may be IN_PLACE).
-        ``compression``: a :mod:`bmlmpi.compression` compressor or spec (``"fp16"``).
+        ``algorithm``: this call's (None: the communicator's); ``compression``: a
+        :mod:`bmlmpi.compression` compressor or spec (``"fp16"``), which chooses its own path.
 
         After a signature's first call, a native one goes straight to ``MPI_Allreduce``,
         bounded by the watchdog, and a scheduled one runs its cached plan directly, under the
         executor's deadline (class docstring)."""
         if compression is not None:
-            self.Iallreduce(sendbuf, recvbuf, op, compression=compression).Wait()
+            self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
+                            compression=compression).Wait()
             return
-        self._blocking(sendbuf, recvbuf, op, self.algorithm)
+        self._blocking(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                   compression: Any = None) -> Request:
-        """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request."""
+                   algorithm: str | None = None, compression: Any = None) -> Request:
+        """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request.
+        ``algorithm`` and ``compression`` as for :meth:`Allreduce`."""
         if compression is not None:   # the compression layer wraps this same call path
+            if algorithm is not None:
+                self._refuse(ValueError("algorithm= and compression= together: a compressed "
+                                        "call chooses its own path"))
             return self._compression.start(sendbuf, recvbuf, op, compression)
-        return self._start(sendbuf, recvbuf, op, self.algorithm)
+        return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
+
+    def _algorithm_named(self, algorithm: str | None) -> str:
+        """The checked name of a call's ``algorithm`` (None: the communicator's); an unknown
+        one is refused on every rank."""
+        if algorithm is None:
+            return self.algorithm
+        try:
+            return _CHECKED[algorithm]
+        except (KeyError, TypeError):
+            try:
+                name = selection.check_algorithm(algorithm)
+            except (ValueError, TypeError) as exc:
+                self._refuse(exc)
+            _CHECKED[algorithm] = name
+            return name
 
     # -- the compression seam (bmlmpi.compression) ---------------------------------------------
     @property
@@ -1385,7 +1413,7 @@ class Communicator(FamilyCalls):
                 compiled = self._plan(call.algorithm, call.out.size, call.out.dtype, call.op)
             else:
                 compiled = self._family_plan(call)
-        return PersistentRequest(self, call, compiled)
+        return PersistentRequest(self._start_persistent, call, compiled)
 
     def _native_init(self, call: PreparedCall | FamilyCall) -> NativePersistent | None:
         """The MPI library's persistent request for a native call, on buffers of its own
@@ -1557,7 +1585,8 @@ class Communicator(FamilyCalls):
         try:
             wait_for(lambda: (self._progress(), entry.done)[1], self.timeout,
                      entry.run.describe_timeout, progress=self._progress_mark,
-                     interrupt=interrupt)
+                     interrupt=interrupt,
+                     busy=entry.run.busy if isinstance(entry.run, ShmRun) else 0.0)
         except DeadlineExceeded as exc:
             if entry in self._active:
                 self._active.remove(entry)
@@ -1751,26 +1780,14 @@ def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm =
     last_comm, ctx = _last
     if comm is not last_comm:
         ctx = _communicator_for(comm)
-    try:
-        name = _CHECKED[algorithm]
-    except (KeyError, TypeError):
-        try:
-            name = selection.check_algorithm(algorithm)
-        except (ValueError, TypeError) as exc:
-            ctx._refuse(exc)
-        _CHECKED[algorithm] = name
-    ctx._blocking(sendbuf, recvbuf, op, name)
+    ctx._blocking(sendbuf, recvbuf, op, ctx._algorithm_named(algorithm))
 
 
 def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,
                algorithm: str = "auto") -> Request:
     """Non-blocking :func:`Allreduce`; progresses inside the request's ``Test``/``Wait``."""
     ctx = _communicator_for(comm)
-    try:
-        name = selection.check_algorithm(algorithm)
-    except (ValueError, TypeError) as exc:
-        ctx._refuse(exc)
-    return ctx._start(sendbuf, recvbuf, op, name)
+    return ctx._start(sendbuf, recvbuf, op, ctx._algorithm_named(algorithm))
 
 
 _finalize_bound: list[float] = []

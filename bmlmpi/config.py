@@ -251,6 +251,7 @@ OTHER_NAMES = frozenset((
     "BMLMPI_SLURM_TESTS", "BMLMPI_SLURM_INSTALL", "BMLMPI_LOCAL_SLURM_DIR",
     "BMLMPI_FT_LAUNCH_TIMEOUT", "BMLMPI_TEST_RANKS", "BMLMPI_TEST_LAUNCH_TIMEOUT",
     "BMLMPI_PLOT_PYTHON", "BMLMPI_TORCH_VENV", "BMLMPI_TORCH_LAUNCH_TIMEOUT",
+    "BMLMPI_TORCH_PYTHON",
 ))
 
 #: Environment variables that hold this process's rank under the launchers bmlmpi meets

@@ -460,7 +460,7 @@ class Run:
         lane_reqs = self.lane_reqs
         start = last = time.monotonic()
         mark = self.progress
-        spin = _spin_seconds()
+        spin = spin_seconds()
         while True:
             for reqs in lane_reqs:
                 if reqs is not None and _testall(reqs):
@@ -474,7 +474,7 @@ class Run:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            _back_off(now - start, spin)
+            back_off(now - start, spin)
 
     def _drive_lane(self, timeout: float, interrupt: Interrupt | None = None) -> None:
         """:meth:`drive` for a plan of one lane: post a step, poll until its receives are in,
@@ -507,7 +507,7 @@ class Run:
         from the run's first poll, then sleeping; DeadlineExceeded after ``timeout`` s."""
         last = now = time.monotonic()
         if not clock[0]:
-            clock[0], clock[1] = now, _spin_seconds()
+            clock[0], clock[1] = now, spin_seconds()
         start, spin = clock
         while not _testall(reqs):
             now = time.monotonic()
@@ -515,7 +515,7 @@ class Run:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            _back_off(now - start, spin)
+            back_off(now - start, spin)
 
     def _finalise(self) -> None:
         observer = self.observer
@@ -577,19 +577,13 @@ class Run:
                 r.Cancel()
             except MPI.Exception:
                 pass
-        end = time.monotonic() + bound
         left = reqs
-        while left and time.monotonic() < end:
-            still = []
-            for r in left:
-                try:
-                    if not r.Test():
-                        still.append(r)
-                except MPI.Exception:
-                    pass
-            left = still
-            if left:
-                time.sleep(1e-3)
+
+        def settled() -> bool:
+            nonlocal left
+            left = [r for r in left if not request_done(r)]
+            return not left
+        poll_until(settled, bound)
         return left
 
     def describe_timeout(self, timeout: float) -> str:
@@ -606,10 +600,18 @@ def wait_request(req: MPI.Request, timeout: float, what: str) -> None:
     wait_for(req.Test, timeout, lambda t: f"{what} within {t:g} s")
 
 
+def request_done(req: MPI.Request) -> bool:
+    """Whether ``req`` completed (an error completes it too: nothing is left to wait for)."""
+    try:
+        return req.Test()
+    except MPI.Exception:
+        return True
+
+
 _spin_cache: tuple[str | None, float] | None = None
 
 
-def _spin_seconds() -> float:
+def spin_seconds() -> float:
     """``BMLMPI_SPIN``, parsed again only when its text changed (read once per blocking call)."""
     global _spin_cache
     raw = config.text("BMLMPI_SPIN")
@@ -621,42 +623,64 @@ def _spin_seconds() -> float:
     return value
 
 
-def _back_off(elapsed: float, spin: float) -> None:
+def back_off(elapsed: float, spin: float) -> None:
     """Between two polls of a wait that has lasted ``elapsed`` seconds: yield the core while
     ``elapsed`` < ``spin`` (``BMLMPI_SPIN``: MPI progresses only inside a poll, and an
     oversubscribed peer must get to run), then sleep up to 1 ms, longer as the wait grows,
-    so long waits cost no CPU."""
+    so long waits cost no CPU. The one back-off of every bmlmpi wait."""
     if elapsed < spin:
         os.sched_yield()
     else:
         time.sleep(min(1e-3, elapsed * 0.02))
 
 
+def poll_until(test: Callable[[], bool], seconds: float, spin: float | None = None) -> bool:
+    """Poll ``test`` with :func:`back_off` between polls until it is true (True) or
+    ``seconds`` have passed (False): for bounded waits that end without an error. ``spin``:
+    how long to yield before sleeping (default ``BMLMPI_SPIN``; 0 where a poll is costly)."""
+    if test():
+        return True
+    start = time.monotonic()
+    spin = spin_seconds() if spin is None else spin
+    while True:
+        now = time.monotonic()
+        if now - start >= seconds:
+            return test()
+        back_off(now - start, spin)
+        if test():
+            return True
+
+
 def wait_for(test: Callable[[], bool], timeout: float, describe: Callable[[float], str],
              progress: Callable[[], object] = lambda: None,
-             interrupt: Interrupt | None = None) -> None:
-    """Poll ``test`` until it is true; raise DeadlineExceeded after ``timeout`` s without progress.
+             interrupt: Interrupt | None = None, busy: float = 0.0,
+             error: Callable[[str], BaseException] = DeadlineExceeded) -> None:
+    """Poll ``test`` until it is true; raise ``error(describe(timeout))`` (DeadlineExceeded)
+    after ``timeout`` s in which ``progress()`` did not change.
 
     MPI makes progress only inside its calls (a shared-memory rendezvous copy happens in the
     receiver's Test), so the first ``BMLMPI_SPIN`` seconds (default 0.05) poll continuously,
     yielding the core between polls so an oversubscribed peer can run; after that the poll
     sleeps up to 1 ms between tests, so long waits (slow links, missing peers) cost no CPU.
+    ``busy``: for this long after each progress the poll does not even yield (a shared-memory
+    run whose peers have cores of their own, :data:`bmlmpi.shm.BUSY_POLL_S`).
     """
     if test():
         return
     start = last = time.monotonic()
     mark = progress()
-    spin = _spin_seconds()
+    spin = spin_seconds()
     while not test():
         now = time.monotonic()
         cur = progress()
         if cur != mark:
             mark, last = cur, now
         elif now - last > timeout:
-            raise DeadlineExceeded(describe(timeout))
+            raise error(describe(timeout))
         if interrupt is not None:
             interrupt()
-        _back_off(now - start, spin)
+        if now - last >= busy:
+            back_off(now - start, spin)
 
 
 def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, op: str,

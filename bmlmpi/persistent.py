@@ -20,16 +20,17 @@ communicator every start is one call of its ledger, with that call's failure con
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
 class PersistentRequest:
     """A persistent collective: ``Start``, ``Test``, ``Wait``, ``Free`` as ``MPI.Prequest``."""
 
-    __slots__ = ("_owner", "_call", "_compiled", "_entry", "_freed")
+    __slots__ = ("_start", "_call", "_compiled", "_entry", "_freed")
 
-    def __init__(self, owner: Any, call: Any, compiled: Any):
-        self._owner = owner        # the bmlmpi.Communicator
+    def __init__(self, start: Callable[[Any, Any], Any], call: Any, compiled: Any):
+        self._start = start        # the communicator's: (call, compiled) -> the outstanding start
         self._call = call          # PreparedCall or FamilyCall, checked
         self._compiled = compiled  # a Plan, an MPI Prequest (native), or None
         self._entry: Any = None    # the outstanding start, None while inactive
@@ -55,7 +56,7 @@ class PersistentRequest:
         if self._entry is not None:
             raise ValueError("Start of an active persistent request: Wait for (or Test until "
                              "True) the previous start first")
-        self._entry = self._owner._start_persistent(self._call, self._compiled)
+        self._entry = self._start(self._call, self._compiled)
 
     def Test(self) -> bool:
         """Advance the communicator's calls; True once this start is complete (and for an

@@ -173,7 +173,7 @@ class FlightRecorder:
         return {
             "format": FORMAT, "reason": reason, "time": time.time(),
             "host": socket.gethostname(),
-            "pid": os.getpid(), "world_rank": _world_rank(), "comm": self.index,
+            "pid": os.getpid(), "world_rank": world_rank(), "comm": self.index,
             "kind": self.kind, "rank": self.rank, "size": self.size,
             "capacity": self.capacity, "recorded": self.next, "timeout": self.timeout,
             "calls": self.calls(),
@@ -181,8 +181,8 @@ class FlightRecorder:
 
     def path(self, directory: Path | None = None) -> Path:
         d = trace_dir() if directory is None else Path(directory)
-        return d / (f"bmlmpi-trace-{_slug(socket.gethostname())}-p{os.getpid()}"
-                    f"-w{_world_rank()}-c{self.index}.json")
+        return d / (f"bmlmpi-trace-{file_slug(socket.gethostname())}-p{os.getpid()}"
+                    f"-w{world_rank()}-c{self.index}.json")
 
     def dump(self, reason: str, directory: Path | None = None, announce: bool = True) -> Path:
         """Write the ring as JSON (replacing this communicator's earlier dump); say where on
@@ -247,7 +247,8 @@ def _peers(peers: list[tuple[str, int]] | None) -> Any:
 
 # -- where dumps go ----------------------------------------------------------------------------
 
-def _slug(text: str) -> str:
+def file_slug(text: str) -> str:
+    """``text`` as a file-name part: letters, digits, ``_.-`` (never empty)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_") or "x"
 
 
@@ -259,7 +260,7 @@ def job_id(env: dict[str, str] | None = None) -> str:
                         ("OMPI_MCA_ess_base_jobid", "ompi"), ("PMI_KVS_NAME", "")):
         value = env.get(var)
         if value:
-            return _slug(f"{prefix}-{value}" if prefix else value)
+            return file_slug(f"{prefix}-{value}" if prefix else value)
     return f"ppid{os.getppid()}"
 
 
@@ -271,7 +272,8 @@ def trace_dir(env: dict[str, str] | None = None) -> Path:
     return Path(tempfile.gettempdir()) / f"bmlmpi-trace-{job_id(env)}"
 
 
-def _world_rank() -> int:
+def world_rank() -> int:
+    """This process's rank in ``MPI.COMM_WORLD``, -1 when MPI is not running."""
     try:
         from mpi4py import MPI
         if MPI.Is_initialized() and not MPI.Is_finalized():

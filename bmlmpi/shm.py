@@ -32,6 +32,7 @@ rank's half-written slice is never read: a reader only reads what a flag publish
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .execute import DeadlineExceeded, Plan, Run, _back_off, _spin_seconds, wait_request
+from .execute import DeadlineExceeded, Plan, Run, back_off, spin_seconds, wait_request
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import FETCH, PUBLISH, REDUCE, Copy, Schedule, Step
@@ -48,6 +49,11 @@ FLAG_BYTES = 128         # the flag and padding: the buffers start on their own 
 ALIGN = 4096             # buffer capacity granularity (bytes)
 WATCH_TAG = 7            # the failure watch's receives (never matched: no one sends on it)
 FAILURE_CHECK_S = 0.01   # how often a waiting rank looks for a failure
+#: A wait first polls the flags without yielding this long, when the node's ranks do not
+#: outnumber the cores: a peer running on another core publishes within microseconds, while
+#: a yield on a busy machine can give the core away for a whole time slice.
+BUSY_POLL_S = 50e-6
+_CORES = os.cpu_count() or 1
 
 
 class ShmUnavailable(ValueError):
@@ -469,7 +475,8 @@ class ShmRun:
             return
         start = last = time.monotonic()
         mark = (self.progress, self._flag_marks())
-        spin = _spin_seconds()
+        spin = spin_seconds()
+        busy = self.busy
         while not self.test():
             now = time.monotonic()
             cur = (self.progress, self._flag_marks())
@@ -479,7 +486,15 @@ class ShmRun:
                 raise DeadlineExceeded(self.describe_timeout(timeout))
             if interrupt is not None:
                 interrupt()
-            _back_off(now - start, spin)
+            if now - last >= busy:
+                back_off(now - start, spin)
+
+    @property
+    def busy(self) -> float:
+        """How long a wait polls without yielding (:data:`BUSY_POLL_S` where the node's
+        ranks do not outnumber the cores, else 0)."""
+        node = self.node
+        return BUSY_POLL_S if node is not None and node.size <= _CORES else 0.0
 
     def _flag_marks(self) -> tuple[int, ...]:
         node = self.node

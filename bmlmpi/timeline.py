@@ -33,7 +33,7 @@ from typing import Any
 
 from . import config
 from .execute import Run, RunObserver, install_observer
-from .recorder import EPOCH, FlightRecorder, Slot, _slug, _world_rank, now
+from .recorder import EPOCH, FlightRecorder, Slot, file_slug, now, world_rank
 
 MAX_EVENTS = 2_000_000
 _US = 1e6
@@ -46,7 +46,7 @@ class Timeline(RunObserver):
         self.directory = Path(directory)
         self.events: list[dict[str, Any]] = []
         self.dropped = 0
-        self.rank = _world_rank()
+        self.rank = world_rank()
         self._open: dict[tuple[int, int], float] = {}  # (run, lane) -> when its phase began
 
     # -- events ---------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class Timeline(RunObserver):
 
     # -- output ---------------------------------------------------------------------------
     def path(self) -> Path:
-        return self.directory / (f"timeline-{_slug(socket.gethostname())}-p{os.getpid()}"
+        return self.directory / (f"timeline-{file_slug(socket.gethostname())}-p{os.getpid()}"
                                  f"-w{self.rank}.json")
 
     def document(self) -> dict[str, Any]:

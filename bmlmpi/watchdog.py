@@ -5,16 +5,19 @@ bmlmpi's fast path for a blocking native allreduce (``Communicator.Allreduce`` o
 the first-call argument check) calls ``MPI_Allreduce`` itself, so that MPI waits in its own
 loop instead of bmlmpi polling ``MPI_Iallreduce`` from Python (3.5 µs a call at 8 B, 2× the
 time at 64 KiB). A blocking MPI call cannot be given a deadline from inside, so the promise
-"nothing hangs" is kept from outside, as NCCL's watchdog keeps it for its collectives: a
-daemon thread per communicator wakes every ``min(1 s, timeout / 10)``; when the same blocking
-call has been in progress for more than ``timeout`` seconds (``BMLMPI_TIMEOUT``) it writes
+"nothing hangs" is kept from outside, as NCCL's watchdog keeps it for its collectives: one
+daemon thread per process, serving every communicator's :class:`Watchdog`, wakes every
+``min(1 s, timeout / 10)`` (the smallest of theirs); when the same blocking call of a
+communicator has been in progress for more than its ``timeout`` seconds (``BMLMPI_TIMEOUT``)
+it writes
 which call hung (rank, communicator size, signature, call number, seconds) to stderr, has
 the communicator's flight recorder dumped (:mod:`bmlmpi.recorder`) and
 aborts the job (``MPI_Abort``, since the other ranks of a hung collective cannot be told to
 stop any other way). A slow call that completes within the timeout is never touched.
 
 Cost on the calling thread: one counter increment and two attribute stores per call (about
-0.1 µs); the thread exists only once a fast-path call was made and sleeps between checks.
+0.1 µs); the thread exists only while some communicator's fast path has been taken and that
+communicator is neither freed nor collected, and sleeps between checks.
 Users who prefer an exception they can catch to an abort set ``BMLMPI_BLOCKING=polled``
 (every call then takes the polled path with its per-wait deadline and DeadlineExceeded).
 """
@@ -30,6 +33,36 @@ from mpi4py import MPI
 
 #: Exit code of a job the watchdog aborted (EX_SOFTWARE).
 ABORT_CODE = 70
+
+#: The watchdogs the process's one thread serves (started; a stopped one is dropped by the
+#: next look under _lock: :func:`_live`), under _lock.
+_watched: set[Watchdog] = set()
+_lock = threading.Lock()
+_wake = threading.Event()     # set: the thread looks at the set of watchdogs at once
+_thread: threading.Thread | None = None
+
+
+def _live() -> list[Watchdog]:
+    """The watchdogs not stopped, the stopped ones dropped (called under _lock)."""
+    _watched.difference_update([d for d in _watched if d._stop.is_set()])
+    return list(_watched)
+
+
+def _serve() -> None:
+    """The process's watchdog thread: checks every started watchdog, at the smallest of
+    their periods, and ends when none is left."""
+    global _thread
+    while True:
+        with _lock:
+            dogs = _live()
+            if not dogs:
+                _thread = None
+                return
+        _wake.wait(min(d.period for d in dogs))
+        _wake.clear()
+        for dog in dogs:
+            if not dog._stop.is_set() and dog._check():
+                dog._stop.set()   # it fired: its abort has run
 
 
 def mpi_abort(comm: MPI.Comm) -> Callable[[], None]:
@@ -70,30 +103,46 @@ class Watchdog:
         self._report = report or _to_stderr
         self._before_abort = before_abort  # given the report (the flight recorder's dump)
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None   # the process's thread, once started
+        self._seen, self._since = -1, 0.0   # the call the thread last saw, and since when
 
     @property
     def period(self) -> float:
         return min(1.0, max(0.005, self.timeout / 10))
 
     def start(self) -> None:
-        """Start the thread (once); the fast path calls this when it is first taken."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="bmlmpi-watchdog",
-                                            daemon=True)
-            self._thread.start()
+        """Have the process's watchdog thread watch this one (the thread is started when
+        none runs); the fast path calls this when it is first taken."""
+        global _thread
+        if self._thread is not None or self._stop.is_set():
+            return
+        with _lock:
+            _watched.add(self)
+            if _thread is None:
+                _thread = threading.Thread(target=_serve, name="bmlmpi-watchdog",
+                                           daemon=True)
+                _thread.start()
+            self._thread = _thread
+        _wake.set()
 
     def close(self) -> None:
-        """Let the thread end at its next wake-up, without waiting for it (what a
-        Communicator's finalizer calls when it is dropped without ``Free()``)."""
+        """Stop watching, without waiting for the thread (what a Communicator's finalizer
+        calls when it is dropped without ``Free()``); the thread ends at its next wake-up
+        when no watchdog is left. Takes no lock: a finalizer runs inside the garbage
+        collector, which may run while this thread holds one."""
         self._stop.set()
+        _wake.set()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            # it wakes at once when the event is set; the bound only matters when this
-            # process gets no CPU (a heavily loaded node)
-            self._thread.join(timeout=10.0)
+        """Stop watching; when this was the last watchdog, wait (bounded) for the thread
+        to end."""
+        self.close()
+        with _lock:
+            last = _thread if not _live() else None
+        if last is not None and last is not threading.current_thread():
+            # it wakes at once; the bound only matters when this process gets no CPU (a
+            # heavily loaded node) or another communicator starts watching meanwhile
+            last.join(timeout=10.0)
         self._thread = None
 
     def enter(self, what: str) -> None:
@@ -112,39 +161,42 @@ class Watchdog:
             except Exception as exc:  # noqa: BLE001 - the abort must happen
                 _to_stderr(f"bmlmpi watchdog: the flight recorder's dump failed: {exc}")
 
-    def _watch(self) -> None:
-        seen, since = -1, 0.0
-        while not self._stop.wait(self.period):
-            what = self.current
-            if what is None:
-                continue
-            if self._alarm is not None:
-                try:
-                    news = self._alarm()
-                except Exception:  # noqa: BLE001 - MPI refused the test: keep the deadline
-                    news = None
-                    self._alarm = None
-                if news is not None and self.current is not None:
-                    self.fired = (f"bmlmpi watchdog: {what}, fast-path call {self.calls}, is "
-                                  f"blocked in MPI_Allreduce, which cannot be interrupted, and "
-                                  f"{news}: that call can never complete; aborting the job")
-                    self._report(self.fired)
-                    self._last_words()
-                    self._abort()
-                    return
-            n, now = self.calls, time.monotonic()
-            if n != seen:
-                seen, since = n, now  # a call the watchdog has not seen yet: its clock starts
-                continue
-            if now - since > self.timeout:
-                self.fired = (f"bmlmpi watchdog: {what}, call {n}, has been blocked in MPI for "
-                              f"{now - since:.1f} s ({self.source}{self.timeout:g}); another "
-                              f"rank never joined it; aborting the job (set "
+    def _check(self) -> bool:
+        """One look at the call in progress (the thread's); True once it fired (the report
+        written, the abort run)."""
+        what = self.current
+        if what is None:
+            return False
+        if self._alarm is not None:
+            try:
+                news = self._alarm()
+            except Exception:  # noqa: BLE001 - MPI refused the test: keep the deadline
+                news = None
+                self._alarm = None
+            if news is not None and self.current is not None:
+                return self._fire(f"bmlmpi watchdog: {what}, fast-path call {self.calls}, is "
+                                  f"blocked in MPI_Allreduce, which cannot be interrupted, "
+                                  f"and {news}: that call can never complete; aborting the job")
+        n, now = self.calls, time.monotonic()
+        if n != self._seen:
+            # a call the watchdog has not seen yet: its clock starts
+            self._seen, self._since = n, now
+            return False
+        since = self._since
+        if now - since > self.timeout:
+            return self._fire(f"bmlmpi watchdog: {what}, call {n}, has been blocked in MPI "
+                              f"for {now - since:.1f} s ({self.source}{self.timeout:g}); "
+                              f"another rank never joined it; aborting the job (set "
                               f"BMLMPI_BLOCKING=polled for a DeadlineExceeded instead)")
-                self._report(self.fired)
-                self._last_words()
-                self._abort()
-                return
+        return False
+
+    def _fire(self, report: str) -> bool:
+        """Write ``report``, have the flight recorder dumped, abort; True (it fired)."""
+        self.fired = report
+        self._report(report)
+        self._last_words()
+        self._abort()
+        return True
 
 
 def _to_stderr(message: str) -> None:

@@ -96,12 +96,15 @@ bmlmpi_srun_mpi() {
 }
 
 # Open MPI busy-polls while it waits; with more ranks than cores and a launcher that does not
-# tell it so (srun), ranks spin against each other and run orders of magnitude slower.
+# tell it so (srun), ranks spin against each other and run orders of magnitude slower. So do
+# compute threads: srun binds nothing here, so each rank's torch (OpenMP) would start a thread
+# per core of the node (mpirun binds each rank to a core, and torch then starts one).
 bmlmpi_yield_if_oversubscribed() {
     local ranks=$1 cores
     cores=$(nproc 2>/dev/null || echo 1)
     if [[ ${SLURM_JOB_NUM_NODES:-1} == 1 && $ranks -gt $cores ]]; then
         export OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1}
+        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     fi
 }
 

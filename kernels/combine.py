@@ -92,7 +92,7 @@ def combine_into(out: Any, a: Any, b: Any, op: str) -> None:
     if not out.flags.writeable:
         raise ValueError("out is read-only: the reduction writes its result into out")
     dispatch.check_op(op, out.dtype)
-    a, b = dispatch._check_sources(out, (a, b), True)
+    a, b = dispatch.check_sources(out, (a, b), True)
     for s in (a, b):
         if s is not out and np.may_share_memory(out, s) and (
                 out.__array_interface__["data"][0] != s.__array_interface__["data"][0]
@@ -100,7 +100,7 @@ def combine_into(out: Any, a: Any, b: Any, op: str) -> None:
             raise ValueError("out partly overlaps a source; pass separate arrays")
     if out.size == 0:
         return
-    views = dispatch._flat([out, a, b])
+    views = dispatch.flat_views([out, a, b])
     mod = None if views is None else _numba_for(out.dtype, out.nbytes, 1)
     if mod is not None:
         mod.combine_into(views[0], views[1], views[2], op)

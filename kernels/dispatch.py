@@ -120,7 +120,7 @@ def check_op(op: str, dtype: np.dtype) -> None:
                         f"MIN/MAX only for integer and real floating types)")
 
 
-def _check_sources(dst: Any, srcs: Sequence[Any], host: bool) -> tuple[Any, ...]:
+def check_sources(dst: Any, srcs: Sequence[Any], host: bool) -> tuple[Any, ...]:
     """The sources, as cupy views when ``dst`` is on the device, after shape/dtype checks."""
     out = []
     for s in srcs:
@@ -152,7 +152,7 @@ def _place(dst: Any) -> bool:
 
 # -- choice ------------------------------------------------------------------------------------
 
-def _flat(arrays: Sequence[np.ndarray]) -> list[np.ndarray] | None:
+def flat_views(arrays: Sequence[np.ndarray]) -> list[np.ndarray] | None:
     """One-dimensional views in a common element order, or None if there is none."""
     if all(a.flags.c_contiguous for a in arrays):
         return [a if a.ndim == 1 else a.reshape(-1) for a in arrays]
@@ -197,7 +197,7 @@ def _numba_views(dst: np.ndarray, srcs: Sequence[np.ndarray],
         return None
     if any(_partial_overlap(dst, s) for s in srcs):
         return None
-    return _flat([dst, *srcs])
+    return flat_views([dst, *srcs])
 
 
 def cpu_backend(dst: np.ndarray, srcs: Sequence[np.ndarray]) -> str:
@@ -219,7 +219,7 @@ def reduce_many_into(dst: Any, srcs: Sequence[Any], op: str) -> None:
     if not host:
         dst = gpu.as_cupy(dst)
     check_op(op, dst.dtype)
-    srcs = _check_sources(dst, srcs, host)
+    srcs = check_sources(dst, srcs, host)
     if is_wire_op(op):
         _wire_reduce(dst, srcs, op, host)
         return
@@ -246,7 +246,7 @@ def _wire_reduce(dst: Any, srcs: Sequence[Any], op: str, host: bool) -> None:
     views = None
     if family is not None and mode != "numpy" and load_numba() is not None:
         if not any(_partial_overlap(dst, s) for s in srcs):
-            views = _flat([dst, *srcs])
+            views = flat_views([dst, *srcs])
     elif family is not None and mode == "numba":
         raise ImportError("BMLMPI_KERNEL=numba but numba cannot be imported") from _numba_error
     if views is None:

@@ -415,6 +415,24 @@ def test_family_contracts_n4_before_during_and_root():
     assert {(r["raised"], r["size"]) for r in first} == {(None, 3)}, first
 
 
+def test_family_contracts_in_shared_memory():
+    """The family's shared-memory schedules (algorithm "shm") under the failure contracts:
+    a rank dies during a reduce-scatter and a root during a reduce while the node's segments
+    are shared; the survivors notice, recover over themselves and agree; no window's file
+    stays in /dev/shm."""
+    before = _shm_names()
+    cycle = ["reduce_scatter", "allgather", "reduce", "bcast"]
+    groups = [{"size": 4, "collectives": cycle, "calls": 6, "algorithm": "shm",
+               "kills": [{"call": 0, "rank": 1, "when": "during", "how": "kill"},
+                         {"call": 2, "rank": "root", "when": "during", "how": "kill"}]}]
+    spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 4, "FAMILY-JSON",
+                               timeout=LAUNCH_TIMEOUT)
+    _family_check(groups, res, records)
+    left = {n for n in _shm_names() - before if n.startswith("osc_sm")}
+    assert not left, f"left in /dev/shm: {sorted(left)}"
+
+
 def test_family_contracts_n8():
     cycle = ["reduce_scatter", "allgather", "reduce", "bcast"]
     groups = [{"size": 8, "collectives": cycle, "calls": 8,

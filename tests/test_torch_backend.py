@@ -7,7 +7,8 @@ and their futures, refusals, a sub-group, DDP (against gloo, parameters identica
 rank), the DDP hooks (fp16 against torch's fp16_compress_hook, bf16, the TDF filters with their
 error feedback, the iBatch bucket plan), ZeRO and FSDP against plain DDP. The job
 (jobs/train_torch.py) loses a rank at a random step under the fault-tolerant backend, and runs
-through its mpirun script.
+through its mpirun script. The family calls (broadcast, reduce, reduce-scatter, all-gather) each
+lose a rank on the fault-tolerant backend (``tests/frameworks/torch_ft_family_ranks.py``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ def test_backend_against_gloo(venv, n):
                  "tdf:0.002:0.5:0.5_error_feedback", "topk:0.05_error_feedback",
                  "ibatch_hook_planned", "zero_equals_ddp",
                  "fsdp2_equals_ddp", "fsdp1_equals_ddp", "refused_band", "future_without_wait",
+                 "store_on_given_host",
                  "reduce_scatter_list[4099,torch.int64]", "reduce[5,torch.float32,root1]"):
         assert name in checks, f"check {name} did not run\n{tail}"
     if n > 2:
@@ -129,3 +131,29 @@ def test_train_torch_mpirun_script_with_compression(venv, tmp_path):
     assert report["compression"] == "fp16" and report["params_identical"], tail
     assert report["losses"][-1] < report["losses"][0], tail
     assert "check_world: 2 ranks" in res.stdout + res.stderr, tail
+
+
+def test_family_calls_under_kills_on_the_fault_tolerant_backend(venv):
+    """reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce through torch on
+    the fault-tolerant backend, a rank killed in each (before or during the call), at N = 6:
+    every survivor sees bmlmpi's family contract (tests/frameworks/torch_ft_family_ranks.py:
+    RootFailed for the lost root, the survivors' sums, the own block, ContributionsLost with
+    zeros for the lost slot) and the same errors, and the 2 left go on exactly (about 10 s)."""
+    res = launch(venv, 6, ["tests/frameworks/torch_ft_family_ranks.py"], ft=True,
+                 timeout=LAUNCH_TIMEOUT)
+    tail = (res.stdout + res.stderr)[-6000:]
+    assert res.returncode == 0, tail
+    records = [json.loads(line.split(" ", 1)[1]) for line in res.stdout.splitlines()
+               if line.startswith("TORCH-FT-FAMILY ")]
+    assert sorted(r["survivor"] for r in records) == [0, 5], tail
+    for r in records:
+        bad = [c for c in r["results"] if not c["ok"]]
+        assert not bad, f"original rank {r['survivor']}: {bad}\n{tail}"
+        # a victim that delivered its part before dying is noticed by the next call
+        sizes = [c["size"] for c in r["results"]]
+        assert sizes == sorted(sizes, reverse=True) and sizes[0] == 5 and sizes[-1] == 2, r
+        assert r["results"][-1]["failed"] == [1, 2, 3, 4], r
+    raised = [[c["raised"] for c in r["results"]] for r in records]
+    assert raised[0] == raised[1], f"the survivors raised differently: {raised}"
+    assert raised[0][:3] == ["RootFailed", None, None], raised
+    assert raised[0][3] == "ContributionsLost", raised

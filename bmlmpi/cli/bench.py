@@ -242,8 +242,8 @@ def timed_call(name: str, ctx: Communicator, comm: MPI.Comm, send: Any, recv: An
     if algorithm == "auto" and ctx.algorithm == "auto":
         return lambda: ctx.Allreduce(send, recv, MPI.SUM)
     if name == PASSTHROUGH:
-        return lambda: ctx._start(send, recv, MPI.SUM, algorithm).Wait()
-    return lambda: ctx._blocking(send, recv, MPI.SUM, algorithm)
+        return lambda: ctx.Iallreduce(send, recv, MPI.SUM, algorithm=algorithm).Wait()
+    return lambda: ctx.Allreduce(send, recv, MPI.SUM, algorithm=algorithm)
 
 
 class FamilyCase:

@@ -289,7 +289,7 @@ def start(channel: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
     :class:`.channel.CompressionChannel`); returns a request.
 
     ``compression``: a :class:`Compressor` (keeps its error-feedback memory across calls) or
-    a spec string (:func:`.filters.parse`; a string builds a new compressor each call, so only
+    a spec string (:func:`.protocol.parse`; a string builds a new compressor each call, so only
     the stateless ``fp16``/``bf16`` are meaningful that way — pass an object for filters).
     ``key``: the registered array this call reduces (default: ``recvbuf``'s address and
     length, so reduce into the same array at every step for error feedback to carry over).
@@ -314,9 +314,11 @@ def start(channel: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
     # that a rank compressing where the others do not fails at once on every rank instead of
     # meeting their data messages with its own collectives (a fault-tolerant communicator
     # agrees inside the call: it has no first-call agreement)
+    settings = compressor.settings()
     comm.agree_compressed(recvbuf, op, f"wire {compressor.wire or 'none'}, filters "
                                        f"{'on' if compressor.filters else 'off'}, path "
-                                       f"{compressor.path}")
+                                       f"{compressor.path}" +
+                          (f", {type(compressor).__name__} {settings}" if settings else ""))
     stages = _stages(channel, compressor, sendbuf, recvbuf, op, key)
     rec = comm.recorder
     if rec is not None:

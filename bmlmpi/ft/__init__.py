@@ -31,8 +31,8 @@ Mechanism (user-level failure mitigation, mpi4py ≥ 4 on Open MPI ≥ 5 started
    kept), call ``on_failure`` and start every uncommitted call again over the survivors.
    Failures during the re-run repeat the cycle (successive failures).
 
-Re-partitioning (which schedule the survivors run, :func:`bmlmpi.schedules.catalog.
-bcube_preserving`, :mod:`bmlmpi.schedules.recovery`):
+Re-partitioning (which schedule the survivors run, :func:`.recovery.bcube_preserving`,
+:mod:`.recovery`):
 
 * ``recovery="fresh"`` — the survivors run the requested algorithm (bml, ring, tree, native …)
   as if the communicator had been built over them: bml on a fresh mixed-radix BCube of the
@@ -108,7 +108,7 @@ _EXPORTS = {
     "finish": "exit",
     "install_exit_handlers": "exit",
     "is_failure": "errors",
-    "join": "grow",
+    "join": "communicator",
     "ulfm_support": "errors",
 }
 

@@ -20,7 +20,6 @@ from mpi4py import MPI
 from .. import config
 from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
-from ..schedules import catalog
 from .compressed import settle
 from .errors import (
     FaultToleranceError,
@@ -31,11 +30,12 @@ from .errors import (
 )
 from .exit import LIVE, started
 from .family import Skipped, retarget
-from .grow import GrowRecord, Growth
+from .grow import GrowRecord, Growth, Joined
 from .heartbeat import Heartbeat
 from .ledger import Call, Ledger
 from .link_watch import LinkWatch
 from .membership import Membership, RecoveryRecord
+from .recovery import bcube_preserving
 
 DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
 RECOVERY_MODES = ("auto", "fresh", "bcube")
@@ -95,6 +95,11 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
     ``watch_links`` — this server's NICs (interface names in its network namespace): when one
     goes down this rank is masked, i.e. ends itself and the others recover (:mod:`.link_watch`).
     """
+
+    fault_tolerant = True
+    #: Which node each original rank is on (None until construction sets it: the base class
+    #: asks :meth:`nodes` while it constructs).
+    _home_nodes: Any = None
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = True, *,
@@ -200,7 +205,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         """Which current ranks share a node: the nodes at construction restricted to the
         current members (each survivor stays on its node; a node that lost a rank holds
         fewer)."""
-        home = getattr(self, "_home_nodes", None)  # None while the base class constructs
+        home = self._home_nodes  # None while the base class constructs
         if home is None or any(m >= home.size for m in self._members):
             return super().nodes()
         return home.restrict(self._members)
@@ -298,10 +303,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
 
     # -- the calls --------------------------------------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                  compression: Any = None) -> None:
+                  algorithm: str | None = None, compression: Any = None) -> None:
         """Reduce ``sendbuf`` over the survivors into ``recvbuf`` (``sendbuf`` may be
-        IN_PLACE). ``compression``: as :meth:`bmlmpi.Communicator.Allreduce`, with the
-        failure contract of :meth:`Iallreduce`.
+        IN_PLACE). ``algorithm`` and ``compression``: as :meth:`bmlmpi.Communicator.Allreduce`,
+        with the failure contract of :meth:`Iallreduce`.
 
         Failure contract: returns on every survivor with the reduction over exactly the
         inputs of the ranks that are members when the call commits, the same on all of them
@@ -315,10 +320,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         on this rank, the communicator must not be used again. :class:`RankMasked` on a rank
         masked out by :meth:`mask_link`.
         """
-        self.Iallreduce(sendbuf, recvbuf, op, compression=compression).Wait()
+        self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm, compression=compression).Wait()
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                   compression: Any = None) -> Request:
+                   algorithm: str | None = None, compression: Any = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned
         :class:`FaultTolerantRequest`, whose docstrings state what a failure does.
 
@@ -343,8 +348,11 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         """
         if compression is not None:
             self._usable()
+            if algorithm is not None:
+                self._refuse(ValueError("algorithm= and compression= together: a compressed "
+                                        "call chooses its own path"))
             return self.compression.start(sendbuf, recvbuf, op, compression)
-        return self._start(sendbuf, recvbuf, op, self.algorithm)
+        return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
 
     def settle_compressed(self, stages: Any, channel: Any, what: str,
                           abandon: Callable[[], None]) -> Any:
@@ -427,8 +435,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         (peers are original ranks); otherwise the requested algorithm over the current
         members. Every transfer runs on the one communicator."""
         if self.recovery == "bcube":
-            sched = catalog.bcube_preserving(algorithm, self._members[self.rank],
-                                             self.home_shape, self.failed, count)
+            sched = bcube_preserving(algorithm, self._members[self.rank], self.home_shape,
+                                     self.failed, count)
             if sched is not None:
                 current = {orig: cur for cur, orig in enumerate(self._members)}
                 return Plan(sched, [self._comm], lambda level, peer: (0, current[peer]))
@@ -466,3 +474,29 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
                 pass  # a peer died at the end: nothing is left to agree on
         with contextlib.suppress(Exception):
             self._hb.close()
+
+
+def join(*, timeout: float | None = None,
+         on_failure: Callable[[Any, tuple[int, ...]], None] | None = None) -> Joined | None:
+    """The replacement's entry: ``(comm, state)`` when this process was spawned by
+    :meth:`FaultTolerantCommunicator.replace_failed`, else None (an ordinary rank of the
+    original job, which builds its communicator as usual). Call it first, before any other
+    communication: the survivors wait in ``replace_failed`` until it has joined. ``comm`` is a
+    fault-tolerant communicator at the original rank of the rank replaced, with the survivors'
+    settings (algorithm, BCube shape, recovery, deadline, heartbeat); ``on_failure`` as for the
+    constructor. Note that ``MPI.COMM_WORLD`` of a replacement holds only the processes spawned
+    with it: use ``comm``.
+
+    Failure contract: never hangs. ``timeout`` (default ``BMLMPI_TIMEOUT``) bounds the wait for
+    the survivors' settings; every later step waits at most the survivors' ``timeout``. A
+    survivor that dies or hangs during the grow makes this raise :class:`FaultToleranceError` or
+    :class:`bmlmpi.DeadlineExceeded`; the process should then end (:func:`bmlmpi.ft.finish`). A
+    death reported only by the closing agreement is recovered by the next call, as on the
+    survivors.
+    """
+    parent = MPI.Comm.Get_parent()
+    if parent == MPI.COMM_NULL:
+        return None
+    parent.Set_errhandler(MPI.ERRORS_RETURN)
+    return FaultTolerantCommunicator.from_parent(parent, timeout_from_env(timeout), on_failure)
+

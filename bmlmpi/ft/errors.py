@@ -4,11 +4,11 @@ process, and whether this MPI offers user-level failure mitigation (ULFM) at all
 from __future__ import annotations
 
 import os
-import time
 
 from mpi4py import MPI
 
 from .. import config
+from ..execute import poll_until
 
 
 class FaultToleranceUnavailable(RuntimeError):
@@ -47,16 +47,18 @@ def is_failure(exc: BaseException, comm: MPI.Comm | None = None) -> bool:
     # few ms later (5-50 ms here), so look at the communicator for up to a second.
     if cls in (MPI.ERR_IN_STATUS, MPI.ERR_OTHER, MPI.ERR_INTERN) and comm is not None \
             and comm != MPI.COMM_NULL:
-        until = time.monotonic() + (1.0 if cls != MPI.ERR_IN_STATUS else 0.0)
-        while True:
+        unsupported = False
+
+        def seen() -> bool:
+            nonlocal unsupported
             try:
-                if comm.Is_revoked() or comm.Get_failed().Get_size() > 0:
-                    return True
+                return comm.Is_revoked() or comm.Get_failed().Get_size() > 0
             except (MPI.Exception, NotImplementedError):
-                return False
-            if time.monotonic() >= until:
-                return False
-            time.sleep(0.005)
+                unsupported = True
+                return True   # nothing more to learn from this communicator
+        # each poll makes a group: sleep between polls from the start (no spinning)
+        failed = poll_until(seen, 1.0 if cls != MPI.ERR_IN_STATUS else 0.0, spin=0.0)
+        return failed and not unsupported
     return False
 
 

@@ -9,7 +9,7 @@ again. The spawned side enters through :func:`join`.
 
 Protocol (every wait against the communicator's ``timeout``; the blocking MPI calls —
 Open MPI 5 has no non-blocking spawn, merge or split — run in the helper thread of
-:meth:`~bmlmpi.ft.membership.Membership._blocking` while the caller waits on the deadline):
+:meth:`~bmlmpi.ft.membership.Membership._deadline_call` while the caller waits on the deadline):
 
 1. **Spawn.** The members call ``MPI_Comm_spawn`` (collective over the survivors'
    communicator, root = current rank 0, the *donor*) for x processes running ``command
@@ -51,7 +51,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..api import Communicator
-from ..execute import timeout_from_env, wait_for, wait_request
+from ..execute import wait_for, wait_request
 from .errors import FaultToleranceError, is_failure
 
 GROW_TAG = 30_001          # settings and state messages (their own communicators: no clash)
@@ -141,7 +141,7 @@ class Growth:
             info = MPI.Info.Create()
             info.Set("wdir", os.getcwd())
             try:
-                inter = self._blocking(
+                inter = self._deadline_call(
                     lambda: self._comm.Spawn(program, argv, maxprocs=len(lost), info=info,
                                              root=0),
                     f"spawning {len(lost)} replacement(s) for original rank(s) {list(lost)}")
@@ -186,12 +186,12 @@ class Growth:
                 shape: Sequence[int], validate: bool) -> None:
         """Merge, order by original rank, and build the communicator over everyone."""
         me = self.original_rank
-        merged = self._blocking(lambda: inter.Merge(high=high),
+        merged = self._deadline_call(lambda: inter.Merge(high=high),
                                 "merging the survivors and the replacements")
-        full = self._blocking(lambda: merged.Split(0, me),
+        full = self._deadline_call(lambda: merged.Split(0, me),
                               "ordering the grown communicator by original rank")
         # the plain communicator's construction, the same on survivors and replacements
-        self._blocking(lambda: Communicator.__init__(self, full, algorithm, tuple(shape),
+        self._deadline_call(lambda: Communicator.__init__(self, full, algorithm, tuple(shape),
                                                      timeout=self.timeout, validate=validate),
                        "building the grown communicator")
         for c in (full, merged, inter):
@@ -214,8 +214,10 @@ class Growth:
 
     # -- the replacement's side ----------------------------------------------------------------
     @classmethod
-    def _join(cls, parent: MPI.Intercomm, timeout: float,
-              on_failure: Callable[[Any, tuple[int, ...]], None] | None) -> Joined:
+    def from_parent(cls, parent: MPI.Intercomm, timeout: float,
+                    on_failure: Callable[[Any, tuple[int, ...]], None] | None) -> Joined:
+        """The replacement's communicator, grown from the survivors that spawned it over
+        ``parent`` (what :func:`bmlmpi.ft.join` builds)."""
         started = time.time()
         settings = _receive(parent, 0, timeout, "the survivors' settings for this replacement")
         if not isinstance(settings, dict) or settings.get("magic") != _MAGIC:
@@ -245,30 +247,3 @@ class Growth:
         self.regrowths.append(GrowRecord((self.original_rank,), started, spawned, rebuilt,
                                          time.time(), self.size, joined=True))
         return Joined(self, state)
-
-
-def join(*, timeout: float | None = None,
-         on_failure: Callable[[Any, tuple[int, ...]], None] | None = None) -> Joined | None:
-    """The replacement's entry: ``(comm, state)`` when this process was spawned by
-    :meth:`Growth.replace_failed`, else None (an ordinary rank of the original job, which
-    builds its communicator as usual). Call it first, before any other communication: the
-    survivors wait in ``replace_failed`` until it has joined. ``comm`` is a fault-tolerant
-    communicator at the original rank of the rank replaced, with the survivors' settings
-    (algorithm, BCube shape, recovery, deadline, heartbeat); ``on_failure`` as for the
-    constructor. Note that ``MPI.COMM_WORLD`` of a replacement holds only the processes
-    spawned with it: use ``comm``.
-
-    Failure contract: never hangs. ``timeout`` (default ``BMLMPI_TIMEOUT``) bounds the wait
-    for the survivors' settings; every later step waits at most the survivors' ``timeout``.
-    A survivor that dies or hangs during the grow makes this raise
-    :class:`FaultToleranceError` or :class:`bmlmpi.DeadlineExceeded`; the process should
-    then end (:func:`bmlmpi.ft.finish`). A death reported only by the closing agreement is
-    recovered by the next call, as on the survivors.
-    """
-    parent = MPI.Comm.Get_parent()
-    if parent == MPI.COMM_NULL:
-        return None
-    parent.Set_errhandler(MPI.ERRORS_RETURN)
-    cls = Communicator._variants["fault_tolerant"]
-    return cls._join(parent, timeout_from_env(timeout), on_failure)
-

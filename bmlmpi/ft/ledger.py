@@ -23,7 +23,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..api import NativeRun, PreparedCall
-from ..execute import Run, wait_for
+from ..execute import Run, poll_until, request_done, wait_for
 from .errors import is_failure
 
 
@@ -68,7 +68,7 @@ class Ledger:
         self._events += 1
         with contextlib.suppress(MPI.Exception, NotImplementedError):
             self._comm.Revoke()
-        recorder = getattr(self, "_recorder", None)  # None while the base class constructs
+        recorder = self.recorder  # None while the base class constructs
         if recorder is not None:
             what = f"{type(exc).__name__}: {exc}" if exc is not None else "a peer's revoke"
             with contextlib.suppress(OSError):
@@ -128,16 +128,13 @@ class Ledger:
         nothing lands in the buffer after the call starts again."""
         if run is None:
             return
-        reqs = list(run.reqs or ())
-        end = time.monotonic() + min(self.timeout, 10.0)
-        for r in reqs:
-            while time.monotonic() < end:
-                try:
-                    if r.Test():
-                        break
-                except MPI.Exception:
-                    break
-                time.sleep(1e-4)
+        left = list(run.reqs or ())
+
+        def drained() -> bool:
+            nonlocal left
+            left = [r for r in left if not request_done(r)]
+            return not left
+        poll_until(drained, min(self.timeout, 10.0))
 
     def _progress_mark(self) -> tuple:
         return (self._events, tuple(c.run.progress if c.run is not None else -1

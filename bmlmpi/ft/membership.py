@@ -6,7 +6,7 @@
   ``on_failure`` and starts every uncommitted call again over the survivors, restoring each
   call's input first. ``MPI_Comm_ishrink`` fails with ``MPI_ERR_INTERN`` in Open MPI 5.0 (its
   libnbc schedule aborts on the revoked communicator), so the blocking ``MPI_Comm_shrink`` runs
-  in a helper thread (:meth:`Membership._blocking`, with ``MPI_THREAD_MULTIPLE``, mpi4py's
+  in a helper thread (:meth:`Membership._deadline_call`, with ``MPI_THREAD_MULTIPLE``, mpi4py's
   default) while the caller waits on it against the deadline.
 * **Adopt**: the survivors' communicator becomes the communicator's own; the cached plans,
   choices and argument checks are dropped; the link-weight matrix keeps the survivors' rows.
@@ -35,8 +35,8 @@ import numpy as np
 from mpi4py import MPI
 
 from ..execute import wait_for, wait_request
-from ..schedules.recovery import fresh_shape
 from .errors import FaultToleranceError, is_failure
+from .recovery import fresh_shape
 
 #: One line per survived failure, from the survivors' rank 0 (Python's last-resort handler
 #: prints it on stderr when the program configured no logging).
@@ -65,7 +65,7 @@ class Membership:
         old = self._comm
         # MPI_Comm_ishrink fails with MPI_ERR_INTERN in Open MPI 5.0 (its libnbc schedule
         # aborts on the revoked communicator); the blocking shrink works.
-        new = self._blocking(old.Shrink, "shrinking the communicator to the survivors")
+        new = self._deadline_call(old.Shrink, "shrinking the communicator to the survivors")
         translated = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
                                                old.Get_group())
         members = [self._members[r] for r in translated]
@@ -87,7 +87,7 @@ class Membership:
             log.warning("bmlmpi: rank %s %s; %d of %d ranks carry on", ranks, how,
                         self.size, self.original_size)
 
-    def _blocking(self, fn: Callable[[], Any], what: str) -> Any:
+    def _deadline_call(self, fn: Callable[[], Any], what: str) -> Any:
         """Run a blocking MPI call under the deadline: in a helper thread when the MPI library
         allows calls from any thread, else directly (the heartbeat still fences hung peers)."""
         if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
@@ -233,7 +233,7 @@ class Membership:
                 self._comm = MPI.COMM_NULL
                 return False
             group = MPI.Group.Excl(self._comm.Get_group(), [self._members.index(victim)])
-            new = self._blocking(lambda: self._comm.Create_group(group),
+            new = self._deadline_call(lambda: self._comm.Create_group(group),
                                  f"masking original rank {victim}")
             members = [m for m in self._members if m != victim]
             self._adopt(new, members, (victim,))

@@ -19,7 +19,7 @@ Networks:
   the others in ascending level order. A 2-hop transfer therefore loads two NIC pairs.
 * :class:`BCubeWithout` — the same BCube with some servers dead and their links gone: a
   transfer between survivors routes around them (shortest path through live servers); what
-  the recovery schedules of :mod:`bmlmpi.schedules.recovery` are priced on.
+  the recovery schedules of :mod:`bmlmpi.ft.recovery` are priced on.
 * :class:`FatTree` — one NIC per server and a non-blocking core: a message uses the sender's
   uplink and the receiver's downlink only. The paper's Fat-Tree(k') (k'^3/4 servers) has the
   same cost at any k'; :func:`fat_tree_groups` gives its edge/pod hierarchy for BML-like

@@ -1,24 +1,19 @@
-"""The trees every rank derives alike, kept, and the schedule survivors run. MPI-free.
+"""The trees every rank derives alike, kept. MPI-free.
 
 Which schedule an algorithm name runs is :mod:`.algorithms`' (the records). This module keeps
 what those builders and fault-tolerant recovery share: the trees generated from the
 link-weight matrix ``links`` (a ``size × size`` array, or None for a flat network), once per
 (size, root, matrix) — the multi-tree set costs seconds of CPU at 64 ranks, the single tree
-milliseconds; every rank derives the same trees from the same matrix without talking — and
-:func:`bcube_preserving`, the survivors' BML schedule on the old addresses.
+milliseconds; every rank derives the same trees from the same matrix without talking. The
+survivors' BML schedule on the old addresses is :func:`bmlmpi.ft.recovery.bcube_preserving`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-
-from ..topology.bcube import Shape
-from .types import Schedule
 
 Links = np.ndarray | None
 
@@ -52,20 +47,3 @@ def binary_tree_for(size: int, links: Links = None, root: int = 0) -> Any:
 def multi_trees_for(size: int, links: Links = None) -> tuple[Any, ...]:
     """One tree per root, with the link-usage penalty, on ``links`` (flat when None)."""
     return _multi_trees(size, _key(size, links))
-
-
-def bcube_preserving(name: str, rank: int, home_shape: Shape, failed: Iterable[int],
-                     count: int) -> Schedule | None:
-    """The survivors' schedule that keeps the BCube addresses of ``home_shape`` (the BML slides):
-    ``rank`` and the schedule's peers are original ranks. None when it does not apply — not
-    bml, nobody failed, a cube over ``MAX_PLANNED_SERVERS``, or no such schedule found — and
-    the survivors run the fresh :func:`schedule` over their new ranks instead."""
-    from .recovery import MAX_PLANNED_SERVERS, RecoveryError, bcube_recovery_schedule
-
-    dead = tuple(failed)
-    if name != "bml" or not dead or math.prod(home_shape) > MAX_PLANNED_SERVERS:
-        return None
-    try:
-        return bcube_recovery_schedule(rank, home_shape, dead, count)
-    except RecoveryError:
-        return None

@@ -143,8 +143,8 @@ def _shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
             for c in range(nchunks)]
 
 
-def _node_layout(rank: int, count: int, nodes: Nodes, inter: str,
-                 node_shape: Sequence[int] | None) -> tuple:
+def node_layout(rank: int, count: int, nodes: Nodes, inter: str,
+                node_shape: Sequence[int] | None) -> tuple:
     """What both hierarchical builders derive first: the node count, the inter-node
     algorithm and node shape (checked), the L = max m_g balanced shards, this rank's node g,
     local rank i, the node's members and their number m, and its ring neighbours."""
@@ -193,7 +193,7 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                          f"got {intra!r}")
     if nodes.size != size:
         raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
-    n_nodes, across, shape, width, shards, g, i, mine, m, right, left = _node_layout(
+    n_nodes, across, shape, width, shards, g, i, mine, m, right, left = node_layout(
         rank, count, nodes, inter, node_shape)
 
     steps: list[Step] = []
@@ -285,7 +285,7 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
         raise ValueError(f"hierarchical rooted schedules are reduce and bcast, not "
                          f"{collective!r}")
     reducing = collective == "reduce"
-    n_nodes, across, shape, width, shards, g, i, mine, m, right, left = _node_layout(
+    n_nodes, across, shape, width, shards, g, i, mine, m, right, left = node_layout(
         rank, count, nodes, inter, node_shape)
     home = nodes.node_of(root)
     at_home = nodes.members[home]

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 
 from ..topology.nodes import Nodes
 from .bml import bml_allgather_schedule, bml_reduce_scatter_schedule
-from .hierarchical import _node_layout, across_nodes, node_ring
+from .hierarchical import across_nodes, node_layout, node_ring
 from .ring import ring_allgather_schedule, ring_reduce_scatter_schedule
 from .types import Copy, Recv, Schedule, Step, Transfer, block_offsets, check_arguments, compact
 
@@ -93,7 +93,7 @@ def hierarchical_blocks_schedule(collective: str, rank: int, size: int,
     check_arguments(rank, size, count)
     if nodes.size != size:
         raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
-    n_nodes, across, shape, width, _, g, i, _, m, right, left = _node_layout(
+    n_nodes, across, shape, width, _, g, i, _, m, right, left = node_layout(
         rank, 0, nodes, inter, node_shape)
     reducing = collective == "reduce_scatter"
     off = block_offsets(counts)

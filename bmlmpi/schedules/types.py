@@ -228,6 +228,17 @@ def check_arguments(rank: int, size: int, count: int, segments: int = 1) -> None
         raise ValueError(f"segments must be >= 1, got {segments}")
 
 
+def merged_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges sorted, with ranges that touch joined into one."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and out[-1][1] == lo:
+            out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return out
+
+
 def balanced_bounds(lo: int, hi: int, parts: int) -> list[int]:
     """Cut ``[lo, hi)`` into ``parts`` contiguous ranges whose sizes differ by at most one.
 

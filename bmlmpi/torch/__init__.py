@@ -40,9 +40,15 @@ from .work import Work
 STORE_SCHEME = "bmlmpi"
 
 
-def store_from_mpi(comm: MPI.Comm = MPI.COMM_WORLD, timeout: float | None = None) -> dist.Store:
+def store_from_mpi(comm: MPI.Comm = MPI.COMM_WORLD, timeout: float | None = None,
+                   host: str | None = None) -> dist.Store:
     """A ``TCPStore`` shared by the ranks of ``comm``, found through MPI (no environment):
-    rank 0 serves it on a port the system picks and broadcasts host and port."""
+    rank 0 serves it on a port the system picks and broadcasts host and port.
+
+    ``host``: the address rank 0 serves it on, which every rank must reach (default:
+    127.0.0.1 when MPI puts every rank on rank 0's node, else rank 0's host name). Give it
+    where ranks that MPI sees on one node do not share its network (a container or network
+    namespace each: the emulated testbed of ``perf/testbed``)."""
     seconds = timeout_from_env(timeout)
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     one_node = node.Get_size() == comm.Get_size()
@@ -51,7 +57,8 @@ def store_from_mpi(comm: MPI.Comm = MPI.COMM_WORLD, timeout: float | None = None
     address = np.zeros(256, dtype=np.uint8)
     store = None
     if rank == 0:
-        host = "127.0.0.1" if one_node else socket.gethostname()
+        if host is None:
+            host = "127.0.0.1" if one_node else socket.gethostname()
         store = dist.TCPStore(host, 0, size, True, timeout=timedelta(seconds=seconds),
                               wait_for_workers=False)
         text = f"{host} {store.port}".encode()
@@ -79,12 +86,13 @@ def _rendezvous_handler(url: str, timeout: timedelta = timedelta(minutes=30), **
 
 
 def init_process_group(comm: MPI.Comm | None = None, options: Options | None = None,
-                       **kwargs: Any) -> ProcessGroupBmlmpi:
+                       store_host: str | None = None, **kwargs: Any) -> ProcessGroupBmlmpi:
     """``torch.distributed.init_process_group("bmlmpi", ...)`` with rank and world size from
     MPI and a store made through MPI (module docstring); returns the process group.
 
     ``comm``: the MPI communicator (default ``MPI.COMM_WORLD``); ``options``: the backend's
-    :class:`Options` (``pg_options``); the other keywords go to torch (``timeout``,
+    :class:`Options` (``pg_options``); ``store_host``: the address rank 0 serves the store on
+    (:func:`store_from_mpi`'s ``host``); the other keywords go to torch (``timeout``,
     ``device_id``, ...)."""
     options = options or Options()
     if comm is not None:
@@ -93,7 +101,7 @@ def init_process_group(comm: MPI.Comm | None = None, options: Options | None = N
     for key in ("backend", "rank", "world_size", "store", "init_method"):
         if key in kwargs:
             raise TypeError(f"bmlmpi.torch.init_process_group takes {key} from MPI")
-    store = store_from_mpi(comm, options.timeout)
+    store = store_from_mpi(comm, options.timeout, host=store_host)
     dist.init_process_group(BACKEND, store=store, rank=comm.Get_rank(),
                             world_size=comm.Get_size(), pg_options=options, **kwargs)
     return dist.group.WORLD

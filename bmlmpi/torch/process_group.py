@@ -185,7 +185,7 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
     @property
     def failed(self) -> tuple[int, ...]:
         """The original ranks lost (fault-tolerant communicator only; else empty)."""
-        return tuple(getattr(self.communicator, "failed", ()))
+        return tuple(self.communicator.failed)
 
     @property
     def group_name(self) -> str:  # type: ignore[override]
@@ -209,7 +209,7 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         free the communicator."""
         self._driver.close(self.options.timeout)
         with self._lock:
-            if not getattr(self.communicator, "failed", ()):
+            if not self.communicator.failed:
                 self.communicator.Free()
 
     def abort(self) -> None:

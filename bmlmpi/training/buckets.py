@@ -216,7 +216,7 @@ class GradientBuckets:
         self.cost = cost   # checked in _check_arrays, so that every rank raises
         self.timeout = float(comm.timeout if timeout is None else timeout)
         self.poll_interval = poll_interval
-        self.fault_tolerant = hasattr(comm, "failed")
+        self.fault_tolerant = comm.fault_tolerant
         # compression hook: each group's allreduce goes through bmlmpi.compression, its
         # error-feedback memory kept per group of registered arrays (key: member indices)
         from ..compression import parse
@@ -250,6 +250,7 @@ class GradientBuckets:
         self.revised: set[int] = set()
         self._members_at_start: Any = None
         self.profile: Profile | None = profile
+        self._buckets: list[_Bucket] = []
         if plan_name == "ibatch" and profile is None:
             self._install(make_plan("single", self.nbytes))
         else:
@@ -309,11 +310,11 @@ class GradientBuckets:
 
     def _install(self, plan: Batching) -> None:
         n = len(self.grads)
-        old_keys = [tuple(g.members) for b in getattr(self, "_buckets", []) for g in b.groups]
+        old_keys = [tuple(g.members) for b in self._buckets for g in b.groups]
         if not plan.ends or plan.ends[-1] != n:
             raise ValueError(f"the plan {plan.ends} does not cover the {n} arrays")
         self.plan = plan
-        self._buckets: list[_Bucket] = []
+        self._buckets = []
         self._bucket_of = [0] * n
         for b, (first, end) in enumerate(plan.buckets):
             groups: dict[str, list[int]] = {}
@@ -573,11 +574,11 @@ class GradientBuckets:
 
     # -- fault tolerance ------------------------------------------------------------------
     def _membership(self) -> Any:
-        return (getattr(self.comm, "failed", ()), self.comm.size)
+        return (self.comm.failed, self.comm.size)
 
     @property
     def failed(self) -> tuple[int, ...]:
-        return tuple(getattr(self.comm, "failed", ()))
+        return tuple(self.comm.failed)
 
     def _settle_failures(self) -> None:
         """If ranks were lost during this iteration, reduce every bucket of it again over the

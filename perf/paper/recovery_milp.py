@@ -3,7 +3,7 @@
     python perf/paper/recovery_milp.py                  # seed 001's case, T = 2, 3, 4
     python perf/paper/recovery_milp.py 4x4 0 5 --steps 3 --time-limit 300
 
-An offline check of :mod:`bmlmpi.schedules.recovery_search`, whose search is a heuristic:
+An offline check of :mod:`bmlmpi.ft.recovery_search`, whose search is a heuristic:
 for one cube, dead set and number T of reduce steps, the exact optimum of the family it
 searches (every piece reduced along a spanning tree of the survivors, every survivor sending
 once, to a live neighbour, in a step after its children; allgather mirrored) on the cost
@@ -16,7 +16,7 @@ Results (HiGHS in scipy 1.17, on the shared development machine), in T_C:
 
 * BCube(3,2) without [0,0]: 16 at T = 2 and T = 3 (what the runtime's search finds and runs,
   in 4 steps); 14 at T = 4, the lower bound of
-  :func:`~bmlmpi.schedules.recovery_search.lower_bounds` — the family reaches the bound with
+  :func:`~bmlmpi.ft.recovery_search.lower_bounds` — the family reaches the bound with
   8 steps, a packing the search does not find;
 * BCube(3,2) without [0,0] and [1,1]: 12 at T = 3 and 4 (the bound; the search finds 14);
 * BCube(4,2) without [0,0]: 30 at T = 2, as the search; T = 3 not solved in 120 s (the
@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bmlmpi.schedules.recovery_search import live_neighbours  # noqa: E402
+from bmlmpi.ft.recovery_search import live_neighbours  # noqa: E402
 from bmlmpi.topology.bcube import BCube, parse_shape  # noqa: E402
 
 

@@ -217,8 +217,8 @@ def address(radices: tuple[int, ...], server: int) -> str:
 def fresh_t_c(radices: tuple[int, ...], dead: tuple[int, ...]) -> F:
     """BML over the survivors renumbered on a fresh BCube (what ``recovery="fresh"`` runs),
     on the BCube without the dead servers: its messages are relayed by live servers."""
+    from bmlmpi.ft.recovery import fresh_shape
     from bmlmpi.model import BCubeWithout
-    from bmlmpi.schedules.recovery import fresh_shape
     from bmlmpi.schedules.types import Recv, Schedule, Step, Transfer
 
     n, k = int(np.prod(radices)), len(radices)
@@ -241,10 +241,10 @@ def recovery() -> dict | None:
     """Seed 001's example (BCube(3,2) without [0,0]) and issue 19's table, if the recovery
     search exists in this tree."""
     try:
-        from bmlmpi.schedules.recovery import recovery_plan
+        from bmlmpi.ft.recovery import recovery_plan
     except ImportError:
         return None
-    from bmlmpi.schedules.recovery_search import live_neighbours
+    from bmlmpi.ft.recovery_search import live_neighbours
     from bmlmpi.topology.bcube import BCube
 
     rows = []
@@ -271,12 +271,12 @@ def render_recovery(rec: dict) -> list[str]:
     add("")
     add("The survivors keep their addresses and talk only to live servers one switch away; "
         f"the buffer is cut into k·(N−x) = {pieces} pieces, so T_C = T_F/{pieces}. "
-        "`recovery_plan((3, 3), {0})` (`bmlmpi/schedules/recovery.py`) prices every "
+        "`recovery_plan((3, 3), {0})` (`bmlmpi/ft/recovery.py`) prices every "
         "candidate with one element per piece on `BCubeWithout((3, 3), [0])` (BCube(3,2) "
         "with [0,0]'s links gone), proves each with the verifier, and runs the cheapest: the "
         "relay planner's schedule (BML's trees with stand-ins and auxiliary 2-hop relays) "
         "and, for every step count T, the timed reduction trees the search of "
-        "`bmlmpi/schedules/recovery_search.py` finds (each piece reduced along its own "
+        "`bmlmpi/ft/recovery_search.py` finds (each piece reduced along its own "
         "spanning tree of the survivors, each survivor sending once, in a step after its "
         "children; the allgather mirrors it).")
     add("")

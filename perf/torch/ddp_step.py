@@ -44,12 +44,17 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--algorithm", default="auto")
+    p.add_argument("--topology", default=None, help="bmlmpi's BCube shape, e.g. 3x3")
+    p.add_argument("--store-host", default=None,
+                   help="the address rank 0 serves torch's store on (the testbed: its eth0)")
     p.add_argument("--out", default=None)
     a = p.parse_args()
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
     load_before = os.getloadavg()
-    bmlmpi.torch.init_process_group(options=bmlmpi.torch.Options(algorithm=a.algorithm))
+    bmlmpi.torch.init_process_group(
+        options=bmlmpi.torch.Options(algorithm=a.algorithm, topology=a.topology),
+        store_host=a.store_host)
     gloo = dist.new_group(backend="gloo")
     replicas = {"bmlmpi": None, "gloo": gloo}
     ddp, opt = {}, {}
@@ -92,7 +97,9 @@ def main() -> None:
                  for name, t in slowest.items()}
         ratio = stats["bmlmpi"]["median_ms"] / stats["gloo"]["median_ms"]
         result = {"ranks": comm.size, "parameters": params, "batch_per_rank": a.batch,
-                  "algorithm": a.algorithm, "stats": stats, "ratio_bmlmpi_over_gloo": ratio,
+                  "steps_per_round": a.steps, "rounds": a.rounds, "warmup": a.warmup,
+                  "algorithm": a.algorithm, "topology": a.topology, "stats": stats,
+                  "ratio_bmlmpi_over_gloo": ratio,
                   "load_before": load_before, "load_after": load_after,
                   "torch": torch.__version__, "mpi": MPI.Get_library_version().splitlines()[0],
                   "host": platform.node(), "cpus": os.cpu_count(),

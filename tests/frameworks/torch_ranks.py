@@ -399,6 +399,12 @@ def main() -> int:
     rank, n = dist.get_rank(), dist.get_world_size()
     check("rank_from_mpi", rank == MPI.COMM_WORLD.rank and n == MPI.COMM_WORLD.size)
     check("backend_name", dist.get_backend() == "bmlmpi" and pg.getBackendName() == "bmlmpi")
+    # a store on the address given (not the 127.0.0.1 chosen for one node), found by all
+    store = bmlmpi.torch.store_from_mpi(host="localhost")
+    store.set(f"rank{rank}", str(rank * 7))
+    got = [store.get(f"rank{r}").decode() for r in range(n)]  # get waits for the key
+    check("store_on_given_host", store.host == "localhost" and got == [str(r * 7)
+                                                                        for r in range(n)])
     gloo = dist.new_group(backend="gloo")
     groups = {"auto": dist.group.WORLD}
     for alg in ("bml", "ring", "tree"):

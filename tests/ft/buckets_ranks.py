@@ -9,6 +9,10 @@ are reduced (those results hold every rank's input), then the victim (the last r
 The survivors mark everything, ``wait()``, and must hold the exact sum over the survivors'
 inputs of that iteration in every array; iteration 2 runs on the survivors alone.
 
+``... PLAN lag``: the victim dies in iteration 1 right after marking the back half ready,
+its buckets in flight (started, not waited on), and rank 0 marks its front half 0.3 s late,
+so the survivors have started different numbers of buckets when the failure is noticed.
+
 Output, one JSON line per survivor, prefixed ``BUCKETS-FT``.
 """
 
@@ -18,6 +22,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -36,6 +41,7 @@ def inputs(rank: int, it: int) -> list[np.ndarray]:
 def main() -> int:
     ft.install_exit_handlers()
     plan = sys.argv[1]
+    lag = sys.argv[2:] == ["lag"]
     world = MPI.COMM_WORLD
     comm = bmlmpi.Communicator(world, algorithm="bml", fault_tolerant=True, timeout=60,
                                hang_timeout=20)
@@ -52,7 +58,14 @@ def main() -> int:
             for i in reversed(range(len(grads))):
                 np.copyto(grads[i], mine[i])
                 buckets.mark_ready(i)
-                if it == 1 and i == len(grads) // 2:
+                if it == 1 and i == len(grads) // 2 and lag:
+                    if me == victim:
+                        print(f"buckets_ranks: rank {me} dies with buckets in flight",
+                              file=sys.stderr, flush=True)
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    if me == 0:
+                        time.sleep(0.3)
+                elif it == 1 and i == len(grads) // 2:
                     # every rank takes the back half's results (they include the victim's
                     # input); the victim then dies
                     for j in range(i, len(grads)):

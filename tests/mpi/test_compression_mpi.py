@@ -358,10 +358,19 @@ def test_topk_with_different_k_raises_on_every_rank(comm):
     x = data(300, comm.rank, 0)
     out = np.full_like(x, -1.0)
     for mine in (topk(10 + comm.rank), topk(ratio=0.1 if comm.rank else 0.2)):
-        with pytest.raises(ValueError, match="different compressors"):
+        # the first-call agreement names each rank's settings
+        with pytest.raises(ValueError, match=r"arguments differ across ranks.*TopK \("):
             comm.Allreduce(x, out, MPI.SUM, compression=mine)
         assert (out == -1.0).all()
     comm.Allreduce(x, out, MPI.SUM, compression=topk(10))   # still usable
+    # without that agreement (validate=False) the compressed call's own agreement refuses
+    unchecked = bmlmpi.Communicator(MPI.COMM_WORLD, algorithm=comm.algorithm, validate=False)
+    try:
+        with pytest.raises(ValueError, match=r"different compressors.*'TopK'"):
+            unchecked.Allreduce(x, out, MPI.SUM, compression=topk(10 + comm.rank))
+        unchecked.Allreduce(x, out, MPI.SUM, compression=topk(10))
+    finally:
+        unchecked.Free()
 
 
 @pytest.mark.mpi

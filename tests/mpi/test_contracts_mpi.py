@@ -12,6 +12,7 @@ from conftest import all_ranks_agree
 from mpi4py import MPI
 
 import bmlmpi
+from bmlmpi import config
 
 
 def watchdog_threads() -> int:
@@ -118,6 +119,31 @@ def test_a_dropped_communicator_ends_its_watchdog_thread(comm):
     while watchdog_threads() > before and time.monotonic() < end:
         time.sleep(0.05)
     all_ranks_agree(comm, [] if watchdog_threads() <= before else ["the thread lives on"])
+
+
+@pytest.mark.mpi
+def test_one_watchdog_thread_serves_every_communicator(comm):
+    """One watchdog thread per process: several communicators on the blocking native fast
+    path share it, and 200 module-level Dup/Free cycles leave the thread count flat."""
+    if comm.size == 1 or config.get("BMLMPI_BLOCKING") != "watchdog":
+        return  # no fast path, no watchdog
+    x, y = np.ones(4), np.zeros(4)
+    ctxs = [bmlmpi.Communicator(comm, algorithm="native", timeout=60) for _ in range(3)]
+    for ctx in ctxs:
+        for _ in range(3):  # the first call is checked, the next ones take the fast path
+            ctx.Allreduce(x, y)
+    failures = [] if watchdog_threads() == 1 else [f"{watchdog_threads()} watchdog threads "
+                                                   f"for 3 communicators"]
+    for _ in range(200):
+        d = comm.Dup()
+        for _ in range(3):
+            bmlmpi.Allreduce(x, y, comm=d, algorithm="native")
+        d.Free()
+    if watchdog_threads() != 1:
+        failures.append(f"{watchdog_threads()} watchdog threads after 200 Dup/Free")
+    for ctx in ctxs:
+        ctx.Free()
+    all_ranks_agree(comm, failures)
 
 
 @pytest.mark.mpi

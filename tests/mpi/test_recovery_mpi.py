@@ -1,7 +1,7 @@
 """Every rank builds the same BCube-preserving recovery schedule, with no communication.
 
 The fault-tolerant communicator has each survivor plan the recovery on its own
-(:func:`bmlmpi.schedules.recovery.bcube_recovery_schedule`, a deterministic search): here
+(:func:`bmlmpi.ft.recovery.bcube_recovery_schedule`, a deterministic search): here
 every process plans seed 001's example and a two-server failure, and the ranks compare hashes.
 """
 
@@ -10,7 +10,7 @@ import hashlib
 import pytest
 from conftest import all_ranks_agree
 
-from bmlmpi.schedules.recovery import bcube_recovery_schedule, recovery_plan
+from bmlmpi.ft.recovery import bcube_recovery_schedule, recovery_plan
 from bmlmpi.schedules.verify import verify
 
 CASES = [((3, 3), (0,)), ((3, 3), (0, 4))]

@@ -62,15 +62,14 @@ def test_native_row_is_the_blocking_mpi4py_call_on_the_users_comm():
 
 def test_bmlmpi_rows_go_through_bmlmpi():
     send, recv = np.ones(4, np.float32), np.empty(4, np.float32)
-    for row, expect in (("passthrough", ("_start", "native")), ("bml", ("_blocking", "bml")),
+    for row, expect in (("passthrough", ("Iallreduce", "native")), ("bml", ("Allreduce", "bml")),
                         ("auto", ("Allreduce", None))):
         comm, ctx = Recorder(), Recorder()
         bench.timed_call(row, ctx, comm, send, recv)()
         assert comm.calls == [], row
-        name, args, _ = ctx.calls[0]
-        assert name == expect[0], row
-        if expect[1] is not None:
-            assert args[3] == expect[1], row
+        name, args, kwargs = ctx.calls[0]
+        assert name == expect[0] and args[:2] == (send, recv), row
+        assert kwargs.get("algorithm") == expect[1], row
 
 
 def test_machine_info_records_the_load_average():

@@ -36,6 +36,7 @@ class _Comm:
     """One rank: Allreduce copies (the registration check), Iallreduce is a timed request."""
 
     rank, size, timeout = 0, 1, 30.0
+    fault_tolerant, failed = False, ()
 
     def __init__(self, duration: float, step: float | None):
         self.duration, self.step = duration, step

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bmlmpi.schedules import algorithms, catalog
+from bmlmpi.ft.recovery import bcube_preserving, bcube_recovery_schedule
+from bmlmpi.schedules import algorithms
 from bmlmpi.schedules.algorithms import Context
 from bmlmpi.schedules.bml import bml_schedule
-from bmlmpi.schedules.recovery import bcube_recovery_schedule
 from bmlmpi.schedules.ring import ring_pipeline, ring_schedule, ring_segments
 from bmlmpi.schedules.tree import tree_schedule
 from bmlmpi.schedules.verify import verify
@@ -48,8 +48,8 @@ def test_the_catalog_builds_what_the_algorithm_modules_build():
 
 
 def test_bcube_preserving_only_for_bml_after_a_failure():
-    assert catalog.bcube_preserving("bml", 1, (3, 3), (0,), 100) == \
+    assert bcube_preserving("bml", 1, (3, 3), (0,), 100) == \
         bcube_recovery_schedule(1, (3, 3), (0,), 100)
-    assert catalog.bcube_preserving("ring", 1, (3, 3), (0,), 100) is None
-    assert catalog.bcube_preserving("bml", 1, (3, 3), (), 100) is None
-    assert catalog.bcube_preserving("bml", 0, (2, 2), (1, 2), 100) is None  # none exists
+    assert bcube_preserving("ring", 1, (3, 3), (0,), 100) is None
+    assert bcube_preserving("bml", 1, (3, 3), (), 100) is None
+    assert bcube_preserving("bml", 0, (2, 2), (1, 2), 100) is None  # none exists

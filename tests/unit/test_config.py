@@ -108,7 +108,7 @@ def test_unset_variables_give_their_defaults(monkeypatch):
     for name in config.VARIABLES:
         monkeypatch.delenv(name, raising=False)
     assert execute.timeout_from_env() == execute.DEFAULT_TIMEOUT == 120.0
-    assert execute._spin_seconds() == 0.05
+    assert execute.spin_seconds() == 0.05
     assert api._validation_enabled(None) is True
     assert selection.calibration_wanted("auto") is True
     assert selection.env_algorithm() is None and selection.tree_array_bound() is None
@@ -160,7 +160,7 @@ def test_bad_switch_is_an_error_where_it_is_used(monkeypatch, name, call):
 @pytest.mark.parametrize("name, text, call", [
     ("BMLMPI_TIMEOUT", "soon", execute.timeout_from_env),
     ("BMLMPI_TIMEOUT", "-1", execute.timeout_from_env),
-    ("BMLMPI_SPIN", "fast", execute._spin_seconds),
+    ("BMLMPI_SPIN", "fast", execute.spin_seconds),
     ("BMLMPI_TREE_ARRAY_BOUND", "big", selection.tree_array_bound),
     ("BMLMPI_AUTO_BML_BYTES", "64k", lambda: selection.choose(1 << 20, 4, 4)),
     ("BMLMPI_TREE_LINK_PENALTY", "2", trees.link_penalty),

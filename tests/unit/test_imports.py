@@ -1,6 +1,8 @@
-"""No two modules of bmlmpi (bmlmpi.kernels included) import each other, directly or through
-others. Imports are read with ``ast`` from the source, so an import inside a function (a lazy
-import) or under ``TYPE_CHECKING`` counts like one at the top of the module."""
+"""The layers of bmlmpi (bmlmpi.kernels included), bottom up, as docs/architecture.md draws
+them: a module imports only from its own layer or below, no two modules import each other
+(directly or through others), and no two packages do either. Imports are read with ``ast``
+from the source, so an import inside a function (a lazy import) or under ``TYPE_CHECKING``
+counts like one at the top of the module."""
 
 from __future__ import annotations
 
@@ -8,6 +10,24 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: The layers, bottom up: (name, the modules and packages in it). A module belongs to the
+#: entry naming it or the package holding it (the longest name that matches); ``bmlmpi`` is
+#: the package's own ``__init__`` only.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("foundation", ("bmlmpi", "bmlmpi.config", "bmlmpi.ops")),
+    ("topology (MPI-free)", ("bmlmpi.topology",)),
+    ("schedules (MPI-free)", ("bmlmpi.schedules",)),
+    ("model (MPI-free)", ("bmlmpi.model",)),
+    ("kernels", ("bmlmpi.kernels",)),
+    ("transport", ("bmlmpi.execute", "bmlmpi.deferred", "bmlmpi.shm", "bmlmpi.binding")),
+    ("core", ("bmlmpi.agreement", "bmlmpi.selection", "bmlmpi.calibrate", "bmlmpi.buffers",
+              "bmlmpi.recorder", "bmlmpi.timeline", "bmlmpi.watchdog")),
+    ("api", ("bmlmpi.api", "bmlmpi.family", "bmlmpi.collectives", "bmlmpi.persistent",
+             "bmlmpi.ft", "bmlmpi.compression", "bmlmpi.training")),
+    ("frameworks", ("bmlmpi.torch",)),
+    ("cli", ("bmlmpi.cli",)),
+)
 
 
 def source_modules() -> dict[str, Path]:
@@ -45,6 +65,24 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
+def layer_of(module: str) -> int | None:
+    """The index of ``module``'s layer in :data:`LAYERS`, None when no entry names it."""
+    best, found = -1, None
+    for i, (_, members) in enumerate(LAYERS):
+        for m in members:
+            inside = module.startswith(m + ".") and m != "bmlmpi"
+            if (module == m or inside) and len(m) > best:
+                best, found = len(m), i
+    return found
+
+
+def package_of(module: str) -> str:
+    """The package a module stands for in the package graph: its folder under bmlmpi
+    (``bmlmpi.ft.ledger`` -> ``bmlmpi.ft``), or the module itself at the top."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
     path: list[str] = []
@@ -73,7 +111,7 @@ def test_the_module_reader_sees_lazy_and_relative_imports():
     assert "bmlmpi.execute" in graph["bmlmpi.api"]              # from .execute import ...
     assert "bmlmpi.kernels" in graph["bmlmpi.api"]              # from . import kernels
     assert "bmlmpi.calibrate" in graph["bmlmpi.api"]            # inside a method
-    assert "bmlmpi.schedules.catalog" in graph["bmlmpi.ft.communicator"]
+    assert "bmlmpi.ft.recovery" in graph["bmlmpi.ft.communicator"]
     assert "bmlmpi.kernels.cupy_backend" in graph["bmlmpi.kernels.dispatch"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
@@ -83,3 +121,47 @@ def test_no_import_cycle_among_bmlmpi_modules():
     graph = {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in source_modules() if layer_of(m) is None)
+    assert not unplaced, f"modules in no layer of LAYERS: {unplaced}"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer above its own."""
+    return [f"{m} ({LAYERS[layer_of(m)][0]}) imports {dep} ({LAYERS[layer_of(dep)][0]})"
+            for m in sorted(graph) for dep in sorted(graph[m]) if layer_of(dep) > layer_of(m)]
+
+
+def test_each_module_imports_only_its_own_layer_or_below():
+    mods = source_modules()
+    graph = {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
+    violations = upward_imports(graph)
+    assert not violations, "imports up the layers:\n" + "\n".join(violations)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    assert layer_of("bmlmpi.ft.ledger") == layer_of("bmlmpi.api")
+    assert layer_of("bmlmpi.schedules.bml") < layer_of("bmlmpi.model.cost")
+    assert layer_of("bmlmpi.kernels.dispatch") < layer_of("bmlmpi.execute")
+    assert layer_of("bmlmpi.cli.bench") == len(LAYERS) - 1
+    assert layer_of("bmlmpi.nonexistent") is None
+    assert upward_imports({"bmlmpi.execute": {"bmlmpi.api", "bmlmpi.config"},
+                           "bmlmpi.schedules.recovery": {"bmlmpi.model.cost"}}) == [
+        "bmlmpi.execute (transport) imports bmlmpi.api (api)",
+        "bmlmpi.schedules.recovery (schedules (MPI-free)) imports bmlmpi.model.cost "
+        "(model (MPI-free))"]
+
+
+def test_no_import_cycle_among_bmlmpi_packages():
+    mods = source_modules()
+    graph: dict[str, set[str]] = {}
+    for m, p in mods.items():
+        deps = {package_of(d) for d in imports_of(m, p, set(mods))} - {package_of(m)}
+        graph.setdefault(package_of(m), set()).update(deps)
+    for deps in list(graph.values()):
+        for d in deps:
+            graph.setdefault(d, set())
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle or [])

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 
 from bmlmpi.execute import Plan
+from bmlmpi.ft.recovery import bcube_recovery_schedules
 from bmlmpi.schedules import algorithms
 from bmlmpi.schedules.algorithms import Context
 from bmlmpi.schedules.bml import bml_schedules
 from bmlmpi.schedules.collectives import collective
-from bmlmpi.schedules.recovery import bcube_recovery_schedules
 from bmlmpi.schedules.ring import ring_schedules
 from bmlmpi.schedules.tree import multitree_schedules, tree_schedules
 from bmlmpi.schedules.types import Recv, Schedule, Step, Transfer, streams_are_independent

@@ -6,10 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from bmlmpi.ft.rescale import rescaled_batch
-from bmlmpi.model import BCubeNetwork, BCubeWithout, price
-from bmlmpi.schedules.bml import bml_schedules
-from bmlmpi.schedules.recovery import (
+from bmlmpi.ft.recovery import (
     MAX_PLANNED_SERVERS,
     RecoveryError,
     bcube_recovery_schedule,
@@ -21,6 +18,9 @@ from bmlmpi.schedules.recovery import (
     recovery_pieces,
     recovery_plan,
 )
+from bmlmpi.ft.rescale import rescaled_batch
+from bmlmpi.model import BCubeNetwork, BCubeWithout, price
+from bmlmpi.schedules.bml import bml_schedules
 from bmlmpi.schedules.verify import verify
 from bmlmpi.topology.bcube import BCube
 

@@ -14,17 +14,17 @@ from fractions import Fraction
 
 import pytest
 
-from bmlmpi.model import BCubeNetwork, BCubeWithout, price
-from bmlmpi.schedules import recovery
-from bmlmpi.schedules.bml import bml_schedules
-from bmlmpi.schedules.recovery import (
+from bmlmpi.ft import recovery
+from bmlmpi.ft.recovery import (
     bcube_recovery_schedule,
     bcube_recovery_schedules,
     candidate_schedules,
     recovery_pieces,
     recovery_plan,
 )
-from bmlmpi.schedules.recovery_search import lower_bounds, min_steps, search_trees
+from bmlmpi.ft.recovery_search import lower_bounds, min_steps, search_trees
+from bmlmpi.model import BCubeNetwork, BCubeWithout, price
+from bmlmpi.schedules.bml import bml_schedules
 from bmlmpi.schedules.verify import verify
 from bmlmpi.topology.bcube import BCube
 
@@ -123,7 +123,7 @@ def test_the_search_is_deterministic_within_and_across_processes():
     assert search_trees(shape, dead, pieces, 1) is None   # no tree is 1 step deep here
     here = {tag(c): schedule_hash(bcube_recovery_schedules(*c, 1001))
             for c in [((3, 3), (0,)), ((2, 2, 3), (0, 7))]}
-    code = ("import hashlib;from bmlmpi.schedules.recovery import bcube_recovery_schedules as b;"
+    code = ("import hashlib;from bmlmpi.ft.recovery import bcube_recovery_schedules as b;"
             "h=lambda s:hashlib.sha256(repr([(x.rank,x.steps) for x in s]).encode()).hexdigest();"
             "print(h(b((3,3),(0,),1001)));print(h(b((2,2,3),(0,7),1001)))")
     for seed in ("1", "2"):

@@ -58,3 +58,23 @@ def test_stop_ends_the_thread():
         thread = dog._thread
     assert thread is not None and not thread.is_alive()
     assert not fired.is_set()
+
+
+def watchdog_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "bmlmpi-watchdog" and t.is_alive()]
+
+
+def test_one_thread_serves_every_watchdog():
+    """One thread per process, whatever the number of communicators: each watchdog keeps its
+    own timeout and fires alone; the thread ends with the last one."""
+    with running(0.2) as (slow, slow_fired, slow_reports), \
+            running(30.0) as (busy, busy_fired, _):
+        assert len(watchdog_threads()) == 1
+        busy.enter("a call that is not late")
+        slow.enter("allreduce Y of rank 1")
+        assert slow_fired.wait(30), "the watchdog of the blocked call never fired"
+        assert "allreduce Y of rank 1" in slow_reports[0]
+        assert not busy_fired.is_set()
+        busy.leave()
+        assert len(watchdog_threads()) == 1
+    assert watchdog_threads() == []

@@ -3,7 +3,7 @@
 The problem (the BML slides' server failure): BCube ``radices`` (N servers, k levels) has lost the
 servers in ``dead``; the S = N − x survivors keep their addresses and talk only to a live
 server one switch away. The buffer is cut into k·S pieces as :func:`recovery_pieces
-<bmlmpi.schedules.recovery.recovery_pieces>` cuts it (one per survivor per pipeline); with
+<bmlmpi.ft.recovery.recovery_pieces>` cuts it (one per survivor per pipeline); with
 one piece as the unit, T_C = T_F/(k·S).
 
 The family searched. Every piece p, owned by o_p, is reduced along its own spanning tree of
@@ -31,7 +31,7 @@ the result when it is no worse, else going back to the best. The descent minimis
 Σ_t max-link(t), ties broken by Σ link load² (which breaks the plateaus of the max). Fixed
 budgets (sweeps, rounds: never a time) and a fixed-seed generator give the same result on
 every rank without communication; about a second per step count for 27 servers on a loaded
-core. :func:`bmlmpi.schedules.recovery.recovery_plan` prices every result (and the relay
+core. :func:`bmlmpi.ft.recovery.recovery_plan` prices every result (and the relay
 planner's schedule) with :func:`bmlmpi.model.price` on :class:`bmlmpi.model.BCubeWithout` and
 keeps the cheapest. It is a heuristic: for BCube(3,2) without [0,0] it finds 16·T_C at T = 2,
 the family's optimum up to T = 3, but not the 14·T_C the family reaches at T = 4 (both optima

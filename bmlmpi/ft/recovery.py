@@ -72,11 +72,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
 
+from ..model.cost import price
+from ..model.network import BCubeWithout
+from ..schedules.bml import bml_schedule
+from ..schedules.types import Recv, Schedule, Step, Transfer, balanced_bounds, merged_ranges
+from ..schedules.verify import ScheduleError, verify
 from ..topology.bcube import BCube, Shape, default_shape
-from .bml import bml_schedule
 from .recovery_search import Bounds, TimedTrees, lower_bounds, min_steps, search_trees
-from .types import Recv, Schedule, Step, Transfer, balanced_bounds
-from .verify import ScheduleError, verify
 
 #: Largest BCube the BCube-preserving planner takes on: planning is O(k²·N·(N−x)) Python
 #: work (measured on the 2-core development machine: 16x16 in about 1.5 s, 32x32 in 35 s).
@@ -349,16 +351,6 @@ def _relay_plan(radices: Shape, dead: frozenset[int], count: int
     return _assemble(moves, live), len(live)
 
 
-def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for lo, hi in sorted(ranges):
-        if out and out[-1][1] == lo:
-            out[-1] = (out[-1][0], hi)
-        else:
-            out.append((lo, hi))
-    return out
-
-
 def _assemble(moves: list[_Move], live: frozenset[int]) -> dict[int, list[Step]]:
     """Per-rank steps from the global transfers: merge adjacent ranges, drop unused slots."""
     grouped: dict[tuple, list[tuple[int, int]]] = defaultdict(list)
@@ -371,7 +363,7 @@ def _assemble(moves: list[_Move], live: frozenset[int]) -> dict[int, list[Step]]
     for key in sorted(grouped):
         step, src, dst, stream, level, red = key
         i = slot_index[step]
-        for lo, hi in _merge(grouped[key]):
+        for lo, hi in merged_ranges(grouped[key]):
             sends[src][i].append(Transfer(dst, lo, hi, stream=stream, level=level))
             recvs[dst][i].append(Recv(src, lo, hi, stream=stream, level=level, reduce=red))
     return {r: [Step(tuple(s), tuple(v)) for s, v in zip(sends[r], recvs[r], strict=True)]
@@ -430,8 +422,6 @@ class RecoveryPlan:
 
 def _candidate(label: str, per_rank: dict[int, list[Step]], n: int, unit: int, k: int,
                live: Sequence[int], network, trees: TimedTrees | None = None) -> Candidate:
-    from ..model.cost import price  # the model imports schedule types only: no cycle
-
     scheds = [Schedule("bml-recovery", r, n, unit, tuple(per_rank[r]), streams=k,
                        participants=tuple(live)) for r in live]
     verify(scheds, live=live)
@@ -447,8 +437,6 @@ def recovery_plan(radices: Shape, dead: frozenset[int]) -> RecoveryPlan:
     ``dead``, each with one element per piece, verify each (a candidate the verifier refuses
     is dropped and listed in ``rejected``), and choose the cheapest.
     Deterministic and communication-free; cached per shape and dead set."""
-    from ..model.network import BCubeWithout
-
     shape = tuple(int(r) for r in radices)
     cube = BCube(shape)
     n, k = cube.size, max(cube.levels, 1)
@@ -547,6 +535,21 @@ def bcube_recovery_schedule(rank: int, radices: Sequence[int], dead: Iterable[in
                     participants=live,
                     meta={"radices": shape, "dead": tuple(sorted(dead_set)),
                           "pieces": cube.levels * survivors, "plan": label})
+
+
+def bcube_preserving(name: str, rank: int, home_shape: Shape, failed: Iterable[int],
+                     count: int) -> Schedule | None:
+    """The survivors' schedule that keeps the BCube addresses of ``home_shape`` (the BML slides):
+    ``rank`` and the schedule's peers are original ranks. None when it does not apply — not
+    bml, nobody failed, a cube over ``MAX_PLANNED_SERVERS``, or no such schedule found — and
+    the survivors run the fresh schedule over their new ranks instead."""
+    dead = tuple(failed)
+    if name != "bml" or not dead or math.prod(home_shape) > MAX_PLANNED_SERVERS:
+        return None
+    try:
+        return bcube_recovery_schedule(rank, home_shape, dead, count)
+    except RecoveryError:
+        return None
 
 
 def bcube_recovery_schedules(radices: Sequence[int], dead: Iterable[int],
