@@ -575,6 +575,21 @@ def scenario_ft() -> None:
                 expect(label, lambda: run(ctx, kind, a, b), 1, "BufferSpecError", within=quick)
                 call += 1
                 good_call(label + " (after)", ctx, kind, 4, call)
+        # the family: every call agreed, so every rank raises (none completes its part)
+        for what in FAMILY:
+            for kind in ("blocking", "nonblocking"):
+                label = f"ft {algorithm} {what} {kind}"
+                for _ in range(3):
+                    call += 1
+                    family_good(label, ctx, what, kind, 5, call)
+                call += 1
+                args, out, _ = family_args(what, 5, call)
+                if rank == 1:
+                    out.flags.writeable = False
+                expect(label + " read-only", lambda: family_run(ctx, what, kind, args), 1,
+                       "BufferSpecError", within=quick)
+                call += 1
+                family_good(label + " (after)", ctx, what, kind, 5, call)
         ctx.Free()
 
 

@@ -169,6 +169,23 @@ def test_smoke_bml_allreduce_on_bcube_3x3(bcube_3x3):
         assert kinds == [(k, s) for s in range(4) for k in ("posted", "transferred", "reduced")]
         times = [t for _, _, t in timeline]
         assert times == sorted(times)
+    # BML's halves (issue 26's testbed measurement): each exact, each NIC carrying half of the
+    # allreduce's share of the vector.
+    for collective in ("reduce_scatter", "allgather"):
+        proc = run_cli("run", "--timeout", "90", "--", "python", "-m", "perf.testbed.ranks",
+                       "bench", "--kind", "bcube", "--shape", "3x3", "--bytes", str(nbytes),
+                       "--reps", "1", "--algorithms", "bml,native", "--collective", collective,
+                       timeout=120)
+        line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        assert proc.returncode == 0 and line, proc.stdout[-2000:] + proc.stderr[-2000:]
+        bench = json.loads(line[0][len("RESULT "):])
+        assert bench["collective"] == collective
+        assert [r["correct"] for r in bench["results"]] == [True, True], collective
+        for nics in bench["results"][0]["nics"]:
+            for lv in range(2):
+                sent = nics[f"eth{lv}"]["tx_bytes"]
+                half = share[lv] * nbytes / 2
+                assert half <= sent <= 1.1 * half, (collective, lv, sent)
 
 
 @pytest.mark.parametrize("kind,name,radices", [("bcube", "bml", (3, 3)),

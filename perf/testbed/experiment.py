@@ -13,6 +13,11 @@ Judged (printed, and saved under "targets"), per rate and size: the median time 
 against the fastest median on the Fat-Tree (target ≤ 0.6; theory 0.5), against its theory
 2(N-1)/(kN)·P/R (target ≤ 1.25), how evenly each server's NICs carried bml's bytes (≤ 1.10),
 and whether every byte stayed on the testbed's links.
+
+``--collective reduce_scatter`` or ``allgather`` times BML's halves instead
+(MPI_Reduce_scatter_block of a ``--bytes`` vector, MPI_Allgather of a ``--bytes`` result, and
+bmlmpi's own calls): each sends half the allreduce's bytes, so every theory is halved and the
+ratio's theory stays 1/k.
 """
 
 from __future__ import annotations
@@ -58,19 +63,26 @@ def machine_info() -> dict:
     return info
 
 
-def jobs(algorithms: str) -> list[tuple[str, str, dict[str, str]]]:
+# MPICH's control variable that forces each collective's algorithm (read at MPI_Init).
+ALGORITHM_CVARS = {"allreduce": "MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM",
+                   "reduce_scatter": "MPIR_CVAR_REDUCE_SCATTER_BLOCK_INTRA_ALGORITHM",
+                   "allgather": "MPIR_CVAR_ALLGATHER_INTRA_ALGORITHM"}
+
+
+def jobs(algorithms: str, collective: str = "allreduce") -> list[tuple[str, str, dict[str, str]]]:
     """(label, the rank program's algorithm list, environment) per mpiexec job.
 
-    ``native-<name>`` is MPI_Allreduce with MPICH's own algorithm ``<name>`` forced through
-    ``MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM`` (read at MPI_Init, hence a job of its own), e.g.
-    ``native-ring``: MPICH's ring allreduce, the strongest one-NIC baseline we have.
+    ``native-<name>`` is MPI's own call with MPICH's algorithm ``<name>`` for that collective
+    forced through its control variable (read at MPI_Init, hence a job of its own), e.g.
+    ``native-ring``: MPICH's ring allreduce or allgather, the strongest one-NIC baselines we
+    have (reduce-scatter's are ``native-pairwise``, ``native-recursive_halving``).
     """
     names = [a for a in algorithms.split(",") if a]
     plain = [a for a in names if not a.startswith("native-")]
     out = [(",".join(plain), ",".join(plain), {})] if plain else []
     for a in names:
         if a.startswith("native-"):
-            out.append((a, "native", {"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": a[len("native-"):]}))
+            out.append((a, "native", {ALGORITHM_CVARS[collective]: a[len("native-"):]}))
     return out
 
 
@@ -92,7 +104,7 @@ def run_topology(kind: str, shape: str, rate: str, args: argparse.Namespace) -> 
     with netns.testbed(kind, shape, rate, cc=args.cc, mtu=args.mtu):
         for nbytes in args.bytes:
             worst = one_nic_seconds(nbytes, rate_bps, net.servers)
-            for label, algs, env in jobs(args.algorithms):
+            for label, algs, env in jobs(args.algorithms, args.collective):
                 timeout = 120 + (args.reps + args.warmup) * len(algs.split(",")) * 6 * worst
                 runs.append(_bench(net, kind, rate, nbytes, label, algs, env, timeout, args))
                 for res in runs[-1].pop("results"):
@@ -107,6 +119,7 @@ def _bench(net, kind: str, rate: str, nbytes: int, label: str, algs: str, env: d
     t0 = time.monotonic()
     proc = mpi.run(net, ["python", "-m", "perf.testbed.ranks", "bench", "--kind", kind,
                          "--shape", net.shape, "--bytes", str(nbytes),
+                         "--collective", args.collective,
                          "--reps", str(args.reps), "--warmup", str(args.warmup),
                          "--algorithms", algs], timeout=timeout, env=env)
     wall = time.monotonic() - t0
@@ -114,7 +127,8 @@ def _bench(net, kind: str, rate: str, nbytes: int, label: str, algs: str, env: d
         raise RuntimeError(f"{kind} {net.shape} at {rate}, {nbytes} bytes ({label}): mpiexec "
                            f"exited {proc.returncode}:\n{proc.stdout[-4000:]}")
     job = counters.delta(before, counters.settled_snapshot())
-    return {"kind": kind, "shape": net.shape, "rate": rate, "bytes": nbytes, "cc": args.cc,
+    return {"kind": kind, "shape": net.shape, "rate": rate, "bytes": nbytes,
+            "collective": args.collective, "cc": args.cc,
             "mtu": args.mtu, "job": label, "env": env, "wall_s": wall,
             "conservation": counters.conservation(net, job),
             "isolation": counters.isolation(net),
@@ -144,17 +158,23 @@ def model_seconds(kind: str, name: str, nbytes: int, rate_bps: float,
 
 def _row(net, kind: str, rate: str, rate_bps: float, nbytes: int, name: str, res: dict,
          args: argparse.Namespace) -> dict:
-    row = {"rate": rate, "rate_bps": rate_bps, "topology": kind, "shape": net.shape,
+    row = {"collective": args.collective, "rate": rate, "rate_bps": rate_bps, "topology": kind,
+           "shape": net.shape,
            "servers": net.servers, "nics": net.nics, "algorithm": name, "bytes": nbytes,
            "cc": args.cc, "mtu": args.mtu}
     if "skipped" in res:
         return {**row, "skipped": res["skipped"]}
     times = res["seconds"]
     theory = predicted_seconds(kind, name, nbytes, rate_bps, net.radices)
+    model = model_seconds(kind, name, nbytes, rate_bps, tuple(net.radices))
+    if args.collective != "allreduce":
+        # One half of the allreduce: every closed form and price is half the allreduce's.
+        theory = theory / 2 if theory else theory
+        model = None
     median = statistics.median(times)
     return {**row, "reps": len(times), "seconds": times, "median_s": median,
             "min_s": min(times), "max_s": max(times), "theory_s": theory,
-            "model_s": model_seconds(kind, name, nbytes, rate_bps, tuple(net.radices)),
+            "model_s": model,
             "vs_theory": median / theory if theory else None, "correct": res["correct"],
             # user+system CPU of all ranks per call (kernel softirq work on the links excluded):
             # next to 2 cores × the call's time it shows how close the CPU is to the limit.
@@ -273,7 +293,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--algorithms", default="bml,ring,native,native-ring",
-                   help="bmlmpi algorithms, native, native-<MPICH algorithm>")
+                   help="bmlmpi algorithms, native, native-<MPICH algorithm of the collective>")
+    p.add_argument("--collective", choices=("allreduce", "reduce_scatter", "allgather"),
+                   default="allreduce")
     netns.link_options(p)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--name", default="bcube_vs_fattree")

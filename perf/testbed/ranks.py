@@ -11,7 +11,10 @@ reads its own NIC counters around each level, which proves the kernel routes sen
 traffic out of that level's NIC; (2) one allreduce of position-dependent data, compared exactly
 with the expected sum, with the NIC counters around it.
 ``bench``: per algorithm, warm-up calls, then timed repetitions (each a barrier, the call, and the
-slowest rank's time), with the NIC and loopback counters around the timed calls. An algorithm
+slowest rank's time), with the NIC and loopback counters around the timed calls. ``--collective``
+picks the call: the allreduce of ``--bytes`` (default), ``reduce_scatter`` (``Reduce_scatter_block``
+of a ``--bytes`` vector: each rank keeps its 1/N block) or ``allgather`` (each rank gives a 1/N
+block of a ``--bytes`` result): BML's two halves, each with half the allreduce's bytes. An algorithm
 may carry a BCube shape of the ranks, ``bml@2x2x2`` (several ranks a server, started with
 ``mpi.run(..., per_server=p)``: the shapes of all the ranks, not of the servers).
 ``pairs``: the intra-node tier: with two ranks a server, every rank swaps ``--bytes`` with its
@@ -65,22 +68,47 @@ def rank_data(count: int, rank: int) -> np.ndarray:
     return (1000.0 * rank + np.arange(count) % 997).astype(np.float32)
 
 
-class Allreducer:
-    """One callable per algorithm name: ``native`` is MPI_Allreduce, the rest go to bmlmpi."""
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 
-    def __init__(self, comm: MPI.Comm, kind: str, shape: str):
+
+def buffers(collective: str, count: int, rank: int, size: int):
+    """(sendbuf, recvbuf, expected result) of one call on ``count`` float32 elements (the
+    allreduce's vector; the halves use its N blocks of ``count // size``)."""
+    block = count // size
+    if collective == "allreduce":
+        return rank_data(count, rank), np.zeros(count, np.float32), expected_sum(count, size)
+    if collective == "reduce_scatter":
+        whole = expected_sum(block * size, size)
+        return (rank_data(block * size, rank), np.zeros(block, np.float32),
+                whole[rank * block:(rank + 1) * block])
+    gathered = np.concatenate([rank_data(block, j) for j in range(size)])
+    return rank_data(block, rank), np.zeros(block * size, np.float32), gathered
+
+
+class Caller:
+    """One callable per algorithm name for one collective: ``native`` is MPI's own call
+    (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather), the rest go to bmlmpi."""
+
+    METHODS = {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter_block",
+               "allgather": "Allgather"}
+
+    def __init__(self, comm: MPI.Comm, kind: str, shape: str, collective: str = "allreduce"):
         self.comm = comm
         self.kind, self.shape = kind, shape
+        self.method = self.METHODS[collective]
+        self.reduces = collective != "allgather"
+        self.collective = collective
         self._bml = {}
 
     def available(self) -> list[str]:
         import bmlmpi  # an import failure must stop the run, not quietly drop algorithms
 
-        return list(bmlmpi.algorithms())
+        return list(bmlmpi.algorithms(self.collective))
 
     def __call__(self, name: str, send: np.ndarray, recv: np.ndarray) -> None:
+        args = (send, recv, MPI.SUM) if self.reduces else (send, recv)
         if name == NATIVE:
-            self.comm.Allreduce(send, recv, op=MPI.SUM)
+            getattr(self.comm, self.method)(*args)
             return
         if name not in self._bml:
             import bmlmpi
@@ -93,7 +121,7 @@ class Allreducer:
                 topo = self.shape
             self._bml[name] = bmlmpi.Communicator(self.comm, algorithm=algorithm,
                                                   topology=topo)
-        self._bml[name].Allreduce(send, recv, op=MPI.SUM)
+        getattr(self._bml[name], self.method)(*args)
 
 
 def loopback_counters() -> dict[str, int]:
@@ -123,7 +151,7 @@ def check(args: argparse.Namespace, comm: MPI.Comm) -> dict:
                        "nics": diff(before, nic_counters())})
     count = args.bytes // 4
     send, recv = rank_data(count, rank), np.zeros(count, dtype=np.float32)
-    run = Allreducer(comm, args.kind, args.shape)
+    run = Caller(comm, args.kind, args.shape)
     run(args.algorithm, send, recv)  # warm-up: connections, compilation
     recv[:] = 0
     before = nic_counters()
@@ -143,8 +171,8 @@ def check(args: argparse.Namespace, comm: MPI.Comm) -> dict:
 def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
     rank, size = comm.Get_rank(), comm.Get_size()
     count = args.bytes // 4
-    send, recv = rank_data(count, rank), np.zeros(count, dtype=np.float32)
-    run = Allreducer(comm, args.kind, args.shape)
+    send, recv, expected = buffers(args.collective, count, rank, size)
+    run = Caller(comm, args.kind, args.shape, args.collective)
     available = run.available()
     results = []
     for name in args.algorithms.split(","):
@@ -154,7 +182,7 @@ def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
             continue
         for _ in range(args.warmup):
             run(name, send, recv)
-        ok = bool(np.array_equal(recv, expected_sum(count, size)))
+        ok = bool(np.array_equal(recv, expected))
         before, lo_before = nic_counters(), loopback_counters()
         cpu0 = time.process_time()
         comm.Barrier()
@@ -176,7 +204,8 @@ def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
                         "rank_cpu_s_per_call": cpu / args.reps,
                         "nics": comm.gather(nics, root=0),
                         "loopback": comm.gather(loopback, root=0)})
-    return {"mode": "bench", "bytes": args.bytes, "reps": args.reps, "warmup": args.warmup,
+    return {"mode": "bench", "collective": args.collective, "bytes": args.bytes,
+            "reps": args.reps, "warmup": args.warmup,
             "mpi": MPI.Get_library_version().splitlines()[0], "ranks": size,
             "results": results}
 
@@ -220,7 +249,7 @@ def steps(args: argparse.Namespace, comm: MPI.Comm) -> dict:
 
     count = args.bytes // 4
     send, recv = rank_data(count, comm.Get_rank()), np.zeros(count, dtype=np.float32)
-    run = Allreducer(comm, args.kind, args.shape)
+    run = Caller(comm, args.kind, args.shape)
     run(args.algorithm, send, recv)  # warm-up: connections, compilation
     calls = []
     with execute.observing(Timeline()):
@@ -246,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--neighbour-bytes", type=int, default=1 << 20)
     p.add_argument("--algorithm", default=NATIVE)
     p.add_argument("--algorithms", default="bml,ring,native")
+    p.add_argument("--collective", choices=COLLECTIVES, default="allreduce")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--json", type=Path)
