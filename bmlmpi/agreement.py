@@ -46,7 +46,7 @@ from .execute import wait_for
 SIGNATURE, ERROR, DEADLINE = 0, 1, 2
 #: The tag of mailbox messages and of the watchdog's copy of a notice (see api).
 TAG_MAIL, TAG_ALARM = 1, 2
-_HEAD = 4                 # int64 fields: sequence, kind, hash, rank
+_HEAD = 5                 # int64 fields: sequence, kind, hash, rank, communicator token
 _TEXT = 448               # bytes of text a message carries (truncated beyond)
 MESSAGE_BYTES = _HEAD * 8 + _TEXT
 
@@ -58,28 +58,35 @@ class Message:
     value: int
     rank: int
     text: str
+    token: int = 0
 
 
-def encode(seq: int, kind: int, value: int, rank: int, text: str) -> np.ndarray:
+def encode(seq: int, kind: int, value: int, rank: int, text: str, token: int = 0) -> np.ndarray:
     buf = np.zeros(MESSAGE_BYTES, dtype=np.uint8)
-    buf[:_HEAD * 8].view(np.int64)[:] = (seq, kind, value, rank)
+    buf[:_HEAD * 8].view(np.int64)[:] = (seq, kind, value, rank, token)
     raw = text.encode("utf-8", "replace")[:_TEXT]
     buf[_HEAD * 8:_HEAD * 8 + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
     return buf
 
 
 def decode(buf: np.ndarray) -> Message:
-    seq, kind, value, rank = (int(v) for v in buf[:_HEAD * 8].view(np.int64))
+    seq, kind, value, rank, token = (int(v) for v in buf[:_HEAD * 8].view(np.int64))
     text = bytes(buf[_HEAD * 8:]).rstrip(b"\0").decode("utf-8", "replace")
-    return Message(seq, kind, value, rank, text)
+    return Message(seq, kind, value, rank, text, token)
 
 
 class Mailbox:
     """One posted receive on ``control`` (any source, :data:`TAG_MAIL`), re-posted after each
-    message; messages are kept by call number until the call they belong to is over."""
+    message; messages are kept by call number until the call they belong to is over.
 
-    def __init__(self, control: MPI.Comm):
+    ``token``: the communicator's own number, agreed when it was built, carried by every
+    message; a message with another token is dropped. An MPI library that reuses context ids
+    (MPICH) can deliver a notice still in flight when an earlier communicator was freed to
+    this one's receive, with a call number this communicator also uses."""
+
+    def __init__(self, control: MPI.Comm, token: int = 0):
         self.control = control
+        self.token = token
         self.rank = control.Get_rank()
         self.size = control.Get_size()
         self._box = np.empty(MESSAGE_BYTES, dtype=np.uint8)
@@ -97,7 +104,9 @@ class Mailbox:
         req = self._req
         while req is not None and req.Test():
             msg = decode(self._box)
-            if msg.kind == SIGNATURE:
+            if msg.token != self.token:
+                pass  # an earlier communicator's message (see the class docstring)
+            elif msg.kind == SIGNATURE:
                 self._by_seq.setdefault(msg.seq, {})[msg.rank] = msg
             else:
                 self._failures.append(msg)
@@ -117,7 +126,7 @@ class Mailbox:
     def announce(self, seq: int, kind: int, text: str, also_tag: int | None = None) -> None:
         """Tell every other rank that this rank's call ``seq`` failed (``kind``), without
         waiting for anyone. ``also_tag``: send a second copy with this tag (the watchdog's)."""
-        msg = encode(seq, kind, 0, self.rank, text)
+        msg = encode(seq, kind, 0, self.rank, text, self.token)
         for r in range(self.size):
             if r == self.rank:
                 continue
@@ -132,9 +141,9 @@ class Mailbox:
         has, when an error or deadline notice about ``seq`` or later arrives (the caller
         looks at :meth:`failure`). After ``timeout`` s with no new message it raises
         ``deadline_error(describe(timeout))``."""
-        mine = Message(seq, SIGNATURE, value, self.rank, text)
+        mine = Message(seq, SIGNATURE, value, self.rank, text, self.token)
         self._by_seq.setdefault(seq, {})[self.rank] = mine
-        msg = encode(seq, SIGNATURE, value, self.rank, text)
+        msg = encode(seq, SIGNATURE, value, self.rank, text, self.token)
         for r in range(self.size):
             if r != self.rank:
                 self._sends.append((self.control.Isend([msg, MPI.BYTE], r, TAG_MAIL), msg))

@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import logging
 import math
+import secrets
 import threading
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
@@ -508,10 +509,11 @@ class Communicator(FamilyCalls):
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
-        self._agree_construction(error)
+        self._token = self._agree_construction(error)
         # the control channel (bmlmpi.agreement): agreements and notices, never data
         self._control = self._make_control()
-        self._mailbox = Mailbox(self._control) if self._control is not self._comm else None
+        self._mailbox = (Mailbox(self._control, self._token) if self._control is not self._comm
+                         else None)
         self._callno = 0                  # calls started on this communicator (all paths)
         self._revoked: str | None = None  # why every later call raises CommunicatorRevoked
         self._repair_after: int | None = None  # an argument error at this call: re-dup first
@@ -579,7 +581,7 @@ class Communicator(FamilyCalls):
         only ever tested by the watchdog thread (needs MPI_THREAD_MULTIPLE)."""
         if self._mailbox is None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             return None
-        control, handled = self._control, self._handled
+        control, handled, token = self._control, self._handled, self._token
         box = np.empty(MESSAGE_BYTES, dtype=np.uint8)
         state: dict[str, Any] = {}
 
@@ -590,26 +592,30 @@ class Communicator(FamilyCalls):
             while req.Test():
                 msg = decode(box)
                 req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
-                if msg.seq > handled[0]:  # not an event the calling thread already raised
+                # not an earlier communicator's notice, nor one the calling thread raised
+                if msg.token == token and msg.seq > handled[0]:
                     what = ("gave up call" if msg.kind == DEADLINE
                             else "rejected its arguments at call")
                     return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
             return None
         return alarm
 
-    def _agree_construction(self, error: Exception | None) -> None:
+    def _agree_construction(self, error: Exception | None) -> int:
         """One agreement on the new duplicate: whether any rank's arguments failed, and
         whether every rank names the same shape, algorithm, checking mode and validation
         (ranks that differ in these would exchange different messages: ``auto`` calibrates
-        on the data communicator, a rank that does not validate never joins an agreement)."""
+        on the data communicator, a rank that does not validate never joins an agreement).
+        Returns the communicator's token (the largest of the ranks' random numbers), which
+        its control messages carry (:class:`~bmlmpi.agreement.Mailbox`)."""
         if self.size == 1:
             if error is not None:
                 self._comm.Free()
                 raise error
-            return
+            return 0
         h = 0 if error is not None else _signature_hash(
             (self.shape, self.algorithm, self.check, self.validate))
-        vec = np.array([1 if error else 0, self.rank if error else -1, h, -h], dtype=np.int64)
+        vec = np.array([1 if error else 0, self.rank if error else -1, h, -h,
+                        secrets.randbits(62)], dtype=np.int64)
         res = np.empty_like(vec)
         try:
             wait_request(self._comm.Iallreduce(vec, res, MPI.MAX), self.timeout,
@@ -633,6 +639,7 @@ class Communicator(FamilyCalls):
                                    f"topologies, algorithms, checking modes or validation "
                                    f"(topology/algorithm/check/validate: {lines}); the "
                                    f"communicator was not built on any rank")
+        return int(res[4])
 
     # -- properties -----------------------------------------------------------------------
     @property
