@@ -87,10 +87,6 @@ DEFAULT_CHUNK_BYTES = 256 * 1024
 #: chunk (no overlap between ranks) and many (64 MiB in 128 chunks of 256 KiB: 28.6 ms; in
 #: 4 to 32 chunks: 19.6–22.3 ms).
 MAX_CHUNKS = 4
-#: An allreduce of at most ``chunk_bytes`` / this many bytes (64 KiB by default) runs in one
-#: shot (:func:`one_shot_steps`): every rank reduces the whole buffer, which saves one
-#: synchronisation (a flag, a wait) per call for (N−1)·B more bytes read.
-ONE_SHOT_FRACTION = 4
 #: The stage sequences of :func:`node_steps`.
 STAGES = {"allreduce": ("P", "R", "F"), "reduce_scatter": ("P", "R"),
           "allgather": ("G", "F"), "reduce": ("P", "R", "F"), "gather": ("G", "F")}
@@ -223,8 +219,6 @@ def shm_schedule(rank: int, size: int, count: int, itemsize: int = 4,
     steps: list[Step] = []
     if count and size == 1:  # nothing to share: the input is the result
         steps = [Step(shm=(ShmOp(REDUCE, 0, count),))]
-    elif count and count * itemsize * ONE_SHOT_FRACTION <= chunk_bytes:
-        steps = one_shot_steps(rank, members, count)
     elif count:
         nchunks = chunk_count(count, itemsize, size, chunk_bytes, max_chunks)
         bounds = balanced_bounds(0, count, nchunks)
@@ -232,15 +226,6 @@ def shm_schedule(rank: int, size: int, count: int, itemsize: int = 4,
         steps = node_steps(rank, members, chunks, "allreduce")
     return Schedule("shm", rank, size, count, tuple(steps),
                     meta={"chunk_bytes": chunk_bytes})
-
-
-def one_shot_steps(rank: int, members: Sequence[int], count: int) -> list[Step]:
-    """The small-message allreduce: publish the whole input (step 0), then reduce the whole
-    buffer from the input and every peer's segment into the result (step 1). One wait on the
-    peers instead of the two of publish/reduce/fetch, for (N−1)·B more bytes read."""
-    peers = tuple(p for p in members if p != rank)
-    return [Step(shm=(ShmOp(PUBLISH, 0, count),)),
-            Step(shm=(ShmOp(REDUCE, 0, count, peers, tuple((p, 0) for p in peers)),))]
 
 
 def block_chunks(counts: Sequence[int], members: Sequence[int], nchunks: int
@@ -315,6 +300,5 @@ def shm_schedules(size: int, count: int, itemsize: int = 4,
             for r in range(size)]
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "ONE_SHOT_FRACTION", "block_chunks",
-           "chunk_count", "node_steps", "one_shot_steps", "shm_collective_schedule",
-           "shm_schedule", "shm_schedules", "slices"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "block_chunks", "chunk_count", "node_steps",
+           "shm_collective_schedule", "shm_schedule", "shm_schedules", "slices"]
