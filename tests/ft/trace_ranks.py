@@ -11,7 +11,9 @@ flight recorder dumps into ``BASE/<scenario>``, in this order:
 ``count``     rank 2 passes 999 elements instead of 1000 on loop call 2, after the signature's
               first call: rank 2 waits in the argument check, the others in the ring.
 ``stop``      rank 3 stops itself (SIGSTOP) before loop call 2; rank 0, once its call has
-              raised, sends it SIGCONT; rank 3 then enters the call the others left.
+              raised, sends it SIGCONT; rank 3 then enters the call the others left and
+              learns of the revocation (before or after its first step's transfers
+              complete: both orderings happen, and bmlmpi-trace must name rank 3 in each).
 ``kill``      a fault-tolerant communicator; rank 2 is killed (SIGKILL) before loop call 2:
               the survivors notice, dump, recover and finish.
 
