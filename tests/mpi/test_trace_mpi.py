@@ -126,6 +126,28 @@ def test_explain_agrees_with_what_the_family_calls_run(collective):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "reduce",
+                                        "bcast"])
+def test_bench_table_shows_what_auto_ran(collective):
+    from argparse import Namespace
+
+    from bmlmpi.cli import bench
+    c = bmlmpi.Communicator(MPI.COMM_WORLD)
+    for nbytes in (64, 1 << 18):
+        rows = bench.measure(c, ["auto"], nbytes, 2, 1, True, collective=collective)
+        # the table's choice is what the auto row's calls ran (the recorder's last call)
+        last = c.recorder.calls()[-1]
+        assert last["collective"] == collective and last["asked"] == "auto"
+        assert rows[0]["chose"] == last["chosen"] and rows[0]["validation"] == "Pass"
+        args = Namespace(full=False, busbw=False, validation=True, collective=collective)
+        table = bench.format_table(rows, args, {"ranks": c.size, "oversubscribed": False,
+                                                "mpi_library": "test"})
+        head, row = table.splitlines()[-2:]
+        assert head.endswith("Auto chose") and row.split()[-1] == last["chosen"], table
+    c.Free()
+
+
+@pytest.mark.mpi
 def test_recorder_sees_every_call_path():
     world = MPI.COMM_WORLD
     scheduled = "ring" if world.size > 1 else "bml"
