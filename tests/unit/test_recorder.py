@@ -179,6 +179,30 @@ def test_a_missing_rank_is_named(tmp_path):
     assert trace.main([str(tmp_path / "nothing-here")]) == 2
 
 
+def test_dumps_of_all_nodes_gathered_in_one_folder(tmp_path, capsys):
+    # a Slurm job on two nodes: each node's ranks wrote into that node's per-job folder
+    # (bmlmpi-trace-slurm-<job> in its own /tmp), copied afterwards into one folder per node
+    # under a common one; rank 2 (node b) never entered seq 2
+    job = recorder.trace_dir({"SLURM_JOB_ID": "77"}).name
+    for r in range(4):
+        host = "node-a" if r < 2 else "node-b"
+        calls = [call(0), call(1)] + ([] if r == 2 else [call(2, state="failed", peers=[
+            {"kind": "recv", "rank": 2 if r != 3 else 1}])])
+        d = dump(r, 4, calls)
+        d["host"] = host
+        folder = tmp_path / host / job
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"bmlmpi-trace-{host}-p{100 + r}-w{r}-c0.json").write_text(json.dumps(d))
+    assert trace.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "4 dumps" in out and "dumps from ranks 0, 1, 2, 3" in out
+    assert "rank 2 (node-b pid 102)" in out and "rank 0 (node-a pid 100)" in out
+    assert "never entered seq 2" in out
+    assert trace.main([str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)["communicators"][0]
+    assert report["culprit"] == 2 and not report["missing"]
+
+
 def test_timeline_merge(tmp_path):
     for rank in range(2):
         doc = {"traceEvents": [{"name": "allreduce", "ph": "X", "ts": 1e6 + rank, "dur": 5,
