@@ -9,7 +9,12 @@ Finds the ``mpiexec`` installed beside this Python (the embedded Open MPI wheel)
   ``--mca mpi_yield_when_idle 1`` when more ranks than cores are asked for (without the
   yield, busy-polling ranks starve the peers they wait for: the MPI test suite at 4 ranks on
   2 cores took 85 s instead of 4 s); ``--with-ft ulfm`` with ``--ft`` (user-level failure
-  mitigation, needed by ``Communicator(fault_tolerant=True)``);
+  mitigation, needed by ``Communicator(fault_tolerant=True)``); ``--mca osc ^ucx`` on a node
+  without an RDMA device, unless the one-sided component is chosen already (``--mca osc`` or
+  ``OMPI_MCA_osc``): there UCX has no transport for one-sided calls, and Open MPI's osc/ucx
+  then prints "OSC UCX component priority set inside component query failed" on every rank
+  for every window it is asked to serve (open-mpi/ompi#14086), which the shared-memory tier's
+  windows would turn into a page of errors; osc/sm serves those windows;
 * MPICH (hydra): nothing is needed for root or oversubscription; ``--ft`` is refused, since
   MPICH's ch4 device has no ULFM.
 
@@ -85,6 +90,23 @@ def flavour(mpiexec: str) -> str:
     return "unknown"
 
 
+#: Where Linux lists RDMA devices (InfiniBand, RoCE, iWARP); UCX's one-sided transports need one.
+RDMA_DEVICES = Path("/sys/class/infiniband")
+
+
+def has_rdma_device(devices: Path | None = None) -> bool:
+    try:
+        return any((devices or RDMA_DEVICES).iterdir())
+    except OSError:
+        return False
+
+
+def _chooses_osc(args: list[str]) -> bool:
+    return "OMPI_MCA_osc" in os.environ or any(
+        a in ("--mca", "-mca", "--gmca", "-gmca") and i + 1 < len(args) and args[i + 1] == "osc"
+        for i, a in enumerate(args))
+
+
 def _ranks(args: list[str]) -> int:
     for i, a in enumerate(args):
         if a in ("-n", "-np", "--n", "--np") and i + 1 < len(args):
@@ -136,6 +158,8 @@ def build_command(args: list[str], mpiexec: str | None = None,
             if ("mpi_yield_when_idle" not in " ".join(args)
                     and "OMPI_MCA_mpi_yield_when_idle" not in os.environ):
                 extra += ["--mca", "mpi_yield_when_idle", "1"]
+        if not _chooses_osc(args) and not has_rdma_device():
+            extra += ["--mca", "osc", "^ucx"]
         if ft and "--with-ft" not in args:
             extra += ["--with-ft", "ulfm"]
         if ft:
