@@ -59,6 +59,7 @@ from . import buffers, kernels
 from .buffers import BufferSpecError
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
+from .shm import start_collective
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
@@ -706,18 +707,6 @@ class FastFamily:
         self.calls = 0          # schedules: later calls that took this path
 
 
-def family_run(plan: Any, inp: np.ndarray | None, output: np.ndarray | None, op: str,
-               tag_base: int, label: Any, finish: Any, dtype: np.dtype) -> Any:
-    """The run of a family call's compiled plan on its schedule buffers: shared-memory steps
-    (:meth:`bmlmpi.shm.ShmPlan.start_collective`) or messages
-    (:func:`bmlmpi.execute.collective_run`)."""
-    from .execute import collective_run
-    from .shm import ShmPlan
-    if isinstance(plan, ShmPlan):
-        return plan.start_collective(inp, output, op, tag_base, label, finish, dtype)
-    return collective_run(plan, inp, output, op, tag_base, label, finish, dtype)
-
-
 class FamilyCalls:
     """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them.
 
@@ -930,7 +919,7 @@ class FamilyCalls:
         self._callno = seq = self._callno + 1
         entry.calls += 1
         what = entry.what
-        run = family_run(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),
+        run = start_collective(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),
                          entry.op, tag_base, lambda: f"{what}, call {seq})", None,
                          entry.dtype)
         self._drive_fast(run, seq, entry.traced)
@@ -1097,4 +1086,4 @@ class FamilyCalls:
             if finish is not None:
                 finish()
 
-        return family_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)
+        return start_collective(plan, inp, output, call.op, tag_base, label, placed, call.dtype)
