@@ -414,14 +414,21 @@ def test_family_contracts_n4_before_during_and_root():
          "algorithm": "bml",
          "kills": [{"call": 0, "rank": 2, "when": "before", "how": "kill"},
                    {"call": 3, "rank": "root", "when": "during", "how": "kill"}]},
+        # a rank gone before an allgather, the root before a broadcast
+        {"size": 4, "collectives": cycle, "calls": 5,
+         "kills": [{"call": 1, "rank": 3, "when": "before", "how": "kill"},
+                   {"call": 3, "rank": "root", "when": "before", "how": "kill"}]},
     ]
     spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
-    res, records = launch_spec("tests/ft/family_ranks.py", spec, 8, "FAMILY-JSON",
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 12, "FAMILY-JSON",
                                timeout=LAUNCH_TIMEOUT)
     _family_check(groups, res, records)
     # a rank gone before a reduce-scatter: every survivor's own block over the survivors
     first = [s["results"][0] for s in records if s.get("group") == 1 and "survivor" in s]
     assert {(r["raised"], r["size"]) for r in first} == {(None, 3)}, first
+    # a broadcast whose root was gone before it: RootFailed on every survivor
+    third = [s["results"][3] for s in records if s.get("group") == 2 and "survivor" in s]
+    assert {r["raised"] for r in third} == {"RootFailed"}, third
 
 
 def test_family_contracts_in_shared_memory_and_hierarchical():
@@ -463,8 +470,10 @@ def test_family_contracts_n8():
     groups = [{"size": 8, "collectives": cycle, "calls": 8,
                "kills": [{"call": 0, "rank": 5, "when": "during", "how": "kill"},
                          {"call": 1, "rank": 2, "when": "before", "how": "kill"},
+                         {"call": 2, "rank": 7, "when": "during", "how": "kill"},
                          {"call": 3, "rank": "root", "when": "during", "how": "kill"},
-                         {"call": 5, "rank": 6, "when": "during", "how": "kill"}]}]
+                         {"call": 5, "rank": 6, "when": "during", "how": "kill"},
+                         {"call": 6, "rank": "root", "when": "before", "how": "kill"}]}]
     spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
     res, records = launch_spec("tests/ft/family_ranks.py", spec, 8, "FAMILY-JSON",
                                timeout=LAUNCH_TIMEOUT)
@@ -472,3 +481,6 @@ def test_family_contracts_n8():
     # the allgather that a rank missed entirely: its slot zeroed, ContributionsLost everywhere
     call1 = {s["results"][1]["raised"] for s in records if "survivor" in s}
     assert call1 == {"ContributionsLost"}, call1
+    # the reduce whose root was gone before it: RootFailed on every survivor
+    call6 = {s["results"][6]["raised"] for s in records if "survivor" in s}
+    assert call6 == {"RootFailed"}, call6
