@@ -138,7 +138,7 @@ def _chunk(shards: list[int], owner: int, m: int) -> list[tuple[int, int]]:
     return [(shards[j], shards[j + 1]) for j in range(owner, len(shards) - 1, m)]
 
 
-def _shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
+def shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
                 ) -> list[list[tuple[int, int, int]]]:
     """Chunk c: piece c of every shard, owned by the shard's local owner."""
     m = len(members)
@@ -204,7 +204,7 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
     chunks: list = []
     if intra == "shm" and count:
         nchunks = chunk_count(count, itemsize, width, chunk_bytes)
-        chunks = _shm_chunks(shards, mine, nchunks)
+        chunks = shm_chunks(shards, mine, nchunks)
         steps += node_steps(rank, mine, chunks, "reduce_scatter")
     for t in range(width - 1 if intra == "ring" else 0):  # local reduce-scatter
         if t >= m - 1:
@@ -357,16 +357,16 @@ def _shm_rooted(reducing: bool, rank: int, count: int, width: int, shards: list[
     if not count:
         return []
     nchunks = chunk_count(count, itemsize, width, chunk_bytes)
-    chunks = _shm_chunks(shards, mine, nchunks)
+    chunks = shm_chunks(shards, mine, nchunks)
     home = list(at_home)
     if reducing:
         steps = node_steps(rank, mine, chunks, "reduce_scatter") + middle
         if rank in home:
-            steps += node_steps(rank, home, _shm_chunks(shards, home, nchunks), "collect",
+            steps += node_steps(rank, home, shm_chunks(shards, home, nchunks), "collect",
                                 len(steps), root=root)
         return steps
     stage = 2 * nchunks  # the root's scatter: G and F for every chunk
-    steps = (node_steps(rank, home, _shm_chunks(shards, home, nchunks), "scatter", root=root)
+    steps = (node_steps(rank, home, shm_chunks(shards, home, nchunks), "scatter", root=root)
              if rank in home else [Step() for _ in range(stage)])
     steps += middle
     return steps + node_steps(rank, mine, chunks, "allgather", len(steps))

@@ -59,7 +59,7 @@ from dataclasses import replace
 
 from ..topology.nodes import Nodes
 from .bml import bml_allgather_schedule, bml_reduce_scatter_schedule
-from .hierarchical import INTRA_ALGORITHMS, _shm_chunks, across_nodes, node_layout, node_ring
+from .hierarchical import INTRA_ALGORITHMS, across_nodes, node_layout, node_ring, shm_chunks
 from .ring import ring_allgather_schedule, ring_reduce_scatter_schedule
 from .shm import DEFAULT_CHUNK_BYTES, chunk_count, node_steps
 from .types import (
@@ -215,7 +215,7 @@ def hierarchical_blocks_schedule(collective: str, rank: int, size: int,
     if size == 1:
         steps: list[Step] = []
     elif intra == "shm":
-        chunks = _shm_chunks(col, here, chunk_count(count, itemsize, width, chunk_bytes))
+        chunks = shm_chunks(col, here, chunk_count(count, itemsize, width, chunk_bytes))
         if reducing:
             steps = _cut_input_reads(node_steps(rank, here, chunks, "reduce_scatter"),
                                      inputs) + network
