@@ -67,23 +67,30 @@ TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "b
 REDUCING = frozenset({"reduce_scatter", "reduce"})
 
 
-_FAST_OPS = (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)
+#: The ops of the fast paths, by identity (an ``MPI.Op`` is unhashable; these live as long as
+#: the module, so their ids are never reused).
+_FAST_OP_IDS = frozenset(id(o) for o in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX))
+_IN_PLACE = MPI.IN_PLACE
 
 
 def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
               *rest: Any) -> tuple | None:
     """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
-    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call."""
-    if not any(op is o for o in _FAST_OPS):
+    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call. (On the
+    path of every repeated call: a set lookup and one flags object per array.)"""
+    if id(op) not in _FAST_OP_IDS:
         return None
     key: list = [method, algorithm, id(op), *rest]
     for b in bufs:
-        if b is MPI.IN_PLACE or b is None:
+        if b is _IN_PLACE or b is None:
             key.append(b is None)
-        elif type(b) is np.ndarray and b.flags.c_contiguous and b.flags.writeable:
-            key.append((b.shape, b.dtype))
-        else:
+            continue
+        if type(b) is not np.ndarray:
             return None
+        flags = b.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+        key.append((b.shape, b.dtype))
     return tuple(key)
 
 
@@ -881,8 +888,8 @@ class FamilyCalls:
         entry = fast.get(key) if fast else None
         if entry is None or not self._fast_open():
             return False
-        bufs = [a for a in args[:2] if type(a) is np.ndarray]
-        if len(bufs) == 2 and np.may_share_memory(bufs[0], bufs[1]):
+        a, b = args[0], args[1]
+        if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
             return False  # the checked path says what is wrong
         if entry.plan is not None:
             self._family_scheduled(entry, args)
