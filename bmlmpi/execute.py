@@ -144,8 +144,11 @@ class Plan:
     """
 
     def __init__(self, sched: Schedule, comms: list[MPI.Comm],
-                 level_peer: Callable[[int, int], tuple[int, int]]):
-        """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``."""
+                 level_peer: Callable[[int, int], tuple[int, int]], first_step: int = 0):
+        """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``;
+        ``first_step``: the step of a larger schedule that ``sched``'s step 0 is (the message
+        steps between shared-memory steps): the tags name that step, so they match a peer
+        that runs the whole schedule as messages."""
         if sched.uses_shm:
             raise ValueError("a schedule with shared-memory steps runs on bmlmpi.shm")
         self.sched = sched
@@ -168,7 +171,8 @@ class Plan:
                 for t in picked_sends:
                     ci, p = level_peer(t.level, t.peer)
                     sends.append(_Post(ci, p, t.peer, t.lo, t.hi,
-                                       (i * sched.streams + t.stream) % TAG_STEPS, -1))
+                                       ((first_step + i) * sched.streams + t.stream)
+                                       % TAG_STEPS, -1))
                 recvs, groups, off = [], {}, base
                 for t in picked_recvs:
                     ci, p = level_peer(t.level, t.peer)
@@ -178,7 +182,8 @@ class Plan:
                         off += t.hi - t.lo
                         groups.setdefault((t.lo, t.hi), []).append(s_off)
                     recvs.append(_Post(ci, p, t.peer, t.lo, t.hi,
-                                       (i * sched.streams + t.stream) % TAG_STEPS, s_off))
+                                       ((first_step + i) * sched.streams + t.stream)
+                                       % TAG_STEPS, s_off))
                 need = max(need, off - base)
                 steps.append(_StepPlan(i, tuple(sends), tuple(recvs),
                                        tuple((lo, hi, tuple(o)) for (lo, hi), o in groups.items())))
@@ -229,9 +234,10 @@ class Plan:
         return prog
 
     @classmethod
-    def flat(cls, sched: Schedule, comm: MPI.Comm) -> Plan:
-        """``sched`` compiled to run every transfer, of any level, on ``comm`` itself."""
-        return cls(sched, [comm], _flat_peer)
+    def flat(cls, sched: Schedule, comm: MPI.Comm, first_step: int = 0) -> Plan:
+        """``sched`` compiled to run every transfer, of any level, on ``comm`` itself
+        (``first_step``: as in the constructor)."""
+        return cls(sched, [comm], _flat_peer, first_step)
 
     def take_scratch(self, dtype: np.dtype) -> np.ndarray:
         while self._pool:
