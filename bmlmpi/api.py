@@ -45,6 +45,7 @@ from .execute import (
     DeadlineExceeded,
     Plan,
     Run,
+    tag_upper_bound,
     timeout_from_env,
     wait_for,
     wait_request,
@@ -555,7 +556,7 @@ class Communicator(FamilyCalls):
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
-        tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
+        tag_ub = tag_upper_bound(self._comm)
         # each collective's calls cycle through their own block of the tag space
         self._tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
         slots = self._tag_mod // TAG_STEPS
@@ -716,6 +717,7 @@ class Communicator(FamilyCalls):
         self._watchdog.stop()
         if self._fast is not None:
             self._fast.clear()
+        self._family_forget(scheduled_only=False)
         self._repeat = None
         if self._tier is not None:
             if self._tier.comm is self._comm:
@@ -974,6 +976,7 @@ class Communicator(FamilyCalls):
         self._comm = new
         self._levels = self._split_levels()
         self._plans.clear()
+        self._family_forget(scheduled_only=True)
         for entry in (self._fast or {}).values():
             if entry.plan is not None:  # bound to the old communicator: bind it again
                 entry.plan = self._plan(*entry.key)
@@ -1159,8 +1162,7 @@ class Communicator(FamilyCalls):
         if key is None:
             return None
         entry = self._fast.get(key)
-        if (entry is None or self._active or self._revoked is not None
-                or self._callno < self._abandoned_upto
+        if (entry is None or not self._fast_open()
                 or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
             return None  # the checked path (which may open the fast path for the signature)
         self._repeat = _Repeat(entry, op, algorithm, sendbuf, recvbuf)
@@ -1178,17 +1180,33 @@ class Communicator(FamilyCalls):
         self._callno = seq = self._callno + 1
         entry.calls += 1
         what = entry.what
-        run = _run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
-                                  lambda: f"{what}, call {seq})", src=src)
+        finish = None
+        if entry.name == "avg":
+            def finish() -> None:
+                kernels.scale_avg(out, self.size)
+        self._drive_fast(_run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
+                                             lambda: f"{what}, call {seq})", finish, src=src),
+                         seq, entry.traced)
+
+    def _fast_open(self) -> bool:
+        """Whether a blocking call may take a fast path now: nothing outstanding, the
+        communicator neither revoked nor due for a repair, no call abandoned ahead."""
+        return (not self._active and self._revoked is None and self._repair_after is None
+                and self._callno >= self._abandoned_upto)
+
+    def _drive_fast(self, run: Run | ShmRun, seq: int, traced: Signature) -> None:
+        """Drive a fast path's ``run`` (call ``seq``, numbered already) to completion in the
+        calling thread under the executor's deadline, entered in the flight recorder (its
+        begin and done inline: this is the path of every repeated scheduled call). A
+        deadline revokes the communicator as on the checked path."""
         rec = self._recorder
         s = None
         if rec is not None:
-            # the flight recorder's begin, inline (bmlmpi.recorder)
             n = rec.next
             rec.next = n + 1
             s = rec.slots[n % rec.capacity]
             s.seq = n
-            s.sig = entry.traced
+            s.sig = traced
             s.t1 = 0.0
             s.run = run
             s.t0 = _now()
@@ -1206,8 +1224,6 @@ class Communicator(FamilyCalls):
         except BaseException as exc:
             self._call_failed(s, exc, run)
             raise
-        if entry.name == "avg":
-            kernels.scale_avg(out, self.size)
         if s is not None:
             s.run = None
             s.t1 = _now()

@@ -40,7 +40,15 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .execute import DeadlineExceeded, Plan, Run, back_off, spin_seconds, wait_request
+from .execute import (
+    DeadlineExceeded,
+    Plan,
+    Run,
+    back_off,
+    collective_run,
+    spin_seconds,
+    wait_request,
+)
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import FETCH, PUBLISH, REDUCE, Copy, Schedule, Step
@@ -236,7 +244,9 @@ class ShmPlan:
                 sub = Schedule(sched.algorithm, sched.rank, sched.size, sched.count,
                                tuple(Step(s.sends, s.recvs) for s in steps[i:j]),
                                streams=sched.streams)
-                self.phases.append(("msg", (i, j, Plan.flat(sub, comm))))
+                # tags by the schedule's own step numbers: a rank of a one-rank node may
+                # run the same steps as a plain message plan
+                self.phases.append(("msg", (i, j, Plan.flat(sub, comm, i))))
                 i = j
                 continue
             ops = []
@@ -287,7 +297,10 @@ class ShmPlan:
               and (inp is None or not np.may_share_memory(inp, out))):
             res, shift = out, outs[0].lo - outs[0].at
         else:
-            res = np.empty(count, dtype if dtype is not None else
+            # a result this rank never reads nor writes (a reduce's non-root) needs no
+            # buffer: an empty one, instead of a new allocation of the whole count per call
+            used = lo < hi or bool(outs)
+            res = np.empty(count if used else 0, dtype if dtype is not None else
                            (out.dtype if out is not None else inp.dtype))
             copy_out = outs
         if not copy_out:
@@ -301,6 +314,18 @@ class ShmPlan:
             run = ShmRun(self, res, op, tag_base, label, copied_out, inp)
         run.rshift = shift
         return run
+
+
+def start_collective(plan: Plan | ShmPlan, inp: np.ndarray | None, out: np.ndarray | None,
+                     op: str, tag_base: int, label: str | Callable[[], str],
+                     finish: Callable[[], None] | None = None,
+                     dtype: np.dtype | None = None) -> Run | ShmRun:
+    """The run of any collective's compiled plan on this rank's input and output buffers:
+    shared-memory steps (:meth:`ShmPlan.start_collective`) or messages
+    (:func:`bmlmpi.execute.collective_run`)."""
+    if isinstance(plan, ShmPlan):
+        return plan.start_collective(inp, out, op, tag_base, label, finish, dtype)
+    return collective_run(plan, inp, out, op, tag_base, label, finish, dtype)
 
 
 def _input_shift(sched: Schedule, lo: int, hi: int) -> int:

@@ -118,6 +118,14 @@ bmlmpi_quiet_osc() {
     fi
 }
 
+# libnbc's default MPI_Ireduce at up to 4 ranks from 64 KiB is a chain of 16 KiB segments
+# that advance only inside a poll: bmlmpi's polled native reduce paid thousands of polls
+# (2.6 s for 16 MiB at N = 2); binomial takes one round per tree level. bmlmpi-run does the
+# same for its own launches.
+bmlmpi_binomial_ireduce() {
+    export OMPI_MCA_coll_libnbc_ireduce_algorithm=${OMPI_MCA_coll_libnbc_ireduce_algorithm:-binomial}
+}
+
 # bmlmpi_launch N CMD...: runs CMD on N ranks with the chosen launcher; every rank checks that
 # the world it joined has N ranks (BMLMPI_EXPECT_SIZE, honoured by the bmlmpi programs).
 # The callers run Python under `python -m mpi4py`, which turns an exception or a non-zero exit
@@ -129,6 +137,7 @@ bmlmpi_launch() {
     export BMLMPI_EXPECT_SIZE=$ranks
     bmlmpi_yield_if_oversubscribed "$ranks"
     bmlmpi_quiet_osc
+    bmlmpi_binomial_ireduce
     local launcher=${BMLMPI_LAUNCHER:-}
     if [[ -z $launcher ]]; then
         if [[ -n ${SLURM_JOB_ID:-} ]]; then launcher=srun; else launcher=mpiexec; fi

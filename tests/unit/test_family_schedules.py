@@ -86,20 +86,34 @@ def two_tier_cases():
     return cases + [Nodes(((0, 1, 2), (3,), (4, 5))), Nodes(((0, 3), (1, 2, 4, 5), (6,)))]
 
 
-def test_hierarchical_reduce_and_bcast_verify_on_two_tiers():
+@pytest.mark.parametrize("intra", ["ring", "shm"])
+def test_hierarchical_reduce_and_bcast_verify_on_two_tiers(intra):
+    """Both node tiers: the ring, and shared memory (one chunk, and chunks of 16 bytes: many,
+    pipelined), where the root's node also hands the shards between root and owners through
+    the segments."""
+    from bmlmpi.schedules.hierarchical import hierarchical_rooted_schedule
     for nodes in two_tier_cases():
         n = nodes.size
         for coll in ("reduce", "bcast"):
             for count in (0, 1, n - 1, 2 * n + 1, 300):
                 for root in sorted({0, n // 2, n - 1}):
-                    verify(algorithms.schedules("hierarchical", Context(
-                        n, count, 4, collective=coll, root=root, nodes=nodes)))
+                    scheds = algorithms.schedules("hierarchical", Context(
+                        n, count, 4, collective=coll, root=root, nodes=nodes, intra=intra))
+                    verify(scheds)
+                    assert all(s.uses_shm == (intra == "shm" and count > 0) for s in scheds
+                               if len(nodes.members[nodes.node_of(s.rank)]) > 1)
+                    if intra == "shm":
+                        verify([hierarchical_rooted_schedule(coll, r, n, count, nodes, root,
+                                                             intra=intra, chunk_bytes=16)
+                                for r in range(n)])
 
 
+@pytest.mark.parametrize("intra", ["ring", "shm"])
 @pytest.mark.parametrize("inter", ["bml", "ring"])
-def test_hierarchical_reduce_scatter_and_allgather_verify_on_two_tiers(inter):
+def test_hierarchical_reduce_scatter_and_allgather_verify_on_two_tiers(inter, intra):
     """MPI's block layout over the columns of local ranks, every node layout the MPI tests
-    pretend (2 ranks a node at N = 2..12), unequal and scattered nodes, both network tiers."""
+    pretend (2 ranks a node at N = 2..12), unequal and scattered nodes, both network tiers,
+    both node tiers (shared memory in chunks of 16 bytes: many, pipelined)."""
     import random
 
     from bmlmpi.schedules.hierarchical_blocks import hierarchical_blocks_schedule
@@ -112,12 +126,13 @@ def test_hierarchical_reduce_scatter_and_allgather_verify_on_two_tiers(inter):
         n = nodes.size
         for coll in ("reduce_scatter", "allgather"):
             for counts in block_cases(n):
-                scheds = [hierarchical_blocks_schedule(coll, r, n, counts, nodes, inter)
+                scheds = [hierarchical_blocks_schedule(coll, r, n, counts, nodes, inter,
+                                                       intra=intra, chunk_bytes=16)
                           for r in range(n)]
                 verify(scheds)
                 # the node tier's ring (r − 1 steps) and the network tier's
                 k = len(scheds[0].meta["node_shape"] or ()) if inter == "bml" else nodes.count - 1
-                if nodes.count > 1 and nodes.equal:
+                if nodes.count > 1 and nodes.equal and intra == "ring":
                     assert all(s.nsteps == nodes.max_local - 1 + k for s in scheds)
     # one node, ranks in order: MPI's layout itself (the executor's plain copies)
     for coll in ("reduce_scatter", "allgather"):
@@ -343,3 +358,38 @@ def test_the_model_prices_bmls_layout_copies():
                                                       + count * 8 * 1e-9)
     assert bml.seconds(8, 1e-6, 1e-9, shm_copy=2e-10) == pytest.approx(
         plain.seconds(8, 1e-6, 1e-9, shm_copy=2e-10) + count * 8 * 2e-10)
+
+
+def test_auto_for_the_family_follows_the_calibrations_measured_corrections():
+    """A calibration record whose measured corrections make one schedule of a collective
+    cheap (its factor 1e-3, every other's 1e3): ``auto`` runs that one, and the explanation
+    reports the factor it applied (and the model before it); a record that favours another
+    schedule moves the choice with it. The allreduce's corrections do not leak into it."""
+    natives = tuple((coll, b, t) for coll in FAMILY for b, t in ((8, 1.0), (1 << 22, 1.0)))
+    sizes = (1 << 16, 1 << 20, 1 << 22)
+    for coll in FAMILY:
+        kw = {"root": 1} if coll in ("reduce", "bcast") else {}
+        names = [a for a in selection.algorithms(coll)[1:-1] if a in algorithms.corrected()
+                 and a in selection.candidates(1 << 20, 4, collective=coll, **kw)]
+        assert len(names) >= 2, (coll, names)
+        for cheap in names[:2]:
+            fixes = tuple((coll, a, b, 1e-3 if a == cheap else 1e3) for a in names
+                          for b in sizes)
+            calib = Calibration(alpha=1e-6, beta=1e-10, natives=natives,
+                                family_corrections=fixes,
+                                corrections=tuple((a, b, 1e-6) for a in names for b in sizes))
+            why = selection.explain_collective(coll, 1 << 20, 4, 4, calib, **kw)
+            assert why.chosen == cheap and why.rule == "cost model", str(why)
+            priced = {c.name: c for c in why.candidates}
+            assert priced[cheap].correction == pytest.approx(1e-3)
+            assert priced[cheap].predicted == pytest.approx(priced[cheap].model * 1e-3)
+            other = next(a for a in names if a != cheap)
+            assert priced[other].correction == pytest.approx(1e3)
+            assert "x 0.00" in str(why)  # the table shows the factor applied
+    # the allreduce keeps its own corrections only
+    calib = Calibration(alpha=1e-6, beta=1e-10, family_corrections=(
+        ("reduce_scatter", "ring", 1 << 20, 5.0),), corrections=(("ring", 1 << 20, 2.0),))
+    assert calib.correction("ring", 1 << 20) == 2.0
+    assert calib.correction("ring", 1 << 20, "reduce_scatter") == 5.0
+    assert calib.correction("ring", 1 << 20, "allgather") == 1.0
+    assert Calibration.from_dict(calib.to_dict()) == calib

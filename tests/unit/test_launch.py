@@ -115,3 +115,19 @@ def test_flavour_from_each_launchers_version_line(tmp_path):
         fake.write_text(f"#!/bin/sh\necho '{line}'\n")
         fake.chmod(0o755)
         assert launch.flavour(str(fake)) == expected, line
+
+
+def test_libnbc_ireduce_is_binomial_unless_chosen(monkeypatch):
+    """libnbc's segmented chain Ireduce advances only inside polls (the module docstring):
+    the launcher picks binomial for Open MPI, unless the user chose an algorithm."""
+    monkeypatch.delenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", raising=False)
+
+    def command(args, kind="openmpi"):
+        return " ".join(launch.build_command(args, mpiexec="/x/mpiexec", kind=kind))
+
+    assert "--mca coll_libnbc_ireduce_algorithm binomial" in command(["-n", "2", "a.out"])
+    chosen = command(["--mca", "coll_libnbc_ireduce_algorithm", "chain", "-n", "2", "a.out"])
+    assert chosen.count("coll_libnbc_ireduce_algorithm") == 1 and "binomial" not in chosen
+    assert "ireduce" not in command(["-n", "2", "a.out"], kind="mpich")
+    monkeypatch.setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "chain")
+    assert "ireduce" not in command(["-n", "2", "a.out"])
