@@ -54,6 +54,23 @@ def check_seconds(value: object, name: str) -> float:
     return seconds
 
 
+def tag_upper_bound(comm: MPI.Comm) -> int:
+    """The largest tag ``comm`` accepts (``MPI_TAG_UB``), the same on every rank.
+
+    The standard caches ``MPI_TAG_UB`` on ``MPI_COMM_WORLD``; Open MPI gives communicators
+    made by ``Split``, ``Split_type`` or ``Create`` (and duplicates of those, and
+    ``MPI_COMM_SELF``) none. The bound is the library's, the same for every communicator, so
+    those read ``MPI_COMM_WORLD``'s; 32767 (the least the standard allows) only where neither
+    has one. Assuming 32767 where the real bound is larger leaves one tag slot per
+    collective (:data:`TAG_STEPS` tags a call), and outstanding calls of one signature then
+    share their tags: a receive of one can take a sibling's message."""
+    for source in (comm, MPI.COMM_WORLD):
+        value = source.Get_attr(MPI.TAG_UB)
+        if value:
+            return int(value)
+    return 32767
+
+
 class DeadlineExceeded(TimeoutError):
     """A wait made no progress within its deadline."""
 
