@@ -88,7 +88,7 @@ from .shm import NodeTier, ShmRun, start_collective
 from .topology.nodes import Nodes, nodes_from_ids
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
-FORMAT = 8  # 8: the family's corrections from 8 B
+FORMAT = 9  # 9: shared memory measured on each node of several
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
