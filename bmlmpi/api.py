@@ -1181,17 +1181,8 @@ class Communicator(FamilyCalls):
         run = _run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
                                   lambda: f"{what}, call {seq})", src=src)
         rec = self._recorder
-        s = None
-        if rec is not None:
-            # the flight recorder's begin, inline (bmlmpi.recorder)
-            n = rec.next
-            rec.next = n + 1
-            s = rec.slots[n % rec.capacity]
-            s.seq = n
-            s.sig = entry.traced
-            s.t1 = 0.0
-            s.run = run
-            s.t0 = _now()
+        # (a schedule's run costs tens of microseconds: the call frame of begin is noise here)
+        s = rec.begin(entry.traced, run) if rec is not None else None
         try:
             run.drive(self.timeout, self._interrupt(seq))
         except DeadlineExceeded as exc:
@@ -1553,9 +1544,13 @@ class Communicator(FamilyCalls):
         return False
 
     def _test(self, entry: _Outstanding) -> bool:
+        return self._owning(self._test_entry, entry)
+
+    def _owning(self, fn: Callable[[_Outstanding], Any], entry: _Outstanding) -> Any:
+        """``fn(entry)`` as the thread that owns this communicator's progress."""
         mine = self._one_thread()
         try:
-            return self._test_entry(entry)
+            return fn(entry)
         finally:
             if mine:
                 self._owner = None
@@ -1571,12 +1566,7 @@ class Communicator(FamilyCalls):
         return entry.done
 
     def _wait(self, entry: _Outstanding) -> None:
-        mine = self._one_thread()
-        try:
-            self._wait_entry(entry)
-        finally:
-            if mine:
-                self._owner = None
+        self._owning(self._wait_entry, entry)
 
     def _wait_entry(self, entry: _Outstanding) -> None:
         if entry.failed is not None:
