@@ -452,10 +452,10 @@ class Communicator(FamilyCalls):
     #: The flight recorder, made late in construction (None until then, and when disabled).
     _recorder: FlightRecorder | None = None
 
-    #: The subclass ``fault_tolerant=True`` builds. It registers itself when its module is
-    #: imported (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``
-    #: in :mod:`bmlmpi.ft`, which ``bmlmpi.Communicator`` loads), so this module never
-    #: imports it.
+    #: The variants, by name: a subclass registers itself when its module is imported
+    #: (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``), and
+    #: ``fault_tolerant=True`` builds the one named ``fault_tolerant``. This module names no
+    #: variant's module: :mod:`bmlmpi.variants` (``bmlmpi.Communicator``) loads them.
     _variants: dict[str, type[Communicator]] = {}
 
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
@@ -474,8 +474,9 @@ class Communicator(FamilyCalls):
         if fault_tolerant and cls is Communicator:
             variant = Communicator._variants.get("fault_tolerant")
             if variant is None:
-                raise RuntimeError("fault_tolerant=True needs bmlmpi.ft: use "
-                                   "bmlmpi.Communicator (which loads it) or import bmlmpi.ft")
+                raise RuntimeError("fault_tolerant=True needs the fault-tolerant variant "
+                                   "loaded: use bmlmpi.Communicator (bmlmpi.variants loads "
+                                   "it) or import bmlmpi.ft.communicator")
             return super().__new__(variant)
         return super().__new__(cls)
 
@@ -704,11 +705,13 @@ class Communicator(FamilyCalls):
             pass
 
     def Free(self) -> None:
-        """Free bmlmpi's communicators. Refused (RuntimeError, nothing freed) while a
-        started allreduce of this communicator has not completed: MPI would still write
-        its buffers. A communicator on which MPI may still hold a call given up at a
-        deadline or after another rank's error is left to MPI (not freed: freeing it under
-        a pending collective crashes some MPI libraries)."""
+        """Free bmlmpi's communicators, the compression channel's duplicate included.
+        Refused (RuntimeError, nothing freed) while a started allreduce of this communicator
+        has not completed: MPI would still write its buffers. A communicator on which MPI may
+        still hold a call given up at a deadline or after another rank's error is left to MPI
+        (not freed: freeing it under a pending collective crashes some MPI libraries); so is
+        the compression channel's duplicate while a compressed call is unfinished or after
+        one failed (:meth:`bmlmpi.compression.channel.CompressionChannel.free`)."""
         if self._active:
             raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} allreduce(s) "
                                f"started on it have not completed; Wait() on their requests "
@@ -732,6 +735,7 @@ class Communicator(FamilyCalls):
                 c.Free()
         if self._control is not self._comm and self._control != MPI.COMM_NULL:
             self._control.Free()
+        self._compression.free()
         if not held:
             self._held.clear()
         self._levels = []
