@@ -27,7 +27,7 @@ _EXPORTS = {
     "Bcast": "collectives",
     "Bcast_init": "collectives",
     "BufferSpecError": "buffers",
-    "Communicator": "api",
+    "Communicator": "variants",
     "CommunicatorRevoked": "api",
     "DeadlineExceeded": "execute",
     "FaultToleranceError": "ft",
@@ -57,10 +57,6 @@ _EXPORTS = {
     "rescaled_batch": "ft.rescale",
 }
 
-#: Modules a name needs besides its own: ``Communicator(fault_tolerant=True)`` builds the
-#: subclass that :mod:`bmlmpi.ft.communicator` registers (api does not import ft, which extends it).
-_ALSO_LOADS = {"Communicator": ("ft.communicator",)}
-
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
@@ -70,8 +66,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'bmlmpi' has no attribute {name!r}")
     try:
         value = getattr(importlib.import_module(f".{module}", __name__), name)
-        for extra in _ALSO_LOADS.get(name, ()):
-            importlib.import_module(f".{extra}", __name__)
     except ModuleNotFoundError as exc:
         if exc.name == "bmlmpi.kernels":
             raise ImportError(
