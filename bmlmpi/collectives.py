@@ -12,7 +12,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .api import Request, communicator_for
+from .api import communicator_for
+from .handles import Request
 from .persistent import PersistentRequest
 
 _WORLD = MPI.COMM_WORLD
