@@ -474,6 +474,7 @@ class Communicator(FamilyCalls):
         self._watchdog.stop()
         if self._fast is not None:
             self._fast.clear()
+        self._family_forget(scheduled_only=False)
         self._repeat = None
         if self._tier is not None:
             if self._tier.comm is self._comm:
@@ -733,6 +734,7 @@ class Communicator(FamilyCalls):
         self._comm = new
         self._levels = self._split_levels()
         self._plans.clear()
+        self._family_forget(scheduled_only=True)
         for entry in (self._fast or {}).values():
             if entry.plan is not None:  # bound to the old communicator: bind it again
                 entry.plan = self._plan(*entry.key)
@@ -918,8 +920,7 @@ class Communicator(FamilyCalls):
         if key is None:
             return None
         entry = self._fast.get(key)
-        if (entry is None or self._active or self._revoked is not None
-                or self._callno < self._abandoned_upto
+        if (entry is None or not self._fast_open()
                 or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
             return None  # the checked path (which may open the fast path for the signature)
         self._repeat = Repeat(entry, op, algorithm, sendbuf, recvbuf)
@@ -937,11 +938,28 @@ class Communicator(FamilyCalls):
         self._callno = seq = self._callno + 1
         entry.calls += 1
         what = entry.what
-        run = _run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
-                                  lambda: f"{what}, call {seq})", src=src)
+        finish = None
+        if entry.name == "avg":
+            def finish() -> None:
+                kernels.scale_avg(out, self.size)
+        self._drive_fast(_run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
+                                             lambda: f"{what}, call {seq})", finish, src=src),
+                         seq, entry.traced)
+
+    def _fast_open(self) -> bool:
+        """Whether a blocking call may take a fast path now: nothing outstanding, the
+        communicator neither revoked nor due for a repair, no call abandoned ahead."""
+        return (not self._active and self._revoked is None and self._repair_after is None
+                and self._callno >= self._abandoned_upto)
+
+    def _drive_fast(self, run: Run | ShmRun, seq: int, traced: Signature) -> None:
+        """Drive a fast path's ``run`` (call ``seq``, numbered already) to completion in the
+        calling thread under the executor's deadline, entered in the flight recorder (its
+        begin and done inline: this is the path of every repeated scheduled call). A
+        deadline revokes the communicator as on the checked path."""
         rec = self._recorder
         # (a schedule's run costs tens of microseconds: the call frame of begin is noise here)
-        s = rec.begin(entry.traced, run) if rec is not None else None
+        s = rec.begin(traced, run) if rec is not None else None
         try:
             run.drive(self.timeout, self._interrupt(seq))
         except DeadlineExceeded as exc:
@@ -956,8 +974,6 @@ class Communicator(FamilyCalls):
         except BaseException as exc:
             self._call_failed(s, exc, run)
             raise
-        if entry.name == "avg":
-            kernels.scale_avg(out, self.size)
         if s is not None:
             s.run = None
             s.t1 = _now()

@@ -32,6 +32,11 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   ``comm.Reduce_scatter_block``, ``Allgather``, ``Reduce`` and ``Bcast``, root 0) at 8 B,
   64 KiB, 1 MiB and 4 MiB of work buffer (the whole input of a reduce-scatter, the whole output
   of an allgather), so that ``auto`` prices the native call of each collective;
+* ``family_corrections``: the same for the other collectives' schedules (each collective's
+  calibrated algorithms, every rank's block equal, root 0) at 64 KiB, 1 MiB and 4 MiB of
+  work buffer, interleaved with mpi4py's blocking call of that collective (whose times there
+  are its ``natives`` points), so that ``auto`` prices each family call with this machine's
+  measured factors as it prices the allreduce;
 * ``corrections``: the algorithms whose records say calibration corrects them (bml, ring and,
   up to ``AUTO_TREE_MAX_RANKS`` ranks, the single and multi
   tree), each run by the executor at 64 KiB, 256 KiB, 1, 4 and 16 MiB, in blocks of calls
@@ -56,6 +61,7 @@ model picks at each message size.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -75,11 +81,11 @@ from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
 from .schedules import algorithms as records
 from .schedules.types import Schedule
-from .shm import NodeTier, ShmRun
+from .shm import NodeTier, ShmRun, start_collective
 from .topology.nodes import Nodes
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
-FORMAT = 6  # 6: the shared-memory constants
+FORMAT = 7  # 7: the family's corrections
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -88,6 +94,8 @@ CORRECTION_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # ⊂ NATI
 #: (``auto`` interpolates between them and extrapolates along the last segment)
 FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
 FAMILY_BYTES = (8, 64 << 10, 1 << 20, 4 << 20)
+#: the sizes the family's schedules are timed at for their corrections (⊂ FAMILY_BYTES)
+FAMILY_CORRECTION_BYTES = (64 << 10, 1 << 20, 4 << 20)
 #: consecutive calls of one candidate timed together (the sweep's blocks: 20 calls in 5)
 BLOCK_CALLS = 4
 _HOST_BYTES = 64
@@ -200,29 +208,32 @@ def _native_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> floa
     return float(np.median([_native_once(comm, send, recv, timeout) for _ in range(reps)]))
 
 
-def _native_family_call(comm: MPI.Comm, collective: str, nbytes: int) -> tuple[Callable, int]:
+def _native_family_call(comm: MPI.Comm, collective: str, nbytes: int
+                        ) -> tuple[Callable, int, tuple[np.ndarray, np.ndarray]]:
     """(one blocking call of ``collective`` as user code makes it through mpi4py, with about
-    ``nbytes`` in its work buffer, root 0; the work buffer's bytes it really has)."""
+    ``nbytes`` in its work buffer, root 0; the work buffer's bytes it really has; its send
+    and receive buffers, float64)."""
     size = comm.Get_size()
     block = max(nbytes // 8 // size, 1)
     if collective == "reduce_scatter":
         send, recv = np.ones(block * size), np.empty(block)
-        return (lambda: comm.Reduce_scatter_block(send, recv, MPI.SUM)), send.nbytes
+        return (lambda: comm.Reduce_scatter_block(send, recv, MPI.SUM)), send.nbytes, (send,
+                                                                                       recv)
     if collective == "allgather":
         send, recv = np.ones(block), np.empty(block * size)
-        return (lambda: comm.Allgather(send, recv)), recv.nbytes
+        return (lambda: comm.Allgather(send, recv)), recv.nbytes, (send, recv)
     buf = np.ones(max(nbytes // 8, 1))
+    recv = np.empty_like(buf)
     if collective == "reduce":
-        recv = np.empty_like(buf)
-        return (lambda: comm.Reduce(buf, recv, MPI.SUM, 0)), buf.nbytes
-    return (lambda: comm.Bcast(buf, 0)), buf.nbytes
+        return (lambda: comm.Reduce(buf, recv, MPI.SUM, 0)), buf.nbytes, (buf, recv)
+    return (lambda: comm.Bcast(buf, 0)), buf.nbytes, (buf, recv)
 
 
 def _native_family_time(comm: MPI.Comm, collective: str, nbytes: int, reps: int,
                         timeout: float) -> list[float]:
     """[work-buffer bytes, seconds of the native blocking call (median of ``reps``)], each
     call after a barrier with a deadline (as :func:`_native_once`)."""
-    call, real = _native_family_call(comm, collective, nbytes)
+    call, real, _ = _native_family_call(comm, collective, nbytes)
 
     def once() -> float:
         _barrier(comm, timeout, f"before a native {collective}")
@@ -278,7 +289,78 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds
     """Seconds per call of the native blocking ``MPI_Allreduce`` and of each named schedule,
     for ``nbytes`` of float64, measured the way the sweep (:mod:`bmlmpi.cli.bench`) and user code
     call them: every candidate reduces the same ``send`` into the same ``recv`` (a schedule
-    with its separate input, as ``Allreduce(send, recv)`` runs it), in blocks of
+    with its separate input, as ``Allreduce(send, recv)`` runs it), timed in turn
+    (:func:`_in_turn`)."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    n = max(nbytes // 8, 1)
+    send = np.ones(n, dtype=np.float64)
+    recv = np.empty_like(send)
+    plans = [tier.bind(_schedule(a, rank, size, nbytes), 8) if a == "shm"
+             else Plan.flat(_schedule(a, rank, size, nbytes), comm) for a in names]
+    calls = [0]
+
+    def scheduled(i: int) -> Callable[[], None]:
+        kind = ShmRun if names[i] == "shm" else Run
+
+        def run() -> None:
+            calls[0] += 1
+            kind(plans[i], recv, "sum", (calls[0] % 4) * 4096, f"calibrate {names[i]}",
+                 src=send).drive(timeout)  # the blocking path a checked signature's calls take
+        return run
+
+    return _in_turn(comm, [lambda: comm.Allreduce(send, recv, op=MPI.SUM),
+                           *(scheduled(i) for i in range(len(names)))], rounds, timeout)
+
+
+def _family_layout(collective: str, nbytes: int, size: int
+                   ) -> tuple[int, int, tuple[int, ...] | None]:
+    """(count, itemsize, block counts or None) of a family schedule on the buffers of
+    :func:`_native_family_call` (float64), as a call of it hands them to its schedule and
+    ``auto`` prices it: the allgather and the broadcast move bytes, reductions elements."""
+    block = max(nbytes // 8 // size, 1)
+    if collective == "reduce_scatter":
+        return block * size, 8, (block,) * size
+    if collective == "allgather":
+        return block * size * 8, 1, (block * 8,) * size
+    n = max(nbytes // 8, 1)
+    return (n, 8, None) if collective == "reduce" else (n * 8, 1, None)
+
+
+def _interleaved_family_times(comm: MPI.Comm, collective: str, nbytes: int,
+                              names: Sequence[str], rounds: int, timeout: float,
+                              tier: NodeTier | None = None) -> list[float]:
+    """[work-buffer bytes, seconds per call of mpi4py's blocking ``collective``, then of each
+    named schedule of it], timed in turn (:func:`_in_turn`) on the same buffers."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+    native, real, (send, recv) = _native_family_call(comm, collective, nbytes)
+    count, itemsize, counts = _family_layout(collective, nbytes, size)
+    # this rank's input and output as the call hands them to its schedule (root 0)
+    inp, out = {"reduce_scatter": (send, recv),
+                "allgather": (send.view(np.uint8), recv.view(np.uint8)),
+                "reduce": (send, recv if rank == 0 else None),
+                "bcast": (send.view(np.uint8) if rank == 0 else None,
+                          send.view(np.uint8))}[collective]
+    ctx = records.Context(size, count, itemsize, rank, collective=collective, counts=counts)
+    plans = [tier.bind(records.build(a, ctx), itemsize) if a == "shm"
+             else Plan.flat(records.build(a, ctx), comm) for a in names]
+    dtype = np.dtype(np.float64 if itemsize == 8 else np.uint8)
+    calls = [0]
+
+    def scheduled(i: int) -> Callable[[], None]:
+        def run() -> None:
+            calls[0] += 1
+            start_collective(plans[i], inp, out, "sum", (calls[0] % 4) * 4096,
+                             f"calibrate {names[i]} {collective}", None, dtype).drive(timeout)
+        return run
+
+    times = _in_turn(comm, [native, *(scheduled(i) for i in range(len(names)))], rounds,
+                     timeout)
+    return [float(real), *times]
+
+
+def _in_turn(comm: MPI.Comm, calls: Sequence[Callable[[], None]], rounds: int,
+             timeout: float) -> list[float]:
+    """Seconds per call of each of ``calls`` (the native one first), in blocks of
     :data:`BLOCK_CALLS` consecutive calls with a barrier after each, the blocks of all
     candidates taken in turn for ``rounds`` rounds (a change in the machine's load hits all
     alike) after one untimed call each; this rank's least disturbed block (the smallest block
@@ -289,24 +371,9 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds
     cold caches and paid the skew of the barrier before it; on the 2-core development machine
     that priced native at 1 MiB and 4 MiB 2.4-3.7x above what the sweep then measured, and
     ``auto`` left native where native was 1.5x faster."""
-    rank, size = comm.Get_rank(), comm.Get_size()
-    n = max(nbytes // 8, 1)
-    send = np.ones(n, dtype=np.float64)
-    recv = np.empty_like(send)
-    plans = [tier.bind(_schedule(a, rank, size, nbytes), 8) if a == "shm"
-             else Plan.flat(_schedule(a, rank, size, nbytes), comm) for a in names]
-    calls = [0]
-
     def once(i: int) -> float:
         start = time.perf_counter()
-        if i == 0:
-            comm.Allreduce(send, recv, op=MPI.SUM)
-        else:
-            calls[0] += 1
-            kind = ShmRun if names[i - 1] == "shm" else Run
-            run = kind(plans[i - 1], recv, "sum", (calls[0] % 4) * 4096,
-                       f"calibrate {names[i - 1]}", src=send)
-            run.drive(timeout)  # the blocking path a checked signature's calls take
+        calls[i]()
         took = time.perf_counter() - start
         # the barrier (with a deadline) before the next call, as the sweep's after each call:
         # every rank has then left this call, so a blocking native call is only ever entered
@@ -315,7 +382,7 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds
         return took
 
     _barrier(comm, timeout, "before the calibration runs")
-    times: list[list[float]] = [[] for _ in range(len(names) + 1)]
+    times: list[list[float]] = [[] for _ in calls]
     for i in range(len(times)):
         once(i)  # allocation, first touch, kernel compilation
     for _ in range(rounds):
@@ -380,7 +447,7 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         phase("shm copy", lambda: _copy_time(LARGE_BYTES, 3))
         phase("shm reduce", lambda: _combine_time(LARGE_BYTES, 3))
         phase("shm sync", lambda: _shm_step_time(tier, comm, 10, timeout))
-    names = _corrected_algorithms(size, tier is not None)
+    names = _allreduce_corrected(size, tier is not None)
     for nbytes in NATIVE_BYTES:
         reps = 5 if nbytes < (1 << 20) else 3
         if names and nbytes in CORRECTION_BYTES:
@@ -388,10 +455,16 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
                   _interleaved_times(comm, n, names, r, timeout, tier))
         else:
             phase(f"native {nbytes}", lambda n=nbytes, r=reps: _native_time(comm, n, r, timeout))
+    family_names = {c: _family_corrected(c, size, tier is not None) for c in FAMILY}
     for coll in FAMILY:
         for nbytes in FAMILY_BYTES:
-            phase(f"native {coll} {nbytes}", lambda c=coll, n=nbytes:
-                  _native_family_time(comm, c, n, 5 if n < (1 << 20) else 3, timeout))
+            if family_names[coll] and nbytes in FAMILY_CORRECTION_BYTES:
+                phase(f"native {coll} and {','.join(family_names[coll])} {nbytes}",
+                      lambda c=coll, n=nbytes: _interleaved_family_times(
+                          comm, c, n, family_names[c], 3, timeout, tier))
+            else:
+                phase(f"native {coll} {nbytes}", lambda c=coll, n=nbytes:
+                      _native_family_time(comm, c, n, 5 if n < (1 << 20) else 3, timeout))
     worst = _allreduce_max(comm, raw, timeout)
     small, large = float(worst[0]), float(worst[1])
     alpha = small
@@ -419,11 +492,15 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         if names and nbytes in CORRECTION_BYTES:
             measured_runs += [(a, nbytes, float(worst[i + j])) for j, a in enumerate(names)]
             i += len(names)
-    natives = []
+    natives, family_runs = [], []
     for coll in FAMILY:
-        for _ in FAMILY_BYTES:
+        for nbytes in FAMILY_BYTES:
             natives.append((coll, int(worst[i]), float(worst[i + 1])))
             i += 2
+            if family_names[coll] and nbytes in FAMILY_CORRECTION_BYTES:
+                family_runs += [(coll, a, nbytes, float(worst[i + j]))
+                                for j, a in enumerate(family_names[coll])]
+                i += len(family_names[coll])
     shm = {"shm_sync": shm_sync, "shm_copy": shm_copy, "shm_reduce": shm_reduce}
     base = Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
                        msg_overhead=msg_overhead, gamma=gamma, native=tuple(native), **shm)
@@ -432,9 +509,17 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         modelled = estimate([name], nbytes // 8, 8, size, calib=base, corrected=False)[name]
         if modelled > 0 and seconds > 0:
             fixes.append((name, nbytes, seconds / modelled))
+    family_fixes = []
+    for coll, name, nbytes, seconds in family_runs:
+        count, itemsize, counts = _family_layout(coll, nbytes, size)
+        modelled = estimate([name], count, itemsize, size, calib=base, corrected=False,
+                            collective=coll, counts=counts)[name]
+        if modelled > 0 and seconds > 0:
+            family_fixes.append((coll, name, nbytes, seconds / modelled))
     return Calibration(alpha=alpha, beta=beta, step_overhead=step_overhead,
                        msg_overhead=msg_overhead, gamma=gamma, native=native,
-                       corrections=tuple(fixes), natives=tuple(natives), **shm,
+                       corrections=tuple(fixes), natives=tuple(natives),
+                       family_corrections=tuple(family_fixes), **shm,
                        meta={"size": size, "seconds": round(time.perf_counter() - started, 3),
                              "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
 
@@ -442,6 +527,18 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
 def _corrected_algorithms(size: int, shm: bool = False) -> list[str]:
     """The algorithms timed for corrections (``shm`` only where all ranks share a node)."""
     return [a for a in records.calibrated(size) if a != "shm" or shm]
+
+
+def _allreduce_corrected(size: int, shm: bool = False) -> list[str]:
+    """The allreduce schedules timed for corrections."""
+    return [a for a in _corrected_algorithms(size, shm) if records.get(a).serves("allreduce")]
+
+
+def _family_corrected(collective: str, size: int, shm: bool = False) -> list[str]:
+    """The schedules of ``collective`` timed for its corrections (one rank: none)."""
+    if size == 1:
+        return []
+    return [a for a in _corrected_algorithms(size, shm) if records.get(a).serves(collective)]
 
 
 def _schedule(name: str, rank: int, size: int, nbytes: int) -> Schedule:
@@ -502,20 +599,28 @@ _FIX_AT = 6 + 2 * len(NATIVE_BYTES)
 
 
 def _fix_slots() -> list[tuple[str, int]]:
-    return [(a, b) for a in records.corrected() for b in CORRECTION_BYTES]
+    return [(a, b) for a in records.corrected() if records.get(a).serves("allreduce")
+            for b in CORRECTION_BYTES]
 
 
-def _layout() -> tuple[list[tuple[str, int]], int, int, int]:
-    """(factor slots, where the family's natives start, where the shm constants start, the
-    vector's length)."""
+def _family_fix_slots() -> list[tuple[str, str, int]]:
+    return [(c, a, b) for c in FAMILY for a in records.corrected() if records.get(a).serves(c)
+            for b in FAMILY_CORRECTION_BYTES]
+
+
+def _layout() -> tuple[list[tuple[str, int]], int, int, list[tuple[str, str, int]], int]:
+    """(allreduce factor slots, where the family's natives start, where the shm constants
+    start, the family's factor slots, the vector's length); the family's factors follow the
+    shm constants."""
     slots = _fix_slots()
     family_at = _FIX_AT + len(slots)
     shm_at = family_at + 2 * len(FAMILY) * len(FAMILY_BYTES)
-    return slots, family_at, shm_at, shm_at + 3
+    family_slots = _family_fix_slots()
+    return slots, family_at, shm_at, family_slots, shm_at + 3 + len(family_slots)
 
 
 def _pack(calib: Calibration | None) -> np.ndarray:
-    fix_slots, family_at, shm_at, length = _layout()
+    fix_slots, family_at, shm_at, family_slots, length = _layout()
     vec = np.zeros(length, dtype=np.float64)
     if calib is not None and len(calib.native) <= len(NATIVE_BYTES):
         vec[:6] = (1.0, calib.alpha, calib.beta, calib.step_overhead, calib.msg_overhead,
@@ -532,13 +637,16 @@ def _pack(calib: Calibration | None) -> np.ndarray:
                 vec[at:at + 2] = (b, t)
                 slot[c] += 1
         vec[shm_at:shm_at + 3] = (calib.shm_sync, calib.shm_copy, calib.shm_reduce)
+        for c, a, b, f in calib.family_corrections:
+            if (c, a, b) in family_slots:
+                vec[shm_at + 3 + family_slots.index((c, a, b))] = f
     return vec
 
 
 def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
     if vec[0] != 1.0:
         return None
-    fix_slots, family_at, shm_at, _ = _layout()
+    fix_slots, family_at, shm_at, family_slots, _ = _layout()
     native = tuple((int(vec[6 + 2 * i]), float(vec[7 + 2 * i]))
                    for i in range(len(NATIVE_BYTES)) if vec[6 + 2 * i] > 0)
     fixes = tuple((a, b, float(vec[_FIX_AT + i])) for i, (a, b) in enumerate(fix_slots)
@@ -546,8 +654,12 @@ def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
     natives = tuple((c, int(vec[at]), float(vec[at + 1]))
                     for j, c in enumerate(FAMILY) for k in range(len(FAMILY_BYTES))
                     if vec[at := family_at + 2 * (j * len(FAMILY_BYTES) + k)] > 0)
+    family_fixes = tuple((c, a, b, float(vec[shm_at + 3 + i]))
+                         for i, (c, a, b) in enumerate(family_slots)
+                         if vec[shm_at + 3 + i] > 0)
     return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta,
-                       corrections=fixes, natives=natives, shm_sync=float(vec[shm_at]),
+                       corrections=fixes, natives=natives, family_corrections=family_fixes,
+                       shm_sync=float(vec[shm_at]),
                        shm_copy=float(vec[shm_at + 1]), shm_reduce=float(vec[shm_at + 2]))
 
 
@@ -571,12 +683,8 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
         if cached is not None:
             return cached
         measured = measure(work, timeout)
-        calib = Calibration(measured.alpha, measured.beta, measured.step_overhead,
-                            measured.msg_overhead, measured.gamma, measured.native,
-                            meta={**meta, **measured.meta, "source": "measured"},
-                            corrections=measured.corrections, natives=measured.natives,
-                            shm_sync=measured.shm_sync, shm_copy=measured.shm_copy,
-                            shm_reduce=measured.shm_reduce)
+        calib = dataclasses.replace(measured, meta={**meta, **measured.meta,
+                                                    "source": "measured"})
         if work.Get_rank() == 0:
             _write_cache(path, key, calib, host, mpi)
         return calib

@@ -60,6 +60,7 @@ from . import buffers, kernels
 from .buffers import BufferSpecError
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
+from .shm import start_collective
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
@@ -67,23 +68,30 @@ TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "b
 REDUCING = frozenset({"reduce_scatter", "reduce"})
 
 
-_FAST_OPS = (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)
+#: The ops of the fast paths, by identity (an ``MPI.Op`` is unhashable; these live as long as
+#: the module, so their ids are never reused).
+_FAST_OP_IDS = frozenset(id(o) for o in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX))
+_IN_PLACE = MPI.IN_PLACE
 
 
 def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
               *rest: Any) -> tuple | None:
     """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
-    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call."""
-    if not any(op is o for o in _FAST_OPS):
+    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call. (On the
+    path of every repeated call: a set lookup and one flags object per array.)"""
+    if id(op) not in _FAST_OP_IDS:
         return None
     key: list = [method, algorithm, id(op), *rest]
     for b in bufs:
-        if b is MPI.IN_PLACE or b is None:
+        if b is _IN_PLACE or b is None:
             key.append(b is None)
-        elif type(b) is np.ndarray and b.flags.c_contiguous and b.flags.writeable:
-            key.append((b.shape, b.dtype))
-        else:
+            continue
+        if type(b) is not np.ndarray:
             return None
+        flags = b.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+        key.append((b.shape, b.dtype))
     return tuple(key)
 
 
@@ -179,6 +187,10 @@ class FamilyCall:
     @property
     def is_in_place(self) -> bool:
         return self.src is None
+
+    def plan_key(self) -> tuple:
+        """What its compiled plan and its signature's number (in the tags) are kept by."""
+        return (self.collective, self.algorithm, self.counts, self.root, self.dtype, self.op)
 
     def outcome(self) -> Exception | None:
         """What the call raises on every survivor once committed after a failure (the
@@ -651,6 +663,68 @@ def _gathering(kind: str, vector: bool) -> Callable[..., Any]:
     return method
 
 
+def _locate(buf: np.ndarray | None, args: tuple) -> tuple | None:
+    """Where ``buf`` (a schedule buffer a call's arguments resolved to) lies in ``args``:
+    (argument index, element offset, count, None) when it is a slice of that argument's
+    elements, (argument index, byte offset, byte count, dtype) for another view of its
+    bytes, (-1, 0, 0, dtype) when empty; None when there is no buffer. ValueError when no
+    argument holds it."""
+    if buf is None:
+        return None
+    if not buf.size:
+        return (-1, 0, 0, buf.dtype)
+    at = buf.__array_interface__["data"][0]
+    for i, a in enumerate(args):
+        if type(a) is not np.ndarray:
+            continue
+        lo = a.__array_interface__["data"][0]
+        off = at - lo
+        if 0 <= off and off + buf.nbytes <= a.nbytes:
+            if buf.dtype == a.dtype and off % a.itemsize == 0:
+                return (i, off // a.itemsize, buf.size, None)
+            return (i, off, buf.nbytes, buf.dtype)
+    raise ValueError("a schedule buffer outside the call's arguments")
+
+
+def _carve(where: tuple | None, args: tuple) -> np.ndarray | None:
+    """The buffer :func:`_locate` described, in this call's ``args`` (arrays of the same
+    shapes and dtypes, C-contiguous: the fast path's key says so)."""
+    if where is None:
+        return None
+    i, lo, n, dtype = where
+    if i < 0:
+        return np.empty(0, dtype)
+    flat = args[i].reshape(-1)
+    if dtype is None:
+        return flat[lo:lo + n]
+    return flat.view(np.uint8)[lo:lo + n].view(dtype)
+
+
+class FastFamily:
+    """A blocking family signature (:func:`_fast_key`) whose first call ran the checked path,
+    argument agreement included: what its later calls need to skip it. Native (``plan``
+    None): mpi4py's blocking call under the watchdog. A schedule: the cached plan, and where
+    the schedule's input and output lie in the call's arguments (:func:`_locate`), so a
+    later call carves them out of its own arrays instead of resolving buffer specs."""
+
+    __slots__ = ("what", "traced", "plan", "kind", "sig", "op", "dtype", "inp", "output",
+                 "calls")
+
+    def __init__(self, what: str, traced: Signature, plan: Any = None, kind: int = 0,
+                 sig: int = 0, op: str = "sum", dtype: np.dtype | None = None,
+                 inp: tuple | None = None, output: tuple | None = None):
+        self.what = what
+        self.traced = traced
+        self.plan = plan
+        self.kind = kind        # the collective's block of the tag space (TAG_KIND)
+        self.sig = sig          # the signature's number (Communicator._sig_id)
+        self.op = op
+        self.dtype = dtype
+        self.inp = inp
+        self.output = output
+        self.calls = 0          # schedules: later calls that took this path
+
+
 class FamilyCalls:
     """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them.
 
@@ -671,7 +745,7 @@ class FamilyCalls:
             return
         self._family_blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)), key)
+                                   alg)), key, (sendbuf, recvbuf, op))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Any:
@@ -698,7 +772,7 @@ class FamilyCalls:
                 return
         self._family_blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
-                                   False, alg)), key)
+                                   False, alg)), key, (sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                         op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
@@ -724,7 +798,7 @@ class FamilyCalls:
         if key is not None and self._family_repeat(key, (sendbuf, recvbuf)):
             return
         self._family_blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, False),
-                              key)
+                              key, (sendbuf, recvbuf))
 
     Iallgather = _gathering("start", False)
     Allgather_init = _gathering("init", False)
@@ -744,7 +818,8 @@ class FamilyCalls:
         if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op, root)):
             return
         self._family_blocking("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key)
+            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key,
+            (sendbuf, recvbuf, op, root))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Any:
@@ -762,7 +837,7 @@ class FamilyCalls:
         if key is not None and self._family_repeat(key, (buf, root)):
             return
         self._family_blocking("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)), key)
+            prepare_bcast(self.rank, self.size, buf, root, alg)), key, (buf, root))
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
         return self._family_start("bcast", algorithm, lambda alg: (
@@ -803,24 +878,31 @@ class FamilyCalls:
         return self._submit_recorded(self._family_prepared(collective, algorithm, build))
 
     def _family_repeat(self, key: tuple, args: tuple) -> bool:
-        """A blocking call whose signature (:func:`_fast_key`) already ran natively through
-        :meth:`_family_blocking`, argument check included: mpi4py's blocking call on the
-        private communicator with the caller's own arguments, under the watchdog (no
-        resolution, no agreement). False: take the checked path."""
-        fast = self._family_fast_calls()
-        entry = fast.get(key) if fast is not None and not self._active else None
-        if entry is None:
+        """A blocking call whose signature (:func:`_fast_key`) already ran through
+        :meth:`_family_blocking`, argument check included, takes its fast path
+        (:class:`FastFamily`; no resolution, no agreement): mpi4py's blocking call on the
+        private communicator under the watchdog (native), or the cached plan's run driven in
+        the calling thread under the executor's deadline (a schedule, as ``Allreduce``'s
+        :meth:`~bmlmpi.api.Communicator._scheduled`). Tags and call numbers advance as on the
+        checked path, so ranks that take different paths for the same call still match.
+        False: take the checked path."""
+        fast = self.__dict__.get("_family_fast")
+        entry = fast.get(key) if fast else None
+        if entry is None or not self._fast_open():
             return False
-        what, sig = entry
-        bufs = [a for a in args[:2] if type(a) is np.ndarray]
-        if len(bufs) == 2 and np.may_share_memory(bufs[0], bufs[1]):
+        a, b = args[0], args[1]
+        if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
             return False  # the checked path says what is wrong
+        if entry.plan is not None:
+            self._family_scheduled(entry, args)
+            return True
         rec = self._recorder
-        slot = None if rec is None else rec.begin(sig)
+        slot = None if rec is None else rec.begin(entry.traced)
         self._calls += 1
+        self._callno += 1
         watch = self._watchdog
         watch.calls += 1
-        watch.current = what
+        watch.current = entry.what
         try:
             getattr(self._comm, key[0])(*args)
         except BufferError:
@@ -828,6 +910,8 @@ class FamilyCalls:
             # the call itself
             if rec is not None:
                 rec.next -= 1
+            self._calls -= 1
+            self._callno -= 1
             return False
         except BaseException as exc:
             self._call_failed(slot, exc)
@@ -837,23 +921,66 @@ class FamilyCalls:
         self._call_done(slot)
         return True
 
-    def _family_fast_calls(self) -> dict | None:
-        """The signatures :meth:`_family_repeat` may take (None: never, on a communicator
-        without the blocking fast path)."""
-        if not self._native_blocking():
-            return None
+    def _family_scheduled(self, entry: FastFamily, args: tuple) -> None:
+        """A scheduled signature's later blocking call: its run built from the cached plan on
+        the buffers carved out of ``args``."""
+        tag_base = self._tag_base(entry.kind, entry.sig)
+        self._callno = seq = self._callno + 1
+        entry.calls += 1
+        what = entry.what
+        run = start_collective(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),
+                         entry.op, tag_base, lambda: f"{what}, call {seq})", None,
+                         entry.dtype)
+        self._drive_fast(run, seq, entry.traced)
+
+    def _family_forget(self, scheduled_only: bool) -> None:
+        """Close the fast paths of the family's signatures (the scheduled ones only: their
+        plans were bound to a communicator that a repair replaced)."""
+        fast = self.__dict__.get("_family_fast")
+        if not fast:
+            return
+        for key in [k for k, e in fast.items() if e.plan is not None or not scheduled_only]:
+            del fast[key]
+
+    def _family_open(self, key: tuple | None, call: FamilyCall, args: tuple,
+                     native: bool) -> None:
+        """After the checked first call of a blocking signature: open its fast path
+        (:class:`FastFamily`) where one applies: numpy arrays (``key``), an MPI op (AVG
+        divides afterwards), no device staging, no allgather displacements to place; a
+        native call only where the blocking native path is allowed, a schedule on the plain
+        communicator (the fault-tolerant one tracks every call itself)."""
+        if (key is None or self._fast is None or call.op == "avg" or call.staging is not None
+                or call.displs is not None):
+            return
         fast = self.__dict__.get("_family_fast")
         if fast is None:
             fast = self.__dict__["_family_fast"] = {}
-        return fast
+        traced = call.slot.sig if call.slot is not None else call.traced()
+        if native:
+            if call.dtype.kind in "iufc":
+                fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
+                                       f"{self.rank} of {self.size})", traced)
+            return
+        plan = self._plans.get(call.plan_key())
+        if plan is None:
+            return
+        inp, output = call.schedule_buffers()
+        try:
+            where = _locate(inp, args), _locate(output, args)
+        except ValueError:
+            return
+        fast[key] = FastFamily(f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}",
+                               traced, plan, TAG_KIND[call.collective],
+                               self._sig_id(call.plan_key()), call.op, call.dtype, *where)
 
     def _family_blocking(self, collective: str, algorithm: str | None, build: Any,
-                         key: tuple | None = None) -> None:
-        """A blocking call. Once its signature has been agreed on, a native call on the plain
-        communicator with nothing outstanding is mpi4py's blocking call itself, bounded by
-        the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``, the
-        default: past ``timeout`` seconds it reports the call and aborts the job); otherwise
-        the call is started and waited on under the deadline."""
+                         key: tuple | None = None, args: tuple = ()) -> None:
+        """A blocking call, checked. Once its signature has been agreed on, a native call on
+        the plain communicator with nothing outstanding is mpi4py's blocking call itself,
+        bounded by the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``,
+        the default: past ``timeout`` seconds it reports the call and aborts the job);
+        otherwise the call is started and waited on under the deadline. Either way it opens
+        the signature's fast path for the next call (:meth:`_family_open`)."""
         self._usable_for_calls()
         call = self._family_prepared(collective, algorithm, build)
         if (call.algorithm == "native" and self._native_blocking() and not self._active
@@ -873,15 +1000,12 @@ class FamilyCalls:
             finally:
                 watch.current = None
             call.finish(self.size)
-            if key is not None and call.op != "avg" and call.dtype.kind in "iufc":
-                fast = self._family_fast_calls()
-                if fast is not None:
-                    fast[key] = (
-                        f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
-                        f"{self.size})", call.traced())
+            self._family_open(key, call, args, native=True)
             self._call_done(slot)
             return
         self._submit_recorded(call).Wait()
+        if call.algorithm != "native":
+            self._family_open(key, call, args, native=False)
 
     def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         self._usable_for_calls()
@@ -922,7 +1046,7 @@ class FamilyCalls:
         from .execute import Plan
         from .ops import kernel_op
         from .schedules import algorithms
-        key = (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)
+        key = call.plan_key()
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -952,8 +1076,6 @@ class FamilyCalls:
         """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
         schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
         gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
-        from .execute import collective_run
-        from .shm import ShmPlan
         if call.algorithm == "native":
             try:
                 req, deliver = call.native_private(self._comm)
@@ -966,15 +1088,11 @@ class FamilyCalls:
         inp, output = call.schedule_buffers()
         # the signature's number in the tags: calls of different signatures never match
         # (a rank that switches to another signature it already ran meets no partner)
-        tag_base = self._tag_base(TAG_KIND[call.collective], self._sig_id(
-            (call.collective, call.algorithm, call.counts, call.root, call.dtype, call.op)))
+        tag_base = self._tag_base(TAG_KIND[call.collective], self._sig_id(call.plan_key()))
 
         def placed() -> None:
             call.place(output)
             if finish is not None:
                 finish()
 
-        if isinstance(plan, ShmPlan):
-            return plan.start_collective(inp, output, call.op, tag_base, label, placed,
-                                         call.dtype)
-        return collective_run(plan, inp, output, call.op, tag_base, label, placed, call.dtype)
+        return start_collective(plan, inp, output, call.op, tag_base, label, placed, call.dtype)

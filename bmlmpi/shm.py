@@ -40,7 +40,15 @@ from dataclasses import dataclass
 import numpy as np
 from mpi4py import MPI
 
-from .execute import DeadlineExceeded, Plan, Run, back_off, spin_seconds, wait_request
+from .execute import (
+    DeadlineExceeded,
+    Plan,
+    Run,
+    back_off,
+    collective_run,
+    spin_seconds,
+    wait_request,
+)
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import FETCH, PUBLISH, REDUCE, Copy, Schedule, Step
@@ -301,6 +309,18 @@ class ShmPlan:
             run = ShmRun(self, res, op, tag_base, label, copied_out, inp)
         run.rshift = shift
         return run
+
+
+def start_collective(plan: Plan | ShmPlan, inp: np.ndarray | None, out: np.ndarray | None,
+                     op: str, tag_base: int, label: str | Callable[[], str],
+                     finish: Callable[[], None] | None = None,
+                     dtype: np.dtype | None = None) -> Run | ShmRun:
+    """The run of any collective's compiled plan on this rank's input and output buffers:
+    shared-memory steps (:meth:`ShmPlan.start_collective`) or messages
+    (:func:`bmlmpi.execute.collective_run`)."""
+    if isinstance(plan, ShmPlan):
+        return plan.start_collective(inp, out, op, tag_base, label, finish, dtype)
+    return collective_run(plan, inp, out, op, tag_base, label, finish, dtype)
 
 
 def _input_shift(sched: Schedule, lo: int, hi: int) -> int:

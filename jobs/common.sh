@@ -108,6 +108,24 @@ bmlmpi_yield_if_oversubscribed() {
     fi
 }
 
+# Open MPI's osc/ucx prints "OSC UCX component priority set inside component query failed" on
+# every rank for every window where UCX has no one-sided transport, which is the case on a node
+# without an RDMA device (open-mpi/ompi#14086); bmlmpi's shared-memory windows are served by
+# osc/sm. bmlmpi-run does the same for its own launches.
+bmlmpi_quiet_osc() {
+    if [[ -z ${OMPI_MCA_osc:-} ]] && ! compgen -G '/sys/class/infiniband/*' >/dev/null; then
+        export OMPI_MCA_osc=^ucx
+    fi
+}
+
+# libnbc's default MPI_Ireduce at up to 4 ranks from 64 KiB is a chain of 16 KiB segments
+# that advance only inside a poll: bmlmpi's polled native reduce paid thousands of polls
+# (2.6 s for 16 MiB at N = 2); binomial takes one round per tree level. bmlmpi-run does the
+# same for its own launches.
+bmlmpi_binomial_ireduce() {
+    export OMPI_MCA_coll_libnbc_ireduce_algorithm=${OMPI_MCA_coll_libnbc_ireduce_algorithm:-binomial}
+}
+
 # bmlmpi_launch N CMD...: runs CMD on N ranks with the chosen launcher; every rank checks that
 # the world it joined has N ranks (BMLMPI_EXPECT_SIZE, honoured by the bmlmpi programs).
 # The callers run Python under `python -m mpi4py`, which turns an exception or a non-zero exit
@@ -118,6 +136,8 @@ bmlmpi_launch() {
     shift
     export BMLMPI_EXPECT_SIZE=$ranks
     bmlmpi_yield_if_oversubscribed "$ranks"
+    bmlmpi_quiet_osc
+    bmlmpi_binomial_ireduce
     local launcher=${BMLMPI_LAUNCHER:-}
     if [[ -z $launcher ]]; then
         if [[ -n ${SLURM_JOB_ID:-} ]]; then launcher=srun; else launcher=mpiexec; fi

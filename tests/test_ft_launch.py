@@ -414,32 +414,55 @@ def test_family_contracts_n4_before_during_and_root():
          "algorithm": "bml",
          "kills": [{"call": 0, "rank": 2, "when": "before", "how": "kill"},
                    {"call": 3, "rank": "root", "when": "during", "how": "kill"}]},
+        # a rank gone before an allgather, the root before a broadcast
+        {"size": 4, "collectives": cycle, "calls": 5,
+         "kills": [{"call": 1, "rank": 3, "when": "before", "how": "kill"},
+                   {"call": 3, "rank": "root", "when": "before", "how": "kill"}]},
     ]
     spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
-    res, records = launch_spec("tests/ft/family_ranks.py", spec, 8, "FAMILY-JSON",
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 12, "FAMILY-JSON",
                                timeout=LAUNCH_TIMEOUT)
     _family_check(groups, res, records)
     # a rank gone before a reduce-scatter: every survivor's own block over the survivors
     first = [s["results"][0] for s in records if s.get("group") == 1 and "survivor" in s]
     assert {(r["raised"], r["size"]) for r in first} == {(None, 3)}, first
+    # a broadcast whose root was gone before it: RootFailed on every survivor
+    third = [s["results"][3] for s in records if s.get("group") == 2 and "survivor" in s]
+    assert {r["raised"] for r in third} == {"RootFailed"}, third
 
 
-def test_family_contracts_in_shared_memory():
+def test_family_contracts_in_shared_memory_and_hierarchical():
     """The family's shared-memory schedules (algorithm "shm") under the failure contracts:
     a rank dies during a reduce-scatter and a root during a reduce while the node's segments
     are shared; the survivors notice, recover over themselves and agree; no window's file
-    stays in /dev/shm."""
+    stays in /dev/shm. Beside them, hierarchical's reduce-scatter and allgather on six ranks
+    in pretended nodes of two (both tiers): a rank dies during a reduce-scatter (every
+    survivor's own block over the survivors), one before an allgather (its slot zeroed,
+    ContributionsLost on every survivor) and one during another; a node left with one rank."""
     before = _shm_names()
     cycle = ["reduce_scatter", "allgather", "reduce", "bcast"]
     groups = [{"size": 4, "collectives": cycle, "calls": 6, "algorithm": "shm",
                "kills": [{"call": 0, "rank": 1, "when": "during", "how": "kill"},
-                         {"call": 2, "rank": "root", "when": "during", "how": "kill"}]}]
+                         {"call": 2, "rank": "root", "when": "during", "how": "kill"}]},
+              {"size": 6, "collectives": ["reduce_scatter", "allgather"], "calls": 5,
+               "algorithm": "hierarchical", "ranks_per_node": 2,
+               "kills": [{"call": 0, "rank": 1, "when": "during", "how": "kill"},
+                         {"call": 1, "rank": 4, "when": "before", "how": "kill"},
+                         {"call": 3, "rank": 2, "when": "during", "how": "kill"}]}]
     spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
-    res, records = launch_spec("tests/ft/family_ranks.py", spec, 4, "FAMILY-JSON",
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 10, "FAMILY-JSON",
                                timeout=LAUNCH_TIMEOUT)
     _family_check(groups, res, records)
     left = {n for n in _shm_names() - before if n.startswith("osc_sm")}
     assert not left, f"left in /dev/shm: {sorted(left)}"
+    hier = [s["results"] for s in records if s.get("group") == 1 and "survivor" in s]
+    # (a rank killed during a call may have delivered all of it first: the call then commits
+    # with its data, and _family_check holds every survivor to the same outcome either way)
+    for call, raised in ((0, None), (1, "ContributionsLost")):
+        assert {r[call]["raised"] for r in hier} == {raised}, (call, hier)
+    assert {r[-1]["size"] for r in hier} == {3}
+    assert {tuple(s["ran"]) for s in records if s.get("group") == 1 and "survivor" in s} == {
+        ("hierarchical",)}
 
 
 def test_family_contracts_n8():
@@ -447,8 +470,10 @@ def test_family_contracts_n8():
     groups = [{"size": 8, "collectives": cycle, "calls": 8,
                "kills": [{"call": 0, "rank": 5, "when": "during", "how": "kill"},
                          {"call": 1, "rank": 2, "when": "before", "how": "kill"},
+                         {"call": 2, "rank": 7, "when": "during", "how": "kill"},
                          {"call": 3, "rank": "root", "when": "during", "how": "kill"},
-                         {"call": 5, "rank": 6, "when": "during", "how": "kill"}]}]
+                         {"call": 5, "rank": 6, "when": "during", "how": "kill"},
+                         {"call": 6, "rank": "root", "when": "before", "how": "kill"}]}]
     spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
     res, records = launch_spec("tests/ft/family_ranks.py", spec, 8, "FAMILY-JSON",
                                timeout=LAUNCH_TIMEOUT)
@@ -456,3 +481,6 @@ def test_family_contracts_n8():
     # the allgather that a rank missed entirely: its slot zeroed, ContributionsLost everywhere
     call1 = {s["results"][1]["raised"] for s in records if "survivor" in s}
     assert call1 == {"ContributionsLost"}, call1
+    # the reduce whose root was gone before it: RootFailed on every survivor
+    call6 = {s["results"][6]["raised"] for s in records if "survivor" in s}
+    assert call6 == {"RootFailed"}, call6

@@ -63,6 +63,9 @@ def main(argv: Sequence[str] | None = None,
     if calib.corrections:
         printer("measured / model: " + ", ".join(f"{a} {b} B {f:.2f}"
                                                   for a, b, f in calib.corrections))
+    for coll in dict.fromkeys(c for c, _, _, _ in calib.family_corrections):
+        printer(f"{coll} measured / model: " + ", ".join(
+            f"{a} {b} B {f:.2f}" for c, a, b, f in calib.family_corrections if c == coll))
     if "phases" in calib.meta:
         printer("phases (s): " + ", ".join(f"{k} {v:.3f}" for k, v in calib.meta["phases"].items()))
     if size == 1:

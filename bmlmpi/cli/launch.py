@@ -9,7 +9,18 @@ Finds the ``mpiexec`` installed beside this Python (the embedded Open MPI wheel)
   ``--mca mpi_yield_when_idle 1`` when more ranks than cores are asked for (without the
   yield, busy-polling ranks starve the peers they wait for: the MPI test suite at 4 ranks on
   2 cores took 85 s instead of 4 s); ``--with-ft ulfm`` with ``--ft`` (user-level failure
-  mitigation, needed by ``Communicator(fault_tolerant=True)``);
+  mitigation, needed by ``Communicator(fault_tolerant=True)``); ``--mca osc ^ucx`` on a node
+  without an RDMA device, unless the one-sided component is chosen already (``--mca osc`` or
+  ``OMPI_MCA_osc``): there UCX has no transport for one-sided calls, and Open MPI's osc/ucx
+  then prints "OSC UCX component priority set inside component query failed" on every rank
+  for every window it is asked to serve (open-mpi/ompi#14086), which the shared-memory tier's
+  windows would turn into a page of errors; osc/sm serves those windows;
+  ``--mca coll_libnbc_ireduce_algorithm binomial`` unless chosen already: libnbc's default
+  ``MPI_Ireduce`` at up to 4 ranks from 64 KiB is a chain of 16 KiB segments whose every
+  round advances only inside a ``Test``, so a polled wait (bmlmpi's native ``Ireduce`` and
+  its polled ``Reduce``) made thousands of polls, each yielding the core or sleeping: a
+  16 MiB ``Ireduce`` at N = 2 took 2.6 s (64 MiB: 11 s) against 18-34 ms with binomial's
+  one round per tree level (perf/family/README.md);
 * MPICH (hydra): nothing is needed for root or oversubscription; ``--ft`` is refused, since
   MPICH's ch4 device has no ULFM.
 
@@ -51,6 +62,8 @@ from .. import config
 OWN_FLAGS = ("--ft", "--dry-run", "--tolerate-lost")
 #: Program names replaced by this interpreter.
 BARE_PYTHON = re.compile(r"python(3(\.\d+)?)?")
+#: libnbc's choice of MPI_Ireduce algorithm (module docstring)
+IREDUCE = "coll_libnbc_ireduce_algorithm"
 #: What libnbc prints for a request that failed because a peer died (no MCA parameter
 #: silences it); the launcher leaves these lines out under --ft.
 NBC_NOISE = re.compile(rb"^NBC_Progress: an error \d+ was found during schedule")
@@ -83,6 +96,24 @@ def flavour(mpiexec: str) -> str:
     if "hydra" in out or "mpich" in out:
         return "mpich"
     return "unknown"
+
+
+#: Where Linux lists RDMA devices (InfiniBand, RoCE, iWARP); UCX's one-sided transports need one.
+RDMA_DEVICES = Path("/sys/class/infiniband")
+
+
+def has_rdma_device(devices: Path | None = None) -> bool:
+    try:
+        return any((devices or RDMA_DEVICES).iterdir())
+    except OSError:
+        return False
+
+
+def _chooses(args: list[str], name: str) -> bool:
+    """Whether the MCA parameter ``name`` is set already (the environment or an option)."""
+    return f"OMPI_MCA_{name}" in os.environ or any(
+        a in ("--mca", "-mca", "--gmca", "-gmca") and i + 1 < len(args) and args[i + 1] == name
+        for i, a in enumerate(args))
 
 
 def _ranks(args: list[str]) -> int:
@@ -136,6 +167,10 @@ def build_command(args: list[str], mpiexec: str | None = None,
             if ("mpi_yield_when_idle" not in " ".join(args)
                     and "OMPI_MCA_mpi_yield_when_idle" not in os.environ):
                 extra += ["--mca", "mpi_yield_when_idle", "1"]
+        if not _chooses(args, "osc") and not has_rdma_device():
+            extra += ["--mca", "osc", "^ucx"]
+        if not _chooses(args, IREDUCE):
+            extra += ["--mca", IREDUCE, "binomial"]
         if ft and "--with-ft" not in args:
             extra += ["--with-ft", "ulfm"]
         if ft:

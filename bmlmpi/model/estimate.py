@@ -67,6 +67,9 @@ class Calibration:
     #: (collective, bytes, seconds) of the MPI library's own call of each collective other
     #: than allreduce (``native`` holds allreduce's), as user code calls it.
     natives: tuple[tuple[str, int, float], ...] = ()
+    #: (collective, algorithm, bytes, measured ÷ modelled seconds) of the other collectives'
+    #: schedules, as ``corrections`` holds the allreduce's (bytes: the work buffer's).
+    family_corrections: tuple[tuple[str, str, int, float], ...] = ()
     shm_sync: float = 0.0
     shm_copy: float = 0.0
     shm_reduce: float = 0.0
@@ -90,16 +93,24 @@ class Calibration:
         if any(not (math.isfinite(f) and f > 0) or b <= 0 for _, b, f in fixes):
             raise ValueError(f"calibration corrections must be positive and finite: {fixes}")
         object.__setattr__(self, "corrections", fixes)
+        family = tuple(sorted((str(c), str(a), int(b), float(f))
+                              for c, a, b, f in self.family_corrections))
+        if any(not (math.isfinite(f) and f > 0) or b <= 0 for _, _, b, f in family):
+            raise ValueError(f"calibration corrections must be positive and finite: {family}")
+        object.__setattr__(self, "family_corrections", family)
         others = tuple(sorted((str(c), int(b), float(t)) for c, b, t in self.natives))
         if any(t < 0 or not math.isfinite(t) for _, _, t in others):
             raise ValueError(f"calibration native times must be finite and >= 0: {others}")
         object.__setattr__(self, "natives", others)
 
-    def correction(self, algorithm: str, nbytes: int) -> float:
-        """The factor on ``algorithm``'s modelled time at ``nbytes``: interpolated linearly in
-        log2(bytes) between the measured sizes, the nearest measured factor outside them, and
-        1 when the algorithm was not measured."""
-        pts = [(math.log2(b), f) for a, b, f in self.corrections if a == algorithm]
+    def correction(self, algorithm: str, nbytes: int, collective: str = "allreduce") -> float:
+        """The factor on ``algorithm``'s modelled time at ``nbytes`` of ``collective``:
+        interpolated linearly in log2(bytes) between the measured sizes, the nearest measured
+        factor outside them, and 1 when the algorithm was not measured for it."""
+        pts = ([(math.log2(b), f) for a, b, f in self.corrections if a == algorithm]
+               if collective == "allreduce" else
+               [(math.log2(b), f) for c, a, b, f in self.family_corrections
+                if c == collective and a == algorithm])
         if not pts:
             return 1.0
         x = math.log2(max(nbytes, 1))
@@ -131,6 +142,7 @@ class Calibration:
         d["native"] = [list(p) for p in self.native]
         d["corrections"] = [list(c) for c in self.corrections]
         d["natives"] = [list(c) for c in self.natives]
+        d["family_corrections"] = [list(c) for c in self.family_corrections]
         return d
 
     @classmethod
@@ -145,6 +157,8 @@ class Calibration:
                                      for a, b, f in d.get("corrections", ())),
                    natives=tuple((str(c), int(b), float(t))
                                  for c, b, t in d.get("natives", ())),
+                   family_corrections=tuple((str(c), str(a), int(b), float(f)) for c, a, b, f
+                                            in d.get("family_corrections", ())),
                    shm_sync=float(d.get("shm_sync", 0.0)),
                    shm_copy=float(d.get("shm_copy", 0.0)),
                    shm_reduce=float(d.get("shm_reduce", 0.0)))
@@ -222,6 +236,7 @@ def _params(calib: Calibration | None, alpha: float | None, beta: float | None) 
                            step_overhead=calib.step_overhead, msg_overhead=calib.msg_overhead,
                            gamma=calib.gamma, native=calib.native, meta=calib.meta,
                            corrections=calib.corrections, natives=calib.natives,
+                           family_corrections=calib.family_corrections,
                            shm_sync=calib.shm_sync, shm_copy=calib.shm_copy,
                            shm_reduce=calib.shm_reduce)
     return calib
@@ -237,7 +252,7 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
     ``auto`` is skipped). Arguments as :func:`cheapest`; ``intra``: the node tier the tiered
     algorithms run (``shm``: priced by the shared-memory model); ``corrected=False`` leaves out the
     calibration's measured corrections (they apply only on the default network, the
-    calibrated machine itself, and only to the allreduce, the one they were measured on)."""
+    calibrated machine itself, each collective's its own)."""
     if count < 0 or itemsize <= 0 or size < 1:
         raise ValueError(f"need count >= 0, itemsize > 0, size >= 1; got {count}, {itemsize}, "
                          f"{size}")
@@ -261,9 +276,9 @@ def estimate(algorithms: Iterable[str], count: int, itemsize: int, size: int,
                                msg_overhead=p.msg_overhead, gamma=p.gamma,
                                shm_sync=p.shm_sync, shm_copy=p.shm_copy,
                                shm_reduce=p.shm_reduce)
-        if topology is None and corrected and collective == "allreduce":
+        if topology is None and corrected:
             # the calibrated machine itself: scale by what its runs measured against the model
-            seconds *= p.correction(name, count * itemsize)
+            seconds *= p.correction(name, count * itemsize, collective)
         out[name] = seconds
     return out
 

@@ -438,14 +438,13 @@ def calibrated(size: int) -> list[str]:
     offers them)."""
     if size < 2:
         return []
-    return [a for a in corrected()
-            if REGISTRY[a].max_ranks is None or size <= REGISTRY[a].max_ranks]
+    return [a.name for a in REGISTRY.values()
+            if a.calibrated and (a.max_ranks is None or size <= a.max_ranks)]
 
 
 def corrected() -> tuple[str, ...]:
-    """Every algorithm calibration may correct, in registration order: calibration times
-    allreduce schedules, so only those that serve allreduce."""
-    return tuple(a.name for a in REGISTRY.values() if a.calibrated and a.serves("allreduce"))
+    """Every algorithm calibration may correct, in registration order."""
+    return tuple(a.name for a in REGISTRY.values() if a.calibrated)
 
 
 def with_wire_format() -> tuple[str, ...]:

@@ -5,7 +5,7 @@ SPEC`` (never collected by pytest). ``SPEC`` is JSON::
 
     {"timeout": 60, "hang_timeout": 10,
      "groups": [{"size": 4, "collectives": ["reduce_scatter", "bcast"], "algorithm": "native",
-                 "calls": 3, "op": "sum", "in_place": false,
+                 "calls": 3, "op": "sum", "in_place": false, "ranks_per_node": 2,
                  "kills": [{"call": 1, "rank": 2, "when": "during", "how": "kill"}]}]}
 
 The world is cut into independent groups, each with its own fault-tolerant communicator.
@@ -13,7 +13,9 @@ Call c of a group runs over the members left then (the counts, root and layout f
 current size): reduce-scatter with uneven ``recvcounts``, allgatherv with displacements in
 reverse rank order, reduce and broadcast from root ``c % size``. ``when``: ``before`` the
 call, or ``during`` it (the victim starts the call and dies at once); ``rank`` is an original
-rank or ``"root"`` (the call's root). Call c runs ``collectives[c % len]``. Every survivor checks
+rank or ``"root"`` (the call's root). Call c runs ``collectives[c % len]``.
+``ranks_per_node`` (optional): the group's nodes, as ``BMLMPI_RANKS_PER_NODE`` pretends them
+(``hierarchical`` then runs both of its tiers). Every survivor checks
 its result against the contract and prints one ``FAMILY-JSON`` line at the end: per call,
 ``ok`` or what was wrong, what it raised, the size after the call.
 """
@@ -182,6 +184,8 @@ def main() -> int:
         start += g["size"]
     g = groups[gi]
     sub = world.Split(gi, world.rank)
+    if "ranks_per_node" in g:  # read when the communicator is built
+        os.environ["BMLMPI_RANKS_PER_NODE"] = str(g["ranks_per_node"])
     try:
         comm = bmlmpi.Communicator(sub, fault_tolerant=True, timeout=spec["timeout"],
                                    hang_timeout=spec["hang_timeout"])
@@ -212,7 +216,10 @@ def main() -> int:
         results.append({"call": call, "collective": collective, "ok": why is None, "why": why,
                         "raised": type(error).__name__ if error is not None else None,
                         "size": comm.size})
-    emit(survivor=me, group=gi, results=results, failed=list(comm.failed), size=comm.size)
+    ran = sorted({s.sig.chosen for s in (comm.recorder.slots if comm.recorder else ())
+                  if s.seq >= 0 and s.sig is not None and s.sig.chosen})
+    emit(survivor=me, group=gi, results=results, failed=list(comm.failed), size=comm.size,
+         ran=ran)
     ft.finish(0)
     return 0
 

@@ -34,3 +34,44 @@ def test_calibrate_agrees_on_every_rank_and_caches(tmp_path_factory, monkeypatch
     for count in (1, 1000, 1 << 20):
         picks = comm.allgather(cheapest(names, count, 4, comm.size, calib=again))
         assert len(set(picks)) == 1
+
+
+@pytest.mark.mpi
+def test_auto_runs_the_family_schedule_the_calibration_makes_cheap(monkeypatch):
+    """A communicator given a calibration record whose measured corrections make one
+    reduce-scatter schedule cheap explains that choice (its factor shown) and runs it; the
+    result is exact."""
+    import numpy as np
+
+    import bmlmpi
+    from bmlmpi import selection
+    from bmlmpi.model import Calibration
+    from bmlmpi.schedules import algorithms
+
+    comm = MPI.COMM_WORLD
+    if comm.size < 2:
+        pytest.skip("one rank runs native whatever the calibration says")
+    monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
+    block = 1 << 14
+    total = block * comm.size
+    names = [a for a in selection.candidates(total, comm.size, collective="reduce_scatter")
+             if a in algorithms.corrected() and a != "shm"]
+    for cheap in names:
+        ctx = bmlmpi.Communicator(comm)
+        sizes = (1 << 16, 1 << 20, 1 << 22)
+        ctx.calibration = Calibration(
+            alpha=1e-6, beta=1e-10, natives=(("reduce_scatter", 8, 1.0),
+                                             ("reduce_scatter", 1 << 22, 1.0)),
+            family_corrections=tuple(("reduce_scatter", a, b, 1e-3 if a == cheap else 1e3)
+                                     for a in names for b in sizes))
+        why = ctx.explain(total, np.float64, collective="reduce_scatter")
+        assert why.chosen == cheap and "x 0.00" in str(why), str(why)
+        x = np.arange(total, dtype=np.float64) * (comm.rank + 1)
+        out = np.empty(block)
+        ctx.Reduce_scatter_block(x, out)
+        lo = block * comm.rank
+        want = np.arange(lo, lo + block, dtype=np.float64) * comm.size * (comm.size + 1) / 2
+        assert np.array_equal(out, want)
+        ran = max((s for s in ctx.recorder.slots if s.seq >= 0), key=lambda s: s.seq).sig
+        assert (ran.collective, ran.asked, ran.chosen) == ("reduce_scatter", "auto", cheap)
+        ctx.Free()

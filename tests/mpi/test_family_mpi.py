@@ -451,6 +451,78 @@ def test_repeated_blocking_calls_read_new_data(comm):
     all_ranks_agree(comm, failures)
 
 
+def _scheduled_fast_calls(ctx) -> int:
+    """Calls that took a family signature's scheduled fast path (its counters)."""
+    fast = ctx.__dict__.get("_family_fast") or {}
+    return sum(e.calls for e in fast.values() if e.plan is not None)
+
+
+@pytest.mark.mpi
+def test_scheduled_fast_path_reads_new_data(comm, monkeypatch):
+    """Every scheduled algorithm of every collective, the same signatures called again and
+    again (in place and not, uneven counts with zeros, a middle root): each later call
+    takes the signature's fast path (the cached plan, buffers carved out of the new
+    arguments) and reads its data as it is then, position- and rank-dependent."""
+    size, rank = comm.size, comm.rank
+    failures = []
+    rounds = 4
+    counts = [(r * 5 + 1) % 4 for r in range(size)]  # zeros where 5r + 1 is a multiple of 4
+    counts[-1] += 1
+    lo, total, root = sum(counts[:rank]), sum(counts), size // 2
+    collectives = ("reduce_scatter", "allgather", "reduce", "bcast")
+    names = sorted({a for c in collectives for a in bmlmpi.algorithms(c)} - {"auto", "native"})
+    for algorithm in names:
+        ctx = _communicator(comm, algorithm, monkeypatch)
+        serves = {c: algorithm in bmlmpi.algorithms(c) for c in collectives}
+        # the blocking signatures of one round: 3 reduce-scatters, 2 allgathers, 1 and 1
+        signatures = sum(n for c, n in zip(collectives, (3, 2, 1, 1), strict=True)
+                         if serves[c])
+        for it in range(rounds):
+            def data(n, r, it=it):
+                return np.arange(n, dtype=np.int64) * (r + 1) + 7 * it + r
+
+            def summed(n, it=it):
+                return sum(data(n, r, it) for r in range(size))
+            if serves["reduce_scatter"]:
+                x, rs = data(3 * size, rank), np.full(3, -1, np.int64)
+                ctx.Reduce_scatter_block(x, rs, MPI.SUM)
+                inplace = data(3 * size, rank)
+                ctx.Reduce_scatter_block(MPI.IN_PLACE, inplace, MPI.SUM)
+                v, rv = data(total, rank), np.full(counts[rank], -1, np.int64)
+                ctx.Reduce_scatter(v, rv, counts, MPI.SUM)
+                want = summed(3 * size)[3 * rank:3 * rank + 3]
+                for got, what in ((rs, "Reduce_scatter_block"), (inplace[:3], "in place")):
+                    if not np.array_equal(got, want):
+                        failures.append(f"{algorithm} {what} round {it}")
+                if not np.array_equal(rv, summed(total)[lo:lo + counts[rank]]):
+                    failures.append(f"{algorithm} Reduce_scatter round {it}")
+            if serves["allgather"]:
+                g, gout = data(3, rank), np.full(3 * size, -1, np.int64)
+                ctx.Allgather(g, gout)
+                gin = np.full(3 * size, -1, np.int64)
+                gin[3 * rank:3 * rank + 3] = data(3, rank)
+                ctx.Allgather(MPI.IN_PLACE, gin)
+                want = np.concatenate([data(3, r) for r in range(size)])
+                for got, what in ((gout, "Allgather"), (gin, "Allgather in place")):
+                    if not np.array_equal(got, want):
+                        failures.append(f"{algorithm} {what} round {it}")
+            if serves["reduce"]:
+                red = np.full(6, -1, np.int64) if rank == root else None
+                ctx.Reduce(data(5, rank), red, MPI.SUM, root)
+                if rank == root and not (np.array_equal(red[:5], summed(5)) and red[5] == -1):
+                    failures.append(f"{algorithm} Reduce round {it}")
+            if serves["bcast"]:
+                b = data(4, rank)
+                ctx.Bcast(b, root)
+                if not np.array_equal(b, data(4, root)):
+                    failures.append(f"{algorithm} Bcast round {it}")
+        fast = _scheduled_fast_calls(ctx)
+        if fast != (rounds - 1) * signatures:
+            failures.append(f"{algorithm}: {fast} fast calls, not {(rounds - 1) * signatures}")
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
 @pytest.mark.mpi
 def test_hierarchical_on_pretended_nodes(comm, monkeypatch):
     """Hierarchical on two tiers with nodes of 3 consecutive ranks (unequal where 3 does not

@@ -376,3 +376,38 @@ def test_the_model_prices_bmls_layout_copies():
                                                       + count * 8 * 1e-9)
     assert bml.seconds(8, 1e-6, 1e-9, shm_copy=2e-10) == pytest.approx(
         plain.seconds(8, 1e-6, 1e-9, shm_copy=2e-10) + count * 8 * 2e-10)
+
+
+def test_auto_for_the_family_follows_the_calibrations_measured_corrections():
+    """A calibration record whose measured corrections make one schedule of a collective
+    cheap (its factor 1e-3, every other's 1e3): ``auto`` runs that one, and the explanation
+    reports the factor it applied (and the model before it); a record that favours another
+    schedule moves the choice with it. The allreduce's corrections do not leak into it."""
+    natives = tuple((coll, b, t) for coll in FAMILY for b, t in ((8, 1.0), (1 << 22, 1.0)))
+    sizes = (1 << 16, 1 << 20, 1 << 22)
+    for coll in FAMILY:
+        kw = {"root": 1} if coll in ("reduce", "bcast") else {}
+        names = [a for a in selection.algorithms(coll)[1:-1] if a in algorithms.corrected()
+                 and a in selection.candidates(1 << 20, 4, collective=coll, **kw)]
+        assert len(names) >= 2, (coll, names)
+        for cheap in names[:2]:
+            fixes = tuple((coll, a, b, 1e-3 if a == cheap else 1e3) for a in names
+                          for b in sizes)
+            calib = Calibration(alpha=1e-6, beta=1e-10, natives=natives,
+                                family_corrections=fixes,
+                                corrections=tuple((a, b, 1e-6) for a in names for b in sizes))
+            why = selection.explain_collective(coll, 1 << 20, 4, 4, calib, **kw)
+            assert why.chosen == cheap and why.rule == "cost model", str(why)
+            priced = {c.name: c for c in why.candidates}
+            assert priced[cheap].correction == pytest.approx(1e-3)
+            assert priced[cheap].predicted == pytest.approx(priced[cheap].model * 1e-3)
+            other = next(a for a in names if a != cheap)
+            assert priced[other].correction == pytest.approx(1e3)
+            assert "x 0.00" in str(why)  # the table shows the factor applied
+    # the allreduce keeps its own corrections only
+    calib = Calibration(alpha=1e-6, beta=1e-10, family_corrections=(
+        ("reduce_scatter", "ring", 1 << 20, 5.0),), corrections=(("ring", 1 << 20, 2.0),))
+    assert calib.correction("ring", 1 << 20) == 2.0
+    assert calib.correction("ring", 1 << 20, "reduce_scatter") == 5.0
+    assert calib.correction("ring", 1 << 20, "allgather") == 1.0
+    assert Calibration.from_dict(calib.to_dict()) == calib

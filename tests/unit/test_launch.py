@@ -25,6 +25,28 @@ def test_build_command_replaces_python_and_drops_own_flags():
     assert cmd[cmd.index("-x") + 1] == "BMLMPI_STATUS_DIR"
 
 
+def test_osc_ucx_is_left_out_only_without_rdma_and_unless_chosen(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_osc", raising=False)
+    none, one = tmp_path / "none", tmp_path / "one"
+    none.mkdir()
+    (one / "mlx5_0").mkdir(parents=True)
+    assert not launch.has_rdma_device(none) and launch.has_rdma_device(one)
+    assert not launch.has_rdma_device(tmp_path / "missing")
+
+    def command(args, devices):
+        monkeypatch.setattr(launch, "RDMA_DEVICES", devices)
+        return " ".join(launch.build_command(args, mpiexec="/x/mpiexec", kind="openmpi"))
+
+    assert "--mca osc ^ucx" in command(["-n", "2", "a.out"], none)
+    assert "osc" not in command(["-n", "2", "a.out"], one)
+    assert command(["--mca", "osc", "ucx", "-n", "2", "a.out"], none).count("osc") == 1
+    monkeypatch.setenv("OMPI_MCA_osc", "sm")
+    assert "osc" not in command(["-n", "2", "a.out"], none)
+    monkeypatch.delenv("OMPI_MCA_osc")
+    assert "osc" not in " ".join(launch.build_command(["-n", "2", "a.out"], mpiexec="/x/m",
+                                                      kind="mpich"))
+
+
 def test_libnbc_lines_are_left_out(tmp_path):
     text = (b"rank output\nNBC_Progress: an error 75 was found during schedule 0x1 at "
             b"row-offset 0 - aborting the schedule\n\nmore\n\nprogress 10%\rprogress 20%")
@@ -93,3 +115,19 @@ def test_flavour_from_each_launchers_version_line(tmp_path):
         fake.write_text(f"#!/bin/sh\necho '{line}'\n")
         fake.chmod(0o755)
         assert launch.flavour(str(fake)) == expected, line
+
+
+def test_libnbc_ireduce_is_binomial_unless_chosen(monkeypatch):
+    """libnbc's segmented chain Ireduce advances only inside polls (the module docstring):
+    the launcher picks binomial for Open MPI, unless the user chose an algorithm."""
+    monkeypatch.delenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", raising=False)
+
+    def command(args, kind="openmpi"):
+        return " ".join(launch.build_command(args, mpiexec="/x/mpiexec", kind=kind))
+
+    assert "--mca coll_libnbc_ireduce_algorithm binomial" in command(["-n", "2", "a.out"])
+    chosen = command(["--mca", "coll_libnbc_ireduce_algorithm", "chain", "-n", "2", "a.out"])
+    assert chosen.count("coll_libnbc_ireduce_algorithm") == 1 and "binomial" not in chosen
+    assert "ireduce" not in command(["-n", "2", "a.out"], kind="mpich")
+    monkeypatch.setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "chain")
+    assert "ireduce" not in command(["-n", "2", "a.out"])
