@@ -52,6 +52,7 @@ from .execute import (
     DeadlineExceeded,
     Plan,
     Run,
+    tag_upper_bound,
     timeout_from_env,
     wait_for,
     wait_request,
@@ -311,7 +312,7 @@ class Communicator(FamilyCalls):
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
-        tag_ub = int(self._comm.Get_attr(MPI.TAG_UB) or 32767)
+        tag_ub = tag_upper_bound(self._comm)
         # each collective's calls cycle through their own block of the tag space
         self._tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
         slots = self._tag_mod // TAG_STEPS

@@ -33,8 +33,8 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   64 KiB, 1 MiB and 4 MiB of work buffer (the whole input of a reduce-scatter, the whole output
   of an allgather), so that ``auto`` prices the native call of each collective;
 * ``family_corrections``: the same for the other collectives' schedules (each collective's
-  calibrated algorithms, every rank's block equal, root 0) at 64 KiB, 1 MiB and 4 MiB of
-  work buffer, interleaved with mpi4py's blocking call of that collective (whose times there
+  calibrated algorithms, every rank's block equal, root 0) at 8 B, 64 KiB, 1 MiB and 4 MiB
+  of work buffer, interleaved with mpi4py's blocking call of that collective (whose times there
   are its ``natives`` points), so that ``auto`` prices each family call with this machine's
   measured factors as it prices the allreduce;
 * ``corrections``: the algorithms whose records say calibration corrects them (bml, ring and,
@@ -85,7 +85,7 @@ from .shm import NodeTier, ShmRun, start_collective
 from .topology.nodes import Nodes
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
-FORMAT = 7  # 7: the family's corrections
+FORMAT = 8  # 8: the family's corrections from 8 B
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -94,8 +94,11 @@ CORRECTION_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # ⊂ NATI
 #: (``auto`` interpolates between them and extrapolates along the last segment)
 FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
 FAMILY_BYTES = (8, 64 << 10, 1 << 20, 4 << 20)
-#: the sizes the family's schedules are timed at for their corrections (⊂ FAMILY_BYTES)
-FAMILY_CORRECTION_BYTES = (64 << 10, 1 << 20, 4 << 20)
+#: the sizes the family's schedules are timed at for their corrections: every size of
+#: FAMILY_BYTES, 8 B included (the executor's own cost, which a factor measured at 64 KiB
+#: would shrink; and native's 8 B point then comes from the least disturbed block of calls,
+#: not from single calls, one of which a time slice can stretch to milliseconds)
+FAMILY_CORRECTION_BYTES = FAMILY_BYTES
 #: consecutive calls of one candidate timed together (the sweep's blocks: 20 calls in 5)
 BLOCK_CALLS = 4
 _HOST_BYTES = 64
