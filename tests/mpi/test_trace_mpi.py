@@ -148,6 +148,24 @@ def test_bench_table_shows_what_auto_ran(collective):
 
 
 @pytest.mark.mpi
+def test_auto_logs_each_new_signatures_choice_once(caplog):
+    world = MPI.COMM_WORLD
+    c = bmlmpi.Communicator(world)
+    a = np.arange(3000, dtype=np.float32) + world.rank
+    b = np.empty_like(a)
+    block = np.empty(8, np.float32)
+    with caplog.at_level("DEBUG", logger="bmlmpi"):
+        for _ in range(3):
+            c.Allreduce(a, b)
+            c.Reduce_scatter_block(a[:8 * world.size], block)
+    told = [r.getMessage() for r in caplog.records if "for a new signature" in r.getMessage()]
+    assert len(told) == 2, told  # one per signature, not per call
+    assert str(c.explain(3000, np.float32)) in told[0]
+    assert str(c.explain(8 * world.size, np.float32, collective="reduce_scatter")) in told[1]
+    c.Free()
+
+
+@pytest.mark.mpi
 def test_recorder_sees_every_call_path():
     world = MPI.COMM_WORLD
     scheduled = "ring" if world.size > 1 else "bml"
