@@ -17,10 +17,12 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   times to steps · (α + step_overhead) + messages · msg_overhead, where steps and messages
   are what the cost model counts for those schedules;
 * ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
-* shared memory, when all ranks share one node (:mod:`bmlmpi.shm`), every rank at once:
-  ``shm_copy``, a copy of 4 MiB per byte; ``shm_reduce``, ``out = a + b`` of 4 MiB per byte
-  read; ``shm_sync``, the shared-memory allreduce of one element per rank (three steps of
-  barrier, flag and wait) per step; ``shm`` is then timed for ``corrections`` with the others;
+* shared memory, when all ranks share one node (:mod:`bmlmpi.shm`) — or, on several nodes
+  that each hold two ranks or more, on every node at once (hierarchical's node tier) —, every
+  rank at once: ``shm_copy``, a copy of 4 MiB per byte; ``shm_reduce``, ``out = a + b`` of
+  4 MiB per byte read; ``shm_sync``, the shared-memory allreduce of one element per rank of
+  the node (three steps of barrier, flag and wait) per step; on one node ``shm`` is then
+  timed for ``corrections`` with the others;
 * ``native``: the MPI library's blocking ``MPI_Allreduce`` as user code calls it (mpi4py's
   ``comm.Allreduce``) at 8 B, 64 KiB, 256 KiB, 1 MiB, 4 MiB and 16 MiB — the real baseline, not
   bmlmpi's polled ``MPI_Iallreduce`` pass-through (7× slower at 8 B on the development
@@ -33,8 +35,8 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   64 KiB, 1 MiB and 4 MiB of work buffer (the whole input of a reduce-scatter, the whole output
   of an allgather), so that ``auto`` prices the native call of each collective;
 * ``family_corrections``: the same for the other collectives' schedules (each collective's
-  calibrated algorithms, every rank's block equal, root 0) at 64 KiB, 1 MiB and 4 MiB of
-  work buffer, interleaved with mpi4py's blocking call of that collective (whose times there
+  calibrated algorithms, every rank's block equal, root 0) at 8 B, 64 KiB, 1 MiB and 4 MiB
+  of work buffer, interleaved with mpi4py's blocking call of that collective (whose times there
   are its ``natives`` points), so that ``auto`` prices each family call with this machine's
   measured factors as it prices the allreduce;
 * ``corrections``: the algorithms whose records say calibration corrects them (bml, ring and,
@@ -80,12 +82,13 @@ from .model.cost import price_symmetric
 from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
 from .schedules import algorithms as records
+from .schedules.shm import node_steps, slices
 from .schedules.types import Schedule
 from .shm import NodeTier, ShmRun, start_collective
-from .topology.nodes import Nodes
+from .topology.nodes import Nodes, nodes_from_ids
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
-FORMAT = 7  # 7: the family's corrections
+FORMAT = 9  # 9: shared memory measured on each node of several
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
@@ -94,8 +97,11 @@ CORRECTION_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # ⊂ NATI
 #: (``auto`` interpolates between them and extrapolates along the last segment)
 FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
 FAMILY_BYTES = (8, 64 << 10, 1 << 20, 4 << 20)
-#: the sizes the family's schedules are timed at for their corrections (⊂ FAMILY_BYTES)
-FAMILY_CORRECTION_BYTES = (64 << 10, 1 << 20, 4 << 20)
+#: the sizes the family's schedules are timed at for their corrections: every size of
+#: FAMILY_BYTES, 8 B included (the executor's own cost, which a factor measured at 64 KiB
+#: would shrink; and native's 8 B point then comes from the least disturbed block of calls,
+#: not from single calls, one of which a time slice can stretch to milliseconds)
+FAMILY_CORRECTION_BYTES = FAMILY_BYTES
 #: consecutive calls of one candidate timed together (the sweep's blocks: 20 calls in 5)
 BLOCK_CALLS = 4
 _HOST_BYTES = 64
@@ -258,12 +264,15 @@ def _combine_time(nbytes: int, reps: int) -> float:
     return _median_seconds(lambda: np.add(a, b, out=out), reps) / (2 * nbytes)
 
 
-def _shm_step_time(tier: NodeTier, comm: MPI.Comm, reps: int, timeout: float) -> float:
-    """Seconds per step of the shared-memory allreduce of one float64 per rank."""
-    size = comm.Get_size()
-    sched = records.build("shm", records.Context(size, size, 8, comm.Get_rank()))
+def shm_step_time(tier: NodeTier, reps: int, timeout: float) -> float:
+    """Seconds per step of the shared-memory allreduce of one float64 per rank over this
+    rank's node of ``tier`` (collective over ``tier.comm``: every node at once)."""
+    rank, members = tier.comm.Get_rank(), tier.members
+    m = len(members)
+    steps = node_steps(rank, members, [slices(0, m, members)], "allreduce") if m > 1 else []
+    sched = Schedule("shm", rank, tier.comm.Get_size(), m, tuple(steps))
     plan = tier.bind(sched, 8)
-    buf = np.ones(size)
+    buf = np.ones(m)
     times = []
     for i in range(reps + 1):
         start = time.perf_counter()
@@ -279,6 +288,23 @@ def _one_node(comm: MPI.Comm, timeout: float) -> NodeTier | None:
         return None
     tier = NodeTier(comm, Nodes((tuple(range(comm.Get_size())),)), timeout)
     if tier.one_node:
+        return tier
+    tier.free()
+    return None
+
+
+def several_nodes(comm: MPI.Comm, timeout: float, nodes: Nodes | None = None
+                  ) -> NodeTier | None:
+    """The shared-memory tier of ``comm``'s ``nodes`` (None: its ranks grouped by host) when
+    there are several and every one holds at least two ranks that share its memory: what
+    hierarchical's node tier runs on, so the calibration measures shared memory there too,
+    on every node at once. None otherwise (collective over ``comm``)."""
+    if nodes is None:
+        nodes = nodes_from_ids(_hosts(comm, timeout))
+    if nodes.count < 2 or min(nodes.sizes) < 2:
+        return None
+    tier = NodeTier(comm, nodes, timeout)
+    if tier.fits:
         return tier
     tier.free()
     return None
@@ -421,8 +447,10 @@ def fit_overheads(alpha: float, runs: Sequence[tuple[int, int, float]]) -> tuple
     return max(0.0, float(per_step) - alpha), float(per_msg)
 
 
-def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
-    """Measure a Calibration over ``comm`` now (collective; no cache)."""
+def measure(comm: MPI.Comm, timeout: float | None = None,
+            nodes: Nodes | None = None) -> Calibration:
+    """Measure a Calibration over ``comm`` now (collective; no cache). ``nodes``: which ranks
+    share a node where they do not all share one (None: by host)."""
     timeout = timeout_from_env(timeout)
     size, rank = comm.Get_size(), comm.Get_rank()
     scheds = _overhead_schedules(size) if size > 1 else []
@@ -443,10 +471,13 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         phase(f"executor {i}", lambda b=build: _run_schedule(comm, b(rank), 5, timeout))
     phase("reduce", lambda: _reduce_time(LARGE_BYTES, 3))
     tier = _one_node(comm, timeout)
-    if tier is not None:
+    # shared memory: over all ranks on one node, else on each node at once (hierarchical's
+    # node tier); the shm algorithm itself is timed for corrections only on one node
+    shared = tier if tier is not None else several_nodes(comm, timeout, nodes)
+    if shared is not None:
         phase("shm copy", lambda: _copy_time(LARGE_BYTES, 3))
         phase("shm reduce", lambda: _combine_time(LARGE_BYTES, 3))
-        phase("shm sync", lambda: _shm_step_time(tier, comm, 10, timeout))
+        phase("shm sync", lambda: shm_step_time(shared, 10, timeout))
     names = _allreduce_corrected(size, tier is not None)
     for nbytes in NATIVE_BYTES:
         reps = 5 if nbytes < (1 << 20) else 3
@@ -480,11 +511,11 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
     at = 2 + len(scheds)
     gamma = float(worst[at]) / LARGE_BYTES
     shm_copy = shm_reduce = shm_sync = 0.0
-    if tier is not None:
+    if shared is not None:
         shm_copy = float(worst[at + 1]) / LARGE_BYTES
         shm_reduce, shm_sync = float(worst[at + 2]), float(worst[at + 3])
         at += 3
-        tier.free()
+        shared.free()
     native, measured_runs, i = [], [], at + 1
     for nbytes in NATIVE_BYTES:
         native.append((nbytes, float(worst[i])))

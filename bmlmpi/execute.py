@@ -54,6 +54,23 @@ def check_seconds(value: object, name: str) -> float:
     return seconds
 
 
+def tag_upper_bound(comm: MPI.Comm) -> int:
+    """The largest tag ``comm`` accepts (``MPI_TAG_UB``), the same on every rank.
+
+    The standard caches ``MPI_TAG_UB`` on ``MPI_COMM_WORLD``; Open MPI gives communicators
+    made by ``Split``, ``Split_type`` or ``Create`` (and duplicates of those, and
+    ``MPI_COMM_SELF``) none. The bound is the library's, the same for every communicator, so
+    those read ``MPI_COMM_WORLD``'s; 32767 (the least the standard allows) only where neither
+    has one. Assuming 32767 where the real bound is larger leaves one tag slot per
+    collective (:data:`TAG_STEPS` tags a call), and outstanding calls of one signature then
+    share their tags: a receive of one can take a sibling's message."""
+    for source in (comm, MPI.COMM_WORLD):
+        value = source.Get_attr(MPI.TAG_UB)
+        if value:
+            return int(value)
+    return 32767
+
+
 class DeadlineExceeded(TimeoutError):
     """A wait made no progress within its deadline."""
 
@@ -127,8 +144,11 @@ class Plan:
     """
 
     def __init__(self, sched: Schedule, comms: list[MPI.Comm],
-                 level_peer: Callable[[int, int], tuple[int, int]]):
-        """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``."""
+                 level_peer: Callable[[int, int], tuple[int, int]], first_step: int = 0):
+        """``level_peer(level, world_peer) -> (comm index, peer rank in that comm)``;
+        ``first_step``: the step of a larger schedule that ``sched``'s step 0 is (the message
+        steps between shared-memory steps): the tags name that step, so they match a peer
+        that runs the whole schedule as messages."""
         if sched.uses_shm:
             raise ValueError("a schedule with shared-memory steps runs on bmlmpi.shm")
         self.sched = sched
@@ -151,7 +171,8 @@ class Plan:
                 for t in picked_sends:
                     ci, p = level_peer(t.level, t.peer)
                     sends.append(_Post(ci, p, t.peer, t.lo, t.hi,
-                                       (i * sched.streams + t.stream) % TAG_STEPS, -1))
+                                       ((first_step + i) * sched.streams + t.stream)
+                                       % TAG_STEPS, -1))
                 recvs, groups, off = [], {}, base
                 for t in picked_recvs:
                     ci, p = level_peer(t.level, t.peer)
@@ -161,7 +182,8 @@ class Plan:
                         off += t.hi - t.lo
                         groups.setdefault((t.lo, t.hi), []).append(s_off)
                     recvs.append(_Post(ci, p, t.peer, t.lo, t.hi,
-                                       (i * sched.streams + t.stream) % TAG_STEPS, s_off))
+                                       ((first_step + i) * sched.streams + t.stream)
+                                       % TAG_STEPS, s_off))
                 need = max(need, off - base)
                 steps.append(_StepPlan(i, tuple(sends), tuple(recvs),
                                        tuple((lo, hi, tuple(o)) for (lo, hi), o in groups.items())))
@@ -212,9 +234,10 @@ class Plan:
         return prog
 
     @classmethod
-    def flat(cls, sched: Schedule, comm: MPI.Comm) -> Plan:
-        """``sched`` compiled to run every transfer, of any level, on ``comm`` itself."""
-        return cls(sched, [comm], _flat_peer)
+    def flat(cls, sched: Schedule, comm: MPI.Comm, first_step: int = 0) -> Plan:
+        """``sched`` compiled to run every transfer, of any level, on ``comm`` itself
+        (``first_step``: as in the constructor)."""
+        return cls(sched, [comm], _flat_peer, first_step)
 
     def take_scratch(self, dtype: np.dtype) -> np.ndarray:
         while self._pool:

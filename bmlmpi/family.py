@@ -643,14 +643,14 @@ def family_algorithms(collective: str) -> tuple[str, ...]:
 
 def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
                      counts: tuple[int, ...], root: int, itemsize: int, shape: Any,
-                     links: Any, nodes: Any) -> Any:
+                     links: Any, nodes: Any, intra: str = "ring") -> Any:
     """Rank ``rank``'s schedule of ``algorithm`` for ``collective`` (the algorithm record of
-    :mod:`bmlmpi.schedules.algorithms`)."""
+    :mod:`bmlmpi.schedules.algorithms`; ``intra``: hierarchical's node tier)."""
     from .schedules import algorithms
     blocked = collective in ("reduce_scatter", "allgather")
     ctx = algorithms.Context(size, sum(counts), itemsize, rank, collective=collective,
                              root=root, counts=counts if blocked else None, shape=shape,
-                             links=links, nodes=nodes)
+                             links=links, nodes=nodes, intra=intra)
     return algorithms.build(algorithm, ctx)
 
 
@@ -1052,11 +1052,14 @@ class FamilyCalls:
             return plan
         tiered = algorithms.get(call.algorithm).tiered
         nodes = self.nodes() if tiered else None
+        intra = "ring"
         if call.algorithm == "shm":  # refused on every rank alike across nodes
             self._node_tier().require_one_node()
+        elif call.algorithm == "hierarchical" and self._node_tier().fits:
+            intra = "shm"  # the node tier in shared memory where the nodes' ranks share it
         sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
                                  call.counts, call.root, call.dtype.itemsize, self.shape,
-                                 self._links, nodes)
+                                 self._links, nodes, intra)
         levels = [] if tiered else self._levels
         if sched.uses_shm:  # shared-memory steps: the node's window
             plan = self._node_tier().bind(sched, call.dtype.itemsize)

@@ -244,7 +244,9 @@ class ShmPlan:
                 sub = Schedule(sched.algorithm, sched.rank, sched.size, sched.count,
                                tuple(Step(s.sends, s.recvs) for s in steps[i:j]),
                                streams=sched.streams)
-                self.phases.append(("msg", (i, j, Plan.flat(sub, comm))))
+                # tags by the schedule's own step numbers: a rank of a one-rank node may
+                # run the same steps as a plain message plan
+                self.phases.append(("msg", (i, j, Plan.flat(sub, comm, i))))
                 i = j
                 continue
             ops = []
@@ -295,7 +297,10 @@ class ShmPlan:
               and (inp is None or not np.may_share_memory(inp, out))):
             res, shift = out, outs[0].lo - outs[0].at
         else:
-            res = np.empty(count, dtype if dtype is not None else
+            # a result this rank never reads nor writes (a reduce's non-root) needs no
+            # buffer: an empty one, instead of a new allocation of the whole count per call
+            used = lo < hi or bool(outs)
+            res = np.empty(count if used else 0, dtype if dtype is not None else
                            (out.dtype if out is not None else inp.dtype))
             copy_out = outs
         if not copy_out:

@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from .. import kernels
 from ..agreement import drain
-from ..execute import Plan, wait_request
+from ..execute import Plan, tag_upper_bound, wait_request
 from .engine import TAG_SPAN, CallQueue
 from .layer import start as start_compressed
 from .sparse import level_members
@@ -79,7 +79,7 @@ class CompressionChannel:
             self._calls = 0
             self._plans = {}
             self._levels = None
-            tag_ub = int(dup.Get_attr(MPI.TAG_UB) or 32767)
+            tag_ub = tag_upper_bound(dup)
             self._blocks = max(1, min(TAG_CALLS, (tag_ub + 1) // TAG_SPAN))
         return self._dup
 

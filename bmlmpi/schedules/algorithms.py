@@ -350,13 +350,15 @@ def _shm_collective(ctx: Context) -> Schedule:
 def _hierarchical_blocks(ctx: Context) -> Schedule:
     from .hierarchical_blocks import hierarchical_blocks_schedule
     return hierarchical_blocks_schedule(ctx.collective, ctx.rank, ctx.size, ctx.blocks(),
-                                        ctx.node_map())
+                                        ctx.node_map(), intra=ctx.intra,
+                                        itemsize=ctx.itemsize, chunk_bytes=shm_chunk_bytes())
 
 
 def _hierarchical_rooted(ctx: Context) -> Schedule:
     from .hierarchical import hierarchical_rooted_schedule
     return hierarchical_rooted_schedule(ctx.collective, ctx.rank, ctx.size, ctx.count,
-                                        ctx.node_map(), ctx.root)
+                                        ctx.node_map(), ctx.root, intra=ctx.intra,
+                                        itemsize=ctx.itemsize, chunk_bytes=shm_chunk_bytes())
 
 
 # -- when auto considers one -------------------------------------------------------------------

@@ -39,7 +39,11 @@ reduce-scatter, a reduce of every shard across nodes toward the shard's owner on
 node (BML's rooted schedule on the BCube of nodes, else ring's), and one step in which those
 owners send their shards to the root; the broadcast is the same backwards (the root sends
 every shard to its owner on its node, every shard is broadcast across nodes, the local
-allgather). Steps (L−1) + 2k + 1 with BML across nodes.
+allgather). Steps (L−1) + 2k + 1 with BML across nodes. With the node tier in shared memory
+(``intra="shm"``) the local reduce-scatter and allgather are the shared-memory halves above,
+and the step between the root and the owners on its node is one too: the owners publish their
+shards and the root fetches them (reduce), or the root publishes the shards and each owner
+fetches its own (broadcast), 2C steps either way.
 
 Transfers name global ranks of the flat communicator, so the executor runs the schedule over
 one communicator unchanged. Their ``level`` says which tier they use, as flat BML's does on a
@@ -134,7 +138,7 @@ def _chunk(shards: list[int], owner: int, m: int) -> list[tuple[int, int]]:
     return [(shards[j], shards[j + 1]) for j in range(owner, len(shards) - 1, m)]
 
 
-def _shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
+def shm_chunks(shards: list[int], members: Sequence[int], nchunks: int
                 ) -> list[list[tuple[int, int, int]]]:
     """Chunk c: piece c of every shard, owned by the shard's local owner."""
     m = len(members)
@@ -200,7 +204,7 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
     chunks: list = []
     if intra == "shm" and count:
         nchunks = chunk_count(count, itemsize, width, chunk_bytes)
-        chunks = _shm_chunks(shards, mine, nchunks)
+        chunks = shm_chunks(shards, mine, nchunks)
         steps += node_steps(rank, mine, chunks, "reduce_scatter")
     for t in range(width - 1 if intra == "ring" else 0):  # local reduce-scatter
         if t >= m - 1:
@@ -273,7 +277,9 @@ def node_ring(shards: list[int], i: int, m: int, width: int, right: int, left: i
 
 def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: int,
                                  nodes: Nodes, root: int, inter: str = "auto",
-                                 node_shape: Sequence[int] | None = None) -> Schedule:
+                                 node_shape: Sequence[int] | None = None, intra: str = "ring",
+                                 itemsize: int = 4,
+                                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Schedule:
     """The two-tier reduce (``collective="reduce"``) or broadcast (``"bcast"``) of ``rank``.
 
     Reduce: the local reduce-scatter of the allreduce (local rank i ends with its node's sum
@@ -284,10 +290,15 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
     step in which ``root`` sends every shard to its owner on ``root``'s node, a broadcast of
     every shard across nodes from that owner, and the local allgather of the allreduce.
     Steps (L−1) + 2k + 1 with BML across nodes (L the most ranks on a node, k the levels of
-    the BCube of nodes); every NIC of a node carries a shard, as in the allreduce."""
+    the BCube of nodes); every NIC of a node carries a shard, as in the allreduce. ``intra``:
+    the node tier, ``ring`` (messages) or ``shm`` (shared memory, as
+    :func:`hierarchical_schedule`'s)."""
     from .bml import bml_rooted_schedule
     from .ring import ring_rooted_schedule
     check_arguments(rank, size, count)
+    if intra not in INTRA_ALGORITHMS:
+        raise ValueError(f"intra-node algorithm must be one of {INTRA_ALGORITHMS}, "
+                         f"got {intra!r}")
     if nodes.size != size:
         raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
     if not 0 <= root < size:
@@ -318,6 +329,9 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
                    ring_rooted_schedule(collective, g, n_nodes, n, home)))
     if size == 1:
         steps: list[Step] = []
+    elif intra == "shm":
+        steps = _shm_rooted(reducing, rank, count, width, shards, mine, at_home, root,
+                            middle, itemsize, chunk_bytes)
     elif reducing:
         steps = node_ring(shards, i, m, width, right, left, True) + middle + [direct]
     else:
@@ -330,6 +344,33 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
                     collective=collective, root=root,
                     inputs=coll.plain_inputs(rank, count, root, None),
                     outputs=coll.plain_outputs(rank, count, root, None))
+
+
+def _shm_rooted(reducing: bool, rank: int, count: int, width: int, shards: list[int],
+                mine: Sequence[int], at_home: Sequence[int], root: int, middle: list[Step],
+                itemsize: int, chunk_bytes: int) -> list[Step]:
+    """:func:`hierarchical_rooted_schedule`'s steps with the node tier in shared memory:
+    reduce — the local reduce-scatter, the network tier (``middle``), the root collecting
+    the shards from their owners on its node; broadcast — the root scattering the shards to
+    their owners on its node, the network tier, the local allgather. Ranks off the root's
+    node skip the root's stage (before the network tier they idle through its steps, so
+    that the network tier's steps line up)."""
+    if not count:
+        return []
+    nchunks = chunk_count(count, itemsize, width, chunk_bytes)
+    chunks = shm_chunks(shards, mine, nchunks)
+    home = list(at_home)
+    if reducing:
+        steps = node_steps(rank, mine, chunks, "reduce_scatter") + middle
+        if rank in home:
+            steps += node_steps(rank, home, shm_chunks(shards, home, nchunks), "collect",
+                                len(steps), root=root)
+        return steps
+    stage = 2 * nchunks  # the root's scatter: G and F for every chunk
+    steps = (node_steps(rank, home, shm_chunks(shards, home, nchunks), "scatter", root=root)
+             if rank in home else [Step() for _ in range(stage)])
+    steps += middle
+    return steps + node_steps(rank, mine, chunks, "allgather", len(steps))
 
 
 def hierarchical_schedules(size: int, count: int, nodes: Nodes, inter: str = "auto",

@@ -41,17 +41,40 @@ from each rank over its own port, (r−1)/(r·b)·T_F; the network tier moves (M
 column, and the r carriers of a node share its NICs: (M−1)/(k·M)·T_F with BML on the BCube
 of nodes, (M−1)/M·T_F on a one-NIC Fat-Tree. Steps (r−1) + k with BML, (r−1) + (M−1) with
 ring; flat ring takes N−1 steps and the same bandwidth on a Fat-Tree.
+
+Node tier in shared memory (``intra="shm"``): the ring over the columns is instead the
+reduce-scatter (or allgather) half of :mod:`bmlmpi.schedules.shm` over the node's ranks, the
+columns as the shards, cut into C cache-sized chunks: each rank publishes the other carriers'
+pieces of its input and reduces its own from its node peers' segments (allgather: publishes
+its own columns, fetches the others', after a first step that copies its own block into the
+work buffer), 2C steps, no message inside a node. An operation that
+reads the input never straddles two of the input copies (the work layout permutes the input),
+so the publishes and reductions are cut at their boundaries.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ..topology.nodes import Nodes
 from .bml import bml_allgather_schedule, bml_reduce_scatter_schedule
-from .hierarchical import across_nodes, node_layout, node_ring
+from .hierarchical import INTRA_ALGORITHMS, across_nodes, node_layout, node_ring, shm_chunks
 from .ring import ring_allgather_schedule, ring_reduce_scatter_schedule
-from .types import Copy, Recv, Schedule, Step, Transfer, block_offsets, check_arguments, compact
+from .shm import DEFAULT_CHUNK_BYTES, chunk_count, node_steps
+from .types import (
+    PUBLISH,
+    REDUCE,
+    Copy,
+    Recv,
+    Schedule,
+    ShmOp,
+    Step,
+    Transfer,
+    block_offsets,
+    check_arguments,
+    compact,
+)
 
 BLOCKED = ("reduce_scatter", "allgather")
 
@@ -77,15 +100,41 @@ def _merged(copies: list[Copy]) -> tuple[Copy, ...]:
     return tuple(out)
 
 
+def _cut_input_reads(steps: list[Step], inputs: Sequence[Copy]) -> list[Step]:
+    """``steps`` with every shared-memory op that reads the input (a publish of the input, a
+    reduction) cut where one input copy ends and the next begins: the executor reads an op's
+    input range through one copy."""
+    cuts = sorted({c.at for c in inputs} | {c.at + c.n for c in inputs})
+    out = []
+    for st in steps:
+        ops: list[ShmOp] = []
+        for o in st.shm:
+            if o.kind == REDUCE or (o.kind == PUBLISH and o.source == "input"):
+                inner = [x for x in cuts if o.lo < x < o.hi]
+                bounds = [o.lo, *inner, o.hi]
+                ops += [replace(o, lo=a, hi=b) for a, b in zip(bounds, bounds[1:], strict=False)]
+            else:
+                ops.append(o)
+        out.append(Step(st.sends, st.recvs, tuple(ops)))
+    return out
+
+
 def hierarchical_blocks_schedule(collective: str, rank: int, size: int,
                                  counts: Sequence[int], nodes: Nodes, inter: str = "auto",
-                                 node_shape: Sequence[int] | None = None) -> Schedule:
+                                 node_shape: Sequence[int] | None = None, intra: str = "ring",
+                                 itemsize: int = 4,
+                                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Schedule:
     """The two-tier reduce-scatter (``collective="reduce_scatter"``) or allgather
     (``"allgather"``) of ``rank`` for the blocks ``counts`` (MPI's layout, uneven and zero
     blocks allowed) over ``nodes`` (module docstring). ``inter``: ``bml``, ``ring`` or
-    ``auto`` across nodes (:func:`~bmlmpi.schedules.hierarchical.inter_algorithm`)."""
+    ``auto`` across nodes (:func:`~bmlmpi.schedules.hierarchical.inter_algorithm`);
+    ``intra``: the node tier, ``ring`` (messages) or ``shm`` (shared memory, chunks of
+    about ``chunk_bytes`` per rank for elements of ``itemsize`` bytes)."""
     if collective not in BLOCKED:
         raise ValueError(f"hierarchical block schedules are {BLOCKED}, not {collective!r}")
+    if intra not in INTRA_ALGORITHMS:
+        raise ValueError(f"intra-node algorithm must be one of {INTRA_ALGORITHMS}, "
+                         f"got {intra!r}")
     counts = tuple(int(c) for c in counts)
     if len(counts) != size:
         raise ValueError(f"need {size} block counts, got {len(counts)}")
@@ -93,7 +142,7 @@ def hierarchical_blocks_schedule(collective: str, rank: int, size: int,
     check_arguments(rank, size, count)
     if nodes.size != size:
         raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
-    n_nodes, across, shape, width, _, g, i, _, m, right, left = node_layout(
+    n_nodes, across, shape, width, _, g, i, here, m, right, left = node_layout(
         rank, 0, nodes, inter, node_shape)
     reducing = collective == "reduce_scatter"
     off = block_offsets(counts)
@@ -165,6 +214,15 @@ def hierarchical_blocks_schedule(collective: str, rank: int, size: int,
     network = [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
     if size == 1:
         steps: list[Step] = []
+    elif intra == "shm":
+        chunks = shm_chunks(col, here, chunk_count(count, itemsize, width, chunk_bytes))
+        if reducing:
+            steps = _cut_input_reads(node_steps(rank, here, chunks, "reduce_scatter"),
+                                     inputs) + network
+        else:  # the own block into the result first: shared-memory steps read no input there
+            own_in = Step(shm=tuple(ShmOp(REDUCE, c.at, c.at + c.n) for c in inputs))
+            steps = [own_in] + network
+            steps += node_steps(rank, here, chunks, "allgather", len(steps))
     elif reducing:
         steps = node_ring(col, i, m, width, right, left, True) + network
     else:

@@ -89,7 +89,8 @@ DEFAULT_CHUNK_BYTES = 256 * 1024
 MAX_CHUNKS = 4
 #: The stage sequences of :func:`node_steps`.
 STAGES = {"allreduce": ("P", "R", "F"), "reduce_scatter": ("P", "R"),
-          "allgather": ("G", "F"), "reduce": ("P", "R", "F"), "gather": ("G", "F")}
+          "allgather": ("G", "F"), "reduce": ("P", "R", "F"), "gather": ("G", "F"),
+          "collect": ("G", "F"), "scatter": ("G", "F")}
 
 Piece = tuple[int, int, int]  # (lo, hi, owner rank)
 
@@ -117,7 +118,13 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
     * ``allgather``: publish the own pieces of the result, fetch the others';
     * ``gather``: publish the own pieces of the input (with ``own_copy`` also copied into the
       result: an allgather's own block; a broadcast's root has its input in its one buffer
-      already), fetch the others'.
+      already), fetch the others';
+    * ``collect``: every rank but ``root`` publishes its own pieces of the result, ``root``
+      alone fetches them (hierarchical's reduce: the shards' owners hand their sums to the
+      root);
+    * ``scatter``: ``root`` publishes every piece another rank owns from its input, each
+      owner fetches its own pieces (hierarchical's broadcast: the root hands each shard to
+      its owner on its node).
 
     Every rank of ``members`` gets the same number of steps (the step indices are shared:
     the waits name them; ``first`` is the schedule step the first of them will be). A group
@@ -126,8 +133,8 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
     where its own reads do not already make it wait for such a peer, its first segment write
     waits until that peer has entered the call (step −1)."""
     kinds = STAGES[stages]
-    if stages == "reduce" and root not in members:
-        raise ValueError(f"reduce within a node needs its root among {list(members)}")
+    if stages in ("reduce", "collect", "scatter") and root not in members:
+        raise ValueError(f"{stages} within a node needs its root among {list(members)}")
     alone = len(members) == 1
     index: dict[tuple[str, int], int] = {}
     order: list[tuple[str, int]] = []
@@ -140,7 +147,8 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
                 order.append((kind, c))
     keeps = stages != "reduce" or rank == root          # writes its reduction to the result
     shares = not alone and (stages == "allreduce" or (stages == "reduce" and rank != root))
-    fetches = stages != "reduce" or rank == root
+    fetches = (rank == root if stages in ("reduce", "collect") else
+               rank != root if stages == "scatter" else True)
     steps: list[Step] = []
     for kind, c in order:
         mine = [(lo, hi) for lo, hi, q in chunks[c] if q == rank and hi > lo]
@@ -150,9 +158,13 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
             # one publish where the pieces of several owners touch
             ops = [ShmOp(PUBLISH, lo, hi)
                    for lo, hi in merged_ranges([(a, b) for a, b, _ in theirs])]
+        elif kind == "G" and stages == "scatter":
+            ops = [] if alone or rank != root else [
+                ShmOp(PUBLISH, lo, hi) for lo, hi in merged_ranges([(a, b) for a, b, _ in theirs])]
         elif kind == "G":
-            source = "result" if stages == "allgather" else "input"
-            ops = [] if alone else [ShmOp(PUBLISH, lo, hi, source=source) for lo, hi in mine]
+            source = "result" if stages in ("allgather", "collect") else "input"
+            ops = [] if alone or (stages == "collect" and rank == root) else [
+                ShmOp(PUBLISH, lo, hi, source=source) for lo, hi in mine]
             if stages == "gather" and own_copy:
                 ops += [ShmOp(REDUCE, lo, hi) for lo, hi in mine]
         elif kind == "R":
@@ -160,8 +172,11 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
             after = tuple((p, index[("P", c)]) for p in peers)
             ops = [ShmOp(REDUCE, lo, hi, peers, after, publish=shares, to_result=keeps)
                    for lo, hi in mine]
+        elif kind == "F" and fetches and stages == "scatter":
+            ops = [ShmOp(FETCH, lo, hi, (root,), ((root, index[("G", c)]),))
+                   for lo, hi in mine]
         elif kind == "F" and fetches:
-            ready = "G" if stages in ("allgather", "gather") else "R"
+            ready = "R" if stages in ("allreduce", "reduce") else "G"
             ops = [ShmOp(FETCH, lo, hi, (q,), ((q, index[(ready, c)]),))
                    for lo, hi, q in theirs]
         steps.append(Step(shm=tuple(ops)))
@@ -174,7 +189,10 @@ def _readers(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piece]
              stages: str, root: int | None) -> set[int]:
     """The members that read ``rank``'s segment in :func:`node_steps`'s steps."""
     kinds = STAGES[stages]
-    fetchers = ({root} if stages == "reduce" else set(members)) - {rank}
+    if stages == "scatter":  # the root's segment, read by the owners of the other pieces
+        return {q for chunk in chunks for lo, hi, q in chunk
+                if hi > lo and q != rank} if rank == root else set()
+    fetchers = ({root} if stages in ("reduce", "collect") else set(members)) - {rank}
     shares_own = "G" in kinds or stages == "allreduce" or (stages == "reduce" and rank != root)
     out: set[int] = set()
     for chunk in chunks:

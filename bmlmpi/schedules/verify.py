@@ -25,6 +25,20 @@ Checks, with a message naming the step, rank and range of the first violation:
    the input position the contract names, reduced over exactly the contract's contributors
    once each (an allreduce: each live rank's input exactly once; multiplicity vector == 1 on
    live ranks, 0 on dead ones); a reduction of two different input positions fails at once.
+   Every rank holding the same result element (an allreduce's, on every rank) holds it
+   computed the same way, so that its floats are bit-identical on every rank: each element
+   also carries its reduction tree, in the order the executor and the kernels apply the
+   operands (a reduce-receive folds into the range; the receives of one step into one range
+   fold in the order :mod:`bmlmpi.execute` applies them: copy-receives first, then the
+   reduce-receives grouped by range, in the order the groups first appear; a shared-memory
+   reduction folds its input, then each of ``peers`` in order). Two trees are equal when
+   they differ only in the order of the two operands of a node — ``a <op> b`` and
+   ``b <op> a`` give the same bits for IEEE-754 sums, products, minima and maxima — but not
+   when they group the operands differently: ``(x0 + x1) + x2`` and ``(x2 + x0) + x1``
+   differ in their last bits. So an element reduced by one rank and copied to the others
+   passes, and so does one reduced on several ranks in one identical order; the same sum
+   folded from each rank's own input first fails (an allreduce in one shot, where every
+   rank folds the whole buffer from its own input and every peer's segment).
 
 Shared-memory steps (:class:`~bmlmpi.schedules.types.ShmOp`) are simulated on a second state
 per rank, its segment, with these further rules:
@@ -148,6 +162,117 @@ def _check_hazards(s: Schedule) -> None:
 _GARBAGE = np.iinfo(np.int64).min  # the offset of an element no input reached
 
 
+class _Trees:
+    """The reduction trees of elements, as ids (rule 5's order): rank ``j``'s input is leaf
+    ``j``, garbage leaf ``size``; a node is one ``a <op> b``, the same id for ``b <op> a``
+    (the operands of one operation commute bit for bit) but another id for any other
+    grouping (floating-point reductions do not associate). Ids are interned, so equal trees
+    have equal ids."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.ids: dict[int, int] = {}            # lo << 32 | hi  ->  node id
+        self.nodes: list[tuple[int, int]] = []   # node id − size − 1  ->  (lo, hi)
+
+    def leaves(self, rank: int, n: int) -> np.ndarray:
+        return np.full(n, rank, dtype=np.int64)
+
+    def garbage(self, n: int) -> np.ndarray:
+        return np.full(n, self.size, dtype=np.int64)
+
+    def combine(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The trees ``a[k] <op> b[k]``, element for element."""
+        keys = (np.minimum(a, b) << 32) | np.maximum(a, b)
+        if len(keys) and (keys == keys[0]).all():  # the common case: one tree over a range
+            return np.full(len(keys), self._node(int(keys[0])), dtype=np.int64)
+        uniq, inv = np.unique(keys, return_inverse=True)
+        out = np.empty(len(uniq), dtype=np.int64)
+        for k, key in enumerate(uniq.tolist()):
+            out[k] = self._node(key)
+        return out[inv.reshape(-1)]
+
+    def _node(self, key: int) -> int:
+        got = self.ids.get(key)
+        if got is None:
+            got = self.ids[key] = self.size + 1 + len(self.nodes)
+            self.nodes.append((key >> 32, key & 0xFFFFFFFF))
+        return got
+
+    def fold(self, parts: list[np.ndarray]) -> np.ndarray:
+        """``((parts[0] <op> parts[1]) <op> parts[2]) ...``: a kernel's one pass over several
+        sources (``reduce_many_into``) and a step's reduce-receives into one range."""
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = self.combine(acc, p)
+        return acc
+
+    def text(self, tree: int, room: int = 80) -> str:
+        """``tree`` written out (``x3`` rank 3's input, ``+`` the op), cut short after
+        about ``room`` characters."""
+        if tree < self.size:
+            return f"x{tree}"
+        if tree == self.size:
+            return "garbage"
+        if room <= 0:
+            return "..."
+        a, b = self.nodes[tree - self.size - 1]
+        if b > self.size:  # a fold reads ((x0+x1)+x2): the later-made operand first
+            a, b = b, a
+        left = self.text(a, room - 4)
+        return f"({left}+{self.text(b, room - 4 - len(left))})"
+
+
+def _executor_order(recvs) -> list:
+    """A step's receives in the order the executor applies them (:mod:`bmlmpi.execute`):
+    the copy-receives, then the reduce-receives grouped by range, each group folded in the
+    order of its receives, the groups in the order they first appear."""
+    groups: dict[tuple[int, int], list] = {}
+    for t in recvs:
+        if t.reduce:
+            groups.setdefault((t.lo, t.hi), []).append(t)
+    return [t for t in recvs if not t.reduce] + [t for g in groups.values() for t in g]
+
+
+class _SameEverywhere:
+    """Rule 5's last part: every rank that holds a result element (the same input position,
+    reduced over the same contributors) holds the same reduction tree there."""
+
+    def __init__(self, trees: _Trees):
+        self.trees = trees
+        self.pieces: dict[tuple[int, ...], list[tuple[int, int, int, int]]] = defaultdict(list)
+
+    def add(self, who: tuple[int, ...], lo: int, hi: int, tree: int, rank: int) -> None:
+        """Rank ``rank`` holds input positions ``[lo, hi)`` reduced over ``who`` as ``tree``."""
+        if len(who) > 1:  # a copy of one rank's input is the same bits everywhere
+            self.pieces[who].append((lo, hi, tree, rank))
+
+    def check(self) -> None:
+        for who, pieces in self.pieces.items():
+            lo, hi, tree, rank = np.array(pieces, dtype=np.int64).T
+            cuts = np.unique(np.concatenate([lo, hi]))
+            first, last = np.searchsorted(cuts, lo), np.searchsorted(cuts, hi)
+            # one row per (piece, interval between cuts it covers)
+            span = last - first
+            row_piece = np.repeat(np.arange(len(lo)), span)
+            start = np.repeat(np.cumsum(span) - span, span)
+            interval = np.repeat(first, span) + np.arange(len(row_piece)) - start
+            order = np.lexsort((rank[row_piece], interval))
+            interval, row_piece = interval[order], row_piece[order]
+            head = np.flatnonzero(np.r_[True, interval[1:] != interval[:-1]])
+            ref = np.repeat(row_piece[head], np.diff(np.r_[head, len(interval)]))
+            bad = np.flatnonzero(tree[row_piece] != tree[ref])
+            if len(bad):
+                k, p, q = int(bad[0]), int(row_piece[bad[0]]), int(ref[bad[0]])
+                r, r0 = int(rank[p]), int(rank[q])
+                raise ScheduleError(
+                    f"rank {r}: result elements from input position {int(cuts[interval[k]])} "
+                    f"(ranks {list(who)}) are reduced in another order than rank {r0} "
+                    f"reduces them, so their floats would differ in the last bits: "
+                    f"{self.trees.text(int(tree[p]))} on rank {r}, "
+                    f"{self.trees.text(int(tree[q]))} on rank {r0}; reduce each element on "
+                    f"one rank and copy it, or in one order everywhere")
+
+
 def _check_copies(s: Schedule, what: str, copies: tuple[Copy, ...], src_size: int,
                   dst_size: int) -> None:
     written: list[tuple[int, int]] = []
@@ -211,25 +336,31 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
     def segs(lo: int, hi: int) -> slice:
         return slice(int(np.searchsorted(edges, lo)), int(np.searchsorted(edges, hi)))
 
-    state, shift = {}, {}
+    trees = _Trees(size)
+    state, shift, tree = {}, {}, {}
     for r in live_l:
         state[r] = np.zeros((nseg, size + 1), dtype=np.int64)
         state[r][:, size] = 1
         shift[r] = np.full(nseg, _GARBAGE, dtype=np.int64)
+        tree[r] = trees.garbage(nseg)
         for c in by_rank[r].input_copies():
             sl = segs(c.at, c.at + c.n)
             state[r][sl] = 0
             state[r][sl, r] = 1
             shift[r][sl] = c.at - c.lo
+            tree[r][sl] = r
     for i in range(nsteps):
         snapshot = {r: state[r].copy() for r in live_l}
         snap_shift = {r: shift[r].copy() for r in live_l}
+        snap_tree = {r: tree[r].copy() for r in live_l}
         for r in live_l:
             s = by_rank[r]
             if i >= len(s.steps):
                 continue
-            for t in s.steps[i].recvs:
+            for t in _executor_order(s.steps[i].recvs):
                 sl = segs(t.lo, t.hi)
+                tree[r][sl] = (trees.combine(tree[r][sl], snap_tree[t.peer][sl]) if t.reduce
+                               else snap_tree[t.peer][sl])
                 if t.reduce:
                     mine, theirs = shift[r][sl], snap_shift[t.peer][sl]
                     clean = (mine != _GARBAGE) & (theirs != _GARBAGE)
@@ -242,14 +373,18 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
                 else:
                     state[r][sl] = snapshot[t.peer][sl]
                     shift[r][sl] = snap_shift[t.peer][sl]
+    same = _SameEverywhere(trees)
     for r in live_l:
         _check_result(by_rank[r], coll.regions(r, live_l, count, root, counts), state[r],
-                      shift[r], edges, size)
+                      shift[r], edges, size, tree[r], same)
+    same.check()
 
 
 def _check_result(s: Schedule, regions: list, state: np.ndarray, shift: np.ndarray,
-                  edges: np.ndarray, size: int) -> None:
-    """The output of ``s`` (its copies out of the work buffer) against the contract."""
+                  edges: np.ndarray, size: int, tree: np.ndarray,
+                  same: _SameEverywhere) -> None:
+    """The output of ``s`` (its copies out of the work buffer) against the contract; the
+    reduction trees of its result elements go to ``same``."""
     starts = [reg[0] for reg in regions]
     covered = [0] * len(regions)
     for c in s.output_copies():
@@ -277,6 +412,8 @@ def _check_result(s: Schedule, regions: list, state: np.ndarray, shift: np.ndarr
                         f"rank {s.rank}: output [{a},{upto}) holds input positions from "
                         f"{a + c.lo - c.at - int(shift[seg])}, expected from "
                         f"{in_at + a - out_lo}")
+                same.add(who, in_at + a - out_lo, in_at + upto - out_lo, int(tree[seg]),
+                         s.rank)
                 covered[j] += upto - a
                 a, j = upto, j + 1
     for (out_lo, out_hi, who, _), got in zip(regions, covered, strict=True):
@@ -315,6 +452,10 @@ class _ShmSimulation:
         self.seg = {r: np.zeros((nseg, size), dtype=np.int64) for r in live}
         self.seg_shift = {r: np.full(nseg, _GARBAGE, dtype=np.int64) for r in live}
         self.seg_step = {r: np.full(nseg, -1, dtype=np.int64) for r in live}  # last write
+        # the reduction trees (rule 5) of the result and the segment
+        self.trees = _Trees(size)
+        self.out_tree = {r: self.trees.garbage(nseg) for r in live}
+        self.seg_tree = {r: self.trees.garbage(nseg) for r in live}
         # the input in work positions: where the input copies put it, and its offset there
         self.inp_shift = {r: np.full(nseg, _GARBAGE, dtype=np.int64) for r in live}
         for r in live:
@@ -326,6 +467,7 @@ class _ShmSimulation:
                 self.out[r][have] = self.unit[r]
                 self.out_shift[r][have] = self.inp_shift[r][have]
                 self.out_written[r][have] = True
+                self.out_tree[r][have] = r
         # per rank's segment element: the (reader, step) reads of its current value
         self.readers: dict[int, list[list[tuple[int, int]]]] = {
             r: [[] for _ in range(nseg)] for r in live}
@@ -341,14 +483,15 @@ class _ShmSimulation:
         return f"step {i} rank {r} [{lo},{hi})"
 
     def combine(self, i: int, r: int, lo: int, hi: int, parts: list) -> tuple:
-        """The reduction of ``parts`` ((multiplicities, offsets) of one range)."""
+        """The reduction of ``parts`` ((multiplicities, offsets, trees) of one range), folded
+        in their order."""
         total = sum(p[0] for p in parts)
         shift = parts[0][1].copy()
-        for _, other in parts[1:]:
+        for _, other, _ in parts[1:]:
             if (other != shift).any():
                 raise ScheduleError(f"{self.where(i, r, lo, hi)}: reduces data of other "
                                     f"input positions")
-        return total, shift
+        return total, shift, self.trees.fold([p[2] for p in parts])
 
     def read_segment(self, i: int, r: int, p: int, lo: int, hi: int) -> tuple:
         sl = self.segs(lo, hi)
@@ -364,7 +507,8 @@ class _ShmSimulation:
         for k in sl:
             self.readers[p][k].append((r, i))
         self.read_by[p].add(r)
-        return self.seg[p][sl.start:sl.stop].copy(), self.seg_shift[p][sl.start:sl.stop].copy()
+        return (self.seg[p][sl.start:sl.stop].copy(), self.seg_shift[p][sl.start:sl.stop].copy(),
+                self.seg_tree[p][sl.start:sl.stop].copy())
 
     def read_input(self, i: int, r: int, lo: int, hi: int, op_pos: tuple[int, int]) -> tuple:
         sl = self.segs(lo, hi)
@@ -377,7 +521,8 @@ class _ShmSimulation:
             if w is not None and w < op_pos:
                 raise ScheduleError(f"{self.where(i, r, lo, hi)}: reads the input after the "
                                     f"result overwrote it (in place it is the same buffer)")
-        return np.broadcast_to(self.unit[r], (len(sl), self.size)).copy(), shift.copy()
+        return (np.broadcast_to(self.unit[r], (len(sl), self.size)).copy(), shift.copy(),
+                self.trees.leaves(r, len(sl)))
 
     def write_out(self, i: int, r: int, lo: int, hi: int, value: tuple,
                   op_pos: tuple[int, int], step_writes: list) -> None:
@@ -387,7 +532,8 @@ class _ShmSimulation:
                                     f"in one step overlap")
         step_writes.append((lo, hi))
         sl = self.segs(lo, hi)
-        self.out[r][sl.start:sl.stop], self.out_shift[r][sl.start:sl.stop] = value
+        (self.out[r][sl.start:sl.stop], self.out_shift[r][sl.start:sl.stop],
+         self.out_tree[r][sl.start:sl.stop]) = value
         self.out_written[r][sl.start:sl.stop] = True
         for k in sl:
             if self.input_clobbered[r][k] is None:
@@ -399,7 +545,8 @@ class _ShmSimulation:
             raise ScheduleError(f"{self.where(i, r, lo, hi)}: {what} reads the result "
                                 f"before anything was written there")
         return (self.out[r][sl.start:sl.stop].copy(),
-                self.out_shift[r][sl.start:sl.stop].copy())
+                self.out_shift[r][sl.start:sl.stop].copy(),
+                self.out_tree[r][sl.start:sl.stop].copy())
 
     def write_segment(self, i: int, r: int, lo: int, hi: int, value: tuple) -> None:
         for k in self.segs(lo, hi):
@@ -409,7 +556,8 @@ class _ShmSimulation:
                                         f"while rank {q} may still read it (step {j})")
             self.readers[r][k] = []
         sl = self.segs(lo, hi)
-        self.seg[r][sl.start:sl.stop], self.seg_shift[r][sl.start:sl.stop] = value
+        (self.seg[r][sl.start:sl.stop], self.seg_shift[r][sl.start:sl.stop],
+         self.seg_tree[r][sl.start:sl.stop]) = value
         self.seg_step[r][sl.start:sl.stop] = i
 
     def run(self) -> None:
@@ -427,18 +575,18 @@ class _ShmSimulation:
                     for t in step.sends:
                         self.read_out(i, r, t.lo, t.hi, "a send")
                     pending_msgs.append((r, step))
-            snapshot = {r: (self.out[r].copy(), self.out_shift[r].copy()) for r in self.live}
+            snapshot = {r: (self.out[r].copy(), self.out_shift[r].copy(),
+                            self.out_tree[r].copy()) for r in self.live}
             for r, step in pending_msgs:
                 writes: list = []
-                for t in step.recvs:
+                for t in _executor_order(step.recvs):
                     sl = self.segs(t.lo, t.hi)
-                    incoming = (snapshot[t.peer][0][sl.start:sl.stop],
-                                snapshot[t.peer][1][sl.start:sl.stop])
+                    incoming = tuple(a[sl.start:sl.stop] for a in snapshot[t.peer])
                     if t.reduce:
                         mine = self.read_out(i, r, t.lo, t.hi, "a reduce-receive")
                         total = self.combine(i, r, t.lo, t.hi, [mine, incoming])
-                        self.out[r][sl.start:sl.stop], self.out_shift[r][sl.start:sl.stop] = \
-                            total
+                        (self.out[r][sl.start:sl.stop], self.out_shift[r][sl.start:sl.stop],
+                         self.out_tree[r][sl.start:sl.stop]) = total
                         for k in sl:
                             if self.input_clobbered[r][k] is None:
                                 self.input_clobbered[r][k] = (i, -1)
@@ -451,12 +599,15 @@ class _ShmSimulation:
                                         f"segment: the next call but one could overwrite "
                                         f"what {q} still reads")
         s0 = self.by_rank[self.live[0]]
+        same = _SameEverywhere(self.trees)
         for r in self.live:
             s = self.by_rank[r]
             state = np.concatenate([self.out[r], (~self.out_written[r])[:, None]
                                     .astype(np.int64)], axis=1)
             _check_result(s, self.coll.regions(r, self.live, self.count, s0.root, s0.counts),
-                          state, self.out_shift[r], self.edges, self.size)
+                          state, self.out_shift[r], self.edges, self.size, self.out_tree[r],
+                          same)
+        same.check()
 
     def shm_step(self, i: int, r: int, ops) -> None:
         writes: list = []

@@ -6,6 +6,7 @@ from conftest import ALL_DTYPES, OP_IDS, OPS, SHAPES, all_ranks_agree, rank_inpu
 from mpi4py import MPI
 
 import bmlmpi
+from bmlmpi import execute
 
 ALGORITHMS = bmlmpi.algorithms()
 
@@ -134,6 +135,54 @@ def test_iallreduce_many_outstanding_waited_in_any_order(comm):
     while not req.Test():
         pass
     ctx.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("made_by", ["Dup", "Split", "Create"])
+def test_sibling_calls_never_take_each_others_messages(comm, made_by):
+    """Outstanding calls of one signature whose second steps neighbouring ranks post in
+    opposite orders, on communicators made every way: each call gets exactly its own
+    reduction. Calls of one signature are told apart only by their tags; Open MPI gives a
+    communicator made by Split or Create no MPI_TAG_UB, and with the standard's least
+    bound assumed instead every call shared one tag slot, so a rank's second-step receive of
+    one call took a neighbour's second-step message of a sibling (results mixed between the
+    calls, no error anywhere)."""
+    if comm.size == 1:
+        pytest.skip("one rank sends nothing")
+    base = {"Dup": lambda: comm.Dup(), "Split": lambda: comm.Split(0, comm.rank),
+            "Create": lambda: comm.Create(comm.Get_group())}[made_by]()
+    ctx = bmlmpi.Communicator(base, algorithm="ring")
+    n, calls = 1001, 3
+    xs = [rank_input(n, comm.rank, np.int64, MPI.SUM) + 1000 * k for k in range(calls)]
+    outs = [np.full(n, -1, np.int64) for _ in range(calls)]
+    ctx.Allreduce(xs[0], outs[0])   # the signature's agreement, which needs every rank
+    want = [reference(n, comm.size, np.int64, MPI.SUM) + 1000 * k * comm.size
+            for k in range(calls)]
+    assert np.array_equal(outs[0], want[0])
+
+    def start() -> list:
+        return [ctx.Iallreduce(x, o) for x, o in zip(xs, outs, strict=True)]
+
+    # A ring rank receives from its left neighbour, of the other parity. The odd ranks start
+    # first: their first steps cannot complete before the even ranks send, so they have
+    # posted no second step when the even ranks start theirs.
+    odd = comm.rank % 2 == 1
+    reqs = start() if odd else []
+    comm.Barrier()
+    if not odd:
+        reqs = start()
+    # Each rank takes its calls one by one through the first step, so that each posts its
+    # second: in call order on even ranks, in reverse on odd ones.
+    for k in (range(calls - 1, -1, -1) if odd else range(calls)):
+        run = reqs[k].run
+        assert execute.poll_until(lambda run=run: run.test() or run.step >= 1, 30), \
+            f"call {k} did not get through its first step"
+    for req in reqs:
+        req.Wait()
+    wrong = [k for k in range(calls) if not np.array_equal(outs[k], want[k])]
+    ctx.Free()
+    base.Free()
+    all_ranks_agree(comm, [f"call {k} got a wrong result" for k in wrong])
 
 
 @pytest.mark.mpi

@@ -88,20 +88,34 @@ def two_tier_cases():
     return cases + [Nodes(((0, 1, 2), (3,), (4, 5))), Nodes(((0, 3), (1, 2, 4, 5), (6,)))]
 
 
-def test_hierarchical_reduce_and_bcast_verify_on_two_tiers():
+@pytest.mark.parametrize("intra", ["ring", "shm"])
+def test_hierarchical_reduce_and_bcast_verify_on_two_tiers(intra):
+    """Both node tiers: the ring, and shared memory (one chunk, and chunks of 16 bytes: many,
+    pipelined), where the root's node also hands the shards between root and owners through
+    the segments."""
+    from bmlmpi.schedules.hierarchical import hierarchical_rooted_schedule
     for nodes in two_tier_cases():
         n = nodes.size
         for coll in ("reduce", "bcast"):
             for count in (0, 1, n - 1, 2 * n + 1, 300):
                 for root in sorted({0, n // 2, n - 1}):
-                    verify(algorithms.schedules("hierarchical", Context(
-                        n, count, 4, collective=coll, root=root, nodes=nodes)))
+                    scheds = algorithms.schedules("hierarchical", Context(
+                        n, count, 4, collective=coll, root=root, nodes=nodes, intra=intra))
+                    verify(scheds)
+                    assert all(s.uses_shm == (intra == "shm" and count > 0) for s in scheds
+                               if len(nodes.members[nodes.node_of(s.rank)]) > 1)
+                    if intra == "shm":
+                        verify([hierarchical_rooted_schedule(coll, r, n, count, nodes, root,
+                                                             intra=intra, chunk_bytes=16)
+                                for r in range(n)])
 
 
+@pytest.mark.parametrize("intra", ["ring", "shm"])
 @pytest.mark.parametrize("inter", ["bml", "ring"])
-def test_hierarchical_reduce_scatter_and_allgather_verify_on_two_tiers(inter):
+def test_hierarchical_reduce_scatter_and_allgather_verify_on_two_tiers(inter, intra):
     """MPI's block layout over the columns of local ranks, every node layout the MPI tests
-    pretend (2 ranks a node at N = 2..12), unequal and scattered nodes, both network tiers."""
+    pretend (2 ranks a node at N = 2..12), unequal and scattered nodes, both network tiers,
+    both node tiers (shared memory in chunks of 16 bytes: many, pipelined)."""
     import random
 
     from bmlmpi.schedules.hierarchical_blocks import hierarchical_blocks_schedule
@@ -114,12 +128,13 @@ def test_hierarchical_reduce_scatter_and_allgather_verify_on_two_tiers(inter):
         n = nodes.size
         for coll in ("reduce_scatter", "allgather"):
             for counts in block_cases(n):
-                scheds = [hierarchical_blocks_schedule(coll, r, n, counts, nodes, inter)
+                scheds = [hierarchical_blocks_schedule(coll, r, n, counts, nodes, inter,
+                                                       intra=intra, chunk_bytes=16)
                           for r in range(n)]
                 verify(scheds)
                 # the node tier's ring (r − 1 steps) and the network tier's
                 k = len(scheds[0].meta["node_shape"] or ()) if inter == "bml" else nodes.count - 1
-                if nodes.count > 1 and nodes.equal:
+                if nodes.count > 1 and nodes.equal and intra == "ring":
                     assert all(s.nsteps == nodes.max_local - 1 + k for s in scheds)
     # one node, ranks in order: MPI's layout itself (the executor's plain copies)
     for coll in ("reduce_scatter", "allgather"):

@@ -132,6 +132,64 @@ def test_verifier_catches_a_wait_on_a_later_step():
         verify(_replace_op(scheds, 0, i, j, after=((1, i),)))
 
 
+def one_shot(size: int, count: int) -> list:
+    """The small allreduce every rank reduces alone: publish the whole input (step 0), then
+    fold the own input with every peer's segment, in member order, into the result."""
+    scheds = []
+    for r in range(size):
+        peers = tuple(p for p in range(size) if p != r)
+        steps = (Step(shm=(ShmOp(PUBLISH, 0, count),)),
+                 Step(shm=(ShmOp(REDUCE, 0, count, peers, tuple((p, 0) for p in peers)),)))
+        scheds.append(dataclasses.replace(shm_schedule(r, size, count), steps=steps))
+    return scheds
+
+
+def one_shot_results(size: int, count: int) -> list[np.ndarray]:
+    """Each rank's float32 result of :func:`one_shot`, folded in the kernels' order."""
+    rng = np.random.default_rng(5)
+    x = [rng.standard_normal(count).astype(np.float32) for _ in range(size)]
+    out = []
+    for s in one_shot(size, count):
+        o = s.steps[1].shm[0]
+        acc = x[s.rank].copy()
+        for p in o.peers:
+            acc += x[p]
+        out.append(acc)
+    return out
+
+
+def test_verifier_catches_ranks_that_reduce_one_element_in_different_orders():
+    # rank 0 folds (x0 + x1) + x2, rank 2 (x2 + x0) + x1 = (x0 + x2) + x1: the float bits
+    # differ, as they do here in float32
+    got = one_shot_results(3, 1000)
+    assert not np.array_equal(got[0], got[2])
+    with pytest.raises(ScheduleError, match=r"another order than rank 0.*\(\(x0\+x2\)\+x1\)"):
+        verify(one_shot(3, 10))
+    # two ranks fold x0 + x1 and x1 + x0: one operation, the same bits; it passes
+    got = one_shot_results(2, 1000)
+    assert np.array_equal(got[0], got[1])
+    verify(one_shot(2, 10))
+
+
+def test_verifier_accepts_one_rank_reducing_for_all():
+    # rank 0 reduces the whole buffer and publishes it, the others fetch it: one tree
+    size, count = 3, 10
+    scheds = []
+    for r in range(size):
+        peers = tuple(p for p in range(size) if p != r)
+        if r == 0:
+            steps = (Step(shm=(ShmOp(PUBLISH, 0, count),)),
+                     Step(shm=(ShmOp(REDUCE, 0, count, peers, tuple((p, 0) for p in peers),
+                                     publish=True),)),
+                     Step())
+        else:
+            steps = (Step(shm=(ShmOp(PUBLISH, 0, count, after=((0, -1),)),)),
+                     Step(),
+                     Step(shm=(ShmOp(FETCH, 0, count, (0,), ((0, 1),)),)))
+        scheds.append(dataclasses.replace(shm_schedule(r, size, count), steps=steps))
+    verify(scheds)
+
+
 # -- the interleaving simulator --------------------------------------------------------------
 
 SAME_POSITIONS = ("allreduce", "allgather", "reduce", "bcast")  # in place: input is the result

@@ -86,3 +86,35 @@ def test_balanced_bounds():
     assert balanced_bounds(0, 0, 2) == [0, 0, 0]
     with pytest.raises(ValueError):
         balanced_bounds(0, 1, 0)
+
+
+def _messages(size: int, steps: list[list[tuple[int, int, bool]]]) -> list[Schedule]:
+    """An allreduce of one element from steps of (sender, receiver, reduce) messages."""
+    out = []
+    for r in range(size):
+        out.append(Schedule("toy", r, size, 1, tuple(
+            Step(tuple(Transfer(b, 0, 1) for a, b, _ in st if a == r),
+                 tuple(Recv(a, 0, 1, reduce=red) for a, b, red in st if b == r))
+            for st in steps)))
+    return out
+
+
+def test_ranks_reducing_one_element_in_one_order_pass():
+    # ranks 0 and 3 both reduce the element, as (x0 + x1) + (x2 + x3) and
+    # (x2 + x3) + (x0 + x1): one operation on the same operands, the same bits
+    verify(_messages(4, [[(1, 0, True), (3, 2, True)],
+                         [(0, 1, False), (2, 3, False)],
+                         [(2, 0, True), (1, 3, True)],
+                         [(0, 2, False), (3, 1, False)]]))
+
+
+def test_ranks_reducing_one_element_in_two_orders_fail():
+    # every count is right, but rank 3 folds ((x2 + x3) + x0) + x1 while the others hold
+    # (x0 + x1) + (x2 + x3): in floating point the last bits differ
+    with pytest.raises(ScheduleError, match=r"rank 3: .*another order than rank 0"):
+        verify(_messages(4, [[(3, 2, True)],
+                             [(2, 3, False)],
+                             [(0, 3, True)],
+                             [(1, 0, True), (1, 3, True)],
+                             [(2, 0, True)],
+                             [(0, 1, False), (0, 2, False)]]))
