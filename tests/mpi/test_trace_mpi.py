@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import bmlmpi
-from bmlmpi import execute, recorder
+from bmlmpi import execute, recorder, timeline
 from bmlmpi.cli import trace
 
 _made: list[Path] = []
@@ -213,6 +213,39 @@ def test_recorder_sees_the_family_and_persistent_starts():
     assert all(x["state"] == "done" and x["chosen"] not in (None, "auto") for x in calls)
     assert calls[2]["root"] == 0 and calls[3]["root"] == 0 and calls[1]["op"] is None
     assert calls[0]["count"] == 4 * n and calls[0]["op"] == "sum"
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_timeline_of_a_bml_allreduce_merged_across_ranks():
+    """What BMLMPI_TIMELINE turns on (the process's Timeline fed by the recorder and observing
+    every Run), here for one communicator; then the merge bmlmpi-trace --timeline runs."""
+    world = MPI.COMM_WORLD
+    folder = shared_dir(world)
+    tl = timeline.Timeline(folder)
+    c = bmlmpi.Communicator(world, algorithm="bml")
+    c.recorder.timeline = tl
+    a = ((np.arange(1 << 14) * 7 + world.rank * 3) % 11).astype(np.float32)
+    b = np.empty_like(a)
+    with execute.observing(tl):
+        for _ in range(2):
+            c.Allreduce(a, b)
+    assert tl.write().parent == folder
+    world.Barrier()
+    if world.rank == 0:
+        assert trace.main(["--timeline", str(folder)]) == 0
+        events = json.loads((folder / "timeline.json").read_text())["traceEvents"]
+        spans = [e for e in events if e.get("ph") == "X"]
+        calls = [e for e in spans if e["name"] == f"allreduce bml {a.nbytes} B"]
+        assert sorted(e["pid"] for e in calls) == sorted(list(range(world.size)) * 2), calls
+        assert all(e["args"]["state"] == "done" for e in calls)
+        steps = [e for e in spans if e["name"] in ("post", "wait", "reduce", "copy")]
+        if world.size > 1:
+            assert {"post", "wait", "reduce"} <= {e["name"] for e in steps}
+            assert {e["pid"] for e in steps} == set(range(world.size))
+        for e in steps:  # inside its rank's call (µs; the clock's rounding aside)
+            assert any(k["pid"] == e["pid"] and k["ts"] - 1 <= e["ts"]
+                       and e["ts"] + e["dur"] <= k["ts"] + k["dur"] + 1 for k in calls), e
     c.Free()
 
 
