@@ -23,12 +23,12 @@ _EXPORTS = {
     "Allgatherv_init": "collectives",
     "Allreduce": "api",
     "Allreduce_init": "collectives",
-    "ArgumentMismatch": "api",
+    "ArgumentMismatch": "calls",
     "Bcast": "collectives",
     "Bcast_init": "collectives",
     "BufferSpecError": "buffers",
-    "Communicator": "api",
-    "CommunicatorRevoked": "api",
+    "Communicator": "variants",
+    "CommunicatorRevoked": "calls",
     "DeadlineExceeded": "execute",
     "FaultToleranceError": "ft",
     "FaultToleranceUnavailable": "ft",
@@ -37,7 +37,7 @@ _EXPORTS = {
     "Iallgatherv": "collectives",
     "Iallreduce": "api",
     "Ibcast": "collectives",
-    "IntercommunicatorError": "api",
+    "IntercommunicatorError": "calls",
     "Ireduce": "collectives",
     "Ireduce_scatter": "collectives",
     "Ireduce_scatter_block": "collectives",
@@ -51,15 +51,11 @@ _EXPORTS = {
     "Reduce_scatter_block_init": "collectives",
     "Reduce_scatter_init": "collectives",
     "RegistrationMismatch": "training",
-    "RemoteArgumentError": "api",
-    "Request": "api",
+    "RemoteArgumentError": "calls",
+    "Request": "handles",
     "algorithms": "selection",
     "rescaled_batch": "ft.rescale",
 }
-
-#: Modules a name needs besides its own: ``Communicator(fault_tolerant=True)`` builds the
-#: subclass that :mod:`bmlmpi.ft.communicator` registers (api does not import ft, which extends it).
-_ALSO_LOADS = {"Communicator": ("ft.communicator",)}
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
@@ -70,8 +66,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'bmlmpi' has no attribute {name!r}")
     try:
         value = getattr(importlib.import_module(f".{module}", __name__), name)
-        for extra in _ALSO_LOADS.get(name, ()):
-            importlib.import_module(f".{extra}", __name__)
     except ModuleNotFoundError as exc:
         if exc.name == "bmlmpi.kernels":
             raise ImportError(

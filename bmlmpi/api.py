@@ -21,7 +21,6 @@ import threading
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +31,7 @@ from .agreement import (
     DEADLINE,
     ERROR,
     MESSAGE_BYTES,
+    MISMATCH,
     TAG_ALARM,
     Mailbox,
     Message,
@@ -39,6 +39,14 @@ from .agreement import (
     drain,
 )
 from .buffers import BufferSpecError
+from .calls import (
+    ArgumentMismatch,
+    CommunicatorRevoked,
+    CompressedCall,
+    IntercommunicatorError,
+    PreparedCall,
+    RemoteArgumentError,
+)
 from .compression.channel import CompressionChannel
 from .execute import (
     TAG_STEPS,
@@ -51,6 +59,8 @@ from .execute import (
     wait_request,
 )
 from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls, then
+from .fast_path import FastCall, Repeat
+from .handles import NativePersistent, NativeRun, Request
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
@@ -70,260 +80,6 @@ _CHECKED: dict[str, str] = {}
 #: Blocks of the tag space: one per collective (:data:`bmlmpi.family.TAG_KIND`), so that
 #: messages of different collectives never match.
 TAG_KINDS = 8
-
-
-class ArgumentMismatch(ValueError):
-    """Ranks called the same allreduce with different counts, dtypes, ops or algorithms."""
-
-
-class RemoteArgumentError(ValueError):
-    """Another rank rejected its arguments; this rank's call fails with it instead of hanging."""
-
-
-class CommunicatorRevoked(DeadlineExceeded):
-    """A call on a communicator that a deadline ended: this rank or another gave up a call
-    at its deadline, so the ranks no longer agree on which calls completed. Every later call
-    on it raises this; ``Free()`` it and build another (docs/contracts.md). A
-    :class:`~bmlmpi.execute.DeadlineExceeded`: code that handles a deadline handles it."""
-
-
-class IntercommunicatorError(ValueError):
-    """bmlmpi reduces over intracommunicators only; an intercommunicator is refused.
-
-    Raised by ``Communicator(intercomm)`` and by ``Allreduce``/``Iallreduce`` with
-    ``comm=intercomm`` on every rank, decided locally (``comm.Is_inter()``) before any
-    communication, so no rank waits on another. ``intercomm.Allreduce`` (mpi4py) gives each
-    group the reduction of the other group's data; call it directly for that.
-    """
-
-
-@dataclass(slots=True)
-class PreparedCall:
-    """One allreduce call after its arguments were checked: what every launch consumes.
-    (Not frozen: a frozen dataclass costs half a microsecond more per call to build.)"""
-
-    algorithm: str               # resolved for this call ("auto" already decided)
-    op: str                      # bmlmpi's op name (sum, prod, min, max, avg)
-    src: np.ndarray | None       # the input, or None for in place (it is already in ``out``)
-    out: np.ndarray              # the result, ``count`` elements (a host view when staged)
-    staging: Any                 # device buffers staged through host memory, else None
-    requested: str               # the algorithm asked for ("auto" stays "auto")
-    slot: Slot | None = None     # the call in the flight recorder
-
-    def traced(self) -> Signature:
-        """The flight recorder's description of this call."""
-        return Signature("allreduce", int(self.out.size), self.out.dtype.name, self.op, None,
-                         self.requested, self.algorithm)
-
-    collective = "allreduce"     # the family's calls are FamilyCall (bmlmpi.family)
-
-    def signature(self, shape: Shape) -> tuple:
-        """What every rank must agree on (its hash is checked across ranks)."""
-        return (self.out.size, self.out.dtype.str, self.op, self.algorithm, shape)
-
-    @staticmethod
-    def describe_signature(sig: tuple | None) -> str:
-        if sig is not None and sig[0] == "compressed":
-            return CompressedCall.describe_signature(sig)
-        if sig is None or len(sig) != 5:
-            return FamilyCall.describe_signature(sig)
-        return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
-                f"algorithm={sig[3]}")
-
-    def outcome(self) -> Exception | None:
-        """What a committed call raises on every survivor of a failure (never, for an
-        allreduce: it completes over the survivors)."""
-        return None
-
-    def finish(self, size: int) -> None:
-        """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
-        and a staged device result is copied back."""
-        if self.op == "avg":
-            kernels.scale_avg(self.out, size)
-        if self.staging is not None:
-            self.staging.finish()
-
-
-@dataclass(slots=True)
-class CompressedCall:
-    """What the first-call agreement sees of a compressed allreduce (:mod:`bmlmpi.
-    compression`): its signature carries the compressor's settings, so a rank that
-    compresses (or compresses otherwise) where the others do not fails the agreement."""
-
-    count: int | None
-    dtype: str | None
-    op: str | None
-    algorithm: str
-    compression: str
-    collective = "allreduce"
-
-    def signature(self, shape: Shape) -> tuple:
-        return ("compressed", self.count, self.dtype, self.op, self.algorithm,
-                self.compression, shape)
-
-    @staticmethod
-    def describe_signature(sig: tuple) -> str:
-        _, count, dtype, op, algorithm, compression, _ = sig
-        return (f"allreduce count={count} dtype={dtype} op={op} algorithm={algorithm} "
-                f"compressed ({compression})")
-
-
-class Request:
-    """The handle of a non-blocking allreduce (``Test``/``Wait``, as an ``MPI.Request``).
-
-    bmlmpi has no progress thread: an allreduce advances while the caller is inside ``Test``
-    or ``Wait`` of any of its communicator's requests. Each of those calls advances every
-    outstanding allreduce of the communicator, oldest first, so ranks may wait on their
-    requests in any order without deadlocking each other. The handle holds only its
-    communicator's record of this allreduce (``test()``, ``wait()``, ``run``).
-    """
-
-    __slots__ = ("_call",)
-
-    def __init__(self, call: Any):
-        self._call = call
-
-    @property
-    def run(self) -> Run | NativeRun | None:
-        """The exchange this allreduce runs now (a schedule :class:`~bmlmpi.execute.Run`, or
-        the native ``MPI_Iallreduce``), for instrumentation; after a fault-tolerant recovery,
-        the latest attempt's; None while no attempt is running."""
-        return self._call.run
-
-    def Test(self) -> bool:
-        """Advance the communicator's allreduces; True once this one is complete."""
-        return self._call.test()
-
-    def Wait(self) -> None:
-        """Return once this allreduce is complete; DeadlineExceeded after ``timeout`` s
-        without progress (the allreduce is then abandoned)."""
-        self._call.wait()
-
-    # mpi4py spells these in lower case for the pickle-based API; accept both.
-    test = Test
-    wait = Wait
-
-
-class NativeRun:
-    """A native ``MPI_Iallreduce`` seen through the same interface as a schedule Run.
-
-    ``private``: the buffer MPI writes the result into, copied to ``out`` only once the
-    request completed. A call given up at its deadline leaves MPI holding ``private`` (kept
-    alive by this object, which the communicator keeps), never the caller's buffer."""
-
-    def __init__(self, req: MPI.Request, finish: Callable[[], None] | None, rank: int,
-                 what: str = "", private: np.ndarray | None = None,
-                 out: np.ndarray | None = None):
-        self.req = req
-        self.finish = finish
-        self.rank = rank
-        self.step = 0
-        self.what = what or f"native MPI_Iallreduce (rank {rank})"
-        self.private = private
-        self.out = out
-
-    def cancel(self, bound: float = 0.0) -> list[MPI.Request]:
-        """A collective cannot be cancelled: the request stays with MPI (and ``private``
-        with it)."""
-        return [self.req]
-
-    def test(self) -> bool:
-        if self.step == 0 and self.req.Test():
-            if self.private is not None:
-                np.copyto(self.out, self.private)
-            if self.finish is not None:
-                self.finish()
-            self.step = 1
-        return self.step == 1
-
-    @property
-    def progress(self) -> int:
-        return self.step
-
-    @property
-    def reqs(self) -> list[MPI.Request]:
-        return [self.req]
-
-    def describe_timeout(self, timeout: float) -> str:
-        return f"{self.what} made no progress in {timeout:g} s"
-
-
-class NativePersistent:
-    """The MPI library's persistent request of a native ``…_init`` call, bound to buffers of
-    its own: ``deliver()`` copies them into the caller's after each completed start, so a
-    start given up at its deadline never writes the caller's buffer later."""
-
-    __slots__ = ("req", "deliver")
-
-    def __init__(self, req: MPI.Prequest, deliver: Callable[[], None] | None):
-        self.req = req
-        self.deliver = deliver
-
-    def Free(self) -> None:
-        """Free the MPI request unless a start of it is still in MPI's hands (a start given
-        up at its deadline: freeing an active persistent collective is erroneous; the
-        communicator holds it)."""
-        try:
-            if self.req.Test():
-                self.req.Free()
-        except MPI.Exception:
-            pass
-
-
-class _FastCall:
-    """A blocking signature that passed its first call (argument check included): later calls
-    with numpy arrays of the same shapes, dtypes and op skip the checked path. Native
-    (``plan`` None): ``MPI_Allreduce`` directly. A schedule: its :class:`~bmlmpi.execute.Run`
-    built straight from the cached ``plan`` and driven in the calling thread.
-
-    Holds no reference to the caller's arrays: numpy refuses ``ndarray.resize()`` in place
-    on an array with any reference held elsewhere, weak ones included, and mpi4py leaves
-    them resizable. The overlap check (``np.may_share_memory``: byte bounds, ~0.2 µs) runs
-    on every call for that reason."""
-
-    __slots__ = ("op", "what", "plan", "name", "calls", "sig", "key", "traced")
-
-    def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = "",
-                 sig: int = 0, key: tuple = (), traced: Signature | None = None):
-        self.op = op          # the op object of the key (held, so its id is not reused)
-        self.what = what      # native: the watchdog's description; schedule: the Run's label
-        self.plan = plan
-        self.name = name      # bmlmpi's op name (schedules)
-        self.calls = 0        # schedules: calls that took this path
-        self.sig = sig        # schedules: the signature's number (its tags, _tag_base)
-        self.key = key        # schedules: the plan's key (algorithm, count, dtype, op)
-        self.traced = traced  # the flight recorder's signature of these calls
-
-    @staticmethod
-    def apart(send: np.ndarray, recv: np.ndarray) -> bool:
-        return not np.may_share_memory(send, recv)
-
-
-class _Repeat:
-    """The signature of the last blocking call that took the fast path: its entry, op,
-    algorithm string, and the arrays' dtype objects and sizes (no reference to the arrays
-    themselves, which must stay resizable). A later call with numpy arrays of the same dtype
-    objects and sizes, the same op and algorithm, is the same signature: a dtype object is
-    immutable (a reassigned ``.dtype``, another byte order: another object, so no match), and
-    equal sizes of C-contiguous arrays of one itemsize span as many bytes (a reshaped array
-    is the same allreduce; the flags and the overlap are checked on every call)."""
-
-    __slots__ = ("entry", "op", "algorithm", "send_dtype", "recv_dtype", "send_size",
-                 "recv_size")
-
-    def __init__(self, entry: _FastCall, op: Any, algorithm: str, send: Any,
-                 recv: np.ndarray):
-        self.entry = entry
-        self.op = op
-        self.algorithm = algorithm
-        self.recv_dtype = recv.dtype
-        self.recv_size = recv.size
-        if send is MPI.IN_PLACE:
-            self.send_dtype = None
-            self.send_size = -1
-        else:
-            self.send_dtype = send.dtype
-            self.send_size = send.size
 
 
 class _Outstanding:
@@ -453,10 +209,10 @@ class Communicator(FamilyCalls):
     #: The flight recorder, made late in construction (None until then, and when disabled).
     _recorder: FlightRecorder | None = None
 
-    #: The subclass ``fault_tolerant=True`` builds. It registers itself when its module is
-    #: imported (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``
-    #: in :mod:`bmlmpi.ft`, which ``bmlmpi.Communicator`` loads), so this module never
-    #: imports it.
+    #: The variants, by name: a subclass registers itself when its module is imported
+    #: (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``), and
+    #: ``fault_tolerant=True`` builds the one named ``fault_tolerant``. This module names no
+    #: variant's module: :mod:`bmlmpi.variants` (``bmlmpi.Communicator``) loads them.
     _variants: dict[str, type[Communicator]] = {}
 
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
@@ -475,8 +231,9 @@ class Communicator(FamilyCalls):
         if fault_tolerant and cls is Communicator:
             variant = Communicator._variants.get("fault_tolerant")
             if variant is None:
-                raise RuntimeError("fault_tolerant=True needs bmlmpi.ft: use "
-                                   "bmlmpi.Communicator (which loads it) or import bmlmpi.ft")
+                raise RuntimeError("fault_tolerant=True needs the fault-tolerant variant "
+                                   "loaded: use bmlmpi.Communicator (bmlmpi.variants loads "
+                                   "it) or import bmlmpi.ft.communicator")
             return super().__new__(variant)
         return super().__new__(cls)
 
@@ -539,8 +296,8 @@ class Communicator(FamilyCalls):
         # the blocking fast path (see the class docstring); not for a subclass with its own
         # launch path (the fault-tolerant communicator tracks every call itself)
         plain = type(self)._submit is Communicator._submit
-        self._fast: dict[tuple, _FastCall] | None = {} if plain else None
-        self._repeat: _Repeat | None = None
+        self._fast: dict[tuple, FastCall] | None = {} if plain else None
+        self._repeat: Repeat | None = None
         self._native_fast = (config.get("BMLMPI_BLOCKING") == "watchdog"
                              and self.check == "first-call")
         capacity = recorder_capacity()
@@ -595,8 +352,9 @@ class Communicator(FamilyCalls):
                 req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
                 # not an earlier communicator's notice, nor one the calling thread raised
                 if msg.token == token and msg.seq > handled[0]:
-                    what = ("gave up call" if msg.kind == DEADLINE
-                            else "rejected its arguments at call")
+                    what = {DEADLINE: "gave up call",
+                            MISMATCH: "found the ranks' signatures differ at call"}.get(
+                                msg.kind, "rejected its arguments at call")
                     return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
             return None
         return alarm
@@ -705,11 +463,13 @@ class Communicator(FamilyCalls):
             pass
 
     def Free(self) -> None:
-        """Free bmlmpi's communicators. Refused (RuntimeError, nothing freed) while a
-        started allreduce of this communicator has not completed: MPI would still write
-        its buffers. A communicator on which MPI may still hold a call given up at a
-        deadline or after another rank's error is left to MPI (not freed: freeing it under
-        a pending collective crashes some MPI libraries)."""
+        """Free bmlmpi's communicators, the compression channel's duplicate included.
+        Refused (RuntimeError, nothing freed) while a started allreduce of this communicator
+        has not completed: MPI would still write its buffers. A communicator on which MPI may
+        still hold a call given up at a deadline or after another rank's error is left to MPI
+        (not freed: freeing it under a pending collective crashes some MPI libraries); so is
+        the compression channel's duplicate while a compressed call is unfinished or after
+        one failed (:meth:`bmlmpi.compression.channel.CompressionChannel.free`)."""
         if self._active:
             raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} allreduce(s) "
                                f"started on it have not completed; Wait() on their requests "
@@ -734,6 +494,7 @@ class Communicator(FamilyCalls):
                 c.Free()
         if self._control is not self._comm and self._control != MPI.COMM_NULL:
             self._control.Free()
+        self._compression.free()
         if not held:
             self._held.clear()
         self._levels = []
@@ -895,16 +656,20 @@ class Communicator(FamilyCalls):
                 f"{self._handled[0]} failed, so it is abandoned on every rank (docs/contracts.md)")
         return self._callno
 
-    def _notice(self, upto: int) -> Message | None:
+    def _notice(self, upto: int, started: bool = True) -> Message | None:
         """The first failure notice not yet handled about a call numbered ``upto`` or lower,
         handled now (outstanding calls it dooms are marked failed; the communicator is
-        flagged for repair or revoked); None when there is none."""
+        flagged for repair or revoked); None when there is none. ``started``: whether this
+        rank has got past the agreement of call ``upto`` (before that, its own signature
+        exchange for the call may be still to come: see :meth:`_switched`)."""
         mailbox = self._mailbox
         if mailbox is None:
             return None
         msg = mailbox.failure(self._handled[0] + 1)
         if msg is None or msg.seq > upto:
-            return None
+            msg = self._switched(mailbox, upto if started else upto - 1)
+            if msg is None:
+                return None
         exc = self._remote_error(msg)
         if msg.kind == DEADLINE:
             self._revoke(msg.seq, str(exc))
@@ -913,7 +678,24 @@ class Communicator(FamilyCalls):
             self._repair_after = msg.seq
         return msg
 
+    def _switched(self, mailbox: Mailbox, upto: int) -> Message | None:
+        """Another rank's signature exchange for a call numbered ``upto`` or lower that this
+        rank started without one (it ran that signature before, the other rank had not):
+        the ranks run that call with different signatures (:mod:`bmlmpi.agreement`). Told
+        to every rank as a ``MISMATCH`` notice; returns it, or None when there is none."""
+        since = max(self._handled[0], self._abandoned_upto) + 1
+        sig = mailbox.unchecked(since, upto)
+        if sig is None:
+            return None
+        text = (f"arguments differ across ranks at call {sig.seq}: rank {sig.rank} runs its "
+                f"first call of {sig.text}; rank {self.rank} runs a signature every rank ran "
+                f"before (ranks may change signature only together; docs/contracts.md)")
+        mailbox.announce(sig.seq, MISMATCH, text, also_tag=TAG_ALARM)
+        return Message(sig.seq, MISMATCH, 0, self.rank, text, self._token)
+
     def _remote_error(self, msg: Message) -> Exception:
+        if msg.kind == MISMATCH:
+            return ArgumentMismatch(msg.text)
         if msg.kind == DEADLINE:
             return CommunicatorRevoked(
                 f"rank {msg.rank} gave up call {msg.seq} at its deadline ({msg.text}); the "
@@ -984,11 +766,12 @@ class Communicator(FamilyCalls):
         self._calls = int(agreed[1])
         self._repair_after = None
 
-    def _interrupt(self, seq: int) -> Callable[[], None]:
+    def _interrupt(self, seq: int, started: bool = True) -> Callable[[], None]:
         """The wait loops' check of the control channel for call ``seq``: raises once a
-        notice says this call (or an earlier one) failed on another rank."""
+        notice says this call (or an earlier one) failed on another rank (``started``: as
+        for :meth:`_notice`)."""
         def check() -> None:
-            msg = self._notice(seq)
+            msg = self._notice(seq, started)
             if msg is not None:
                 raise self._remote_error(msg)
         return check
@@ -1062,13 +845,13 @@ class Communicator(FamilyCalls):
         """A blocking allreduce: the fast path when this signature may take it, else a
         started call waited on (which may then open the fast path for the signature).
 
-        The last fast call's signature is remembered (:class:`_Repeat`): numpy arrays of the
+        The last fast call's signature is remembered (:class:`Repeat`): numpy arrays of the
         same dtype objects and sizes, with the same op and algorithm, skip the signature key
         (its tuple and hash). Anything else looks the signature up."""
         if self._repair_after is not None:
             self._repair()  # (collective: every rank's first call after the error repairs)
         rep = self._repeat
-        # the test of _Repeat's docstring, inline (a call frame is a tenth of this path)
+        # the test of Repeat's docstring, inline (a call frame is a tenth of this path)
         if (rep is not None and rep.op is op and rep.algorithm is algorithm
                 and type(recvbuf) is np.ndarray and not self._active
                 and recvbuf.dtype is rep.recv_dtype and recvbuf.size == rep.recv_size
@@ -1133,11 +916,11 @@ class Communicator(FamilyCalls):
             plan_key = (call.algorithm, call.out.size, call.out.dtype, call.op)
             plan = self._plans.get(plan_key)
             if plan is not None:
-                self._fast[key] = _FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
+                self._fast[key] = FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
                                                 f"{self.rank}", plan, call.op,
                                             self._sig_id(plan_key), plan_key, sig)
         elif self._native_fast and id(op) in _FAST_OPS:
-            self._fast[key] = _FastCall(_FAST_OPS[id(op)],
+            self._fast[key] = FastCall(_FAST_OPS[id(op)],
                                         f"bmlmpi native allreduce (blocking MPI_Allreduce of "
                                         f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
                                         f"{self.rank} of {self.size})", traced=sig)
@@ -1155,9 +938,9 @@ class Communicator(FamilyCalls):
         return None
 
     def _fast_entry(self, sendbuf: Any, recvbuf: Any, op: Any,
-                    algorithm: str) -> _FastCall | None:
+                    algorithm: str) -> FastCall | None:
         """The open fast path of this call's signature, if it may take it now (remembered
-        for the next call: :class:`_Repeat`); None: the checked path."""
+        for the next call: :class:`Repeat`); None: the checked path."""
         key = self._fast_key(sendbuf, recvbuf, op, algorithm)
         if key is None:
             return None
@@ -1165,10 +948,10 @@ class Communicator(FamilyCalls):
         if (entry is None or not self._fast_open()
                 or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
             return None  # the checked path (which may open the fast path for the signature)
-        self._repeat = _Repeat(entry, op, algorithm, sendbuf, recvbuf)
+        self._repeat = Repeat(entry, op, algorithm, sendbuf, recvbuf)
         return entry
 
-    def _scheduled(self, entry: _FastCall, sendbuf: Any, recvbuf: np.ndarray) -> None:
+    def _scheduled(self, entry: FastCall, sendbuf: Any, recvbuf: np.ndarray) -> None:
         """A checked scheduled signature's later blocking call: the Run straight from the
         cached plan, driven here with the executor's deadline (no PreparedCall, Request or
         resolve). Tags advance as on the checked path, so ranks that take different paths for
@@ -1200,16 +983,8 @@ class Communicator(FamilyCalls):
         begin and done inline: this is the path of every repeated scheduled call). A
         deadline revokes the communicator as on the checked path."""
         rec = self._recorder
-        s = None
-        if rec is not None:
-            n = rec.next
-            rec.next = n + 1
-            s = rec.slots[n % rec.capacity]
-            s.seq = n
-            s.sig = traced
-            s.t1 = 0.0
-            s.run = run
-            s.t0 = _now()
+        # (a schedule's run costs tens of microseconds: the call frame of begin is noise here)
+        s = rec.begin(traced, run) if rec is not None else None
         try:
             run.drive(self.timeout, self._interrupt(seq))
         except DeadlineExceeded as exc:
@@ -1217,7 +992,7 @@ class Communicator(FamilyCalls):
             self._held.append(run)
             self._gave_up(seq, exc)
             raise
-        except (RemoteArgumentError, CommunicatorRevoked) as exc:
+        except (RemoteArgumentError, ArgumentMismatch, CommunicatorRevoked) as exc:
             self._call_failed(s, exc, run)
             self._hold(run)
             raise
@@ -1291,7 +1066,7 @@ class Communicator(FamilyCalls):
             self._abandon_from(seq, error)
             self._repair_after = seq
             raise error
-        self._interrupt(seq)()   # another rank already rejected this call
+        self._interrupt(seq, started=False)()   # another rank already rejected this call
         if not self.validate:
             return
         sig = call.signature(self.shape)
@@ -1569,9 +1344,13 @@ class Communicator(FamilyCalls):
         return False
 
     def _test(self, entry: _Outstanding) -> bool:
+        return self._owning(self._test_entry, entry)
+
+    def _owning(self, fn: Callable[[_Outstanding], Any], entry: _Outstanding) -> Any:
+        """``fn(entry)`` as the thread that owns this communicator's progress."""
         mine = self._one_thread()
         try:
-            return self._test_entry(entry)
+            return fn(entry)
         finally:
             if mine:
                 self._owner = None
@@ -1587,12 +1366,7 @@ class Communicator(FamilyCalls):
         return entry.done
 
     def _wait(self, entry: _Outstanding) -> None:
-        mine = self._one_thread()
-        try:
-            self._wait_entry(entry)
-        finally:
-            if mine:
-                self._owner = None
+        self._owning(self._wait_entry, entry)
 
     def _wait_entry(self, entry: _Outstanding) -> None:
         if entry.failed is not None:

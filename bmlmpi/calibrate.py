@@ -17,10 +17,12 @@ What is measured, on a private duplicate of ``comm``, all ranks at once (ranks p
   times to steps · (α + step_overhead) + messages · msg_overhead, where steps and messages
   are what the cost model counts for those schedules;
 * ``gamma``: a numpy sum of 4 MiB into 4 MiB, per byte;
-* shared memory, when all ranks share one node (:mod:`bmlmpi.shm`), every rank at once:
-  ``shm_copy``, a copy of 4 MiB per byte; ``shm_reduce``, ``out = a + b`` of 4 MiB per byte
-  read; ``shm_sync``, the shared-memory allreduce of one element per rank (three steps of
-  barrier, flag and wait) per step; ``shm`` is then timed for ``corrections`` with the others;
+* shared memory, when all ranks share one node (:mod:`bmlmpi.shm`) — or, on several nodes
+  that each hold two ranks or more, on every node at once (hierarchical's node tier) —, every
+  rank at once: ``shm_copy``, a copy of 4 MiB per byte; ``shm_reduce``, ``out = a + b`` of
+  4 MiB per byte read; ``shm_sync``, the shared-memory allreduce of one element per rank of
+  the node (three steps of barrier, flag and wait) per step; on one node ``shm`` is then
+  timed for ``corrections`` with the others;
 * ``native``: the MPI library's blocking ``MPI_Allreduce`` as user code calls it (mpi4py's
   ``comm.Allreduce``) at 8 B, 64 KiB, 256 KiB, 1 MiB, 4 MiB and 16 MiB — the real baseline, not
   bmlmpi's polled ``MPI_Iallreduce`` pass-through (7× slower at 8 B on the development
@@ -80,17 +82,16 @@ from .model.cost import price_symmetric
 from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
 from .schedules import algorithms as records
+from .schedules.shm import node_steps, slices
 from .schedules.types import Schedule
 from .shm import NodeTier, ShmRun, start_collective
-from .topology.nodes import Nodes
+from .topology.nodes import Nodes, nodes_from_ids
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
-FORMAT = 8  # 8: the family's corrections from 8 B
+FORMAT = 9  # 9: shared memory measured on each node of several
 SMALL_BYTES = 8
 LARGE_BYTES = 4 << 20
 NATIVE_BYTES = (8, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
-#: the algorithms whose records say calibration corrects them, in registration order
-CORRECTED = records.corrected()
 CORRECTION_BYTES = (64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)  # ⊂ NATIVE_BYTES
 #: the other collectives whose native call is timed, and the work-buffer sizes it is timed at
 #: (``auto`` interpolates between them and extrapolates along the last segment)
@@ -104,12 +105,6 @@ FAMILY_CORRECTION_BYTES = FAMILY_BYTES
 #: consecutive calls of one candidate timed together (the sweep's blocks: 20 calls in 5)
 BLOCK_CALLS = 4
 _HOST_BYTES = 64
-# cache broadcast: flag, 5 parameters, native points, one slot per (algorithm, size) factor,
-# (bytes, seconds) per (collective, size) of the family's native calls
-_FAMILY_FIX_SLOTS = [(c, a, b) for c in FAMILY for a in CORRECTED if records.get(a).serves(c)
-                     for b in FAMILY_CORRECTION_BYTES]
-_VEC = (6 + 2 * len(NATIVE_BYTES) + len(CORRECTED) * len(CORRECTION_BYTES)
-        + 2 * len(FAMILY) * len(FAMILY_BYTES) + 3 + len(_FAMILY_FIX_SLOTS))
 
 
 def cache_dir() -> Path:
@@ -166,13 +161,7 @@ def _exchange_time(comm: MPI.Comm, nbytes: int, reps: int, timeout: float) -> fl
         _wait([comm.Irecv(inp, partner, 11), comm.Isend(out, partner, 11)], timeout,
               f"exchanging {nbytes} bytes with rank {partner}")
 
-    once()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        once()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return _median_seconds(once, reps)
 
 
 def _run_schedule(comm: MPI.Comm, sched: Schedule, reps: int, timeout: float) -> float:
@@ -194,11 +183,16 @@ def _reduce_time(nbytes: int, reps: int) -> float:
     the kernels', without paying their JIT compilation inside the calibration)."""
     n = nbytes // 8
     dst, src = np.ones(n), np.ones(n)
-    np.add(dst, src, out=dst)
+    return _median_seconds(lambda: np.add(dst, src, out=dst), reps)
+
+
+def _median_seconds(fn: Callable[[], Any], reps: int) -> float:
+    """The median seconds of ``reps`` calls of ``fn`` after one untimed (first touch)."""
+    fn()
     times = []
     for _ in range(reps):
         start = time.perf_counter()
-        np.add(dst, src, out=dst)
+        fn()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 
@@ -259,13 +253,7 @@ def _native_family_time(comm: MPI.Comm, collective: str, nbytes: int, reps: int,
 def _copy_time(nbytes: int, reps: int) -> float:
     """Seconds to copy ``nbytes`` between two arrays (a shared-memory publish or fetch)."""
     dst, src = np.zeros(nbytes, dtype=np.uint8), np.ones(nbytes, dtype=np.uint8)
-    np.copyto(dst, src)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+    return _median_seconds(lambda: np.copyto(dst, src), reps)
 
 
 def _combine_time(nbytes: int, reps: int) -> float:
@@ -273,21 +261,18 @@ def _combine_time(nbytes: int, reps: int) -> float:
     reads its sources once and writes its slice once)."""
     n = nbytes // 8
     a, b, out = np.ones(n), np.ones(n), np.empty(n)
-    np.add(a, b, out=out)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        np.add(a, b, out=out)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) / (2 * nbytes)
+    return _median_seconds(lambda: np.add(a, b, out=out), reps) / (2 * nbytes)
 
 
-def _shm_step_time(tier: NodeTier, comm: MPI.Comm, reps: int, timeout: float) -> float:
-    """Seconds per step of the shared-memory allreduce of one float64 per rank."""
-    size = comm.Get_size()
-    sched = records.build("shm", records.Context(size, size, 8, comm.Get_rank()))
+def shm_step_time(tier: NodeTier, reps: int, timeout: float) -> float:
+    """Seconds per step of the shared-memory allreduce of one float64 per rank over this
+    rank's node of ``tier`` (collective over ``tier.comm``: every node at once)."""
+    rank, members = tier.comm.Get_rank(), tier.members
+    m = len(members)
+    steps = node_steps(rank, members, [slices(0, m, members)], "allreduce") if m > 1 else []
+    sched = Schedule("shm", rank, tier.comm.Get_size(), m, tuple(steps))
     plan = tier.bind(sched, 8)
-    buf = np.ones(size)
+    buf = np.ones(m)
     times = []
     for i in range(reps + 1):
         start = time.perf_counter()
@@ -303,6 +288,23 @@ def _one_node(comm: MPI.Comm, timeout: float) -> NodeTier | None:
         return None
     tier = NodeTier(comm, Nodes((tuple(range(comm.Get_size())),)), timeout)
     if tier.one_node:
+        return tier
+    tier.free()
+    return None
+
+
+def several_nodes(comm: MPI.Comm, timeout: float, nodes: Nodes | None = None
+                  ) -> NodeTier | None:
+    """The shared-memory tier of ``comm``'s ``nodes`` (None: its ranks grouped by host) when
+    there are several and every one holds at least two ranks that share its memory: what
+    hierarchical's node tier runs on, so the calibration measures shared memory there too,
+    on every node at once. None otherwise (collective over ``comm``)."""
+    if nodes is None:
+        nodes = nodes_from_ids(_hosts(comm, timeout))
+    if nodes.count < 2 or min(nodes.sizes) < 2:
+        return None
+    tier = NodeTier(comm, nodes, timeout)
+    if tier.fits:
         return tier
     tier.free()
     return None
@@ -445,8 +447,10 @@ def fit_overheads(alpha: float, runs: Sequence[tuple[int, int, float]]) -> tuple
     return max(0.0, float(per_step) - alpha), float(per_msg)
 
 
-def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
-    """Measure a Calibration over ``comm`` now (collective; no cache)."""
+def measure(comm: MPI.Comm, timeout: float | None = None,
+            nodes: Nodes | None = None) -> Calibration:
+    """Measure a Calibration over ``comm`` now (collective; no cache). ``nodes``: which ranks
+    share a node where they do not all share one (None: by host)."""
     timeout = timeout_from_env(timeout)
     size, rank = comm.Get_size(), comm.Get_rank()
     scheds = _overhead_schedules(size) if size > 1 else []
@@ -467,11 +471,14 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
         phase(f"executor {i}", lambda b=build: _run_schedule(comm, b(rank), 5, timeout))
     phase("reduce", lambda: _reduce_time(LARGE_BYTES, 3))
     tier = _one_node(comm, timeout)
-    if tier is not None:
+    # shared memory: over all ranks on one node, else on each node at once (hierarchical's
+    # node tier); the shm algorithm itself is timed for corrections only on one node
+    shared = tier if tier is not None else several_nodes(comm, timeout, nodes)
+    if shared is not None:
         phase("shm copy", lambda: _copy_time(LARGE_BYTES, 3))
         phase("shm reduce", lambda: _combine_time(LARGE_BYTES, 3))
-        phase("shm sync", lambda: _shm_step_time(tier, comm, 10, timeout))
-    names = _corrected_algorithms(size, tier is not None)
+        phase("shm sync", lambda: shm_step_time(shared, 10, timeout))
+    names = _allreduce_corrected(size, tier is not None)
     for nbytes in NATIVE_BYTES:
         reps = 5 if nbytes < (1 << 20) else 3
         if names and nbytes in CORRECTION_BYTES:
@@ -504,11 +511,11 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
     at = 2 + len(scheds)
     gamma = float(worst[at]) / LARGE_BYTES
     shm_copy = shm_reduce = shm_sync = 0.0
-    if tier is not None:
+    if shared is not None:
         shm_copy = float(worst[at + 1]) / LARGE_BYTES
         shm_reduce, shm_sync = float(worst[at + 2]), float(worst[at + 3])
         at += 3
-        tier.free()
+        shared.free()
     native, measured_runs, i = [], [], at + 1
     for nbytes in NATIVE_BYTES:
         native.append((nbytes, float(worst[i])))
@@ -551,6 +558,11 @@ def measure(comm: MPI.Comm, timeout: float | None = None) -> Calibration:
 def _corrected_algorithms(size: int, shm: bool = False) -> list[str]:
     """The algorithms timed for corrections (``shm`` only where all ranks share a node)."""
     return [a for a in records.calibrated(size) if a != "shm" or shm]
+
+
+def _allreduce_corrected(size: int, shm: bool = False) -> list[str]:
+    """The allreduce schedules timed for corrections."""
+    return [a for a in _corrected_algorithms(size, shm) if records.get(a).serves("allreduce")]
 
 
 def _family_corrected(collective: str, size: int, shm: bool = False) -> list[str]:
@@ -610,53 +622,76 @@ def _write_cache(path: Path, key: str, calib: Calibration, host: str, mpi: str) 
         warnings.warn(f"bmlmpi.calibrate: cannot write the cache {path}: {exc}", stacklevel=3)
 
 
+# the cache's broadcast vector: flag, 5 parameters, native points, one slot per (algorithm,
+# size) factor, (bytes, seconds) per (collective, size) of the family's native calls, the
+# shared-memory constants. The factor slots follow the records at call time, so an algorithm
+# registered after import (every rank registers the same ones) has its slots too.
 _FIX_AT = 6 + 2 * len(NATIVE_BYTES)
-_FIX_SLOTS = [(a, b) for a in CORRECTED for b in CORRECTION_BYTES]
-_FAMILY_AT = _FIX_AT + len(_FIX_SLOTS)
-_SHM_AT = _FAMILY_AT + 2 * len(FAMILY) * len(FAMILY_BYTES)
-_FAMILY_FIX_AT = _SHM_AT + 3
+
+
+def _fix_slots() -> list[tuple[str, int]]:
+    return [(a, b) for a in records.corrected() if records.get(a).serves("allreduce")
+            for b in CORRECTION_BYTES]
+
+
+def _family_fix_slots() -> list[tuple[str, str, int]]:
+    return [(c, a, b) for c in FAMILY for a in records.corrected() if records.get(a).serves(c)
+            for b in FAMILY_CORRECTION_BYTES]
+
+
+def _layout() -> tuple[list[tuple[str, int]], int, int, list[tuple[str, str, int]], int]:
+    """(allreduce factor slots, where the family's natives start, where the shm constants
+    start, the family's factor slots, the vector's length); the family's factors follow the
+    shm constants."""
+    slots = _fix_slots()
+    family_at = _FIX_AT + len(slots)
+    shm_at = family_at + 2 * len(FAMILY) * len(FAMILY_BYTES)
+    family_slots = _family_fix_slots()
+    return slots, family_at, shm_at, family_slots, shm_at + 3 + len(family_slots)
 
 
 def _pack(calib: Calibration | None) -> np.ndarray:
-    vec = np.zeros(_VEC, dtype=np.float64)
+    fix_slots, family_at, shm_at, family_slots, length = _layout()
+    vec = np.zeros(length, dtype=np.float64)
     if calib is not None and len(calib.native) <= len(NATIVE_BYTES):
         vec[:6] = (1.0, calib.alpha, calib.beta, calib.step_overhead, calib.msg_overhead,
                    calib.gamma)
         for i, (b, s) in enumerate(calib.native):
             vec[6 + 2 * i:8 + 2 * i] = (b, s)
         for a, b, f in calib.corrections:
-            if (a, b) in _FIX_SLOTS:
-                vec[_FIX_AT + _FIX_SLOTS.index((a, b))] = f
+            if (a, b) in fix_slots:
+                vec[_FIX_AT + fix_slots.index((a, b))] = f
         slot = dict.fromkeys(FAMILY, 0)
         for c, b, t in calib.natives:
             if c in slot and slot[c] < len(FAMILY_BYTES):
-                at = _FAMILY_AT + 2 * (FAMILY.index(c) * len(FAMILY_BYTES) + slot[c])
+                at = family_at + 2 * (FAMILY.index(c) * len(FAMILY_BYTES) + slot[c])
                 vec[at:at + 2] = (b, t)
                 slot[c] += 1
-        vec[_SHM_AT:_SHM_AT + 3] = (calib.shm_sync, calib.shm_copy, calib.shm_reduce)
+        vec[shm_at:shm_at + 3] = (calib.shm_sync, calib.shm_copy, calib.shm_reduce)
         for c, a, b, f in calib.family_corrections:
-            if (c, a, b) in _FAMILY_FIX_SLOTS:
-                vec[_FAMILY_FIX_AT + _FAMILY_FIX_SLOTS.index((c, a, b))] = f
+            if (c, a, b) in family_slots:
+                vec[shm_at + 3 + family_slots.index((c, a, b))] = f
     return vec
 
 
 def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
     if vec[0] != 1.0:
         return None
+    fix_slots, family_at, shm_at, family_slots, _ = _layout()
     native = tuple((int(vec[6 + 2 * i]), float(vec[7 + 2 * i]))
                    for i in range(len(NATIVE_BYTES)) if vec[6 + 2 * i] > 0)
-    fixes = tuple((a, b, float(vec[_FIX_AT + i])) for i, (a, b) in enumerate(_FIX_SLOTS)
+    fixes = tuple((a, b, float(vec[_FIX_AT + i])) for i, (a, b) in enumerate(fix_slots)
                   if vec[_FIX_AT + i] > 0)
     natives = tuple((c, int(vec[at]), float(vec[at + 1]))
                     for j, c in enumerate(FAMILY) for k in range(len(FAMILY_BYTES))
-                    if vec[at := _FAMILY_AT + 2 * (j * len(FAMILY_BYTES) + k)] > 0)
-    family_fixes = tuple((c, a, b, float(vec[_FAMILY_FIX_AT + i]))
-                         for i, (c, a, b) in enumerate(_FAMILY_FIX_SLOTS)
-                         if vec[_FAMILY_FIX_AT + i] > 0)
+                    if vec[at := family_at + 2 * (j * len(FAMILY_BYTES) + k)] > 0)
+    family_fixes = tuple((c, a, b, float(vec[shm_at + 3 + i]))
+                         for i, (c, a, b) in enumerate(family_slots)
+                         if vec[shm_at + 3 + i] > 0)
     return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta,
                        corrections=fixes, natives=natives, family_corrections=family_fixes,
-                       shm_sync=float(vec[_SHM_AT]),
-                       shm_copy=float(vec[_SHM_AT + 1]), shm_reduce=float(vec[_SHM_AT + 2]))
+                       shm_sync=float(vec[shm_at]),
+                       shm_copy=float(vec[shm_at + 1]), shm_reduce=float(vec[shm_at + 2]))
 
 
 def calibrate(comm: MPI.Comm, *, use_cache: bool = True,

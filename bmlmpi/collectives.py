@@ -12,7 +12,8 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .api import Request, communicator_for
+from .api import communicator_for
+from .handles import Request
 from .persistent import PersistentRequest
 
 _WORLD = MPI.COMM_WORLD
@@ -57,36 +58,27 @@ def Reduce_scatter_init(sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                                                       algorithm=algorithm)
 
 
-def Allgather(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
-              algorithm: str = "auto") -> None:
-    """Drop-in ``comm.Allgather(sendbuf, recvbuf)``."""
-    communicator_for(comm).Allgather(sendbuf, recvbuf, algorithm=algorithm)
+def _gathering(method: str, doc: str) -> Any:
+    """The module-level ``method`` of the allgather calls (all six share mpi4py's signature
+    ``(sendbuf, recvbuf)``): it runs ``method`` of the Communicator kept for ``comm``."""
+    def call(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+             algorithm: str = "auto") -> Any:
+        return getattr(communicator_for(comm), method)(sendbuf, recvbuf, algorithm=algorithm)
+    call.__name__ = call.__qualname__ = method
+    call.__doc__ = doc
+    return call
 
 
-def Iallgather(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
-               algorithm: str = "auto") -> Request:
-    return communicator_for(comm).Iallgather(sendbuf, recvbuf, algorithm=algorithm)
-
-
-def Allgather_init(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
-                   algorithm: str = "auto") -> PersistentRequest:
-    return communicator_for(comm).Allgather_init(sendbuf, recvbuf, algorithm=algorithm)
-
-
-def Allgatherv(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
-               algorithm: str = "auto") -> None:
-    """Drop-in ``comm.Allgatherv(sendbuf, [buf, counts, displs, datatype])``."""
-    communicator_for(comm).Allgatherv(sendbuf, recvbuf, algorithm=algorithm)
-
-
-def Iallgatherv(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
-                algorithm: str = "auto") -> Request:
-    return communicator_for(comm).Iallgatherv(sendbuf, recvbuf, algorithm=algorithm)
-
-
-def Allgatherv_init(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
-                    algorithm: str = "auto") -> PersistentRequest:
-    return communicator_for(comm).Allgatherv_init(sendbuf, recvbuf, algorithm=algorithm)
+Allgather = _gathering("Allgather", "Drop-in ``comm.Allgather(sendbuf, recvbuf)``.")
+Iallgather = _gathering("Iallgather", "Drop-in ``comm.Iallgather(sendbuf, recvbuf)``: a "
+                        "Request.")
+Allgather_init = _gathering("Allgather_init", "Drop-in ``comm.Allgather_init(sendbuf, "
+                            "recvbuf)``: a PersistentRequest.")
+Allgatherv = _gathering("Allgatherv", "Drop-in ``comm.Allgatherv(sendbuf, [buf, counts, "
+                        "displs, datatype])``.")
+Iallgatherv = _gathering("Iallgatherv", "Drop-in ``comm.Iallgatherv``: a Request.")
+Allgatherv_init = _gathering("Allgatherv_init", "Drop-in ``comm.Allgatherv_init``: a "
+                             "PersistentRequest.")
 
 
 def Reduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,

@@ -99,11 +99,15 @@ def _word(text: str) -> str:
     return text.strip().lower()
 
 
-def _kernel_mode(text: str) -> str:
+def _one_of(modes: tuple[str, ...], text: str) -> str:
     mode = text.strip().lower()
-    if mode not in KERNEL_MODES:
-        raise ValueError(f"expected one of {', '.join(KERNEL_MODES)}")
+    if mode not in modes:
+        raise ValueError(f"expected one of {', '.join(modes)}")
     return mode
+
+
+def _kernel_mode(text: str) -> str:
+    return _one_of(KERNEL_MODES, text)
 
 
 #: How a blocking native allreduce waits (``BMLMPI_BLOCKING``, see :mod:`bmlmpi.watchdog`).
@@ -111,10 +115,7 @@ BLOCKING_MODES = ("watchdog", "polled")
 
 
 def _blocking_mode(text: str) -> str:
-    mode = text.strip().lower()
-    if mode not in BLOCKING_MODES:
-        raise ValueError(f"expected one of {', '.join(BLOCKING_MODES)}")
-    return mode
+    return _one_of(BLOCKING_MODES, text)
 
 
 #: How often ranks agree on a call's signature (``BMLMPI_CHECK``, see :mod:`bmlmpi.agreement`).
@@ -122,10 +123,7 @@ CHECK_MODES = ("first-call", "every-call")
 
 
 def _check_mode(text: str) -> str:
-    mode = text.strip().lower()
-    if mode not in CHECK_MODES:
-        raise ValueError(f"expected one of {', '.join(CHECK_MODES)}")
-    return mode
+    return _one_of(CHECK_MODES, text)
 
 
 def _text(text: str) -> str:

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -465,13 +466,8 @@ def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts
                                   f"blocks of recvbuf's {recv.count} are needed")
         counts = (recv.count,) * size
     else:
-        if recvcounts is None:
-            if send.count % size:
-                raise BufferSpecError(f"{name}: sendbuf holds {send.count} elements, not a "
-                                      f"multiple of the {size} ranks (pass recvcounts)")
-            counts = (send.count // size,) * size
-        else:
-            counts = _check_counts(recvcounts, size)
+        counts = _counts_or_equal(recvcounts, send.count, size,
+                                  f"{name}: sendbuf", "pass recvcounts")
         if recv.count != counts[rank]:
             raise BufferSpecError(f"{name}: recvbuf holds {recv.count} elements but "
                                   f"recvcounts[{rank}] is {counts[rank]}")
@@ -484,6 +480,18 @@ def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts
         raise BufferSpecError(f"{name}: sendbuf and recvbuf overlap; use MPI.IN_PLACE")
     return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0, rank,
                       size, src, result, result, native_block=block)
+
+
+def _counts_or_equal(counts: Any, elements: int, size: int, what: str,
+                     hint: str) -> tuple[int, ...]:
+    """The checked ``counts``, else ``elements`` cut into ``size`` equal blocks (an error
+    naming ``what`` when they do not divide)."""
+    if counts is not None:
+        return _check_counts(counts, size)
+    if elements % size:
+        raise BufferSpecError(f"{what} holds {elements} elements, not a multiple of the "
+                              f"{size} ranks ({hint})")
+    return (elements // size,) * size
 
 
 def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ...],
@@ -514,13 +522,7 @@ def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ..
                                   "datatype], [buf, counts] or a buffer")
     spec = _recv_spec(buf if datatype is None else [buf, datatype], reducing=False)
     flat = spec.flat
-    if counts is None:
-        if flat.size % size:
-            raise BufferSpecError(f"Allgatherv: recvbuf holds {flat.size} elements, not a "
-                                  f"multiple of the {size} ranks (give counts)")
-        counts = (flat.size // size,) * size
-    else:
-        counts = _check_counts(counts, size)
+    counts = _counts_or_equal(counts, flat.size, size, "Allgatherv: recvbuf", "give counts")
     if displs is None:
         return flat, counts, None
     try:
@@ -652,6 +654,15 @@ def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
     return algorithms.build(algorithm, ctx)
 
 
+def _gathering(kind: str, vector: bool) -> Callable[..., Any]:
+    """The non-blocking (``kind`` "start": a Request) or persistent ("init") allgather method
+    (``vector``: Allgatherv, counts and displacements in ``recvbuf`` as mpi4py's)."""
+    def method(self: Any, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
+        family_call = self._family_start if kind == "start" else self._family_init
+        return family_call("allgather", algorithm, self._gathers(sendbuf, recvbuf, vector))
+    return method
+
+
 def _locate(buf: np.ndarray | None, args: tuple) -> tuple | None:
     """Where ``buf`` (a schedule buffer a call's arguments resolved to) lies in ``args``:
     (argument index, element offset, count, None) when it is a slice of that argument's
@@ -776,37 +787,28 @@ class FamilyCalls:
                                    False, alg)))
 
     # -- allgather --------------------------------------------------------------------------
+    def _gathers(self, sendbuf: Any, recvbuf: Any, v: bool) -> Callable[[str], Any]:
+        """How an allgather (``v``: Allgatherv's counts and displacements) prepares, given
+        the algorithm."""
+        return lambda alg: prepare_allgather(self.rank, self.size, sendbuf, recvbuf, v, alg)
+
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
         key = _fast_key("Allgather", algorithm, (sendbuf, recvbuf))
         if key is not None and self._family_repeat(key, (sendbuf, recvbuf)):
             return
-        self._family_blocking("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)), key,
-            (sendbuf, recvbuf))
+        self._family_blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, False),
+                              key, (sendbuf, recvbuf))
 
-    def Iallgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
-        return self._family_start("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
-
-    def Allgather_init(self, sendbuf: Any, recvbuf: Any, *,
-                       algorithm: str | None = None) -> Any:
-        return self._family_init("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, False, alg)))
+    Iallgather = _gathering("start", False)
+    Allgather_init = _gathering("init", False)
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
-        self._family_blocking("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
+        self._family_blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, True))
 
-    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
-        return self._family_start("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
-
-    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, *,
-                        algorithm: str | None = None) -> Any:
-        return self._family_init("allgather", algorithm, lambda alg: (
-            prepare_allgather(self.rank, self.size, sendbuf, recvbuf, True, alg)))
+    Iallgatherv = _gathering("start", True)
+    Allgatherv_init = _gathering("init", True)
 
     # -- reduce and broadcast ---------------------------------------------------------------
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,

@@ -8,10 +8,11 @@ root, algorithm asked for and run: one tuple per signature, made when the signat
 seen and shared by its calls), its start and end time, and, for a call that failed or is still
 running, the step it is in and the peers it waits on. A call writes four fields when it starts
 and one when it ends; nothing is allocated for it beyond the numbers themselves, so the blocking
-fast path pays about 0.1 µs (perf/trace/README.md). The state is read off the end time: 0 while
-the call runs, the end time once done, minus the end time when it failed. A running scheduled
-call keeps its :class:`~bmlmpi.execute.Run` in the slot (dropped when it ends), and the dump
-asks it which step it is in and which transfers are incomplete (without completing any).
+fast path pays two clock reads and a few stores, 0.14–0.33 µs (perf/trace/README.md). The
+state is read off the end time: 0 while the call runs, the end time once done, minus the end
+time when it failed. A running scheduled call keeps its :class:`~bmlmpi.execute.Run` in the
+slot (dropped when it ends), and the dump asks it which step it is in and which transfers are
+incomplete (without completing any).
 
 :meth:`FlightRecorder.dump` writes the ring, oldest call first, to
 ``BMLMPI_TRACE_DIR/bmlmpi-trace-<host>-p<pid>-w<world rank>-c<communicator>.json`` (default

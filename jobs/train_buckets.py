@@ -302,8 +302,8 @@ def train(args: argparse.Namespace, comm, plan: str) -> dict:
         result["dropped_fraction"] = (buckets.compression.dropped /
                                       max(buckets.compression.elements, 1))
         # the α, β the sparse/dense choice priced the links with (a fixed algorithm has no
-        # calibration: measured on the first call that asked, bmlmpi.compression.links)
-        from bmlmpi.compression.links import known
+        # calibration: measured on the first call that asked, bmlmpi.compression.network_price)
+        from bmlmpi.compression.network_price import known
         links = known(communicator.compression)
         if links is not None:
             result["compression_links_alpha_beta"] = list(links)

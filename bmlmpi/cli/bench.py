@@ -286,6 +286,9 @@ class FamilyCase:
             self.expected = (np.arange(n) % 64 + self.root).astype(np.float32)
             self.size_bytes = self.bus_bytes = n * 4
             self.factor = 1.0
+        # the elements of all ranks' blocks together (Communicator.explain's count)
+        self.total = {"reduce_scatter": self.recv.size * size,
+                      "allgather": self.recv.size}.get(collective, n)
         self.ctx, self.comm = ctx, comm
 
     def reset(self) -> None:
@@ -413,8 +416,9 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             "device": device,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * factor if size > 1 else 0.0})
-        if a == "auto" and collective == "allreduce":
-            rows[-1]["chose"] = ctx.explain(n, np.float32).chosen
+        if a == "auto":  # what auto ran (Communicator.explain: a test holds them equal)
+            rows[-1]["chose"] = ctx.explain(n if collective == "allreduce" else case.total,
+                                            np.float32, collective=collective).chosen
     return rows
 
 

@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 from mpi4py import MPI
 
 from .. import selection
+from ..api import Communicator
 from ..calibrate import calibrate
-from ..model.estimate import estimate
 
 
 def _fmt(seconds: float) -> str:
-    return f"{seconds * 1e6:10.1f}"
+    return f"{seconds * 1e6:12.1f}"
 
 
 def main(argv: Sequence[str] | None = None,
@@ -30,8 +30,9 @@ def main(argv: Sequence[str] | None = None,
                                              "predicted time of every algorithm it considers.")
     ap.add_argument("--fresh", action="store_true", help="ignore the cache and re-measure")
     ap.add_argument("--algorithms", default=None,
-                    help="comma-separated algorithms to price, among those auto can run "
-                         "(default: auto's own candidates on this communicator)")
+                    help="comma-separated algorithms to show, among those auto can run "
+                         "(default: every candidate auto prices on these ranks; one it does "
+                         "not price at a size shows -)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--itemsize", type=int, default=4)
     args = ap.parse_args(argv)
@@ -46,6 +47,16 @@ def main(argv: Sequence[str] | None = None,
     start = time.perf_counter()
     calib = calibrate(comm, use_cache=not args.fresh)
     took = time.perf_counter() - start
+    # which ranks share a node and the topology's shape, as a Communicator on these ranks
+    # sees them: auto prices shm and hierarchical with them (collective; no calibration of
+    # its own for a named algorithm)
+    ctx = Communicator(comm, algorithm="native")
+    shape = ctx.shape
+    try:
+        nodes = ctx.nodes()
+    except ValueError:
+        nodes = None
+    ctx.Free()
     if comm.Get_rank() != 0:
         return 0
     size = comm.Get_size()
@@ -72,19 +83,23 @@ def main(argv: Sequence[str] | None = None,
         printer("one rank: auto runs native at every size (MPI_Allreduce on one rank is a "
                 "copy, through the blocking fast path); nothing to price")
         return 0
-    names = (selection.candidates(args.max_bytes // args.itemsize, size)
-             if args.algorithms is None else asked)
-    if "hierarchical" in names:
-        names.remove("hierarchical")  # priced only where nodes are known (a Communicator)
-    printer(f"{'bytes':>10} " + " ".join(f"{n:>10}" for n in names) + "  auto's choice   (us)")
+    # each size's row: the candidates auto prices there and their predicted times (the
+    # model with the calibration and its measured correction; native measured), exactly
+    # what Communicator.explain gives on these ranks
+    rows = []
     nbytes = args.itemsize
     while nbytes <= args.max_bytes:
-        count = nbytes // args.itemsize
-        t = estimate(names, count, args.itemsize, size, calib=calib)
-        choice = selection.explain(count, args.itemsize, size, calib).chosen
-        printer(f"{nbytes:>10} " + " ".join(_fmt(t[n]) if n in t else f"{'-':>10}"
-                                            for n in names) + f"  {choice}")
+        why = selection.explain(nbytes // args.itemsize, args.itemsize, size, calib, shape,
+                                nodes)
+        rows.append((nbytes, {c.name: c.predicted for c in why.candidates}, why.chosen))
         nbytes *= 4
+    seen = {n for _, times, _ in rows for n in times}
+    priced = [n for n in runnable if n in seen]
+    names = priced if args.algorithms is None else [a for a in asked if a in priced]
+    printer(f"{'bytes':>10} " + " ".join(f"{n:>12}" for n in names) + "  auto's choice   (us)")
+    for nbytes, times, choice in rows:
+        printer(f"{nbytes:>10} " + " ".join(_fmt(times[n]) if n in times else f"{'-':>12}"
+                                            for n in names) + f"  {choice}")
     return 0
 
 

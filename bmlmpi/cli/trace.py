@@ -164,8 +164,11 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
         mismatches.append({"seq": seq, "majority": describe_sig(majority), "ranks": holders,
                            "odd": odd})
 
-    # the chain of waits of the stuck call
-    chain, culprit, why = _chain(ranks, missing, state, position, size)
+    # the chain of waits of the stuck call; a rank that entered it a quarter of the deadline
+    # after the first came late
+    timeout = max((d.get("timeout") or 0.0) for d in by_rank.values())
+    late_after = timeout / 4 if timeout > 0 else 1.0
+    chain, culprit, why = _chain(ranks, missing, state, position, size, late_after)
     verdict = None
     if mismatches:
         m = mismatches[0]
@@ -181,11 +184,8 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
             verdict = (f"rank {r} called {o['signature']} at seq {m['seq']} where ranks "
                        f"{_ranks(m['ranks'])} called {m['majority']} ({_differ(o['differs'])})")
         culprit_rank = r
-    elif culprit is not None:
-        verdict = why
-        culprit_rank = culprit
     else:
-        culprit_rank = None
+        verdict, culprit_rank = why, culprit
     first = dumps[0]
     return {"comm": first["comm"], "kind": first["kind"], "size": size, "ranks": ranks,
             "missing": missing, "last_common_done": common, "behind": behind, "front": front,
@@ -202,7 +202,8 @@ def _waits_on(cur: dict[str, Any], ranks: list[int], size: int) -> list[int]:
     return recv or [p["rank"] for p in peers]
 
 
-def _chain(ranks, missing, state, position, size) -> tuple[list[dict], int | None, str | None]:
+def _chain(ranks, missing, state, position, size, late_after: float
+           ) -> tuple[list[dict], int | None, str | None]:
     stuck = [r for r in ranks if "current" in state[r]]
     if not stuck:
         if missing:
@@ -222,7 +223,11 @@ def _chain(ranks, missing, state, position, size) -> tuple[list[dict], int | Non
         link = {"rank": r, "seq": cur["seq"], "state": cur["state"], "waits_on": waits}
         chain.append(link)
         if not waits:
-            break  # its transfers are complete (or ended in errors): the chain ends here
+            # its transfers are complete (or ended in errors): the chain ends here; where
+            # others wait on it, it is the one that held them up
+            if len(chain) > 1:
+                return chain, *_late_words(chain, state, cur["seq"], True, late_after)
+            break
         # the first peer that explains the wait: missing, behind, or itself stuck here
         nxt = None
         for p in waits:
@@ -240,14 +245,7 @@ def _chain(ranks, missing, state, position, size) -> tuple[list[dict], int | Non
                 nxt = p
                 break
         if nxt is None and len(chain) > 1:
-            # the waits go round: whoever entered the call last held the others up
-            loop = [c["rank"] for c in chain if state[c["rank"]].get("current")]
-            late = max(loop, key=lambda q: state[q]["current"]["start"] or 0.0)
-            started = state[late]["current"]["start"] or 0.0
-            first = min(state[q]["current"]["start"] or started for q in loop)
-            return chain, late, (f"the waits in seq {cur['seq']} go round ({_who(chain)}); "
-                                 f"rank {late} entered it last, {started - first:.1f} s after "
-                                 f"the first (it was stopped or slow before the call)")
+            return chain, *_late_words(chain, state, cur["seq"], False, late_after)
         if nxt is None:
             break
         r = nxt
@@ -256,6 +254,34 @@ def _chain(ranks, missing, state, position, size) -> tuple[list[dict], int | Non
                                    f"wrote no dump (killed, or never reached a dump); the "
                                    f"others are in seq {position(start)}")
     return chain, None, None
+
+
+def _late_words(chain, state, seq, dead_end: bool, late_after: float
+                ) -> tuple[int | None, str]:
+    """The culprit of a chain of waits that no missing or behind rank explains, and the words.
+    Every rank of the chain is in the call, so whoever entered it last (by more than
+    ``late_after`` s) held the others up: it was stopped or slow before the call, and its
+    peers gave the call up before it came. ``dead_end``: the chain ends at a rank with no
+    transfer outstanding (the late rank's first step completed at once against the transfers
+    its peers had posted long before, or a peer's transfers completed as it gave up);
+    otherwise the waits go round. Where no rank entered late, the transfers themselves
+    stalled: no culprit."""
+    def start(q: int) -> float:
+        t = state[q]["current"].get("start")
+        return 0.0 if t is None else t
+    late = max((c["rank"] for c in chain), key=start)
+    # the first to enter: of every rank in the call, not only those on the chain
+    first = min(start(q) for q, st in state.items()
+                if st.get("current") and st["current"]["seq"] == seq)
+    lag = start(late) - first
+    how = (f"the waits in seq {seq} end at rank {chain[-1]['rank']}, which had nothing "
+           f"outstanding when its call ended ({_who(chain)})" if dead_end
+           else f"the waits in seq {seq} go round ({_who(chain)})")
+    if lag <= late_after:
+        return None, (f"{how}; every rank entered it within {lag:.1f} s: no rank came late, "
+                      f"the transfers themselves stalled")
+    return late, (f"{how}; rank {late} entered it last, {lag:.1f} s after the first (it was "
+                  f"stopped or slow before the call)")
 
 
 def _behind_words(p, state, position, chain, seq) -> str:

@@ -16,7 +16,7 @@ It holds:
   running one channel's calls one after another (:attr:`CompressionChannel.queue`);
 * the plans compiled on the duplicate (per algorithm, count, item size and kernel op), the
   BCube level groups as ranks of the duplicate, and the α-β price of the network measured by
-  the first compressed call that asked (:mod:`.links`).
+  the first compressed call that asked (:mod:`.network_price`).
 
 What it asks of its communicator is public: ``comm``, ``timeout``, ``size``, ``rank``,
 ``level_comms``, ``schedule()`` and, for the compressed call itself (:mod:`.layer`),
@@ -34,8 +34,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import kernels
+from ..agreement import drain
 from ..execute import Plan, tag_upper_bound, wait_request
-from .engine import TAG_SPAN, StagedRequest
+from .engine import TAG_SPAN, CallQueue
 from .layer import start as start_compressed
 from .sparse import level_members
 
@@ -55,11 +56,11 @@ class CompressionChannel:
         self._blocks = 1
         self._plans: dict[tuple, Plan] = {}
         self._levels: list[list[int]] | None = None
-        #: (α, β) measured by the first compressed call that asked (:mod:`.links`); None
+        #: (α, β) measured by the first compressed call that asked (:mod:`.network_price`); None
         #: until then
         self.links: tuple[float, float] | None = None
         #: this channel's staged requests, oldest first (:class:`.engine.StagedRequest`)
-        self.queue: list[StagedRequest] = []
+        self.queue = CallQueue()
 
     @property
     def comm(self) -> MPI.Comm:
@@ -113,6 +114,22 @@ class CompressionChannel:
                 dup.Free()
             except MPI.Exception:
                 pass
+
+    def free(self) -> bool:
+        """Free the duplicate (the owner's ``Free``), unless MPI may still use it: while a
+        call of this channel is queued (one given up at its deadline stays queued) or after
+        one ended in an error (its stage's other requests may still be posted), it is left to
+        MPI, as freeing a communicator under a pending operation crashes some MPI libraries.
+        True when nothing is left."""
+        if self.queue or self.queue.unsettled:
+            return False
+        dup, self._dup = self._dup, None
+        self._plans = {}
+        self._levels = None
+        if dup is not None:
+            drain(dup)
+            dup.Free()
+        return True
 
     def plan(self, algorithm: str, count: int, itemsize: int, op: str) -> Plan:
         """The compiled plan of ``algorithm`` on the duplicate (cached per signature), its

@@ -52,6 +52,16 @@ class RunRequest:
         self.run.cancel()
 
 
+class CallQueue(list):
+    """One channel's staged requests, oldest first; ``unsettled`` once one of them ended in an
+    error (its stage's other requests may still be posted, so MPI may still use the channel's
+    communicator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsettled = False
+
+
 class StagedRequest:
     """Wraps a generator that yields lists of requests (MPI or bmlmpi) and returns when done.
 
@@ -64,7 +74,7 @@ class StagedRequest:
     """
 
     def __init__(self, stages: Generator[Sequence[Any], None, None], timeout: float, what: str,
-                 queue: list[StagedRequest] | None = None):
+                 queue: CallQueue | None = None):
         self._gen = stages
         self._pending: Sequence[Any] = ()
         self._started = False
@@ -73,7 +83,7 @@ class StagedRequest:
         self._stage = 0
         self.timeout = timeout
         self.what = what
-        self._queue: list[StagedRequest] = [] if queue is None else queue
+        self._queue = CallQueue() if queue is None else queue
         self._queue.append(self)
         _drive(self._queue)
 
@@ -99,6 +109,7 @@ class StagedRequest:
                 self._finished = True
                 self._pending = ()
                 self._error = exc
+                self._queue.unsettled = True
 
     def _progress(self) -> tuple:
         return (self._stage, tuple(getattr(r, "progress", 0) for r in self._pending))
@@ -122,7 +133,7 @@ class StagedRequest:
         wait_for(self.Test, self.timeout, self._describe, progress=self._progress)
 
 
-def _drive(queue: list[StagedRequest]) -> None:
+def _drive(queue: CallQueue) -> None:
     """Advance the oldest unfinished request; start the next one as each finishes."""
     while queue:
         head = queue[0]
@@ -132,4 +143,4 @@ def _drive(queue: list[StagedRequest]) -> None:
         queue.pop(0)
 
 
-__all__ = ["RunRequest", "StagedRequest", "TAG_SPAN"]
+__all__ = ["CallQueue", "RunRequest", "StagedRequest", "TAG_SPAN"]

@@ -18,9 +18,9 @@ for a bucket):
 4. The exchange, one of:
    * **sparse** (filters on, and :func:`.sparse.sparse_seconds` below the cost model's dense
      price, both priced with the communicator's α and β: its calibration's, else measured once
-     on its first such call, :mod:`.links`): index/value pairs over the BCube levels (ring, or
-     a communicator without level communicators such as the fault-tolerant one: around the
-     ring), summed exactly. With a wire format the values travel as the 16-bit codes
+     on its first such call, :mod:`.network_price`): index/value pairs over the BCube levels
+     (ring, or a communicator without level communicators such as the fault-tolerant one:
+     around the ring), summed exactly. With a wire format the values travel as the 16-bit codes
      ``finish`` made (4 + 2 bytes a pair instead of 4 + itemsize), unsummed until every rank
      holds them all (:func:`.sparse.concatenate`; a partial sum rounded to 16 bits would no
      longer be exact), then decoded and summed in float64 (exact: at most N 16-bit values an
@@ -77,7 +77,7 @@ from ..ops import op_name
 from ..recorder import FlightRecorder, Signature, Slot
 from ..schedules.algorithms import with_wire_format
 from .engine import RunRequest, StagedRequest
-from .links import DEFAULT_ALPHA, DEFAULT_BETA, alpha_beta, known
+from .network_price import DEFAULT_ALPHA, DEFAULT_BETA, alpha_beta, known
 from .protocol import Compressor, parse
 from .sparse import (
     check_count,
@@ -148,7 +148,7 @@ def choose_sparse(channel: Any, alg: str, kept: int, count: int, itemsize: int,
     """Whether the sparse exchange of ``kept`` pairs (values of ``itemsize`` bytes) is
     cheaper than the dense allreduce (elements of ``wire_itemsize`` bytes) on the
     communicator of the compression ``channel``, priced with (``alpha``, ``beta``): default
-    :func:`.links.known` (the calibration's, the measured ones or the defaults)."""
+    :func:`.network_price.known` (the calibration's, the measured ones or the defaults)."""
     comm = channel.owner
     if comm.size == 1 or count == 0:
         return False

@@ -47,18 +47,20 @@ class Collective:
     def input_size(self, rank: int, count: int, root: int,
                    counts: Sequence[int] | None) -> int:
         """Elements of ``rank``'s input buffer."""
-        if self.name == "allgather":
-            return counts[rank] if counts is not None else 0
-        if self.name == "bcast":
-            return count if rank == root else 0
-        return count
+        return self._share(rank, count, root, counts, "allgather", "bcast")
 
     def output_size(self, rank: int, count: int, root: int,
                     counts: Sequence[int] | None) -> int:
         """Elements of ``rank``'s output buffer this collective writes."""
-        if self.name == "reduce_scatter":
+        return self._share(rank, count, root, counts, "reduce_scatter", "reduce")
+
+    def _share(self, rank: int, count: int, root: int, counts: Sequence[int] | None,
+               blocked: str, rooted: str) -> int:
+        """``rank``'s block when this is ``blocked``, the whole buffer at the root only when
+        it is ``rooted``, else the whole buffer."""
+        if self.name == blocked:
             return counts[rank] if counts is not None else 0
-        if self.name == "reduce":
+        if self.name == rooted:
             return count if rank == root else 0
         return count
 

@@ -104,7 +104,7 @@ checks them against the cost model, and ``perf/hierarchical/`` tabulates them.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from ..topology.bcube import default_shape, prime_factors
@@ -214,20 +214,11 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
         steps.append(Step(tuple(Transfer(right, lo, hi, level=0) for lo, hi in out),
                           tuple(Recv(left, lo, hi, level=0, reduce=True) for lo, hi in into)))
 
-    sub_streams = len(shape) if across == "bml" else 1
-    inter_steps = 0
-    if n_nodes > 1:
-        inter_steps = 2 * len(shape) if across == "bml" else 2 * (n_nodes - 1)
-    sends: list[list[Transfer]] = [[] for _ in range(inter_steps)]
-    recvs: list[list[Recv]] = [[] for _ in range(inter_steps)]
-    if n_nodes > 1:
-        for j in range(i, width, m):  # the shards this rank carries across nodes
-            lo, hi = shards[j], shards[j + 1]
-            owners = [node[j % len(node)] for node in nodes.members]
-            sub = (bml_schedule(g, n_nodes, hi - lo, shape) if across == "bml"
-                   else ring_schedule(g, n_nodes, hi - lo))
-            across_nodes(sub, owners, lo, j * sub_streams, sends, recvs)
-    steps += [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
+    middle, sub_streams = _inter_node_steps(
+        nodes, across, shape, shards, i, m, 2 * (n_nodes - 1),
+        lambda n: (bml_schedule(g, n_nodes, n, shape) if across == "bml"
+                   else ring_schedule(g, n_nodes, n)))
+    steps += middle
 
     if chunks:
         steps += node_steps(rank, mine, chunks, "allgather", len(steps))
@@ -242,6 +233,26 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
                     streams=max(1, width * sub_streams),
                     meta={"nodes": nodes.sizes, "inter": across, "intra": intra,
                           "node_shape": shape if across == "bml" else None})
+
+
+def _inter_node_steps(nodes: Nodes, across: str, shape: Sequence[int], shards: list[int],
+                      i: int, m: int, ring_steps: int,
+                      sub_of: Callable[[int], Schedule]) -> tuple[list[Step], int]:
+    """The tier across nodes: for every shard local rank ``i`` of an ``m``-rank node carries,
+    ``sub_of(elements)``'s schedule among the shard's owners (one per node), merged into one
+    step list (2k steps with BML, ``ring_steps`` with ring); and the streams each shard
+    takes. No steps on one node."""
+    sub_streams = len(shape) if across == "bml" else 1
+    if nodes.count == 1:
+        return [], sub_streams
+    inter_steps = 2 * len(shape) if across == "bml" else ring_steps
+    sends: list[list[Transfer]] = [[] for _ in range(inter_steps)]
+    recvs: list[list[Recv]] = [[] for _ in range(inter_steps)]
+    for j in range(i, len(shards) - 1, m):  # the shards this rank carries across nodes
+        lo, hi = shards[j], shards[j + 1]
+        owners = [node[j % len(node)] for node in nodes.members]
+        across_nodes(sub_of(hi - lo), owners, lo, j * sub_streams, sends, recvs)
+    return [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)], sub_streams
 
 
 def node_ring(shards: list[int], i: int, m: int, width: int, right: int, left: int,
@@ -311,21 +322,11 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
         direct = Step(tuple(Transfer(o, lo, hi, level=0) for o, lo, hi in far if rank == root),
                       tuple(Recv(root, lo, hi, level=0) for o, lo, hi in far if o == rank))
 
-    sub_streams = len(shape) if across == "bml" else 1
-    inter_steps = 0
-    if n_nodes > 1:
-        inter_steps = 2 * len(shape) if across == "bml" else n_nodes
-    sends: list[list[Transfer]] = [[] for _ in range(inter_steps)]
-    recvs: list[list[Recv]] = [[] for _ in range(inter_steps)]
-    if n_nodes > 1:
-        for j in range(i, width, m):  # the shards this rank carries across nodes
-            lo, hi = shards[j], shards[j + 1]
-            owners = [node[j % len(node)] for node in nodes.members]
-            sub = (bml_rooted_schedule(collective, g, n_nodes, hi - lo, shape, home)
+    middle, sub_streams = _inter_node_steps(
+        nodes, across, shape, shards, i, m, n_nodes,
+        lambda n: (bml_rooted_schedule(collective, g, n_nodes, n, shape, home)
                    if across == "bml" else
-                   ring_rooted_schedule(collective, g, n_nodes, hi - lo, home))
-            across_nodes(sub, owners, lo, j * sub_streams, sends, recvs)
-    middle = [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)]
+                   ring_rooted_schedule(collective, g, n_nodes, n, home)))
     if size == 1:
         steps: list[Step] = []
     elif intra == "shm":

@@ -43,9 +43,9 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from .. import config
-from ..api import Communicator
 from ..execute import timeout_from_env
 from ..ops import AVG
+from ..variants import Communicator
 from .tensors import (
     UnsupportedCall,
     check_reducible,
@@ -164,8 +164,6 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         o = self.options
         if not o.fault_tolerant:
             return {}
-        from ..ft import communicator  # registers the fault-tolerant Communicator
-        del communicator
         return {"fault_tolerant": True, "recovery": o.recovery, "hang_timeout": o.hang_timeout,
                 "on_failure": o.on_failure}
 

@@ -32,7 +32,7 @@ from mpi4py import MPI
 import bmlmpi
 from bmlmpi.compression import Compressor, bf16, fp16, tdf, threshold, topk
 from bmlmpi.compression import random as grp
-from bmlmpi.compression.links import known
+from bmlmpi.compression.network_price import known
 
 PHI = 2.0  # G-SMP's initial threshold, in units of the array's typical |g| (see gradient())
 

@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 # the sparse settings both left to the cost model (auto: it prices the links it measured on
-# the first call, bmlmpi.compression.links) and pinned with @sparse
+# the first call, bmlmpi.compression.network_price) and pinned with @sparse
 SPECS = ["threshold:0", "fp16", "bf16", "tdf:0.001:0.5:0.6", "tdf:0.01:0.5:0.9",
          "tdf:0.01:0.5:0.9:none", "tdf:0.1:0.5:0.99", "tdf:0.1:0.5:0.99:none",
          "tdf:0.3:0.5:0.99:none", "tdf:0.1:0.5:0.99:none@sparse",

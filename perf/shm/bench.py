@@ -9,12 +9,16 @@ input, for an allgather the whole output, a broadcast's buffer). Each row: ``BLO
 each a block of ``max(5, min(200, 256 MiB / size))`` back-to-back calls of bmlmpi's ``shm``
 and then of mpi4py's call (after one untimed call and a barrier each), the median of the
 block means on rank 0 (roots are rank 0), with the 1-minute load average at the row's end.
+An allreduce row also gives the memory floor of that size measured right after it, in the
+same run (``perf/baseline/memfloor.py``: every rank reads its peers' slices and copies the
+reduced ones, all ranks at once), and ``shm`` ÷ floor.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable
 
@@ -22,6 +26,9 @@ import numpy as np
 from mpi4py import MPI
 
 import bmlmpi
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+from perf.baseline.memfloor import measure as memory_floor  # noqa: E402
 
 SIZES = [64 << 10, 256 << 10, 1 << 20, 2 << 20, 4 << 20, 16 << 20, 64 << 20]
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
@@ -76,10 +83,14 @@ def main() -> None:
                         call()
                     times[name].append((time.perf_counter() - start) / calls)
                     comm.Barrier()
+            floor = ""
+            if collective == "allreduce":
+                us = memory_floor(comm, nbytes, 5)["floor_us"]
+                floor = f" floor {us:9.1f} us shm/floor {np.median(times['shm']) * 1e6 / us:5.2f}"
             if comm.rank == 0:
                 s, m = np.median(times["shm"]), np.median(times["mpi4py"])
                 print(f"N={comm.size} {collective:<14} {nbytes:>9} shm {s * 1e6:9.1f} us "
-                      f"mpi4py {m * 1e6:9.1f} us mpi4py/shm {m / s:5.2f} "
+                      f"mpi4py {m * 1e6:9.1f} us mpi4py/shm {m / s:5.2f}{floor} "
                       f"load {os.getloadavg()[0]:.2f}", flush=True)
     ctx.Free()
 

@@ -3,10 +3,16 @@
     python perf/trace/recorder_cost.py --micro                    # one process
     bmlmpi-run -n 2 python perf/trace/recorder_cost.py --write perf/trace
 
-``--micro``: the recorder's own work in isolation, the begin and done the blocking fast path
-inlines (``bmlmpi/api.py``: four stores and a clock read at the start, one store and a clock
-read at the end, and the test of whether a timeline is on) against the same function without
-them, and the methods ``begin``/``done`` the checked path calls; ``timeit``, best of 7.
+``--micro``: the recorder's own work in isolation (and the drop-in on ``COMM_SELF``,
+below), the begin and done the blocking fast path inlines (``bmlmpi/api.py``: four stores and
+a clock read at the start, one store and a clock read at the end, and the test of whether a
+timeline is on) against the same function without them, and the methods ``begin``/``done``
+the checked path calls; ``timeit``, the three interleaved in 7 rounds, the best round of
+each.
+
+One rank (in both modes): the drop-in's own Python work with no partner to wait for, 8 B on
+``MPI.COMM_SELF``: mpi4py's call against the native ``Communicator`` with the recorder on and
+off, interleaved.
 
 Under MPI (two ranks): the blocking drop-in end to end at 8 B, interleaved in blocks: mpi4py's
 ``comm.Allreduce``, ``bmlmpi.Communicator(comm, "native")`` with the recorder on (the default,
@@ -67,12 +73,56 @@ def micro() -> dict[str, float]:
     def methods() -> None:  # the checked path's
         rec.done(rec.begin(sig))
 
-    out = {}
+    # interleaved: each of the 7 rounds times every function in turn, so that a change in the
+    # machine's load hits all three alike; the best round of each
     number = 200_000
-    for name, fn in (("without", without), ("inline", inline), ("methods", methods)):
-        out[name] = min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e6
+    fns = {"without": without, "inline": inline, "methods": methods}
+    best = {name: float("inf") for name in fns}
+    for _ in range(7):
+        for name, fn in fns.items():
+            best[name] = min(best[name], timeit.timeit(fn, number=number))
+    out = {name: t / number * 1e6 for name, t in best.items()}
     out["inline_cost"] = out["inline"] - out["without"]
     out["methods_cost"] = out["methods"] - out["without"]
+    return out
+
+
+def one_rank() -> dict[str, float]:
+    """The drop-in's own Python work, with no partner to wait for: 8 B allreduces on
+    ``MPI.COMM_SELF`` (MPI's call a local copy), mpi4py's ``comm.Allreduce`` against
+    ``Communicator(COMM_SELF, "native")`` with the recorder on and off; ``timeit``, the three
+    interleaved in 9 rounds, the best round of each (µs a call)."""
+    from mpi4py import MPI
+
+    import bmlmpi
+
+    comm = MPI.COMM_SELF
+    before = os.environ.get("BMLMPI_TRACE_CALLS")
+    ctxs = {}
+    for name, calls in (("recorder on", "256"), ("recorder off", "0")):
+        os.environ["BMLMPI_TRACE_CALLS"] = calls
+        ctxs[name] = bmlmpi.Communicator(comm, algorithm="native")
+    if before is None:
+        os.environ.pop("BMLMPI_TRACE_CALLS")
+    else:
+        os.environ["BMLMPI_TRACE_CALLS"] = before
+    send = np.full(2, 1.0, dtype=np.float32)
+    recv = np.empty_like(send)
+    fns = {"mpi4py": lambda: comm.Allreduce(send, recv)}
+    fns.update({name: (lambda c=c: c.Allreduce(send, recv)) for name, c in ctxs.items()})
+    for fn in fns.values():
+        for _ in range(1000):
+            fn()
+    number = 50_000
+    best = {name: float("inf") for name in fns}
+    for _ in range(9):
+        for name, fn in fns.items():
+            best[name] = min(best[name], timeit.timeit(fn, number=number))
+    for c in ctxs.values():
+        c.Free()
+    out = {name: t / number * 1e6 for name, t in best.items()}
+    out["on - off"] = out["recorder on"] - out["recorder off"]
+    out["on - mpi4py"] = out["recorder on"] - out["mpi4py"]
     return out
 
 
@@ -122,11 +172,12 @@ def main() -> int:
     args = ap.parse_args()
     load_before = os.getloadavg()
     if args.micro:
-        res = {"micro_us": micro()}
+        res = {"micro_us": micro(), "one_rank_us": one_rank()}
         rank = 0
     else:
         res = end_to_end(args.iterations, args.blocks)
         res["micro_us"] = micro()
+        res["one_rank_us"] = one_rank()
         from mpi4py import MPI
         rank = MPI.COMM_WORLD.rank
     res["loadavg_before"] = load_before

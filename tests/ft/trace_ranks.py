@@ -9,11 +9,15 @@ flight recorder dumps into ``BASE/<scenario>``, in this order:
               call (SUM) meets the others' MAX: each signature's messages have tags of their
               own, so every rank waits in that call until its deadline.
 ``count``     rank 2 passes 999 elements instead of 1000 on loop call 2, after the signature's
-              first call: rank 2 waits in the argument check, the others in the ring.
+              first call: rank 2 announces a signature no rank ran before while the others
+              run the checked one, and every rank raises ArgumentMismatch at once.
 ``stop``      rank 3 stops itself (SIGSTOP) before loop call 2; rank 0, once its call has
-              raised, sends it SIGCONT; rank 3 then enters the call the others left.
+              raised, sends it SIGCONT; rank 3 then enters the call the others left and
+              learns of the revocation (before or after its first step's transfers
+              complete: both orderings happen, and bmlmpi-trace must name rank 3 in each).
 ``kill``      a fault-tolerant communicator; rank 2 is killed (SIGKILL) before loop call 2:
-              the survivors notice, dump, recover and finish.
+              the survivors notice, dump, recover and finish (``recovered_in``: seconds from
+              the start of that call to the end of the last one).
 
 Between scenarios the ranks meet in a barrier of ``MPI.COMM_WORLD``. Output, one JSON line
 per rank and scenario, prefixed ``TRACE-JSON``: the exception the rank's call raised (type,
@@ -115,9 +119,12 @@ def kill(started: list[float], timeout: float) -> None:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         started[0] = time.monotonic()
+        if i == 2:
+            failed_call = started[0]
         c.Allreduce(a, b)
+    # from the start of the call the killed rank never made to the end of the last call
     emit(scenario="kill", rank=world.rank, survivors=list(c.survivors),
-         dumps=c.recorder.dumps)
+         dumps=c.recorder.dumps, recovered_in=time.monotonic() - failed_call)
 
 
 def main() -> int:

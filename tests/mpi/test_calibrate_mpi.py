@@ -75,3 +75,23 @@ def test_auto_runs_the_family_schedule_the_calibration_makes_cheap(monkeypatch):
         ran = max((s for s in ctx.recorder.slots if s.seq >= 0), key=lambda s: s.seq).sig
         assert (ran.collective, ran.asked, ran.chosen) == ("reduce_scatter", "auto", cheap)
         ctx.Free()
+
+
+@pytest.mark.mpi
+def test_shared_memory_is_measured_on_each_node(comm):
+    """On several nodes that each hold two ranks or more (pretended: two consecutive ranks a
+    node) the calibration measures shared memory on every node at once, as hierarchical's
+    node tier runs it; where a node holds one rank there is nothing to measure."""
+    from bmlmpi.calibrate import several_nodes, shm_step_time
+    from bmlmpi.topology.nodes import consecutive_nodes
+    nodes = consecutive_nodes(comm.size, 2)
+    tier = several_nodes(comm, 60, nodes)
+    if nodes.count < 2 or min(nodes.sizes) < 2:
+        assert tier is None
+        return
+    try:
+        assert tier is not None
+        assert tier.members == list(nodes.members[nodes.node_of(comm.rank)])
+        assert 0 < shm_step_time(tier, 3, 60) < 60
+    finally:
+        tier.free()

@@ -190,6 +190,30 @@ def test_auto_prices_the_links_measured_once_per_communicator(comm):
 
 
 @pytest.mark.mpi
+def test_free_frees_the_compression_duplicate_unless_a_call_is_unfinished(comm):
+    c2 = bmlmpi.Communicator(MPI.COMM_WORLD, algorithm=comm.algorithm)
+    out = np.empty(100, np.float32)
+    c2.Allreduce(data(100, c2.rank, 0), out, MPI.SUM, compression=fp16())
+    dup = c2.compression.comm
+    c2.Free()
+    assert dup == MPI.COMM_NULL
+    c3 = bmlmpi.Communicator(MPI.COMM_WORLD, algorithm=comm.algorithm)
+    req = c3.Iallreduce(data(100, c3.rank, 1), out, MPI.SUM, compression=fp16())
+    dup = c3.compression.comm
+    try:
+        c3.Free()    # the compressed call is not waited on: its duplicate is left to MPI
+        assert dup != MPI.COMM_NULL
+    finally:
+        req.Wait()   # it still completes on its own duplicate
+    assert np.array_equal(out, np.sum(c3_inputs(comm.size, 100, 1), axis=0))  # small ints: exact
+    assert c3.compression.free() and dup == MPI.COMM_NULL
+
+
+def c3_inputs(size: int, n: int, it: int) -> list[np.ndarray]:
+    return [data(n, r, it) for r in range(size)]
+
+
+@pytest.mark.mpi
 def test_different_compressor_paths_raise_on_every_rank(comm):
     if comm.size == 1:
         return

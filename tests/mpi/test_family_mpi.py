@@ -601,6 +601,19 @@ def test_hierarchical_on_pretended_nodes(comm, monkeypatch):
                 ctx.Bcast(buf, root)
                 if not np.array_equal(buf, _contribution(n, root, np.int32)):
                     failures.append(f"{per_node}/node Bcast n={n} root={root}")
+        # the node tier ran in shared memory (these nodes share this machine's memory), on
+        # every rank whose node holds another
+        from bmlmpi.shm import ShmRun
+        nodes = ctx.nodes()
+        shared = len(nodes.members[nodes.node_of(rank)]) > 1
+        for method, args in (("Ireduce_scatter_block", (np.ones(4 * size), np.empty(4))),
+                             ("Iallgather", (np.ones(4), np.empty(4 * size))),
+                             ("Ireduce", (np.ones(9), np.empty(9), MPI.SUM, 0)),
+                             ("Ibcast", (np.ones(9), size - 1))):
+            req = getattr(ctx, method)(*args)  # started alone: its run exists at once
+            if shared and not isinstance(req.run, ShmRun):
+                failures.append(f"{per_node}/node {method}: not in shared memory")
+            req.Wait()
         ctx.Free()
     all_ranks_agree(comm, failures)
 

@@ -14,7 +14,7 @@ import pytest
 from mpi4py import MPI
 
 import bmlmpi
-from bmlmpi import execute, recorder
+from bmlmpi import execute, recorder, timeline
 from bmlmpi.cli import trace
 
 _made: list[Path] = []
@@ -83,6 +83,71 @@ def test_explain_agrees_with_what_the_call_runs():
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "reduce", "bcast"])
+def test_explain_agrees_with_what_the_family_calls_run(collective):
+    world = MPI.COMM_WORLD
+    n = world.size
+    c = bmlmpi.Communicator(world)
+    for block in (1, 3000, 100_000):
+        total = block * n   # explain's count: the elements of all ranks' blocks together
+        why = c.explain(total, np.float32, collective=collective)
+        assert why.chosen in bmlmpi.algorithms(collective) and why.chosen != "auto", why
+        assert why.rule and why.why
+        a = ((np.arange(total) * 7 + world.rank * 3) % 11).astype(np.float32)
+        with execute.observing(Ran()) as seen:
+            if collective == "reduce_scatter":
+                out, ref = np.empty(block, np.float32), np.empty(block, np.float32)
+                c.Reduce_scatter_block(a, out)
+                world.Reduce_scatter_block(a, ref)
+            elif collective == "allgather":
+                mine = a[:block].copy()
+                out, ref = np.empty(total, np.float32), np.empty(total, np.float32)
+                c.Allgather(mine, out)
+                world.Allgather(mine, ref)
+            elif collective == "reduce":
+                out, ref = np.zeros(total, np.float32), np.zeros(total, np.float32)
+                c.Reduce(a, out, root=0)
+                world.Reduce(a, ref, root=0)
+            else:
+                out, ref = a.copy(), a.copy()
+                c.Bcast(out, root=0)
+                world.Bcast(ref, root=0)
+        assert np.array_equal(out, ref), (collective, block, why.chosen)
+        if why.chosen in ("native", "shm"):
+            assert not seen.algorithms, (collective, block, why, seen.algorithms)
+        else:
+            assert seen.algorithms == {why.chosen}, (collective, block, why, seen.algorithms)
+        last = c.recorder.calls()[-1]
+        assert last["collective"] == collective and last["chosen"] == why.chosen
+    named = bmlmpi.Communicator(world, algorithm="bml")
+    assert named.explain(8 * n, np.float64, collective=collective).chosen == "bml"
+    for comm in (c, named):
+        comm.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "reduce",
+                                        "bcast"])
+def test_bench_table_shows_what_auto_ran(collective):
+    from argparse import Namespace
+
+    from bmlmpi.cli import bench
+    c = bmlmpi.Communicator(MPI.COMM_WORLD)
+    for nbytes in (64, 1 << 18):
+        rows = bench.measure(c, ["auto"], nbytes, 2, 1, True, collective=collective)
+        # the table's choice is what the auto row's calls ran (the recorder's last call)
+        last = c.recorder.calls()[-1]
+        assert last["collective"] == collective and last["asked"] == "auto"
+        assert rows[0]["chose"] == last["chosen"] and rows[0]["validation"] == "Pass"
+        args = Namespace(full=False, busbw=False, validation=True, collective=collective)
+        table = bench.format_table(rows, args, {"ranks": c.size, "oversubscribed": False,
+                                                "mpi_library": "test"})
+        head, row = table.splitlines()[-2:]
+        assert head.endswith("Auto chose") and row.split()[-1] == last["chosen"], table
+    c.Free()
+
+
+@pytest.mark.mpi
 def test_recorder_sees_every_call_path():
     world = MPI.COMM_WORLD
     scheduled = "ring" if world.size > 1 else "bml"
@@ -148,6 +213,39 @@ def test_recorder_sees_the_family_and_persistent_starts():
     assert all(x["state"] == "done" and x["chosen"] not in (None, "auto") for x in calls)
     assert calls[2]["root"] == 0 and calls[3]["root"] == 0 and calls[1]["op"] is None
     assert calls[0]["count"] == 4 * n and calls[0]["op"] == "sum"
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_timeline_of_a_bml_allreduce_merged_across_ranks():
+    """What BMLMPI_TIMELINE turns on (the process's Timeline fed by the recorder and observing
+    every Run), here for one communicator; then the merge bmlmpi-trace --timeline runs."""
+    world = MPI.COMM_WORLD
+    folder = shared_dir(world)
+    tl = timeline.Timeline(folder)
+    c = bmlmpi.Communicator(world, algorithm="bml")
+    c.recorder.timeline = tl
+    a = ((np.arange(1 << 14) * 7 + world.rank * 3) % 11).astype(np.float32)
+    b = np.empty_like(a)
+    with execute.observing(tl):
+        for _ in range(2):
+            c.Allreduce(a, b)
+    assert tl.write().parent == folder
+    world.Barrier()
+    if world.rank == 0:
+        assert trace.main(["--timeline", str(folder)]) == 0
+        events = json.loads((folder / "timeline.json").read_text())["traceEvents"]
+        spans = [e for e in events if e.get("ph") == "X"]
+        calls = [e for e in spans if e["name"] == f"allreduce bml {a.nbytes} B"]
+        assert sorted(e["pid"] for e in calls) == sorted(list(range(world.size)) * 2), calls
+        assert all(e["args"]["state"] == "done" for e in calls)
+        steps = [e for e in spans if e["name"] in ("post", "wait", "reduce", "copy")]
+        if world.size > 1:
+            assert {"post", "wait", "reduce"} <= {e["name"] for e in steps}
+            assert {e["pid"] for e in steps} == set(range(world.size))
+        for e in steps:  # inside its rank's call (µs; the clock's rounding aside)
+            assert any(k["pid"] == e["pid"] and k["ts"] - 1 <= e["ts"]
+                       and e["ts"] + e["dur"] <= k["ts"] + k["dur"] + 1 for k in calls), e
     c.Free()
 
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from bmlmpi.compression import TopK, bf16, filters, fp16, links, parse, tdf, threshold, topk
+from bmlmpi.compression import TopK, bf16, filters, fp16, network_price, parse, tdf, threshold, topk
 from bmlmpi.compression import random as grp
 from bmlmpi.compression.channel import CompressionChannel
 from bmlmpi.compression.layer import choose_sparse
@@ -164,7 +164,7 @@ def test_concatenate_keeps_every_pair_unsummed_in_order():
 
 
 class _Comm:
-    """What links.known and choose_sparse read of a bmlmpi Communicator (2x2 BCube, bml)."""
+    """What network_price.known and choose_sparse read of a bmlmpi Communicator (2x2 BCube, bml)."""
     size, shape, level_comms, calibration = 4, (2, 2), [None, None], None
     comm, timeout = None, 10.0
 
@@ -172,19 +172,19 @@ class _Comm:
 def test_links_known_and_the_choice_they_drive(monkeypatch):
     monkeypatch.delenv("BMLMPI_CALIBRATE", raising=False)
     comm = CompressionChannel(_Comm())
-    assert links.known(comm) is None                 # to be measured on the first call
+    assert network_price.known(comm) is None                 # to be measured on the first call
     monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
-    assert links.known(comm) == (links.DEFAULT_ALPHA, links.DEFAULT_BETA)
+    assert network_price.known(comm) == (network_price.DEFAULT_ALPHA, network_price.DEFAULT_BETA)
     monkeypatch.delenv("BMLMPI_CALIBRATE")
     # the training job's gradients on the 100 Mbit/s testbed, 3 % kept (float64, no wire):
     # shared-memory defaults keep the dense path, the testbed's links choose sparse
     count, kept = 373_000, 11_190
-    assert not choose_sparse(comm, "bml", kept, count, 8, 8, links.DEFAULT_ALPHA,
-                             links.DEFAULT_BETA)
+    assert not choose_sparse(comm, "bml", kept, count, 8, 8, network_price.DEFAULT_ALPHA,
+                             network_price.DEFAULT_BETA)
     assert choose_sparse(comm, "bml", kept, count, 8, 8, 2e-4, 8e-8)
     assert not choose_sparse(comm, "bml", count // 2, count, 8, 8, 2e-4, 8e-8)
     comm.links = (2e-4, 8e-8)
-    assert links.known(comm) == (2e-4, 8e-8)
+    assert network_price.known(comm) == (2e-4, 8e-8)
     assert choose_sparse(comm, "bml", kept, count, 8, 8)   # priced with the measured links
 
 

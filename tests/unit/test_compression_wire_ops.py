@@ -16,7 +16,7 @@ from bmlmpi import kernels
 from bmlmpi.compression import ReducedPrecision, engine, layer
 from bmlmpi.compression.channel import TAG_CALLS, CompressionChannel
 from bmlmpi.compression.wire import bound, decode, encode, scale, sum_op, unit
-from bmlmpi.execute import TAG_STEPS, tag_upper_bound
+from bmlmpi.execute import TAG_STEPS, DeadlineExceeded, tag_upper_bound
 from bmlmpi.kernels import dispatch, wire_formats
 
 WIRES = ("fp16", "bf16")
@@ -222,6 +222,45 @@ def test_tag_blocks_do_not_overlap_a_run():
         assert channel.comm is not dup       # remade after a drop
     finally:
         channel.drop()
+        owner.comm.Free()
+
+
+def _stuck_stages(recv: MPI.Request):
+    yield [recv]
+
+
+def _failing_stages():
+    yield []
+    raise ValueError("a stage's own error")
+
+
+def test_the_channel_frees_its_duplicate_only_when_nothing_is_pending():
+    owner = _Owner()
+    recv = MPI.COMM_SELF.Irecv(np.empty(1), source=0, tag=77)   # completes in the end only
+    try:
+        channel = CompressionChannel(owner)
+        assert channel.free()                        # none made: nothing to free
+        dup = channel.comm
+        assert channel.free() and dup == MPI.COMM_NULL   # freed, and made again on use
+        dup = channel.comm
+        stuck = engine.StagedRequest(_stuck_stages(recv), 0.05, "stuck", queue=channel.queue)
+        with pytest.raises(DeadlineExceeded):
+            stuck.Wait()
+        assert not channel.free() and dup != MPI.COMM_NULL   # a call given up stays queued
+        channel.queue.clear()
+        channel.queue.unsettled = False
+        assert channel.free() and dup == MPI.COMM_NULL
+        dup = channel.comm
+        failed = engine.StagedRequest(_failing_stages(), 1.0, "failing", queue=channel.queue)
+        with pytest.raises(ValueError, match="own error"):
+            failed.Wait()
+        assert not channel.queue and channel.queue.unsettled
+        assert not channel.free() and dup != MPI.COMM_NULL   # its requests may be posted
+        channel.queue.unsettled = False
+        assert channel.free() and dup == MPI.COMM_NULL
+    finally:
+        MPI.COMM_SELF.Send(np.zeros(1), dest=0, tag=77)
+        recv.Wait()
         owner.comm.Free()
 
 

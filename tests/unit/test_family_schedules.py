@@ -1,7 +1,8 @@
 """The collective family's schedules (reduce-scatter, allgather, reduce, broadcast), proven by
 the verifier against each collective's own contract, for every algorithm the records list;
 the verifier's new rules reject what they must; a toy algorithm registered here alone is
-built, verified, priced, calibrated and considered by ``auto``."""
+built, verified, priced, calibrated, chosen by name, considered by ``auto`` and swept by
+``bmlmpi-bench``."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ import dataclasses
 
 import pytest
 
-from bmlmpi import selection
+from bmlmpi import calibrate, selection
+from bmlmpi.cli import bench
 from bmlmpi.model import Calibration, SharedMemoryNode, algorithm_cost, estimate
 from bmlmpi.schedules import algorithms
 from bmlmpi.schedules.algorithms import Algorithm, Context
 from bmlmpi.schedules.collectives import NAMES
-from bmlmpi.schedules.types import Copy, Recv, Schedule, Step, Transfer
+from bmlmpi.schedules.types import Copy, Recv, Schedule, Step, Transfer, balanced_bounds, compact
 from bmlmpi.schedules.verify import ScheduleError, verify
 from bmlmpi.topology.bcube import default_shape
 
@@ -266,13 +268,29 @@ def _direct_reduce_scatter(ctx: Context) -> Schedule:
                     outputs=(Copy(blocks[r], blocks[r + 1], 0),) if n else ())
 
 
-def test_a_toy_algorithm_is_one_registration():
-    toy = Algorithm("toy", {"reduce_scatter": _direct_reduce_scatter}, calibrated=True)
+def _direct_allreduce(ctx: Context) -> Schedule:
+    """Toy: the direct reduce-scatter, then every rank sends its reduced block straight to
+    every other rank (two steps)."""
+    blocks = balanced_bounds(0, ctx.count, ctx.size)
+    r = ctx.rank
+    peers = [p for p in range(ctx.size) if p != r]
+    push = Step(tuple(Transfer(p, blocks[p], blocks[p + 1]) for p in peers),
+                tuple(Recv(p, blocks[r], blocks[r + 1], reduce=True) for p in peers))
+    pull = Step(tuple(Transfer(p, blocks[r], blocks[r + 1]) for p in peers),
+                tuple(Recv(p, blocks[p], blocks[p + 1], reduce=False) for p in peers))
+    return Schedule("toy", r, ctx.size, ctx.count, compact([push, pull]))
+
+
+def test_a_toy_algorithm_is_one_registration(capsys):
+    toy = Algorithm("toy", {"reduce_scatter": _direct_reduce_scatter,
+                            "allreduce": _direct_allreduce}, calibrated=True)
     algorithms.register(toy)
     try:
         assert "toy" in selection.algorithms("reduce_scatter")
-        assert "toy" not in selection.algorithms()
+        assert "toy" in selection.algorithms()
         assert selection.algorithms("reduce_scatter")[-1] == "native"
+        for size in (1, 2, 3, 4, 7):
+            verify(algorithms.schedules("toy", Context(size, 11, 8)))   # its allreduce too
         ctx = Context(4, 10, 4, collective="reduce_scatter", counts=(1, 2, 3, 4))
         verify(algorithms.schedules("toy", ctx))                        # verified
         assert algorithms.build("toy", ctx.at(2)).outputs == (Copy(3, 6, 0),)  # by name
@@ -290,9 +308,24 @@ def test_a_toy_algorithm_is_one_registration():
         assert set(t) == {"toy", "ring", "native"} and t["native"] == 1.0
         assert selection.choose(10, 4, 4, calib, collective="reduce_scatter",
                              counts=(1, 2, 3, 4)) in ("toy", "ring")
+        # calibration times its allreduce and its factors travel in the cache's vector
+        verify([calibrate._schedule("toy", r, 4, 1 << 16) for r in range(4)])
+        fixes = tuple(("toy", b, 2.0) for b in calibrate.CORRECTION_BYTES)
+        fixed = dataclasses.replace(calib, corrections=fixes)
+        assert calibrate._unpack(calibrate._pack(fixed), {}).corrections == fixes
+        plain = estimate(["toy"], 1 << 16, 8, 4, calib=calib)["toy"]
+        assert estimate(["toy"], 1 << 16, 8, 4, calib=fixed)["toy"] == pytest.approx(2 * plain)
+        # the sweep offers it and runs it (one rank here: the unit tests' MPI)
+        assert "toy" in bench.sweep_names("reduce_scatter")
+        capsys.readouterr()
+        assert bench.main(["--collective", "reduce_scatter", "--algorithms", "toy", "-m",
+                           "8:64", "-i", "2", "-x", "1", "-c"]) == 0
+        table = capsys.readouterr().out
+        assert "algorithm: toy" in table and "Fail" not in table and table.count("Pass") == 4
     finally:
         algorithms.unregister("toy")
     assert "toy" not in selection.algorithms("reduce_scatter")
+    assert "toy" not in algorithms.calibrated(4)
 
 
 def test_auto_without_a_native_timing_for_the_collective_uses_the_fixed_rule():

@@ -22,9 +22,11 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("kernels", ("bmlmpi.kernels",)),
     ("transport", ("bmlmpi.execute", "bmlmpi.deferred", "bmlmpi.shm", "bmlmpi.binding")),
     ("core", ("bmlmpi.agreement", "bmlmpi.selection", "bmlmpi.calibrate", "bmlmpi.buffers",
-              "bmlmpi.recorder", "bmlmpi.timeline", "bmlmpi.watchdog")),
-    ("api", ("bmlmpi.api", "bmlmpi.family", "bmlmpi.collectives", "bmlmpi.persistent",
-             "bmlmpi.ft", "bmlmpi.compression", "bmlmpi.training")),
+              "bmlmpi.recorder", "bmlmpi.timeline", "bmlmpi.watchdog", "bmlmpi.handles",
+              "bmlmpi.fast_path")),
+    ("api", ("bmlmpi.api", "bmlmpi.calls", "bmlmpi.family", "bmlmpi.collectives",
+             "bmlmpi.persistent",
+             "bmlmpi.ft", "bmlmpi.compression", "bmlmpi.training", "bmlmpi.variants")),
     ("frameworks", ("bmlmpi.torch",)),
     ("cli", ("bmlmpi.cli",)),
 )
@@ -165,3 +167,22 @@ def test_no_import_cycle_among_bmlmpi_packages():
             graph.setdefault(d, set())
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle between packages: " + " -> ".join(cycle or [])
+
+
+def test_the_base_communicator_never_reaches_fault_tolerance():
+    """The fault-tolerant communicator plugs into the base through one declared seam
+    (:mod:`bmlmpi.variants`): nothing the base communicator imports, directly or through
+    others, is in ``bmlmpi.ft``, and the package's ``__init__`` loads no module by a name
+    the import reader cannot see beyond its table of exports."""
+    mods = source_modules()
+    graph = {m: imports_of(m, p, set(mods)) for m, p in mods.items()}
+    reached, todo = set(), ["bmlmpi.api"]
+    while todo:
+        for dep in graph[todo.pop()] - reached:
+            reached.add(dep)
+            todo.append(dep)
+    assert not sorted(m for m in reached if m.startswith("bmlmpi.ft")), reached
+    assert "bmlmpi.ft.communicator" in graph["bmlmpi.variants"]
+    init = ast.parse((ROOT / "bmlmpi" / "__init__.py").read_text())
+    names = {n.id for n in ast.walk(init) if isinstance(n, ast.Name)}
+    assert "_ALSO_LOADS" not in names

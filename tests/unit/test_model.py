@@ -287,9 +287,10 @@ def test_corrections_interpolate_in_log_size_and_scale_the_model():
 
 
 def test_calibration_broadcast_vector_round_trip():
-    from bmlmpi.calibrate import CORRECTED, CORRECTION_BYTES, _pack, _unpack
+    from bmlmpi.calibrate import CORRECTION_BYTES, _pack, _unpack
+    from bmlmpi.schedules.algorithms import corrected
     fixes = tuple((a, b, 1.0 + i / 10) for i, (a, b) in
-                  enumerate((a, b) for a in CORRECTED for b in CORRECTION_BYTES))
+                  enumerate((a, b) for a in corrected() for b in CORRECTION_BYTES))
     c = Calibration(alpha=1e-6, beta=2e-10, step_overhead=3e-6, msg_overhead=1e-6,
                     gamma=1e-11, native=((8, 1e-6), (1 << 20, 1e-3)), corrections=fixes)
     back = _unpack(_pack(c), {})

@@ -142,6 +142,33 @@ def test_the_chain_of_waits_ends_at_the_rank_that_never_arrived():
     assert report["last_common_done"]["seq"] == 3
 
 
+@pytest.mark.parametrize("ordering", ["round", "late rank done", "peer done"])
+def test_the_rank_that_entered_the_stuck_call_last_is_named(ordering):
+    # rank 3 was stopped before seq 2 and entered it 6 s after the others. When it learnt of
+    # the failure it still waited on rank 2 (the waits go round: 0 -> 3 -> 2 -> 3), or its
+    # first step's transfers had all completed, or rank 2's had completed as rank 2 gave up
+    # (the chain ends at a rank with nothing outstanding)
+    recv_3, recv_2 = [{"kind": "recv", "rank": 3}], [{"kind": "recv", "rank": 2}]
+    ring = {0: recv_3, 1: [{"kind": "recv", "rank": 0}],
+            2: [] if ordering == "peer done" else [{"kind": "send", "rank": 3}],
+            3: [] if ordering == "late rank done" else recv_2}
+    dumps = [dump(r, 4, [call(0), call(1), call(2, state="failed", peers=ring[r],
+                                                 start=6.0 if r == 3 else 0.0)])
+             for r in range(4)]
+    report = trace.analyse(dumps)[0]
+    assert report["culprit"] == 3
+    assert [c["rank"] for c in report["chain"]] == [0, 3] + ([] if ordering ==
+                                                            "late rank done" else [2])
+    assert "rank 3 entered it last, 6.0 s after the first" in report["verdict"]
+    assert ("go round" in report["verdict"]) == (ordering == "round")
+    # nobody came late (within a quarter of the recorded deadline): the transfers stalled
+    for d in dumps:
+        d["timeout"] = 60.0
+    report = trace.analyse(dumps)[0]
+    assert report["culprit"] is None and "the transfers themselves stalled" in report["verdict"]
+    assert "=> the waits in seq 2" in trace.story(report)
+
+
 def test_a_missing_rank_is_named(tmp_path):
     stuck = [call(0), call(1, state="failed")]
     report = trace.analyse([dump(0, 3, stuck), dump(1, 3, stuck)])[0]
@@ -150,6 +177,30 @@ def test_a_missing_rank_is_named(tmp_path):
         (tmp_path / f"bmlmpi-trace-h-p{r}-w{r}-c0.json").write_text(json.dumps(d))
     assert trace.main([str(tmp_path)]) == 1
     assert trace.main([str(tmp_path / "nothing-here")]) == 2
+
+
+def test_dumps_of_all_nodes_gathered_in_one_folder(tmp_path, capsys):
+    # a Slurm job on two nodes: each node's ranks wrote into that node's per-job folder
+    # (bmlmpi-trace-slurm-<job> in its own /tmp), copied afterwards into one folder per node
+    # under a common one; rank 2 (node b) never entered seq 2
+    job = recorder.trace_dir({"SLURM_JOB_ID": "77"}).name
+    for r in range(4):
+        host = "node-a" if r < 2 else "node-b"
+        calls = [call(0), call(1)] + ([] if r == 2 else [call(2, state="failed", peers=[
+            {"kind": "recv", "rank": 2 if r != 3 else 1}])])
+        d = dump(r, 4, calls)
+        d["host"] = host
+        folder = tmp_path / host / job
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"bmlmpi-trace-{host}-p{100 + r}-w{r}-c0.json").write_text(json.dumps(d))
+    assert trace.main([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "4 dumps" in out and "dumps from ranks 0, 1, 2, 3" in out
+    assert "rank 2 (node-b pid 102)" in out and "rank 0 (node-a pid 100)" in out
+    assert "never entered seq 2" in out
+    assert trace.main([str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)["communicators"][0]
+    assert report["culprit"] == 2 and not report["missing"]
 
 
 def test_timeline_merge(tmp_path):

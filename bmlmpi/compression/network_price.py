@@ -3,9 +3,9 @@
 The compression layer chooses between the sparse exchange and the dense allreduce by pricing
 both with α (seconds per message round) and β (seconds per byte). A communicator that ran
 :func:`bmlmpi.calibrate.calibrate` (algorithm ``auto``) has them. A communicator with a fixed
-algorithm never calibrates; before this module it priced every network as shared memory
-(:data:`DEFAULT_ALPHA`, :data:`DEFAULT_BETA`), so on a 100 Mbit/s network the model never chose
-the sparse exchange even where it was 3× faster.
+algorithm never calibrates, and pricing its network as shared memory (:data:`DEFAULT_ALPHA`,
+:data:`DEFAULT_BETA`) would keep the sparse exchange from being chosen on a slow network
+where it is faster.
 
 So the first compressed call that asks the cost model (filters on, path ``auto``) on such a
 communicator measures, on the compression layer's private duplicate communicator, as a stage
