@@ -657,6 +657,27 @@ def back_off(elapsed: float, spin: float) -> None:
         time.sleep(min(1e-3, elapsed * 0.02))
 
 
+class Pacer:
+    """The back-off of a progress thread polling calls on others' behalf (the buckets'
+    thread, the torch backend's driver): it never spins, since the thread it serves computes
+    on the same cores. After a poll that saw progress it polls again at once (a zero sleep
+    that only yields); while nothing progresses it sleeps ``first`` seconds, doubling up to
+    ``cap``. :func:`back_off` is the other one: a caller waiting on its own call."""
+
+    __slots__ = ("first", "cap", "idle")
+
+    def __init__(self, first: float, cap: float):
+        if not 0 < first <= cap:
+            raise ValueError(f"need 0 < first <= cap, got {first}, {cap}")
+        self.first = first
+        self.cap = cap
+        self.idle = 0.0
+
+    def pause(self, progressed: bool) -> None:
+        self.idle = 0.0 if progressed else min(self.cap, self.idle * 2 or self.first)
+        time.sleep(self.idle)
+
+
 def poll_until(test: Callable[[], bool], seconds: float, spin: float | None = None) -> bool:
     """Poll ``test`` with :func:`back_off` between polls until it is true (True) or
     ``seconds`` have passed (False): for bounded waits that end without an error. ``spin``:

@@ -7,12 +7,29 @@ request, on buffers of its own).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from mpi4py import MPI
 
 from .execute import Run
+
+
+class CallRecord(Protocol):
+    """What a communicator keeps of one started call, behind its :class:`Request`: the plain
+    communicator's record (:mod:`bmlmpi.api`), the fault-tolerant ledger's call
+    (:class:`bmlmpi.ft.ledger.Call`) and a compressed call's staged request
+    (:class:`bmlmpi.compression.engine.StagedRequest`). ``test()`` advances it (and the
+    communicator's other calls) and says whether it is complete; ``wait()`` returns once it
+    is, raising :class:`~bmlmpi.execute.DeadlineExceeded` after the deadline without
+    progress (naming what it waits for); ``run``: the exchange running now, or None."""
+
+    @property
+    def run(self) -> Any: ...
+
+    def test(self) -> bool: ...
+
+    def wait(self) -> None: ...
 
 
 class Request:
@@ -27,7 +44,7 @@ class Request:
 
     __slots__ = ("_call",)
 
-    def __init__(self, call: Any):
+    def __init__(self, call: CallRecord):
         self._call = call
 
     @property
@@ -117,4 +134,4 @@ class NativePersistent:
             pass
 
 
-__all__ = ["NativePersistent", "NativeRun", "Request"]
+__all__ = ["CallRecord", "NativePersistent", "NativeRun", "Request"]

@@ -63,7 +63,9 @@ class CallQueue(list):
 
 
 class StagedRequest:
-    """Wraps a generator that yields lists of requests (MPI or bmlmpi) and returns when done.
+    """Wraps a generator that yields lists of requests (MPI or bmlmpi) and returns when done:
+    the record behind a compressed call's :class:`bmlmpi.handles.Request` (``test``,
+    ``wait``, ``run``: :class:`bmlmpi.handles.CallRecord`).
 
     Requests of one ``queue`` (a communicator's compression channel's) run one after
     another, oldest first: a request
@@ -122,15 +124,23 @@ class StagedRequest:
         detail = f"; its run waits for: {'; '.join(runs)}" if runs else ""
         return f"{self.what}: stage {self._stage} made no progress in {timeout:g} s{detail}"
 
-    def Test(self) -> bool:
+    @property
+    def run(self) -> Run | None:
+        """The schedule run the current stage waits on, None when it waits on none."""
+        for r in self._pending:
+            if isinstance(r, RunRequest):
+                return r.run
+        return None
+
+    def test(self) -> bool:
         _drive(self._queue)
         if self._finished and self._error is not None:
             err, self._error = self._error, None
             raise err
         return self._finished
 
-    def Wait(self) -> None:
-        wait_for(self.Test, self.timeout, self._describe, progress=self._progress)
+    def wait(self) -> None:
+        wait_for(self.test, self.timeout, self._describe, progress=self._progress)
 
 
 def _drive(queue: CallQueue) -> None:

@@ -73,6 +73,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..execute import Run
+from ..handles import Request
 from ..ops import op_name
 from ..recorder import FlightRecorder, Signature, Slot
 from ..schedules.algorithms import with_wire_format
@@ -323,8 +324,9 @@ def start(channel: Any, sendbuf: Any, recvbuf: Any, op: Any, compression: Any,
     rec = comm.recorder
     if rec is not None:
         stages = _recorded(rec, rec.begin(_signature(comm, compressor, recvbuf, op)), stages)
-    return StagedRequest(stages, comm.timeout,
-                         f"compressed allreduce ({compressor.name})", queue=channel.queue)
+    return Request(StagedRequest(stages, comm.timeout,
+                                 f"compressed allreduce ({compressor.name})",
+                                 queue=channel.queue))
 
 
 def _signature(comm: Any, compressor: Compressor, recvbuf: Any, op: Any) -> Signature:

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..handles import Request
 from ..ops import op_name
 from ..schedules.types import balanced_bounds
 from .engine import StagedRequest
@@ -107,13 +108,14 @@ class ShardedStep:
         """One training step on the summed ``grad`` (flat, the size of ``params``)."""
         self.start(grad).Wait()
 
-    def start(self, grad: np.ndarray) -> StagedRequest:
+    def start(self, grad: np.ndarray) -> Request:
         if not isinstance(grad, np.ndarray) or grad.shape != self.params.shape \
                 or grad.dtype != self.params.dtype:
             raise ValueError(f"grad must be a {self.params.dtype} array of shape "
                              f"{self.params.shape}")
-        return StagedRequest(self._stages(np.ascontiguousarray(grad)), self.comm.timeout,
-                             "sharded step", queue=self.comm.compression.queue)
+        return Request(StagedRequest(self._stages(np.ascontiguousarray(grad)),
+                                     self.comm.timeout, "sharded step",
+                                     queue=self.comm.compression.queue))
 
     def _stages(self, grad: np.ndarray):
         dup = self.comm.compression.comm

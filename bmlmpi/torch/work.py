@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.futures import Future
 
-from ..execute import DeadlineExceeded, wait_for
+from ..execute import DeadlineExceeded, Pacer, wait_for
 
 
 class Started:
@@ -165,7 +165,9 @@ class Driver:
             time.sleep(1e-5)
 
     def _run(self) -> None:
-        idle = 0.0
+        # yield the core while work is pending, sleeping longer (up to 1 ms) the longer
+        # nothing completes, so a waiting thread costs the computing one little
+        pacer = Pacer(2e-5, 1e-3)
         while True:
             with self._lock:
                 while not self._pending and not self._closed:
@@ -177,10 +179,7 @@ class Driver:
                 ready = self._claim()
             for s in ready:
                 s.settle()
-            # yield the core while work is pending, sleeping longer (up to 1 ms) the longer
-            # nothing completes, so a waiting thread costs the computing one little
-            idle = 0.0 if ready else min(1e-3, idle * 2 or 2e-5)
-            time.sleep(idle)
+            pacer.pause(bool(ready))
 
     def close(self, timeout: float) -> None:
         """Stop the thread once the pending collectives are done or ``timeout`` has passed."""

@@ -24,7 +24,8 @@ flat buffer before the allreduce and back after it.
 
 Progress. bmlmpi's allreduce advances only inside ``Test``/``Wait`` of its requests, so a
 progress thread polls the requests in flight (every ``poll_interval`` seconds, sleeping in
-between so that it costs little while the caller computes). numpy's compiled loops release
+between so that it costs little while the caller computes, and at once again after a bucket
+completed: :class:`bmlmpi.execute.Pacer`). numpy's compiled loops release
 the GIL, so the allreduce advances while the caller's thread computes. The MPI library is
 initialised by mpi4py with ``MPI_THREAD_MULTIPLE`` (its default; the Open MPI wheel grants it,
 ``MPI.Query_thread() == MPI.THREAD_MULTIPLE``); every call into the communicator is made under
@@ -85,6 +86,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..execute import Pacer
 from .costs import COSTS
 from .ibatch import Batching, Profile
 from .plans import PLANS, make_plan, start_order
@@ -168,11 +170,12 @@ class _Bucket:
 def _steps_done(requests: list[Any]) -> int:
     """Steps completed so far by these allreduces (``Request.run.progress``, which grows
     whenever a step of the exchange completes; 0 while a request has no run, e.g. during a
-    fault-tolerant recovery, or for a communicator whose requests do not expose one)."""
+    fault-tolerant recovery or between a compressed call's stages)."""
     total = 0
     for r in requests:
-        run = getattr(r, "run", None)
-        total += int(getattr(run, "progress", 0) or 0) if run is not None else 0
+        run = r.run
+        if run is not None:
+            total += run.progress
     return total
 
 
@@ -513,6 +516,7 @@ class GradientBuckets:
             self._thread.start()
 
     def _progress_loop(self) -> None:
+        pacer = Pacer(self.poll_interval, self.poll_interval)
         try:
             while True:
                 with self._cond:
@@ -521,6 +525,7 @@ class GradientBuckets:
                     if self._stop:
                         return
                     busy = [b for b in self._buckets if b.requests]
+                completed = False
                 for b in sorted(busy, key=lambda b: b.start_time):
                     with self._lock:
                         finished = all(r.Test() for r in b.requests)
@@ -530,6 +535,7 @@ class GradientBuckets:
                             b.steps = steps
                             self._steps += 1
                     if finished:
+                        completed = True
                         self._finish(b)
                         end = time.perf_counter()
                         with self._cond:
@@ -539,7 +545,7 @@ class GradientBuckets:
                             if self.record_timeline:
                                 self._timeline.append(("comm", b.index, b.start_time, end))
                             self._cond.notify_all()
-                time.sleep(self.poll_interval)
+                pacer.pause(completed)
         except BaseException as exc:   # handed to the caller's next wait
             with self._cond:
                 self._error = exc

@@ -199,6 +199,7 @@ def test_free_frees_the_compression_duplicate_unless_a_call_is_unfinished(comm):
     assert dup == MPI.COMM_NULL
     c3 = bmlmpi.Communicator(MPI.COMM_WORLD, algorithm=comm.algorithm)
     req = c3.Iallreduce(data(100, c3.rank, 1), out, MPI.SUM, compression=fp16())
+    assert type(req) is bmlmpi.Request   # every non-blocking call's one request type
     dup = c3.compression.comm
     try:
         c3.Free()    # the compressed call is not waited on: its duplicate is left to MPI

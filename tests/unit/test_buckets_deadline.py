@@ -77,3 +77,22 @@ def test_a_stalled_bucket_times_out():
     with pytest.raises(bmlmpi.DeadlineExceeded):   # close() waits once more, with the deadline
         b.close()
     assert b._thread is None                       # and stops the progress thread anyway
+
+
+def test_the_progress_threads_pacer(monkeypatch):
+    """The back-off of a thread polling on others' behalf (the buckets' and the torch
+    driver's): at once after progress, then ``first`` doubling up to ``cap``, never spinning."""
+    from bmlmpi import execute
+    slept: list[float] = []
+    monkeypatch.setattr(execute.time, "sleep", slept.append)
+    pacer = execute.Pacer(2e-5, 1e-4)
+    for progressed in (False, False, False, False, True, False):
+        pacer.pause(progressed)
+    assert slept == [2e-5, 4e-5, 8e-5, 1e-4, 0.0, 2e-5]
+    steady = execute.Pacer(2e-4, 2e-4)        # GradientBuckets(poll_interval=2e-4)
+    slept.clear()
+    for progressed in (False, False, True, False):
+        steady.pause(progressed)
+    assert slept == [2e-4, 2e-4, 0.0, 2e-4]
+    with pytest.raises(ValueError):
+        execute.Pacer(0.0, 1.0)

@@ -245,7 +245,7 @@ def test_the_channel_frees_its_duplicate_only_when_nothing_is_pending():
         dup = channel.comm
         stuck = engine.StagedRequest(_stuck_stages(recv), 0.05, "stuck", queue=channel.queue)
         with pytest.raises(DeadlineExceeded):
-            stuck.Wait()
+            stuck.wait()
         assert not channel.free() and dup != MPI.COMM_NULL   # a call given up stays queued
         channel.queue.clear()
         channel.queue.unsettled = False
@@ -253,7 +253,7 @@ def test_the_channel_frees_its_duplicate_only_when_nothing_is_pending():
         dup = channel.comm
         failed = engine.StagedRequest(_failing_stages(), 1.0, "failing", queue=channel.queue)
         with pytest.raises(ValueError, match="own error"):
-            failed.Wait()
+            failed.wait()
         assert not channel.queue and channel.queue.unsettled
         assert not channel.free() and dup != MPI.COMM_NULL   # its requests may be posted
         channel.queue.unsettled = False
