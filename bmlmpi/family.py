@@ -890,6 +890,16 @@ class FamilyCalls:
         entry = fast.get(key) if fast else None
         if entry is None or not self._fast_open():
             return False
+        # one call at a time, as Allreduce's (a second thread raises before anything moves)
+        mine = self._one_thread()
+        try:
+            return self._family_fast_call(entry, key, args)
+        finally:
+            if mine:
+                self._owner = None
+
+    def _family_fast_call(self, entry: FastFamily, key: tuple, args: tuple) -> bool:
+        """:meth:`_family_repeat` in the thread that holds the communicator."""
         a, b = args[0], args[1]
         if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
             return False  # the checked path says what is wrong

@@ -91,6 +91,46 @@ def test_a_second_thread_inside_a_call_is_refused(comm):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["ring", "bml"])
+def test_a_second_thread_in_a_family_fast_call_is_refused(comm, algorithm):
+    """A repeated blocking family call (its scheduled fast path) holds the communicator as
+    Allreduce's does: another thread's call on it meanwhile raises RuntimeError before
+    anything moves. (A native one cannot be raced from Python: mpi4py's blocking collective
+    keeps the interpreter's lock while MPI waits.)"""
+    if comm.size < 2:
+        pytest.skip("needs two ranks (a call that waits)")
+    ctx = bmlmpi.Communicator(comm, timeout=60)
+    x, y = np.arange(4.0 * comm.size) + comm.rank, np.zeros(4)
+    ctx.Reduce_scatter_block(x, y, algorithm=algorithm)  # the checked first call
+    want = (np.arange(4.0 * comm.size) * comm.size
+            + comm.size * (comm.size - 1) / 2)[4 * comm.rank:4 * comm.rank + 4]
+    failures = []
+    if comm.rank == 0:
+        inside = threading.Thread(target=ctx.Reduce_scatter_block, args=(x, y),
+                                  kwargs={"algorithm": algorithm})
+        inside.start()  # waits inside its fast call: the others are at the barrier
+        end = time.monotonic() + 30
+        while ctx._owner is None and time.monotonic() < end:
+            time.sleep(1e-3)
+        other = np.zeros(4)
+        try:
+            ctx.Reduce_scatter_block(x, other, algorithm=algorithm)
+            failures.append("a second thread's fast call was not refused")
+        except RuntimeError as exc:
+            if "two threads" not in str(exc):
+                failures.append(f"refused with {exc}")
+        comm.Barrier()  # now the others join the first thread's call
+        inside.join(60)
+    else:
+        comm.Barrier()
+        ctx.Reduce_scatter_block(x, y, algorithm=algorithm)
+    if not np.array_equal(y, want):
+        failures.append(f"result {y}")
+    all_ranks_agree(comm, failures)
+    ctx.Free()
+
+
+@pytest.mark.mpi
 def test_module_level_communicators_are_freed_with_the_users(comm):
     """No watchdog thread (and no communicator) left per freed user communicator."""
     before = watchdog_threads()
