@@ -191,12 +191,7 @@ def hierarchical_schedule(rank: int, size: int, count: int, nodes: Nodes, inter:
     BCube of nodes BML runs on (default: the prime factors of the node count); ``intra``: the
     node tier, ``ring`` (messages) or ``shm`` (shared memory, chunks of about ``chunk_bytes``
     per rank for elements of ``itemsize`` bytes)."""
-    check_arguments(rank, size, count)
-    if intra not in INTRA_ALGORITHMS:
-        raise ValueError(f"intra-node algorithm must be one of {INTRA_ALGORITHMS}, "
-                         f"got {intra!r}")
-    if nodes.size != size:
-        raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
+    _check_tiers(rank, size, count, nodes, intra)
     n_nodes, across, shape, width, shards, g, i, mine, m, right, left = node_layout(
         rank, count, nodes, inter, node_shape)
 
@@ -255,6 +250,17 @@ def _inter_node_steps(nodes: Nodes, across: str, shape: Sequence[int], shards: l
     return [Step(tuple(s), tuple(r)) for s, r in zip(sends, recvs, strict=True)], sub_streams
 
 
+def _check_tiers(rank: int, size: int, count: int, nodes: Nodes, intra: str) -> None:
+    """The arguments both tiers share: rank, size and count, the node tier's algorithm, and
+    nodes that describe this communicator."""
+    check_arguments(rank, size, count)
+    if intra not in INTRA_ALGORITHMS:
+        raise ValueError(f"intra-node algorithm must be one of {INTRA_ALGORITHMS}, "
+                         f"got {intra!r}")
+    if nodes.size != size:
+        raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
+
+
 def node_ring(shards: list[int], i: int, m: int, width: int, right: int, left: int,
               reduce: bool) -> list[Step]:
     """The node tier's ring, one half: ``width`` − 1 steps over the shards (boundaries
@@ -295,12 +301,7 @@ def hierarchical_rooted_schedule(collective: str, rank: int, size: int, count: i
     :func:`hierarchical_schedule`'s)."""
     from .bml import bml_rooted_schedule
     from .ring import ring_rooted_schedule
-    check_arguments(rank, size, count)
-    if intra not in INTRA_ALGORITHMS:
-        raise ValueError(f"intra-node algorithm must be one of {INTRA_ALGORITHMS}, "
-                         f"got {intra!r}")
-    if nodes.size != size:
-        raise ValueError(f"nodes describe {nodes.size} ranks but the communicator has {size}")
+    _check_tiers(rank, size, count, nodes, intra)
     if not 0 <= root < size:
         raise ValueError(f"root {root} outside [0, {size})")
     if collective not in ("reduce", "bcast"):
