@@ -9,8 +9,7 @@ flight recorder dumps into ``BASE/<scenario>``, in this order:
               call (SUM) meets the others' MAX: each signature's messages have tags of their
               own, so every rank waits in that call until its deadline.
 ``count``     rank 2 passes 999 elements instead of 1000 on loop call 2, after the signature's
-              first call: rank 2 announces a signature no rank ran before while the others
-              run the checked one, and every rank raises ArgumentMismatch at once.
+              first call: rank 2 waits in the argument check, the others in the ring.
 ``stop``      rank 3 stops itself (SIGSTOP) before loop call 2; rank 0, once its call has
               raised, sends it SIGCONT; rank 3 then enters the call the others left and
               learns of the revocation (before or after its first step's transfers
