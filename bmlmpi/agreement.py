@@ -28,13 +28,6 @@ Two mechanisms, one per checking mode (``check=``, ``BMLMPI_CHECK``):
 A rank that gives up a call at its deadline also sends a notice (kind ``DEADLINE``), so a
 late rank learns of it before or while it joins the abandoned call.
 
-A signature message about a call this rank started without the exchange (its signature was
-checked before) proves that the ranks run that call with different signatures: the sender
-runs one it had not run before (another count, or compressed where the others are not).
-A rank that finds one while it waits (:meth:`Mailbox.unchecked`) sends a notice of kind
-``MISMATCH`` and every rank raises :class:`~bmlmpi.api.ArgumentMismatch`, the sender's
-exchange included, instead of waiting out the deadline.
-
 Cost: a mailbox poll is one ``MPI_Test`` on a posted receive, made only while a rank waits;
 the fast paths do not poll.
 """
@@ -50,7 +43,7 @@ from mpi4py import MPI
 from .execute import wait_for
 
 #: Message kinds.
-SIGNATURE, ERROR, DEADLINE, MISMATCH = 0, 1, 2, 3
+SIGNATURE, ERROR, DEADLINE = 0, 1, 2
 #: The tag of mailbox messages and of the watchdog's copy of a notice (see api).
 TAG_MAIL, TAG_ALARM = 1, 2
 _HEAD = 5                 # int64 fields: sequence, kind, hash, rank, communicator token
@@ -100,7 +93,6 @@ class Mailbox:
         self._req: MPI.Request | None = None
         self._by_seq: dict[int, dict[int, Message]] = {}
         self._failures: list[Message] = []   # error and deadline notices, oldest first
-        self._gathered: set[int] = set()     # the calls this rank exchanged signatures for
         self._sends: list[tuple[MPI.Request, np.ndarray]] = []
         self._post()
 
@@ -131,15 +123,6 @@ class Mailbox:
                 return msg
         return None
 
-    def unchecked(self, since: int, upto: int) -> Message | None:
-        """A signature message about a call numbered ``since`` to ``upto`` that this rank
-        started without exchanging signatures (``upto``: the call it is in), the first such;
-        None when there is none (messages taken by :meth:`failure`'s poll)."""
-        for seq in sorted(self._by_seq):
-            if since <= seq <= upto and seq not in self._gathered:
-                return min(self._by_seq[seq].values(), key=lambda m: m.rank)
-        return None
-
     def announce(self, seq: int, kind: int, text: str, also_tag: int | None = None) -> None:
         """Tell every other rank that this rank's call ``seq`` failed (``kind``), without
         waiting for anyone. ``also_tag``: send a second copy with this tag (the watchdog's)."""
@@ -159,7 +142,6 @@ class Mailbox:
         looks at :meth:`failure`). After ``timeout`` s with no new message it raises
         ``deadline_error(describe(timeout))``."""
         mine = Message(seq, SIGNATURE, value, self.rank, text, self.token)
-        self._gathered.add(seq)
         self._by_seq.setdefault(seq, {})[self.rank] = mine
         msg = encode(seq, SIGNATURE, value, self.rank, text, self.token)
         for r in range(self.size):
@@ -168,8 +150,6 @@ class Mailbox:
         got = self._by_seq[seq]
         wait_for(lambda: len(got) >= self.size or self.failure(seq) is not None, timeout,
                  describe, progress=lambda: len(got), error=deadline_error)
-        if len(got) >= self.size:
-            self._gathered.discard(seq)   # every message is in: none can come later
         return self._by_seq.pop(seq)
 
     def forget_before(self, seq: int) -> None:

@@ -31,7 +31,6 @@ from .agreement import (
     DEADLINE,
     ERROR,
     MESSAGE_BYTES,
-    MISMATCH,
     TAG_ALARM,
     Mailbox,
     Message,
@@ -352,9 +351,8 @@ class Communicator(FamilyCalls):
                 req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
                 # not an earlier communicator's notice, nor one the calling thread raised
                 if msg.token == token and msg.seq > handled[0]:
-                    what = {DEADLINE: "gave up call",
-                            MISMATCH: "found the ranks' signatures differ at call"}.get(
-                                msg.kind, "rejected its arguments at call")
+                    what = ("gave up call" if msg.kind == DEADLINE
+                            else "rejected its arguments at call")
                     return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
             return None
         return alarm
@@ -656,20 +654,16 @@ class Communicator(FamilyCalls):
                 f"{self._handled[0]} failed, so it is abandoned on every rank (docs/contracts.md)")
         return self._callno
 
-    def _notice(self, upto: int, started: bool = True) -> Message | None:
+    def _notice(self, upto: int) -> Message | None:
         """The first failure notice not yet handled about a call numbered ``upto`` or lower,
         handled now (outstanding calls it dooms are marked failed; the communicator is
-        flagged for repair or revoked); None when there is none. ``started``: whether this
-        rank has got past the agreement of call ``upto`` (before that, its own signature
-        exchange for the call may be still to come: see :meth:`_switched`)."""
+        flagged for repair or revoked); None when there is none."""
         mailbox = self._mailbox
         if mailbox is None:
             return None
         msg = mailbox.failure(self._handled[0] + 1)
         if msg is None or msg.seq > upto:
-            msg = self._switched(mailbox, upto if started else upto - 1)
-            if msg is None:
-                return None
+            return None
         exc = self._remote_error(msg)
         if msg.kind == DEADLINE:
             self._revoke(msg.seq, str(exc))
@@ -678,24 +672,7 @@ class Communicator(FamilyCalls):
             self._repair_after = msg.seq
         return msg
 
-    def _switched(self, mailbox: Mailbox, upto: int) -> Message | None:
-        """Another rank's signature exchange for a call numbered ``upto`` or lower that this
-        rank started without one (it ran that signature before, the other rank had not):
-        the ranks run that call with different signatures (:mod:`bmlmpi.agreement`). Told
-        to every rank as a ``MISMATCH`` notice; returns it, or None when there is none."""
-        since = max(self._handled[0], self._abandoned_upto) + 1
-        sig = mailbox.unchecked(since, upto)
-        if sig is None:
-            return None
-        text = (f"arguments differ across ranks at call {sig.seq}: rank {sig.rank} runs its "
-                f"first call of {sig.text}; rank {self.rank} runs a signature every rank ran "
-                f"before (ranks may change signature only together; docs/contracts.md)")
-        mailbox.announce(sig.seq, MISMATCH, text, also_tag=TAG_ALARM)
-        return Message(sig.seq, MISMATCH, 0, self.rank, text, self._token)
-
     def _remote_error(self, msg: Message) -> Exception:
-        if msg.kind == MISMATCH:
-            return ArgumentMismatch(msg.text)
         if msg.kind == DEADLINE:
             return CommunicatorRevoked(
                 f"rank {msg.rank} gave up call {msg.seq} at its deadline ({msg.text}); the "
@@ -766,12 +743,11 @@ class Communicator(FamilyCalls):
         self._calls = int(agreed[1])
         self._repair_after = None
 
-    def _interrupt(self, seq: int, started: bool = True) -> Callable[[], None]:
+    def _interrupt(self, seq: int) -> Callable[[], None]:
         """The wait loops' check of the control channel for call ``seq``: raises once a
-        notice says this call (or an earlier one) failed on another rank (``started``: as
-        for :meth:`_notice`)."""
+        notice says this call (or an earlier one) failed on another rank."""
         def check() -> None:
-            msg = self._notice(seq, started)
+            msg = self._notice(seq)
             if msg is not None:
                 raise self._remote_error(msg)
         return check
@@ -992,7 +968,7 @@ class Communicator(FamilyCalls):
             self._held.append(run)
             self._gave_up(seq, exc)
             raise
-        except (RemoteArgumentError, ArgumentMismatch, CommunicatorRevoked) as exc:
+        except (RemoteArgumentError, CommunicatorRevoked) as exc:
             self._call_failed(s, exc, run)
             self._hold(run)
             raise
@@ -1066,7 +1042,7 @@ class Communicator(FamilyCalls):
             self._abandon_from(seq, error)
             self._repair_after = seq
             raise error
-        self._interrupt(seq, started=False)()   # another rank already rejected this call
+        self._interrupt(seq)()   # another rank already rejected this call
         if not self.validate:
             return
         sig = call.signature(self.shape)

@@ -241,35 +241,7 @@ def option_differences(quick: float) -> None:
         k, msg, _ = outcome(lambda: ctx.Allreduce(a, b, compression="fp16"))
         if k or not np.array_equal(b, want(n, call)):
             failures.append(f"{algorithm}: fp16 on every rank: {k} {msg[:200]} {b[:4]}")
-        n, call = after_first_calls(ctx, algorithm, quick, n, call)
         ctx.Free()
-
-
-def after_first_calls(ctx, algorithm: str, quick: float, n: int, call: int) -> tuple[int, int]:
-    """A rank that runs a signature no rank ran before (compressed, or another count) while
-    the others run one every rank checked: its signature exchange tells the others, which
-    poll for it while they wait, and every rank raises ArgumentMismatch at once; the
-    communicator stays usable. Not for a blocking native call under the watchdog (it polls
-    nothing: the others end at the deadline, as the watchdog scenario shows)."""
-    watchdog = os.environ.get("BMLMPI_BLOCKING", "watchdog") == "watchdog"
-    for kind in ("blocking", "nonblocking"):
-        if kind == "blocking" and watchdog and native_choice(ctx, n + 1):
-            continue
-        for label, mine, more in (("fp16 on rank 1", "fp16" if rank == 1 else None, 0),
-                                  ("a new count on rank 1", None, 500 if rank == 1 else 0)):
-            n += 1
-            label = f"{algorithm} {kind} {label} after the signature's first calls"
-            for _ in range(2):
-                call += 1
-                good_call(label + " (before)", ctx, kind, n, call)
-            call += 1
-            a, b = data(n + more, call), np.zeros(n + more)
-            expect(label, lambda: (ctx.Allreduce(a, b, compression=mine) if kind == "blocking"
-                                   else ctx.Iallreduce(a, b, compression=mine).Wait()),
-                   None, "ArgumentMismatch", within=quick, name="runs its first call of")
-            call += 1
-            good_call(label + " (after)", ctx, kind, n, call)
-    return n, call
 
 
 # -- scenarios ----------------------------------------------------------------------------
