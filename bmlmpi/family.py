@@ -890,6 +890,12 @@ class FamilyCalls:
         entry = fast.get(key) if fast else None
         if entry is None or not self._fast_open():
             return False
+        # A rank's part of a reduce or broadcast may complete without the rank that rejected
+        # its arguments: it must look at the notices before its next call moves data, as the
+        # checked path's numbering does (docs/contracts.md), or that call pairs with the
+        # others' repaired next one. One poll of the control channel's posted receive.
+        if self._notice(self._callno) is not None:
+            return False
         # one call at a time, as Allreduce's (a second thread raises before anything moves)
         mine = self._one_thread()
         try:
