@@ -405,6 +405,12 @@ class Communicator(FamilyCalls):
         return self._comm
 
     @property
+    def tag_slots(self) -> int:
+        """How many calls of one signature may be in flight with tags of their own; a call
+        beyond that posts nothing until the call whose tags it reuses completes."""
+        return self._call_slots
+
+    @property
     def level_comms(self) -> list[MPI.Comm]:
         """The BCube level communicators, level 0 first (member b of a group has rank b)."""
         return self._levels
@@ -1098,11 +1104,8 @@ class Communicator(FamilyCalls):
         self._validate(call, None)
         seq = self._callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
-        entry = _Outstanding(self, self._launch(call, label, lambda: call.finish(self.size)),
-                             seq, call.slot)
-        if not entry.poll():
-            self._active.append(entry)
-        return Request(entry)
+        return Request(self._outstanding(
+            self._launch(call, label, lambda: call.finish(self.size)), seq, call.slot))
 
     def _sig_id(self, key: tuple) -> int:
         """The signature's number: the order in which this communicator first ran it, the
@@ -1234,7 +1237,21 @@ class Communicator(FamilyCalls):
                 run = self._launch_family(call, label, finish)
         else:
             run = self._launch(call, label, finish)
-        entry = _Outstanding(self, run, seq, self._record(call))
+        return self._outstanding(run, seq, self._record(call))
+
+    def _outstanding(self, run: Run | ShmRun | NativeRun, seq: int,
+                     slot: Slot | None) -> _Outstanding:
+        """The record of call ``seq``, started as ``run``: polled once, then kept in
+        :attr:`_active` until it completes. A scheduled run whose tags a call still in flight
+        holds (the same signature's call ``_call_slots`` calls earlier: tag slots cycle) posts
+        nothing until that call completes, since the two would take each other's messages;
+        ranks post their calls in one order, so the older call completes without it."""
+        if self._active and type(run) is Run:
+            for held in self._active:
+                if (type(held.run) is Run and held.run.tag_base == run.tag_base
+                        and not held.run.done):
+                    run.after = held.run   # the newest holder (the list is oldest first)
+        entry = _Outstanding(self, run, seq, slot)
         if not entry.poll():
             self._active.append(entry)
         return entry

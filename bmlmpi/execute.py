@@ -336,7 +336,8 @@ class Run:
     """
 
     __slots__ = ("plan", "buf", "src", "prog", "kop", "tag_base", "_label", "finish", "pos",
-                 "lane_reqs", "progress", "done", "scratch", "observer", "stalled", "final")
+                 "lane_reqs", "progress", "done", "scratch", "observer", "stalled", "final",
+                 "after")
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
                  label: str | Callable[[], str], finish: Callable[[], None] | None = None,
@@ -364,6 +365,9 @@ class Run:
         self.scratch = plan.take_scratch(buf.dtype) if plan.scratch_elems else None
         self.observer = _observer
         self.stalled: tuple[int, list[tuple[str, int]]] | None = None
+        #: a run on the same tags that must complete before this one posts anything (the
+        #: communicator sets it when a call's tag slot is still held: see api)
+        self.after: Run | None = None
 
     @property
     def label(self) -> str:
@@ -444,6 +448,10 @@ class Run:
         """Advance as far as possible without blocking; True once the allreduce is complete."""
         if self.done:
             return True
+        if self.after is not None:
+            if not self.after.done:
+                return False
+            self.after = None
         lanes = self.prog
         finished = True
         # Post every lane's next step before testing any, so all lanes' transfers are in

@@ -186,6 +186,49 @@ def test_sibling_calls_never_take_each_others_messages(comm, made_by):
 
 
 @pytest.mark.mpi
+def test_more_calls_of_one_signature_outstanding_than_tag_slots(comm):
+    """Tag slots cycle (a signature's calls ``k`` and ``k + slots`` share tags): with more
+    calls of one signature outstanding than there are slots, the call reusing a slot posts
+    nothing until the call holding it completes. Without that, odd ranks that take their
+    calls through the first step newest first made calls 0 and ``slots`` take each other's
+    messages (both wrong, no error)."""
+    if comm.size == 1:
+        pytest.skip("one rank sends nothing")
+    base = comm.Dup()
+    ctx = bmlmpi.Communicator(base, algorithm="ring")
+    n = 1001
+    first = np.full(n, -1, np.int64)
+    ctx.Allreduce(rank_input(n, comm.rank, np.int64, MPI.SUM), first)   # the agreement
+    slots = ctx.tag_slots
+    calls = slots + 2
+    xs = [rank_input(n, comm.rank, np.int64, MPI.SUM) + 1000 * k for k in range(calls)]
+    outs = [np.full(n, -1, np.int64) for _ in range(calls)]
+
+    def start() -> list:
+        return [ctx.Iallreduce(x, o) for x, o in zip(xs, outs, strict=True)]
+
+    odd = comm.rank % 2 == 1
+    reqs = start() if odd else []
+    comm.Barrier()
+    if not odd:
+        reqs = start()
+    # odd ranks push the slot's newer call first; a deferred one (run.after) posts nothing
+    for k in ([slots, 0] if odd else [0, slots]):
+        run = reqs[k].run
+        assert execute.poll_until(
+            lambda run=run: run.test() or run.step >= 1 or run.after is not None, 30), \
+            f"call {k} did not get through its first step"
+    for req in reqs:
+        req.Wait()
+    want = [reference(n, comm.size, np.int64, MPI.SUM) + 1000 * k * comm.size
+            for k in range(calls)]
+    wrong = [k for k in range(calls) if not np.array_equal(outs[k], want[k])]
+    ctx.Free()
+    base.Free()
+    all_ranks_agree(comm, [f"call {k} got a wrong result" for k in wrong])
+
+
+@pytest.mark.mpi
 def test_algorithm_env_override_and_auto_rule(comm, monkeypatch):
     from bmlmpi import selection
 
