@@ -427,6 +427,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
             call.run = (Skipped() if skip
                         else self._launch(prepared, label, None))
+            self._defer_behind_holder(call)
         if call.slot is not None:
             call.slot.run = call.run
 

@@ -116,6 +116,22 @@ class Ledger:
                 self._recover()
                 return
 
+    def _defer_behind_holder(self, call: Call) -> None:
+        """As the plain communicator's calls (``api.Communicator._outstanding``): ``call``'s
+        new run posts nothing while an earlier pending call's run on the same communicator
+        holds its tags (tag slots cycle), or the two would take each other's messages. Runs
+        of an earlier attempt are on another communicator and do not count."""
+        run = call.run
+        if type(run) is not Run:
+            return
+        for other in self._pending:
+            if other is call:
+                break
+            held = other.run
+            if (type(held) is Run and held.tag_base == run.tag_base and not held.done
+                    and held.plan.comms[0] is run.plan.comms[0]):
+                run.after = held
+
     def _commit(self, call: Call) -> None:
         self._pending.pop(0)
         self._committed += 1
