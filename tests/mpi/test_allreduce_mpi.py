@@ -137,6 +137,20 @@ def test_iallreduce_many_outstanding_waited_in_any_order(comm):
     ctx.Free()
 
 
+def start_odd_ranks_first(comm, ctx, xs: list, outs: list) -> list:
+    """``ctx.Iallreduce(x, out)`` for each pair, the odd ranks' calls started before the even
+    ranks'. A ring rank receives from its left neighbour, of the other parity: the odd ranks'
+    first steps cannot complete before the even ranks send, so they have posted no second
+    step when the even ranks start theirs."""
+    def start() -> list:
+        return [ctx.Iallreduce(x, o) for x, o in zip(xs, outs, strict=True)]
+
+    odd = comm.rank % 2 == 1
+    reqs = start() if odd else []
+    comm.Barrier()
+    return reqs if odd else start()
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("made_by", ["Dup", "Split", "Create"])
 def test_sibling_calls_never_take_each_others_messages(comm, made_by):
@@ -160,17 +174,8 @@ def test_sibling_calls_never_take_each_others_messages(comm, made_by):
             for k in range(calls)]
     assert np.array_equal(outs[0], want[0])
 
-    def start() -> list:
-        return [ctx.Iallreduce(x, o) for x, o in zip(xs, outs, strict=True)]
-
-    # A ring rank receives from its left neighbour, of the other parity. The odd ranks start
-    # first: their first steps cannot complete before the even ranks send, so they have
-    # posted no second step when the even ranks start theirs.
+    reqs = start_odd_ranks_first(comm, ctx, xs, outs)
     odd = comm.rank % 2 == 1
-    reqs = start() if odd else []
-    comm.Barrier()
-    if not odd:
-        reqs = start()
     # Each rank takes its calls one by one through the first step, so that each posts its
     # second: in call order on even ranks, in reverse on odd ones.
     for k in (range(calls - 1, -1, -1) if odd else range(calls)):
@@ -204,14 +209,8 @@ def test_more_calls_of_one_signature_outstanding_than_tag_slots(comm):
     xs = [rank_input(n, comm.rank, np.int64, MPI.SUM) + 1000 * k for k in range(calls)]
     outs = [np.full(n, -1, np.int64) for _ in range(calls)]
 
-    def start() -> list:
-        return [ctx.Iallreduce(x, o) for x, o in zip(xs, outs, strict=True)]
-
+    reqs = start_odd_ranks_first(comm, ctx, xs, outs)
     odd = comm.rank % 2 == 1
-    reqs = start() if odd else []
-    comm.Barrier()
-    if not odd:
-        reqs = start()
     # odd ranks push the slot's newer call first; a deferred one (run.after) posts nothing
     for k in ([slots, 0] if odd else [0, slots]):
         run = reqs[k].run
