@@ -422,9 +422,13 @@ def test_family_contracts_n4_before_during_and_root():
         {"size": 4, "collectives": cycle, "calls": 5,
          "kills": [{"call": 1, "rank": 3, "when": "before", "how": "kill"},
                    {"call": 3, "rank": "root", "when": "before", "how": "kill"}]},
+        # a non-root gone before a reduce (root 2), a non-root during a broadcast (root 0)
+        {"size": 4, "collectives": cycle, "calls": 5,
+         "kills": [{"call": 2, "rank": 1, "when": "before", "how": "kill"},
+                   {"call": 3, "rank": 3, "when": "during", "how": "kill"}]},
     ]
     spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
-    res, records = launch_spec("tests/ft/family_ranks.py", spec, 12, "FAMILY-JSON",
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 16, "FAMILY-JSON",
                                timeout=LAUNCH_TIMEOUT)
     _family_check(groups, res, records)
     # a rank gone before a reduce-scatter: every survivor's own block over the survivors
@@ -433,6 +437,15 @@ def test_family_contracts_n4_before_during_and_root():
     # a broadcast whose root was gone before it: RootFailed on every survivor
     third = [s["results"][3] for s in records if s.get("group") == 2 and "survivor" in s]
     assert {r["raised"] for r in third} == {"RootFailed"}, third
+    # a reduce with a non-root gone before it: nothing raised, the root's result over exactly
+    # the survivors (family_ranks checks it); a broadcast that loses a non-root during it:
+    # nothing raised, every survivor holds the root's data (a leaf that dies after receiving
+    # has delivered all the call needed: the call commits, the next one recovers)
+    fourth = [s["results"] for s in records if s.get("group") == 3 and "survivor" in s]
+    assert {(r[2]["raised"], r[2]["size"]) for r in fourth} == {(None, 3)}, fourth
+    assert {(r[3]["raised"], r[4]["size"]) for r in fourth} == {(None, 2)}, fourth
+    assert sorted(s["survivor"] for s in records if s.get("group") == 3 and "survivor" in s) \
+        == [0, 2]
 
 
 def test_family_contracts_in_shared_memory_and_hierarchical():

@@ -122,11 +122,13 @@ def run_call(comm, collective: str, call: int, op_name: str, in_place: bool, vic
 
 
 def check(collective: str, call: int, op: str, state: dict, error, victims: list[int],
-          me: int) -> str | None:
-    """None if this survivor's result keeps the contract, else what is wrong."""
+          gone_before: list[int], me: int) -> str | None:
+    """None if this survivor's result keeps the contract, else what is wrong. A victim in
+    ``gone_before`` died before the call started, so no reduction may hold its data."""
     members, root, rank = state["members"], state["root"], state["rank"]
     dead = [o for o in members if o in victims]
     alive = [o for o in members if o not in victims]
+    may_count = [o for o in dead if o not in gone_before]
     out = state["out"]
     if collective == "reduce_scatter":
         if error is not None:
@@ -134,7 +136,7 @@ def check(collective: str, call: int, op: str, state: dict, error, victims: list
         counts = state["counts"]
         lo = sum(counts[:rank])
         got = out[:counts[rank]]
-        for s in subsets(alive, dead):
+        for s in subsets(alive, may_count):
             if np.array_equal(got, reduction(sum(counts), s, call, op)[lo:lo + counts[rank]]):
                 return None
         return f"block {rank} is no reduction over the survivors (+victims): {got[:4]}"
@@ -161,7 +163,7 @@ def check(collective: str, call: int, op: str, state: dict, error, victims: list
     if collective == "reduce":
         if me != root_orig:
             return None
-        for s in subsets(alive, dead):
+        for s in subsets(alive, may_count):
             if np.array_equal(out, reduction(state["n"], s, call, op)):
                 return None
         return f"the root's result is no reduction over the survivors: {out[:4]}"
@@ -212,7 +214,8 @@ def main() -> int:
         # previous call committed without noticing (it died after delivering its part)
         lost = [k["rank"] for k in kills] + [o for o in state["members"]
                                              if o not in comm.survivors]
-        why = check(collective, call, g.get("op", "sum"), state, error, lost, me)
+        gone_before = [k["rank"] for k in kills if k["when"] == "before"]
+        why = check(collective, call, g.get("op", "sum"), state, error, lost, gone_before, me)
         results.append({"call": call, "collective": collective, "ok": why is None, "why": why,
                         "raised": type(error).__name__ if error is not None else None,
                         "size": comm.size})
