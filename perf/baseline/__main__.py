@@ -197,7 +197,8 @@ def family_markdown(data: dict) -> list[str]:
 
 def assemble(out: Path, ranks: list[int]) -> dict:
     """The run's data rebuilt from the files each step saved (``bench-n*-*.json``,
-    ``c-n*-*.txt``, ``memfloor-n2.json``): for a run that was interrupted before it wrote
+    ``c-n*-*.txt``, ``memfloor-n2.json``, the family's ``bench-n*-COLLECTIVE-*.json``): for a
+    run that was interrupted before it wrote
     ``same-run.json``. Load averages come from the sweep's own machine records."""
     data: dict = {"argv": ["(assembled from saved files)"], "runs": {}}
     for n in ranks:
@@ -208,6 +209,12 @@ def assemble(out: Path, ranks: list[int]) -> dict:
         run = {"rows": [r for p_ in parts for r in p_["rows"]], "machine": parts[-1]["machine"],
                "loadavg_start": parts[0]["machine"].get("loadavg_start", "?"),
                "loadavg_end": parts[-1]["machine"].get("loadavg_end", "?")}
+        for coll in FAMILY:
+            saved = [json.loads(f.read_text()) for f in (out / f"bench-n{n}-{coll}-small.json",
+                                                         out / f"bench-n{n}-{coll}-large.json")
+                     if f.exists()]
+            if saved:
+                run.setdefault("family", {})[coll] = [r for p_ in saved for r in p_["rows"]]
         for when in ("before", "after"):
             f = out / f"c-n{n}-{when}.txt"
             run[f"c_{when}"] = cref.parse(f.read_text()) if f.exists() else []
