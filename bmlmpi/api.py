@@ -1247,10 +1247,7 @@ class Communicator(FamilyCalls):
         nothing until that call completes, since the two would take each other's messages;
         ranks post their calls in one order, so the older call completes without it."""
         if self._active and type(run) is Run:
-            for held in self._active:
-                if (type(held.run) is Run and held.run.tag_base == run.tag_base
-                        and not held.run.done):
-                    run.after = held.run   # the newest holder (the list is oldest first)
+            run.defer_behind(e.run for e in self._active)
         entry = _Outstanding(self, run, seq, slot)
         if not entry.poll():
             self._active.append(entry)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -372,6 +372,15 @@ class Run:
     @property
     def label(self) -> str:
         return self._label if isinstance(self._label, str) else self._label()
+
+    def defer_behind(self, earlier: Iterable[object]) -> None:
+        """Post nothing until the newest of ``earlier`` (runs started before this one, oldest
+        first) that holds this run's tags on the same communicator completes: tag slots
+        cycle, and two runs in flight on the same tags would take each other's messages."""
+        for held in earlier:
+            if (type(held) is Run and held.tag_base == self.tag_base and not held.done
+                    and held.plan.comms[0] is self.plan.comms[0]):
+                self.after = held
 
     @property
     def step(self) -> int:

@@ -17,6 +17,7 @@ owns ``_pending``, ``_seq``, ``_committed``, ``_broken``, ``_noticed`` and ``_ev
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 
 import numpy as np
@@ -121,16 +122,9 @@ class Ledger:
         new run posts nothing while an earlier pending call's run on the same communicator
         holds its tags (tag slots cycle), or the two would take each other's messages. Runs
         of an earlier attempt are on another communicator and do not count."""
-        run = call.run
-        if type(run) is not Run:
-            return
-        for other in self._pending:
-            if other is call:
-                break
-            held = other.run
-            if (type(held) is Run and held.tag_base == run.tag_base and not held.done
-                    and held.plan.comms[0] is run.plan.comms[0]):
-                run.after = held
+        if type(call.run) is Run:
+            call.run.defer_behind(itertools.takewhile(
+                lambda run: run is not call.run, (c.run for c in self._pending)))
 
     def _commit(self, call: Call) -> None:
         self._pending.pop(0)
