@@ -214,6 +214,19 @@ class Communicator(FamilyCalls):
     #: variant's module: :mod:`bmlmpi.variants` (``bmlmpi.Communicator``) loads them.
     _variants: dict[str, type[Communicator]] = {}
 
+    #: The seam a variant plugs into: the private methods a subclass in another module may
+    #: override (tests/unit/test_shared_state.py holds every module to it). Each is a hook the
+    #: base calls at one point of a call's life: ``_agrees_every_call`` (agree on every call,
+    #: not only a signature's first), ``_make_control`` (the communicator agreements travel
+    #: on), ``_split_levels`` (the BCube level communicators), ``_start`` (a non-blocking
+    #: call's entry), ``_submit`` (a checked call's launch), ``_start_persistent`` (one start
+    #: of a persistent call), ``_compile`` (a schedule bound to communicators),
+    #: ``_failure_noted``/``_is_failure`` (what an MPI error means), ``_progress_mark`` (what
+    #: changes when outstanding work advances).
+    SEAM = frozenset({"_agrees_every_call", "_make_control", "_split_levels", "_start",
+                      "_submit", "_start_persistent", "_compile", "_failure_noted",
+                      "_is_failure", "_progress_mark"})
+
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
         if variant is not None:

@@ -1,0 +1,189 @@
+"""Classes compose; they do not share private state across modules.
+
+Two rules, read from the source of every module under ``bmlmpi/``:
+
+* **A module reads through ``self`` only the private names it defines** (a method, a class
+  attribute, an attribute it assigns on ``self``), or the names a base class declares as its
+  seam for subclasses (``SEAM``, a frozenset on the base). A mixin that reads ``self._comm``
+  assigned in another module shares that module's private state: that is what this refuses.
+* **A subclass or mixin in another module overrides only the private methods its base
+  declares in ``SEAM``**, and no two modules of one class's bases assign the same private
+  attribute on ``self``. Overriding any other private method reaches into the base's
+  implementation; assigning the same attribute is sharing its state.
+
+:data:`KNOWN` lists what today's code still does against the rules, module by module; it only
+shrinks: a listed name that no longer breaks a rule fails the test too, so the list stays
+true.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+from test_private_access import _is_self, _private, defined_here
+
+import bmlmpi
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: What the code still does against the rules: module -> private names it reads through
+#: ``self`` without defining them (rule 1) or overrides without its base declaring them
+#: (rule 2, as ``"override <base module>.<Class>.<name>"``).
+KNOWN: dict[str, set[str]] = {
+    'bmlmpi.api': {
+        '_family_algorithm', '_family_auto', '_family_forget', '_family_plan', '_launch_family',
+        '_usable_for_calls', "assigns bmlmpi.family.FamilyCalls's _callno",
+        "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.family.FamilyCalls's _owner",
+    },
+    'bmlmpi.family': {
+        '_active', '_agreed', '_begin_call', '_call_done', '_call_failed', '_choices', '_comm',
+        '_drive_fast', '_fast', '_fast_open', '_levels', '_links', '_native_blocking',
+        '_native_run', '_node_tier', '_nodes_for_auto', '_notice', '_one_thread', '_persistent',
+        '_plans', '_record', '_recorder', '_refused', '_sig_id', '_submit_recorded', '_tag_base',
+        '_validate', '_watchdog',
+    },
+    'bmlmpi.ft.communicator': {
+        '_advance', '_algorithm_named', '_call', '_comm', '_defer_behind_holder', '_launch',
+        '_node_tier', '_nodes_for_auto', '_note_failure', '_record', '_refuse', '_resolve_auto',
+        '_schedule', '_validate', "assigns bmlmpi.api.Communicator's _token",
+        "assigns bmlmpi.ft.grow.Growth's _committed", "assigns bmlmpi.ft.grow.Growth's _members",
+        "assigns bmlmpi.ft.grow.Growth's _seq", "assigns bmlmpi.ft.ledger.Ledger's _broken",
+        "assigns bmlmpi.ft.ledger.Ledger's _committed",
+        "assigns bmlmpi.ft.ledger.Ledger's _events", "assigns bmlmpi.ft.ledger.Ledger's _noticed",
+        "assigns bmlmpi.ft.membership.Membership's _broken",
+        "assigns bmlmpi.ft.membership.Membership's _events",
+        "assigns bmlmpi.ft.membership.Membership's _masked",
+        "assigns bmlmpi.ft.membership.Membership's _members",
+        "assigns bmlmpi.ft.membership.Membership's _noticed",
+        'override bmlmpi.family.FamilyCalls._family_prepared',
+        'override bmlmpi.family.FamilyCalls._usable_for_calls',
+    },
+    'bmlmpi.ft.grow': {
+        '_comm', '_deadline_call', '_hb', '_init_ledger', '_note_failure', '_pending',
+        '_start_heartbeat', '_token', '_usable',
+    },
+    'bmlmpi.ft.ledger': {
+        '_call_done', '_call_failed', '_check_vanished', '_comm', '_hb', '_pending', '_recover',
+        "assigns bmlmpi.ft.grow.Growth's _committed",
+        "assigns bmlmpi.ft.membership.Membership's _broken",
+        "assigns bmlmpi.ft.membership.Membership's _events",
+        "assigns bmlmpi.ft.membership.Membership's _noticed",
+    },
+    'bmlmpi.ft.membership': {
+        '_attempt', '_choices', '_committed', '_drain', '_hb', '_pending', '_plans', '_usable',
+        '_validated', "assigns bmlmpi.api.Communicator's _calls",
+        "assigns bmlmpi.api.Communicator's _comm", "assigns bmlmpi.api.Communicator's _links",
+        "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.ft.grow.Growth's _members",
+    },
+    'bmlmpi.topology.nodes': {
+        '_local', '_node_of',
+    },
+}
+
+
+def seam_names() -> set[str]:
+    """Every name some bmlmpi class declares in its ``SEAM``."""
+    names: set[str] = set()
+    for cls in bmlmpi_classes():
+        names |= set(cls.__dict__.get("SEAM", ()))
+    return names
+
+
+def bmlmpi_classes() -> list[type]:
+    found = []
+    for info in pkgutil.walk_packages(bmlmpi.__path__, "bmlmpi."):
+        if info.name.startswith(("bmlmpi.torch", "bmlmpi.kernels")):
+            continue  # torch is an optional extra; kernels/ has no classes with seams
+        module = importlib.import_module(info.name)
+        found += [c for _, c in inspect.getmembers(module, inspect.isclass)
+                  if c.__module__ == info.name]
+    return found
+
+
+def reads_not_defined(source: str, seam: set[str]) -> set[str]:
+    """Private names ``source`` reads through ``self``/``cls`` but neither defines nor finds
+    in a declared seam."""
+    tree = ast.parse(source)
+    own = defined_here(tree)
+    return {n.attr for n in ast.walk(tree)
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load) and _is_self(n.value)
+            and _private(n.attr) and n.attr not in own and n.attr not in seam}
+
+
+def self_stores(cls: type) -> set[str]:
+    """The private attributes the body of ``cls`` assigns on ``self``."""
+    try:
+        tree = ast.parse(inspect.getsource(inspect.getmodule(cls)))
+    except (OSError, TypeError):
+        return set()
+    return {n.attr for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and node.name == cls.__name__
+            for n in ast.walk(node)
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store) and _is_self(n.value)
+            and _private(n.attr)}
+
+
+def undeclared_overrides() -> dict[str, set[str]]:
+    """Per module: private methods it overrides that a base (or a later mixin) in another
+    module defines without declaring them in its SEAM, and private attributes it assigns on
+    ``self`` that a class of another module in the same hierarchy assigns too."""
+    found: dict[str, set[str]] = {}
+    for cls in bmlmpi_classes():
+        mro = [c for c in cls.__mro__ if c.__module__.startswith("bmlmpi")]
+        for i, mine in enumerate(mro):
+            for name in mine.__dict__:
+                if not _private(name) or name == "SEAM":
+                    continue
+                for base in mro[i + 1:]:
+                    if name in base.__dict__ and base.__module__ != mine.__module__ \
+                            and name not in base.__dict__.get("SEAM", ()):
+                        found.setdefault(mine.__module__, set()).add(
+                            f"override {base.__module__}.{base.__qualname__}.{name}")
+        stores = {c: self_stores(c) for c in mro}
+        for i, mine in enumerate(mro):
+            for base in mro[i + 1:]:
+                if base.__module__ != mine.__module__:
+                    found.setdefault(mine.__module__, set()).update(
+                        f"assigns {base.__module__}.{base.__qualname__}'s {name}"
+                        for name in stores[mine] & stores[base])
+    return {m: names for m, names in found.items() if names}
+
+
+def violations() -> dict[str, set[str]]:
+    seam = seam_names()
+    found: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "bmlmpi").rglob("*.py")):
+        if not path.resolve().is_relative_to((ROOT / "bmlmpi").resolve()):
+            continue  # bmlmpi/kernels is a link to the top-level kernels/
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        reads = reads_not_defined(path.read_text(), seam)
+        if reads:
+            found[".".join(parts)] = reads
+    for module, names in undeclared_overrides().items():
+        found.setdefault(module, set()).update(names)
+    return found
+
+
+def test_the_check_sees_a_mixin_reading_anothers_state():
+    source = '''
+class Mixin:
+    def go(self):
+        self._mine = 1
+        return self._mine + self._theirs + self._declared
+'''
+    assert reads_not_defined(source, {"_declared"}) == {"_theirs"}
+
+
+def test_no_class_shares_private_state_beyond_its_declared_seam():
+    found = violations()
+    new = {m: sorted(n - KNOWN.get(m, set())) for m, n in found.items() if n - KNOWN.get(m, set())}
+    fixed = {m: sorted(n - found.get(m, set())) for m, n in KNOWN.items()
+             if n - found.get(m, set())}
+    assert not new, f"private state shared across modules (not in a declared SEAM): {new}"
+    assert not fixed, f"no longer shared: take these out of KNOWN: {fixed}"
