@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import math
 import secrets
 import threading
 import weakref
@@ -59,6 +58,7 @@ from .execute import (
 )
 from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls, then
 from .fast_path import FastCall, Repeat
+from .finalize import bound_finalize
 from .handles import NativePersistent, NativeRun, Request
 from .ops import check_dtype_op, kernel_op, mpi_op, op_name
 from .persistent import PersistentRequest
@@ -531,7 +531,7 @@ class Communicator(FamilyCalls):
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
                             compression=compression).Wait()
             return
-        self._blocking(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
+        self.blocking_allreduce(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                    algorithm: str | None = None, compression: Any = None) -> Request:
@@ -544,7 +544,7 @@ class Communicator(FamilyCalls):
             return self._compression.start(sendbuf, recvbuf, op, compression)
         return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
 
-    def _algorithm_named(self, algorithm: str | None) -> str:
+    def algorithm_named(self, algorithm: str | None) -> str:
         """The checked name of a call's ``algorithm`` (None: the communicator's); an unknown
         one is refused on every rank."""
         if algorithm is None:
@@ -558,6 +558,8 @@ class Communicator(FamilyCalls):
                 self._refuse(exc)
             _CHECKED[algorithm] = name
             return name
+
+    _algorithm_named = algorithm_named
 
     # -- the compression seam (bmlmpi.compression) ---------------------------------------------
     @property
@@ -827,7 +829,9 @@ class Communicator(FamilyCalls):
         self._owner = me
         return True
 
-    def _blocking(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
+    def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
+        """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
+        ``Allreduce`` without compression, and the module-level drop-in's entry."""
         if not self._one_thread():
             self._blocking_call(sendbuf, recvbuf, op, algorithm)
             return
@@ -1527,94 +1531,3 @@ class Communicator(FamilyCalls):
             c.Set_errhandler(MPI.ERRORS_RETURN)
             levels.append(c)
         return levels
-
-
-#: The module-level calls' last (user communicator, Communicator): a repeated call skips
-#: ``Get_attr``. Forgotten when MPI deletes the attribute (the user's communicator is freed),
-#: so a freed communicator fails in ``Get_attr`` as before.
-_last: tuple[MPI.Comm | None, Communicator | None] = (None, None)
-
-
-def _forget(comm: MPI.Comm, keyval: int, ctx: Communicator) -> None:
-    """MPI deletes the attribute: the user freed ``comm`` (or MPI is finalizing). The
-    Communicator made for it is freed with it (its duplicates, its watchdog thread), unless
-    MPI is finalizing (freeing communicators then is not allowed everywhere) or it still has
-    calls outstanding (Free refuses; they keep what they need)."""
-    global _last
-    if _last[1] is ctx:
-        _last = (None, None)
-    if not MPI.Is_finalized() and comm not in (MPI.COMM_WORLD, MPI.COMM_SELF):
-        with contextlib.suppress(Exception):
-            ctx.Free()
-
-
-_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_forget)
-
-
-def communicator_for(comm: MPI.Comm) -> Communicator:
-    """The Communicator the module-level calls use for the user's ``comm`` (made on first
-    use, kept as an attribute of ``comm``)."""
-    return _communicator_for(comm)
-
-
-def _communicator_for(comm: MPI.Comm) -> Communicator:
-    global _last
-    if comm is _last[0]:
-        return _last[1]
-    ctx = comm.Get_attr(_KEYVAL)
-    if ctx is None:
-        ctx = Communicator(comm)
-        comm.Set_attr(_KEYVAL, ctx)
-    _last = (comm, ctx)
-    return ctx
-
-
-def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,
-              algorithm: str = "auto") -> None:
-    """Drop-in ``comm.Allreduce(sendbuf, recvbuf, op)`` running a bmlmpi algorithm.
-
-    Costs what ``comm.Allreduce`` costs (plus about 1 µs) where the signature runs native,
-    after its first call; the deadline is then the watchdog's (see :class:`Communicator`:
-    a call blocked past ``BMLMPI_TIMEOUT`` aborts the job; ``BMLMPI_BLOCKING=polled`` raises
-    DeadlineExceeded instead)."""
-    last_comm, ctx = _last
-    if comm is not last_comm:
-        ctx = _communicator_for(comm)
-    ctx._blocking(sendbuf, recvbuf, op, ctx._algorithm_named(algorithm))
-
-
-def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,
-               algorithm: str = "auto") -> Request:
-    """Non-blocking :func:`Allreduce`; progresses inside the request's ``Test``/``Wait``."""
-    ctx = _communicator_for(comm)
-    return ctx._start(sendbuf, recvbuf, op, ctx._algorithm_named(algorithm))
-
-
-_finalize_bound: list[float] = []
-
-
-def bound_finalize(seconds: float) -> None:
-    """Give this process's ``MPI_Finalize`` at most ``2 * seconds`` (at least 30) once the program
-    ends: a rank that gave up a call at its deadline may have a peer that is stopped or hung,
-    and ``MPI_Finalize`` would wait for it for ever. At exit, before mpi4py finalizes, an
-    alarm is armed (SIGALRM, the default action: the process ends, and the launcher ends the
-    job); a finalize that completes in time is not affected."""
-    if _finalize_bound:
-        _finalize_bound[0] = max(_finalize_bound[0], seconds)
-        return
-    _finalize_bound.append(seconds)
-    import atexit
-    import os
-    import signal
-
-    def arm() -> None:
-        # generous: a finalize that is merely slow (a loaded node, many communicators) must
-        # not be cut short; only one that waits for ever is
-        n = max(30, int(math.ceil(2 * _finalize_bound[0])))
-        with contextlib.suppress(OSError):
-            os.write(2, (f"bmlmpi: a call was given up at its deadline on this rank; "
-                         f"MPI_Finalize gets {n} s before this process ends itself (a "
-                         f"stopped or hung peer cannot keep the job from ending)\n").encode())
-        signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(n)
-    atexit.register(arm)

@@ -12,7 +12,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from .api import communicator_for
+from .dropin import communicator_for
 from .handles import Request
 from .persistent import PersistentRequest
 
