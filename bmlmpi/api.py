@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import binding, buffers, config, kernels, selection
+from . import buffers, config, kernels, selection
 from .agreement import (
     DEADLINE,
     ERROR,
@@ -60,14 +60,16 @@ from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls, then
 from .fast_path import FastCall, Repeat
 from .finalize import bound_finalize
 from .handles import NativePersistent, NativeRun, Request
-from .ops import check_dtype_op, kernel_op, mpi_op, op_name
+from .ops import check_dtype_op, mpi_op, op_name
 from .persistent import PersistentRequest
+from .placement import Placement, split_levels
+from .plans import PlanCache
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .recorder import now as _now
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
 from .shm import NodeTier, ShmPlan, ShmRun
-from .topology.bcube import BCube, Shape, format_shape, resolve_shape
+from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
 _log = logging.getLogger("bmlmpi")
@@ -291,17 +293,18 @@ class Communicator(FamilyCalls):
         self._handled = [0]   # the last call number whose failure this rank has raised
         self._abandoned_upto = 0  # calls up to this number are abandoned on every rank
         self._owner: int | None = None  # the thread inside a call (_one_thread)
-        self._sig_ids: dict[tuple, int] = {}
         self._levels = self._split_levels()
-        self._links = self._find_links()
-        self._choices: dict[tuple[int, int], str] = {}
+        self._placement = Placement(self)
+        self._links = self._placement.find_links()
         self.calibration = None
         if selection.calibration_wanted(self.algorithm):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
-        self._plans: dict[tuple, Plan] = {}
+        self._cache = PlanCache(self, self._placement, self._compile)
+        # the same dicts as the cache's, which the fault-tolerant variant clears when its
+        # members change
+        self._plans, self._choices = self._cache.plans, self._cache.choices
         self._compression = CompressionChannel(self)
-        self._tier: NodeTier | None = None
         self._validated: set[int] = set()
         self._calls = 0
         self._active: list[_Outstanding] = []
@@ -424,6 +427,18 @@ class Communicator(FamilyCalls):
         return self._call_slots
 
     @property
+    def plans(self) -> PlanCache:
+        """This communicator's plans, schedules and ``auto``'s choices, per signature
+        (:class:`bmlmpi.plans.PlanCache`)."""
+        return self._cache
+
+    @property
+    def placement(self) -> Placement:
+        """Where this communicator's ranks are: nodes, node tier, link matrix source
+        (:class:`bmlmpi.placement.Placement`)."""
+        return self._placement
+
+    @property
     def level_comms(self) -> list[MPI.Comm]:
         """The BCube level communicators, level 0 first (member b of a group has rank b)."""
         return self._levels
@@ -496,10 +511,7 @@ class Communicator(FamilyCalls):
             self._fast.clear()
         self._family_forget(scheduled_only=False)
         self._repeat = None
-        if self._tier is not None:
-            if self._tier.comm is self._comm:
-                self._tier.free()
-            self._tier = None
+        self._placement.free()
         if self._mailbox is not None:
             self._mailbox.close()
         held = any(isinstance(h, tuple) for h in self._held)
@@ -515,7 +527,7 @@ class Communicator(FamilyCalls):
         if not held:
             self._held.clear()
         self._levels = []
-        self._plans.clear()
+        self._cache.clear()
 
     # -- public calls ---------------------------------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
@@ -573,13 +585,16 @@ class Communicator(FamilyCalls):
     def schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
         """This rank's allreduce schedule of ``algorithm`` for ``count`` elements of
         ``itemsize`` bytes over the current members (what the compression layer runs on
-        16-bit codes)."""
-        return self._schedule(algorithm, count, itemsize)
+        16-bit codes; hierarchical's node tier in shared memory where every node's ranks
+        share it; ``shm`` refused on every rank alike when the communicator spans nodes)."""
+        return self._cache.schedule(algorithm, count, itemsize)
+
+    _schedule = schedule
 
     def choose(self, count: int, itemsize: int) -> str:
         """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
         bytes on this communicator (local; every rank picks the same)."""
-        return self._auto(count, itemsize)
+        return self._cache.auto(count, itemsize)
 
     def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
                           what: str, abandon: Callable[[], None]
@@ -755,11 +770,11 @@ class Communicator(FamilyCalls):
         self._held.append((self._comm, self._levels))
         self._comm = new
         self._levels = self._split_levels()
-        self._plans.clear()
+        self._cache.clear()
         self._family_forget(scheduled_only=True)
         for entry in (self._fast or {}).values():
             if entry.plan is not None:  # bound to the old communicator: bind it again
-                entry.plan = self._plan(*entry.key)
+                entry.plan = self._cache.plan(*entry.key)
         self._abandoned_upto = int(agreed[0])
         self._calls = int(agreed[1])
         self._repair_after = None
@@ -913,11 +928,11 @@ class Communicator(FamilyCalls):
         sig = call.slot.sig if call.slot is not None else call.traced()
         if call.algorithm != "native":
             plan_key = (call.algorithm, call.out.size, call.out.dtype, call.op)
-            plan = self._plans.get(plan_key)
+            plan = self._cache.get(plan_key)
             if plan is not None:
                 self._fast[key] = FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
                                                 f"{self.rank}", plan, call.op,
-                                            self._sig_id(plan_key), plan_key, sig)
+                                            self._cache.sig_id(plan_key), plan_key, sig)
         elif self._native_fast and id(op) in _FAST_OPS:
             self._fast[key] = FastCall(_FAST_OPS[id(op)],
                                         f"bmlmpi native allreduce (blocking MPI_Allreduce of "
@@ -1037,7 +1052,7 @@ class Communicator(FamilyCalls):
         dtype = recv.flat.dtype
         check_dtype_op(dtype, name)
         if algorithm == "auto":
-            algorithm = self._auto_for(count, dtype, name)
+            algorithm = self._cache.auto_for(count, dtype, name)
         out = recv.flat[:count]
         src = None if send is None else send.flat
         if src is not None and np.may_share_memory(src, out):
@@ -1124,14 +1139,6 @@ class Communicator(FamilyCalls):
         return Request(self._outstanding(
             self._launch(call, label, lambda: call.finish(self.size)), seq, call.slot))
 
-    def _sig_id(self, key: tuple) -> int:
-        """The signature's number: the order in which this communicator first ran it, the
-        same on every rank that runs the same calls."""
-        sig = self._sig_ids.get(key)
-        if sig is None:
-            sig = self._sig_ids[key] = len(self._sig_ids)
-        return sig
-
     def _launch(self, call: PreparedCall, label: str,
                 finish: Callable[[], None] | None) -> Run | NativeRun:
         """Start ``call``'s exchange (native, or its schedule's plan) on this communicator;
@@ -1141,9 +1148,9 @@ class Communicator(FamilyCalls):
         if call.algorithm == "native":
             return self._launch_native(call, finish)
         out = call.out
-        plan = self._plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = self._tag_base(sig=self._sig_id((call.algorithm, out.size, out.dtype,
-                                                     call.op)))
+        plan = self._cache.plan(call.algorithm, out.size, out.dtype, call.op)
+        tag_base = self._tag_base(sig=self._cache.sig_id((call.algorithm, out.size, out.dtype,
+                                                           call.op)))
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
         return _run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
@@ -1177,8 +1184,8 @@ class Communicator(FamilyCalls):
     def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
         """``auto``'s choice for ``call`` over the current members."""
         if call.collective != "allreduce":
-            return self._family_auto(call)
-        return self._auto_for(call.out.size, call.out.dtype, call.op)
+            return self._cache.family_auto(call)
+        return self._cache.auto_for(call.out.size, call.out.dtype, call.op)
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
@@ -1204,9 +1211,10 @@ class Communicator(FamilyCalls):
             if call.algorithm == "native":
                 compiled = self._native_init(call)
             elif call.collective == "allreduce":
-                compiled = self._plan(call.algorithm, call.out.size, call.out.dtype, call.op)
+                compiled = self._cache.plan(call.algorithm, call.out.size, call.out.dtype,
+                                            call.op)
             else:
-                compiled = self._family_plan(call)
+                compiled = self._cache.family_plan(call)
         return PersistentRequest(self._start_persistent, call, compiled)
 
     def _native_init(self, call: PreparedCall | FamilyCall) -> NativePersistent | None:
@@ -1247,7 +1255,8 @@ class Communicator(FamilyCalls):
                                              self.rank, label)
         elif isinstance(compiled, Plan | ShmPlan):
             if call.collective == "allreduce":
-                sig = self._sig_id((call.algorithm, call.out.size, call.out.dtype, call.op))
+                sig = self._cache.sig_id((call.algorithm, call.out.size, call.out.dtype,
+                                          call.op))
                 run = _run_of(compiled)(compiled, call.out, call.op, self._tag_base(sig=sig),
                                         label, finish, src=call.src)
             else:
@@ -1291,55 +1300,15 @@ class Communicator(FamilyCalls):
                             f"with this MPI: {exc}") from exc
         return NativeRun(req, finish, self.rank, private=private, out=out)
 
-    def _plan(self, algorithm: str, count: int, dtype: np.dtype, op: str) -> Plan:
-        """The compiled plan of a signature (cached), its kernels compiled."""
-        key = (algorithm, count, dtype, op)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        plan = self._compile(algorithm, count, dtype.itemsize)
-        # Compile (or load from numba's cache) the kernels this plan calls now, outside any
-        # deadline: a first compile inside a step can take seconds on a loaded node.
-        fan_in = max((len(offs) for lane in plan.lanes for st in lane for _, _, offs in st.reduces),
-                     default=0)
-        if fan_in:
-            kernels.warmup([dtype], [kernel_op(op)], sources=sorted({1, fan_in}))
-        self._plans[key] = plan
-        return plan
-
-    def _schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
-        """This rank's schedule of ``algorithm`` over the current members (hierarchical's
-        node tier in shared memory where every node's ranks share it; ``shm`` refused on
-        every rank alike when the communicator spans nodes)."""
-        record = algorithms.get(algorithm)
-        intra = "ring"
-        if algorithm == "shm":
-            self._node_tier().require_one_node()
-        elif algorithm == "hierarchical" and self._node_tier().fits:
-            intra = "shm"
-        return record.build(algorithms.Context(
-            self.size, count, itemsize, self.rank, shape=self.shape, links=self._links,
-            nodes=self.nodes() if record.tiered else None, intra=intra))
-
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
         """The schedule bound to this communicator (BCube levels on their own communicators,
         shared-memory steps on the node's window)."""
-        sched = self._schedule(algorithm, count, itemsize)
-        if sched.uses_shm:
-            return self._node_tier().bind(sched, itemsize)
-        levels = [] if algorithms.get(algorithm).tiered else self._levels
-        return binding.bind(sched, self._comm, levels, self.shape)
+        return self._cache.bind(self._cache.schedule(algorithm, count, itemsize), itemsize,
+                                algorithms.get(algorithm).tiered)
 
     def _node_tier(self) -> NodeTier:
-        """This rank's node of the current communicator (made on first use, collective;
-        remade, the old one dropped without a collective, after the members changed)."""
-        tier = self._tier
-        if tier is not None and tier.comm is self._comm:
-            return tier
-        if tier is not None:
-            tier.abandon()
-        tier = self._tier = NodeTier(self._comm, self.nodes(), self.timeout)
-        return tier
+        """This rank's node of the current communicator (:meth:`Placement.node_tier`)."""
+        return self._placement.node_tier()
 
     @contextmanager
     def _failure_noted(self) -> Iterator[None]:
@@ -1417,28 +1386,6 @@ class Communicator(FamilyCalls):
         """Changes whenever any outstanding allreduce completes a step of any lane."""
         return tuple(e.run.progress for e in self._active)
 
-    def _auto_for(self, count: int, dtype: np.dtype, op: str) -> str:
-        """``auto``'s choice for an allreduce, keeping one NaN rule: MIN and MAX of floats
-        propagate NaN (numpy's rule, which bmlmpi's kernels follow); Open MPI's own
-        MPI_MIN/MPI_MAX do not, so ``auto`` never hands those to ``native`` (the tree below
-        64 KiB, the ring above). ``native`` asked for explicitly is the MPI library's rule."""
-        choice = self._auto(count, dtype.itemsize)
-        if choice == "native" and op in ("min", "max") and dtype.kind == "f":
-            choice = "tree" if count * dtype.itemsize <= 65536 else "ring"
-        return choice
-
-    def _auto(self, count: int, itemsize: int) -> str:
-        key = (count, itemsize)
-        choice = self._choices.get(key)
-        if choice is None:
-            why = selection.explain(count, itemsize, self.size, self.calibration, self.shape,
-                                 nodes=self._nodes_for_auto())
-            choice = self._choices[key] = why.chosen
-            if _log.isEnabledFor(logging.DEBUG):
-                _log.debug("auto (rank %d of %d) for a new signature: %s", self.rank,
-                           self.size, why)
-        return choice
-
     def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
                 collective: str = "allreduce") -> selection.Explanation:
         """What ``Allreduce`` of ``count`` elements of ``dtype`` with ``op`` runs on this
@@ -1463,51 +1410,20 @@ class Communicator(FamilyCalls):
                  else self._family_algorithm(collective, None))
         if asked != "auto":
             return selection.Explanation(collective, int(count), dt.itemsize, self.size,
-                                      asked, "asked",
-                                      f"the communicator was built with "
-                                      f"algorithm={self.algorithm!r}")
-        if collective != "allreduce":
-            blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
-            return selection.explain_collective(
-                collective, int(count), dt.itemsize, self.size, self.calibration, self.shape,
-                self._nodes_for_auto(), 0, (count // self.size,) * self.size if blocked else None)
-        return selection.explain(int(count), dt.itemsize, self.size, self.calibration,
-                              self.shape, nodes=self._nodes_for_auto())
-
-    def _find_links(self) -> np.ndarray:
-        """The link-weight matrix trees are built on: ``BMLMPI_LINKS``, else MPI placement.
-
-        Also fixes where :meth:`nodes` comes from: ``BMLMPI_RANKS_PER_NODE``, else the
-        placement matrix (the returned one, or a separate one when ``BMLMPI_LINKS`` names
-        devices)."""
-        from .topology.links import links_from_env, links_from_placement
-        from .topology.nodes import ranks_per_node_from_env
-
-        self._ranks_per_node = ranks_per_node_from_env()
-        self._placement = None  # None: the link matrix itself is the placement
-        w = links_from_env()
-        if w is None:
-            return links_from_placement(self._comm)
-        if self._ranks_per_node is None:
-            self._placement = links_from_placement(self._comm)
-        if w.shape != (self.size, self.size):
-            raise ValueError(f"BMLMPI_LINKS describes {w.shape[0]} devices but the "
-                             f"communicator has {self.size} ranks")
-        return w
+                                         asked, "asked", f"the communicator was built with "
+                                                         f"algorithm={self.algorithm!r}")
+        blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
+        return self._cache.explain(collective, int(count), dt.itemsize, 0,
+                                   (count // self.size,) * self.size if blocked else None)
 
     def nodes(self):
         """Which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`):
         ``BMLMPI_RANKS_PER_NODE`` consecutive ranks when set at construction, else MPI
         placement."""
-        from .topology.nodes import resolve_nodes
-        placement = self._links if self._placement is None else self._placement
-        return resolve_nodes(self.size, placement, self._ranks_per_node)
+        return self._placement.nodes()
 
     def _nodes_for_auto(self):
-        try:
-            return self.nodes()
-        except ValueError:
-            return None  # nodes unknown (a stale placement after failures): no hierarchical
+        return self._placement.nodes_for_auto()
 
     @property
     def links(self) -> np.ndarray:
@@ -1524,10 +1440,4 @@ class Communicator(FamilyCalls):
 
     def _split_levels(self) -> list[MPI.Comm]:
         """One communicator per BCube level: the ranks sharing all digits but that level's."""
-        cube = BCube(self.shape)
-        levels = []
-        for lv in range(cube.levels):
-            c = self._comm.Split(cube.color(self.rank, lv), cube.digit(self.rank, lv))
-            c.Set_errhandler(MPI.ERRORS_RETURN)
-            levels.append(c)
-        return levels
+        return split_levels(self._comm, self.shape, self.rank)

@@ -48,7 +48,6 @@ gives MPI buffers of its own, copied to the caller's once it completed
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -641,19 +640,6 @@ def family_algorithms(collective: str) -> tuple[str, ...]:
     return tuple(selection.algorithms(collective))
 
 
-def _family_schedule(collective: str, algorithm: str, rank: int, size: int,
-                     counts: tuple[int, ...], root: int, itemsize: int, shape: Any,
-                     links: Any, nodes: Any, intra: str = "ring") -> Any:
-    """Rank ``rank``'s schedule of ``algorithm`` for ``collective`` (the algorithm record of
-    :mod:`bmlmpi.schedules.algorithms`; ``intra``: hierarchical's node tier)."""
-    from .schedules import algorithms
-    blocked = collective in ("reduce_scatter", "allgather")
-    ctx = algorithms.Context(size, sum(counts), itemsize, rank, collective=collective,
-                             root=root, counts=counts if blocked else None, shape=shape,
-                             links=links, nodes=nodes, intra=intra)
-    return algorithms.build(algorithm, ctx)
-
-
 def _gathering(kind: str, vector: bool) -> Callable[..., Any]:
     """The non-blocking (``kind`` "start": a Request) or persistent ("init") allgather method
     (``vector``: Allgatherv, counts and displacements in ``recvbuf`` as mpi4py's)."""
@@ -865,7 +851,7 @@ class FamilyCalls:
         try:
             call = build(self._family_algorithm(collective, algorithm))
             if call.algorithm == "auto":
-                call.algorithm = self._family_auto(call)
+                call.algorithm = self.plans.family_auto(call)
             return call
         except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
             self._refused(collective, algorithm or self.algorithm, None, exc)
@@ -977,7 +963,7 @@ class FamilyCalls:
                 fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
                                        f"{self.rank} of {self.size})", traced)
             return
-        plan = self._plans.get(call.plan_key())
+        plan = self.plans.get(call.plan_key())
         if plan is None:
             return
         inp, output = call.schedule_buffers()
@@ -987,7 +973,7 @@ class FamilyCalls:
             return
         fast[key] = FastFamily(f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}",
                                traced, plan, TAG_KIND[call.collective],
-                               self._sig_id(call.plan_key()), call.op, call.dtype, *where)
+                               self.plans.sig_id(call.plan_key()), call.op, call.dtype, *where)
 
     def _family_blocking(self, collective: str, algorithm: str | None, build: Any,
                          key: tuple | None = None, args: tuple = ()) -> None:
@@ -1038,59 +1024,6 @@ class FamilyCalls:
     def _usable_for_calls(self) -> None:
         """Where a fault-tolerant communicator refuses a masked rank's calls."""
 
-    def _family_auto(self, call: FamilyCall) -> str:
-        """``auto``'s choice for a family call (:func:`bmlmpi.selection.choose_collective`)."""
-        from . import selection
-        key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
-        choice = self._choices.get(key)
-        if choice is None:
-            blocked = call.collective in ("reduce_scatter", "allgather")
-            why = selection.explain_collective(
-                call.collective, call.total, call.dtype.itemsize, self.size,
-                self.calibration, self.shape, self._nodes_for_auto(), call.root,
-                call.counts if blocked else None)
-            choice = self._choices[key] = why.chosen
-            log = logging.getLogger("bmlmpi")
-            if log.isEnabledFor(logging.DEBUG):
-                log.debug("auto (rank %d of %d) for a new signature: %s", self.rank,
-                          self.size, why)
-        return choice
-
-    def _family_plan(self, call: FamilyCall) -> Any:
-        """The compiled plan of a scheduled family call (cached per signature)."""
-        from . import binding
-        from .execute import Plan
-        from .ops import kernel_op
-        from .schedules import algorithms
-        key = call.plan_key()
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        tiered = algorithms.get(call.algorithm).tiered
-        nodes = self.nodes() if tiered else None
-        intra = "ring"
-        if call.algorithm == "shm":  # refused on every rank alike across nodes
-            self._node_tier().require_one_node()
-        elif call.algorithm == "hierarchical" and self._node_tier().fits:
-            intra = "shm"  # the node tier in shared memory where the nodes' ranks share it
-        sched = _family_schedule(call.collective, call.algorithm, self.rank, self.size,
-                                 call.counts, call.root, call.dtype.itemsize, self.shape,
-                                 self._links, nodes, intra)
-        levels = [] if tiered else self._levels
-        if sched.uses_shm:  # shared-memory steps: the node's window
-            plan = self._node_tier().bind(sched, call.dtype.itemsize)
-        elif levels:
-            plan = binding.bind(sched, self._comm, levels, self.shape)
-        else:
-            plan = Plan.flat(sched, self._comm)
-        if call.collective in REDUCING:
-            fan_in = max((len(offs) for lane in plan.lanes for st in lane
-                          for _, _, offs in st.reduces), default=0)
-            if fan_in:
-                kernels.warmup([call.dtype], [kernel_op(call.op)], sources=sorted({1, fan_in}))
-        self._plans[key] = plan
-        return plan
-
     def _launch_family(self, call: FamilyCall, label: str, finish: Any) -> Any:
         """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
         schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
@@ -1103,11 +1036,11 @@ class FamilyCalls:
                     raise
                 raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
             return self._native_run(req, then(deliver, finish), label)
-        plan = self._family_plan(call)
+        plan = self.plans.family_plan(call)
         inp, output = call.schedule_buffers()
         # the signature's number in the tags: calls of different signatures never match
         # (a rank that switches to another signature it already ran meets no partner)
-        tag_base = self._tag_base(TAG_KIND[call.collective], self._sig_id(call.plan_key()))
+        tag_base = self._tag_base(TAG_KIND[call.collective], self.plans.sig_id(call.plan_key()))
 
         def placed() -> None:
             call.place(output)

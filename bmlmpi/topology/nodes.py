@@ -26,7 +26,7 @@ communicator relies on that: after a failure it keeps every survivor on its orig
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,9 @@ class Nodes:
     """A partition of ranks into nodes; ``members[g]`` holds node g's ranks, ascending."""
 
     members: tuple[tuple[int, ...], ...]
+    #: the node of each rank, and each rank's place on its node (derived from ``members``)
+    _node_of: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _local: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         members = tuple(tuple(int(r) for r in node) for node in self.members)
@@ -66,7 +69,7 @@ class Nodes:
     @property
     def size(self) -> int:
         """The number of ranks."""
-        return len(self._node_of)  # type: ignore[attr-defined]
+        return len(self._node_of)
 
     @property
     def count(self) -> int:
@@ -88,14 +91,14 @@ class Nodes:
         return len(set(self.sizes)) == 1
 
     def node_of(self, rank: int) -> int:
-        return self._node_of[rank]  # type: ignore[attr-defined]
+        return self._node_of[rank]
 
     def local_rank(self, rank: int) -> int:
-        return self._local[rank]  # type: ignore[attr-defined]
+        return self._local[rank]
 
     def node_ids(self) -> list[int]:
         """The node of every rank, rank 0 first."""
-        return list(self._node_of)  # type: ignore[attr-defined]
+        return list(self._node_of)
 
     def restrict(self, members: Sequence[int]) -> Nodes:
         """The nodes of the ranks ``members`` alone, renumbered: current rank i is the rank

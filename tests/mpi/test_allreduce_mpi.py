@@ -243,7 +243,7 @@ def test_algorithm_env_override_and_auto_rule(comm, monkeypatch):
     # the calibrated model's choice is one of the candidates and the same on every rank
     ctx = bmlmpi.Communicator(comm)
     assert ctx.calibration is not None
-    picks = [ctx._auto(n, 4) for n in (1, 1000, 1 << 20)]
+    picks = [ctx.choose(n, 4) for n in (1, 1000, 1 << 20)]
     assert all(p in bmlmpi.algorithms() for p in picks)
     assert comm.allgather(picks) == [picks] * comm.size
     ctx.Free()

@@ -35,16 +35,15 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (rule 2, as ``"override <base module>.<Class>.<name>"``).
 KNOWN: dict[str, set[str]] = {
     'bmlmpi.api': {
-        '_family_algorithm', '_family_auto', '_family_forget', '_family_plan', '_launch_family',
+        '_family_algorithm', '_family_forget', '_launch_family',
         '_usable_for_calls', "assigns bmlmpi.family.FamilyCalls's _callno",
         "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.family.FamilyCalls's _owner",
     },
     'bmlmpi.family': {
-        '_active', '_agreed', '_begin_call', '_call_done', '_call_failed', '_choices', '_comm',
-        '_drive_fast', '_fast', '_fast_open', '_levels', '_links', '_native_blocking',
-        '_native_run', '_node_tier', '_nodes_for_auto', '_notice', '_one_thread', '_persistent',
-        '_plans', '_record', '_recorder', '_refused', '_sig_id', '_submit_recorded', '_tag_base',
-        '_validate', '_watchdog',
+        '_active', '_agreed', '_begin_call', '_call_done', '_call_failed', '_comm',
+        '_drive_fast', '_fast', '_fast_open', '_native_blocking', '_native_run', '_notice',
+        '_one_thread', '_persistent', '_record', '_recorder', '_refused', '_submit_recorded',
+        '_tag_base', '_validate', '_watchdog',
     },
     'bmlmpi.ft.communicator': {
         '_advance', '_algorithm_named', '_call', '_comm', '_defer_behind_holder', '_launch',
@@ -78,9 +77,6 @@ KNOWN: dict[str, set[str]] = {
         '_validated', "assigns bmlmpi.api.Communicator's _calls",
         "assigns bmlmpi.api.Communicator's _comm", "assigns bmlmpi.api.Communicator's _links",
         "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.ft.grow.Growth's _members",
-    },
-    'bmlmpi.topology.nodes': {
-        '_local', '_node_of',
     },
 }
 
