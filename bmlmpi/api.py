@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import logging
 import secrets
-import threading
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -47,7 +46,6 @@ from .calls import (
 )
 from .compression.channel import CompressionChannel
 from .execute import (
-    TAG_STEPS,
     DeadlineExceeded,
     Plan,
     Run,
@@ -56,7 +54,15 @@ from .execute import (
     wait_for,
     wait_request,
 )
-from .family import COLLECTIVES, REDUCING, FamilyCall, FamilyCalls, then
+from .family import (
+    COLLECTIVES,
+    REDUCING,
+    FamilyCall,
+    FamilyCalls,
+    FamilyEngine,
+    FamilyLaunch,
+    then,
+)
 from .fast_path import FastCall, Repeat
 from .finalize import bound_finalize
 from .handles import NativePersistent, NativeRun, Request
@@ -68,6 +74,7 @@ from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .recorder import now as _now
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
+from .sequence import CallSequence
 from .shm import NodeTier, ShmPlan, ShmRun
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
@@ -78,9 +85,6 @@ _log = logging.getLogger("bmlmpi")
 _FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
 #: Algorithm names already checked, so a module-level call does not check its string again.
 _CHECKED: dict[str, str] = {}
-#: Blocks of the tag space: one per collective (:data:`bmlmpi.family.TAG_KIND`), so that
-#: messages of different collectives never match.
-TAG_KINDS = 8
 
 
 class _Outstanding:
@@ -169,9 +173,6 @@ def _describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-#: Tag slots (of TAG_STEPS tags each) a signature's calls cycle through; the rest of the tag
-#: space tells signatures apart (see Communicator._tag_base).
-_CALL_SLOTS = 64
 
 
 class Communicator(FamilyCalls):
@@ -286,13 +287,13 @@ class Communicator(FamilyCalls):
         self._control = self._make_control()
         self._mailbox = (Mailbox(self._control, self._token) if self._control is not self._comm
                          else None)
-        self._callno = 0                  # calls started on this communicator (all paths)
+        # call numbers, the launch count that picks tags, the thread inside a call
+        self._sequence = CallSequence(tag_upper_bound(self._comm))
         self._revoked: str | None = None  # why every later call raises CommunicatorRevoked
         self._repair_after: int | None = None  # an argument error at this call: re-dup first
         self._held: list[Any] = []        # runs given up while MPI may still use their buffers
         self._handled = [0]   # the last call number whose failure this rank has raised
         self._abandoned_upto = 0  # calls up to this number are abandoned on every rank
-        self._owner: int | None = None  # the thread inside a call (_one_thread)
         self._levels = self._split_levels()
         self._placement = Placement(self)
         self._links = self._placement.find_links()
@@ -306,7 +307,6 @@ class Communicator(FamilyCalls):
         self._plans, self._choices = self._cache.plans, self._cache.choices
         self._compression = CompressionChannel(self)
         self._validated: set[int] = set()
-        self._calls = 0
         self._active: list[_Outstanding] = []
         # the blocking fast path (see the class docstring); not for a subclass with its own
         # launch path (the fault-tolerant communicator tracks every call itself)
@@ -328,12 +328,14 @@ class Communicator(FamilyCalls):
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
-        tag_ub = tag_upper_bound(self._comm)
-        # each collective's calls cycle through their own block of the tag space
-        self._tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
-        slots = self._tag_mod // TAG_STEPS
-        self._call_slots = min(_CALL_SLOTS, slots)
-        self._sig_slots = max(1, slots // self._call_slots)
+        self.family = FamilyEngine(
+            self, self._cache, self._sequence,
+            FamilyLaunch(self._begin_call, self._notice, self._validate, self._failure_noted,
+                         self._is_failure, self._refused, self._record, self._call_done,
+                         self._call_failed, self._submit_recorded, self._persistent,
+                         self._agreed, self._idle, self._fast_open, self._drive_fast),
+            self._recorder, self._watchdog, plain=plain,
+            native_blocking=plain and self._native_fast)
 
     # -- construction and the control channel -----------------------------------------------
     def _agrees_every_call(self) -> bool:
@@ -424,7 +426,17 @@ class Communicator(FamilyCalls):
     def tag_slots(self) -> int:
         """How many calls of one signature may be in flight with tags of their own; a call
         beyond that posts nothing until the call whose tags it reuses completes."""
-        return self._call_slots
+        return self._sequence.call_slots
+
+    @property
+    def _calls(self) -> int:
+        """The launch count (:attr:`CallSequence.launches`), which the fault-tolerant
+        variant sets to the survivors' largest after a recovery."""
+        return self._sequence.launches
+
+    @_calls.setter
+    def _calls(self, launches: int) -> None:
+        self._sequence.launches = launches
 
     @property
     def plans(self) -> PlanCache:
@@ -509,7 +521,7 @@ class Communicator(FamilyCalls):
         self._watchdog.stop()
         if self._fast is not None:
             self._fast.clear()
-        self._family_forget(scheduled_only=False)
+        self.family.forget(scheduled_only=False)
         self._repeat = None
         self._placement.free()
         if self._mailbox is not None:
@@ -624,12 +636,12 @@ class Communicator(FamilyCalls):
     # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
     # what an MPI failure means (_failure_noted, _is_failure).
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        mine = self._one_thread()
+        mine = self._sequence.claim(self.rank)
         try:
             return self._begin(sendbuf, recvbuf, op, algorithm)[1]
         finally:
             if mine:
-                self._owner = None
+                self._sequence.owner = None
 
     def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
                algorithm: str) -> tuple[PreparedCall, Request]:
@@ -673,22 +685,23 @@ class Communicator(FamilyCalls):
         repaired (a fresh duplicate, every rank at its first call after learning of the
         error); a notice that this very call failed on another rank raises here, before
         any data moves."""
+        seq = self._sequence
         while True:
             if self._revoked is not None:
-                self._callno += 1
+                seq.callno += 1
                 raise CommunicatorRevoked(self._revoked)
             if self._repair_after is not None:
                 self._repair()
             # a notice about this very call is looked at after the local check (_validate):
             # a rank whose own arguments are wrong too raises its own error
-            if self._notice(self._callno) is None:
+            if self._notice(seq.callno) is None:
                 break
-        self._callno += 1
-        if self._callno <= self._abandoned_upto:
+        seq.callno += 1
+        if seq.callno <= self._abandoned_upto:
             raise RemoteArgumentError(
-                f"call {self._callno} was started on another rank before it learnt that call "
+                f"call {seq.callno} was started on another rank before it learnt that call "
                 f"{self._handled[0]} failed, so it is abandoned on every rank (docs/contracts.md)")
-        return self._callno
+        return seq.callno
 
     def _notice(self, upto: int) -> Message | None:
         """The first failure notice not yet handled about a call numbered ``upto`` or lower,
@@ -762,7 +775,7 @@ class Communicator(FamilyCalls):
         new, req = self._control.Idup()
         wait_request(req, self.timeout, f"bmlmpi: not every rank came back after call {failed}'s "
                                         f"argument error (the communicator's repair)")
-        counts = np.array([self._callno, self._calls], dtype=np.int64)
+        counts = np.array([self._sequence.callno, self._sequence.launches], dtype=np.int64)
         agreed = np.empty_like(counts)
         wait_request(self._control.Iallreduce(counts, agreed, MPI.MAX), self.timeout,
                      "bmlmpi: not every rank joined the communicator's repair")
@@ -771,12 +784,12 @@ class Communicator(FamilyCalls):
         self._comm = new
         self._levels = self._split_levels()
         self._cache.clear()
-        self._family_forget(scheduled_only=True)
+        self.family.forget(scheduled_only=True)
         for entry in (self._fast or {}).values():
             if entry.plan is not None:  # bound to the old communicator: bind it again
                 entry.plan = self._cache.plan(*entry.key)
         self._abandoned_upto = int(agreed[0])
-        self._calls = int(agreed[1])
+        self._sequence.launches = int(agreed[1])
         self._repair_after = None
 
     def _interrupt(self, seq: int) -> Callable[[], None]:
@@ -827,33 +840,17 @@ class Communicator(FamilyCalls):
             name = op_name(op)
         self._validate(CompressedCall(count, dtype, name, self.algorithm, compression), None)
 
-    def _one_thread(self) -> bool:
-        """Claim the communicator for this thread's call; False when it already holds it (a
-        call inside a call). A second thread inside a call raises: two threads' messages on
-        one communicator swap results silently (bmlmpi's communicators, like MPI's
-        collectives on one communicator, take one call at a time)."""
-        me = threading.get_ident()
-        owner = self._owner
-        if owner == me:
-            return False
-        if owner is not None:
-            raise RuntimeError(
-                f"bmlmpi.Communicator (rank {self.rank}): two threads called it at once (a "
-                f"call of thread {owner} is in progress); a communicator takes one call at a "
-                f"time: use one communicator per thread, or a lock")
-        self._owner = me
-        return True
-
     def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
         ``Allreduce`` without compression, and the module-level drop-in's entry."""
-        if not self._one_thread():
+        seq = self._sequence
+        if not seq.claim(self.rank):
             self._blocking_call(sendbuf, recvbuf, op, algorithm)
             return
         try:
             self._blocking_call(sendbuf, recvbuf, op, algorithm)
         finally:
-            self._owner = None
+            seq.owner = None
 
     def _blocking_call(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce: the fast path when this signature may take it, else a
@@ -910,7 +907,7 @@ class Communicator(FamilyCalls):
                     self._call_failed(s if rec is not None else None, exc)
                     raise
                 else:
-                    self._callno += 1
+                    self._sequence.callno += 1
                     if rec is not None:
                         s.t1 = _now()
                         if rec.timeline is not None:
@@ -973,8 +970,9 @@ class Communicator(FamilyCalls):
         out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
         src = None if sendbuf is MPI.IN_PLACE else (
             sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        tag_base = self._tag_base(sig=entry.sig)
-        self._callno = seq = self._callno + 1
+        sequence = self._sequence
+        tag_base = sequence.tag_base(sig=entry.sig)
+        sequence.callno = seq = sequence.callno + 1
         entry.calls += 1
         what = entry.what
         finish = None
@@ -989,7 +987,7 @@ class Communicator(FamilyCalls):
         """Whether a blocking call may take a fast path now: nothing outstanding, the
         communicator neither revoked nor due for a repair, no call abandoned ahead."""
         return (not self._active and self._revoked is None and self._repair_after is None
-                and self._callno >= self._abandoned_upto)
+                and self._sequence.callno >= self._abandoned_upto)
 
     def _drive_fast(self, run: Run | ShmRun, seq: int, traced: Signature) -> None:
         """Drive a fast path's ``run`` (call ``seq``, numbered already) to completion in the
@@ -1073,7 +1071,7 @@ class Communicator(FamilyCalls):
         if self.check == "every-call":
             self._agree_collectively(call, error)
             return
-        seq = self._callno
+        seq = self._sequence.callno
         if error is not None:
             # no wait: the others learn of it from the notice, wherever they wait
             self._mailbox.announce(seq, ERROR, _describe_error(error), also_tag=TAG_ALARM)
@@ -1114,10 +1112,10 @@ class Communicator(FamilyCalls):
         res = np.empty_like(vec)
         try:
             wait_request(self._control.Iallreduce(vec, res, MPI.MAX), self.timeout,
-                         f"bmlmpi argument check of call {self._callno}: other ranks did not "
-                         f"join")
+                         f"bmlmpi argument check of call {self._sequence.callno}: other ranks did "
+                         f"not join")
         except DeadlineExceeded as exc:
-            self._gave_up(self._callno, exc)
+            self._gave_up(self._sequence.callno, exc)
             raise
         if error is not None:
             raise error
@@ -1134,7 +1132,7 @@ class Communicator(FamilyCalls):
     def _submit(self, call: PreparedCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
         self._validate(call, None)
-        seq = self._callno
+        seq = self._sequence.callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
         return Request(self._outstanding(
             self._launch(call, label, lambda: call.finish(self.size)), seq, call.slot))
@@ -1144,36 +1142,20 @@ class Communicator(FamilyCalls):
         """Start ``call``'s exchange (native, or its schedule's plan) on this communicator;
         ``finish`` runs when the exchange completes."""
         if call.collective != "allreduce":
-            return self._launch_family(call, label, finish)
+            return self.family.launch_call(call, label, finish)
         if call.algorithm == "native":
             return self._launch_native(call, finish)
         out = call.out
         plan = self._cache.plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = self._tag_base(sig=self._cache.sig_id((call.algorithm, out.size, out.dtype,
-                                                           call.op)))
+        tag_base = self._sequence.tag_base(sig=self._cache.sig_id((call.algorithm, out.size,
+                                                               out.dtype, call.op)))
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
         return _run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
 
-    def _tag_base(self, kind: int = 0, sig: int = 0) -> int:
-        """The tag base of the next call (every call advances the count): the call's slot in
-        its collective's block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`).
-        Inside the block, the signature's number (``sig``, :meth:`_sig_id`) picks a part and
-        the count a slot in it, so messages of calls with different signatures never match
-        (up to ``_sig_slots`` signatures: 1024 with Open MPI's tag bound), even when ranks
-        disagree on which signature they run."""
-        slot = (sig % self._sig_slots) * self._call_slots + self._calls % self._call_slots
-        self._calls += 1
-        return slot * TAG_STEPS + kind * self._tag_mod
-
-    def _native_run(self, req: MPI.Request, finish: Callable[[], None] | None,
-                    what: str) -> NativeRun:
-        return NativeRun(req, finish, self.rank, what)
-
-    def _native_blocking(self) -> bool:
-        """Whether a checked native call may be MPI's blocking call under the watchdog (the
-        plain communicator with ``BMLMPI_BLOCKING=watchdog``)."""
-        return self._fast is not None and self._native_fast
+    def _idle(self) -> bool:
+        """Whether no started call is outstanding."""
+        return not self._active
 
     def _agreed(self, call: PreparedCall | FamilyCall) -> bool:
         """Whether ``call``'s signature was agreed on by every rank before (else it goes
@@ -1257,10 +1239,11 @@ class Communicator(FamilyCalls):
             if call.collective == "allreduce":
                 sig = self._cache.sig_id((call.algorithm, call.out.size, call.out.dtype,
                                           call.op))
-                run = _run_of(compiled)(compiled, call.out, call.op, self._tag_base(sig=sig),
-                                        label, finish, src=call.src)
+                run = _run_of(compiled)(compiled, call.out, call.op,
+                                        self._sequence.tag_base(sig=sig), label, finish,
+                                        src=call.src)
             else:
-                run = self._launch_family(call, label, finish)
+                run = self.family.launch_call(call, label, finish)
         else:
             run = self._launch(call, label, finish)
         return self._outstanding(run, seq, self._record(call))
@@ -1269,7 +1252,7 @@ class Communicator(FamilyCalls):
                      slot: Slot | None) -> _Outstanding:
         """The record of call ``seq``, started as ``run``: polled once, then kept in
         :attr:`_active` until it completes. A scheduled run whose tags a call still in flight
-        holds (the same signature's call ``_call_slots`` calls earlier: tag slots cycle) posts
+        holds (the same signature's call ``tag_slots`` calls earlier: tag slots cycle) posts
         nothing until that call completes, since the two would take each other's messages;
         ranks post their calls in one order, so the older call completes without it."""
         if self._active and type(run) is Run:
@@ -1324,12 +1307,12 @@ class Communicator(FamilyCalls):
 
     def _owning(self, fn: Callable[[_Outstanding], Any], entry: _Outstanding) -> Any:
         """``fn(entry)`` as the thread that owns this communicator's progress."""
-        mine = self._one_thread()
+        mine = self._sequence.claim(self.rank)
         try:
             return fn(entry)
         finally:
             if mine:
-                self._owner = None
+                self._sequence.owner = None
 
     def _test_entry(self, entry: _Outstanding) -> bool:
         if entry.failed is not None:
@@ -1407,7 +1390,7 @@ class Communicator(FamilyCalls):
         if collective in ("allreduce", *REDUCING):
             check_dtype_op(dt, op_name(op))
         asked = (self.algorithm if collective == "allreduce"
-                 else self._family_algorithm(collective, None))
+                 else self.family.algorithm_for(collective, None))
         if asked != "auto":
             return selection.Explanation(collective, int(count), dt.itemsize, self.size,
                                          asked, "asked", f"the communicator was built with "

@@ -50,13 +50,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
 from . import buffers, kernels
 from .buffers import BufferSpecError
+from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
 from .shm import start_collective
@@ -644,7 +645,8 @@ def _gathering(kind: str, vector: bool) -> Callable[..., Any]:
     """The non-blocking (``kind`` "start": a Request) or persistent ("init") allgather method
     (``vector``: Allgatherv, counts and displacements in ``recvbuf`` as mpi4py's)."""
     def method(self: Any, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
-        family_call = self._family_start if kind == "start" else self._family_init
+        family = self.family
+        family_call = family.start if kind == "start" else family.init
         return family_call("allgather", algorithm, self._gathers(sendbuf, recvbuf, vector))
     return method
 
@@ -711,8 +713,278 @@ class FastFamily:
         self.calls = 0          # schedules: later calls that took this path
 
 
+class FamilyLaunch(NamedTuple):
+    """What the family's calls use of their communicator's launch path (bound methods of the
+    :class:`~bmlmpi.api.Communicator`, whose hooks a variant may override): call numbering
+    and notices (:mod:`bmlmpi.agreement`), the argument check, the flight recorder's entries,
+    the checked launch and the fast path's driver."""
+
+    begin_call: Callable[[], int]             # number the next call (raises on a notice)
+    notice: Callable[[int], Any]              # a failure notice about a call up to n, or None
+    validate: Callable[..., None]             # the argument check (agreement)
+    failure_noted: Callable[[], Any]          # where a variant notes an MPI failure
+    is_failure: Callable[[Any], bool]         # whether an MPI error is a failed process
+    refused: Callable[..., None]              # a call refused before it was prepared
+    record: Callable[[Any], Any]              # the call entered in the flight recorder
+    call_done: Callable[[Any], None]          # ... and completed there
+    call_failed: Callable[..., None]          # ... or failed there
+    submit_recorded: Callable[[Any], Any]     # the checked launch: a Request
+    persistent: Callable[[Any], Any]          # a checked call made persistent
+    agreed: Callable[[Any], bool]             # whether a signature was agreed on before
+    idle: Callable[[], bool]                  # whether no started call is outstanding
+    fast_open: Callable[[], bool]             # whether a fast path may be taken now
+    drive_fast: Callable[[Any, int, Any], None]  # a fast path's run driven to completion
+
+
+class FamilyEngine:
+    """The family's launch path on one communicator (``owner``): checked calls prepared,
+    agreed and launched through the communicator's own path (:class:`FamilyLaunch`), and
+    the fast path of each blocking signature after its first call (:class:`FastFamily`)."""
+
+    def __init__(self, owner: Any, plans: Any, seq: Any, launch: FamilyLaunch,
+                 recorder: Any, watchdog: Any, *, plain: bool, native_blocking: bool):
+        self.owner = owner
+        self.plans = plans          # the owner's PlanCache
+        self.seq = seq              # the owner's CallSequence (numbers, launches, thread)
+        self.launch = launch
+        self.recorder = recorder    # the owner's FlightRecorder (None when off)
+        self.watchdog = watchdog
+        self.plain = plain          # no variant tracking every call itself: fast paths open
+        self.native_blocking = native_blocking  # a checked native call may be MPI's blocking
+        #: The fast paths of the blocking signatures, by :func:`_fast_key`.
+        self.fast: dict[tuple, FastFamily] = {}
+        # the fast path's own (one attribute each on the path of every repeated call)
+        self.fast_open = launch.fast_open
+        self.notice = launch.notice
+        self.drive_fast = launch.drive_fast
+
+    # -- checked calls ----------------------------------------------------------------------
+    def algorithm_for(self, collective: str, algorithm: str | None) -> str:
+        """The algorithm a call asks for (None: the communicator's own when that one serves
+        ``collective``, else ``auto``); one that does not implement it is refused."""
+        implemented = family_algorithms(collective)
+        if algorithm is None:
+            own = self.owner.algorithm
+            return own if own in implemented else "auto"
+        name = algorithm.lower() if isinstance(algorithm, str) else algorithm
+        if name not in implemented:
+            raise ValueError(f"algorithm {algorithm!r} does not implement {collective}; "
+                             f"implemented: {', '.join(implemented)}")
+        return name
+
+    def prepare(self, collective: str, algorithm: str | None, build: Any) -> FamilyCall:
+        """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
+        launch = self.launch
+        launch.begin_call()
+        try:
+            call = build(self.algorithm_for(collective, algorithm))
+            if call.algorithm == "auto":
+                call.algorithm = self.plans.family_auto(call)
+            return call
+        except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
+            launch.refused(collective, algorithm or self.owner.algorithm, None, exc)
+            with launch.failure_noted():
+                launch.validate(None, exc)
+            raise
+
+    def start(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """A non-blocking call: its :class:`~bmlmpi.handles.Request`."""
+        owner = self.owner
+        owner._usable_for_calls()
+        return self.launch.submit_recorded(owner._family_prepared(collective, algorithm, build))
+
+    def init(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """A persistent call (host buffers only)."""
+        owner = self.owner
+        owner._usable_for_calls()
+
+        def host_only(alg: str) -> FamilyCall:
+            call = build(alg)
+            if call.staging is not None:  # refused: nothing is copied back to the device
+                raise BufferSpecError(f"{call.mpi_name}_init takes host buffers (a "
+                                      f"persistent request cannot stage device memory at "
+                                      f"every start)")
+            return call
+        return self.launch.persistent(owner._family_prepared(collective, algorithm, host_only))
+
+    def blocking(self, collective: str, algorithm: str | None, build: Any,
+                 key: tuple | None = None, args: tuple = ()) -> None:
+        """A blocking call, checked. Once its signature has been agreed on, a native call on
+        the plain communicator with nothing outstanding is mpi4py's blocking call itself,
+        bounded by the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``,
+        the default: past ``timeout`` seconds it reports the call and aborts the job);
+        otherwise the call is started and waited on under the deadline. Either way it opens
+        the signature's fast path for the next call (:meth:`open`)."""
+        owner, launch = self.owner, self.launch
+        owner._usable_for_calls()
+        call = owner._family_prepared(collective, algorithm, build)
+        if (call.algorithm == "native" and self.native_blocking and launch.idle()
+                and launch.agreed(call)):
+            self.seq.launches += 1  # as a started call would: the count names calls' tags
+            slot = launch.record(call)
+            watch = self.watchdog
+            watch.start()
+            watch.calls += 1
+            watch.current = (f"bmlmpi native {call.mpi_name} (blocking, rank {owner.rank} of "
+                             f"{owner.size})")
+            try:
+                call.native(owner.comm, "")
+            except BaseException as exc:
+                launch.call_failed(slot, exc)
+                raise
+            finally:
+                watch.current = None
+            call.finish(owner.size)
+            self.open(key, call, args, native=True)
+            launch.call_done(slot)
+            return
+        launch.submit_recorded(call).Wait()
+        if call.algorithm != "native":
+            self.open(key, call, args, native=False)
+
+    def launch_call(self, call: FamilyCall, label: str, finish: Any) -> Any:
+        """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
+        schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
+        gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
+        owner = self.owner
+        if call.algorithm == "native":
+            try:
+                req, deliver = call.native_private(owner.comm)
+            except (KeyError, ValueError, MPI.Exception) as exc:
+                if isinstance(exc, MPI.Exception) and self.launch.is_failure(exc):
+                    raise
+                raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
+            return NativeRun(req, then(deliver, finish), owner.rank, label)
+        plan = self.plans.family_plan(call)
+        inp, output = call.schedule_buffers()
+        # the signature's number in the tags: calls of different signatures never match
+        # (a rank that switches to another signature it already ran meets no partner)
+        tag_base = self.seq.tag_base(TAG_KIND[call.collective],
+                                     self.plans.sig_id(call.plan_key()))
+
+        def placed() -> None:
+            call.place(output)
+            if finish is not None:
+                finish()
+
+        return start_collective(plan, inp, output, call.op, tag_base, label, placed, call.dtype)
+
+    # -- the fast path ----------------------------------------------------------------------
+    def repeat(self, key: tuple, args: tuple) -> bool:
+        """A blocking call whose signature (:func:`_fast_key`) already ran through
+        :meth:`blocking`, argument check included, takes its fast path (:class:`FastFamily`;
+        no resolution, no agreement): mpi4py's blocking call on the private communicator
+        under the watchdog (native), or the cached plan's run driven in the calling thread
+        under the executor's deadline (a schedule, as ``Allreduce``'s). Tags and call
+        numbers advance as on the checked path, so ranks that take different paths for the
+        same call still match. False: take the checked path."""
+        entry = self.fast.get(key)
+        if entry is None or not self.fast_open():
+            return False
+        seq = self.seq
+        # A rank's part of a reduce or broadcast may complete without the rank that rejected
+        # its arguments: it must look at the notices before its next call moves data, as the
+        # checked path's numbering does (docs/contracts.md), or that call pairs with the
+        # others' repaired next one. One poll of the control channel's posted receive.
+        if self.notice(seq.callno) is not None:
+            return False
+        # one call at a time, as Allreduce's (a second thread raises before anything moves)
+        mine = seq.claim(self.owner.rank)
+        try:
+            a, b = args[0], args[1]
+            if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
+                return False  # the checked path says what is wrong
+            if entry.plan is not None:
+                self.scheduled(entry, args)
+                return True
+            return self.native(entry, key, args)
+        finally:
+            if mine:
+                seq.owner = None
+
+    def native(self, entry: FastFamily, key: tuple, args: tuple) -> bool:
+        """A native signature's later blocking call: mpi4py's own on the private
+        communicator, under the watchdog."""
+        rec = self.recorder
+        slot = None if rec is None else rec.begin(entry.traced)
+        seq = self.seq
+        seq.launches += 1
+        seq.callno += 1
+        watch = self.watchdog
+        watch.calls += 1
+        watch.current = entry.what
+        try:
+            getattr(self.owner.comm, key[0])(*args)
+        except BufferError:
+            # a buffer changed flags since (read-only...): the checked path, which records
+            # the call itself
+            if rec is not None:
+                rec.next -= 1
+            seq.launches -= 1
+            seq.callno -= 1
+            return False
+        except BaseException as exc:
+            self.launch.call_failed(slot, exc)
+            raise
+        finally:
+            watch.current = None
+        if slot is not None:
+            rec.done(slot)
+        return True
+
+    def scheduled(self, entry: FastFamily, args: tuple) -> None:
+        """A scheduled signature's later blocking call: its run built from the cached plan on
+        the buffers carved out of ``args``."""
+        seq = self.seq
+        tag_base = seq.tag_base(entry.kind, entry.sig)
+        seq.callno = n = seq.callno + 1
+        entry.calls += 1
+        what = entry.what
+        run = start_collective(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),
+                               entry.op, tag_base, lambda: f"{what}, call {n})", None,
+                               entry.dtype)
+        self.drive_fast(run, n, entry.traced)
+
+    def forget(self, scheduled_only: bool) -> None:
+        """Close the fast paths of the family's signatures (the scheduled ones only: their
+        plans were bound to a communicator that a repair replaced)."""
+        fast = self.fast
+        for key in [k for k, e in fast.items() if e.plan is not None or not scheduled_only]:
+            del fast[key]
+
+    def open(self, key: tuple | None, call: FamilyCall, args: tuple, native: bool) -> None:
+        """After the checked first call of a blocking signature: open its fast path
+        (:class:`FastFamily`) where one applies: numpy arrays (``key``), an MPI op (AVG
+        divides afterwards), no device staging, no allgather displacements to place; a
+        native call only where the blocking native path is allowed, a schedule on the plain
+        communicator (the fault-tolerant one tracks every call itself)."""
+        if (key is None or not self.plain or call.op == "avg" or call.staging is not None
+                or call.displs is not None):
+            return
+        owner = self.owner
+        traced = call.slot.sig if call.slot is not None else call.traced()
+        if native:
+            if call.dtype.kind in "iufc":
+                self.fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
+                                            f"{owner.rank} of {owner.size})", traced)
+            return
+        plan = self.plans.get(call.plan_key())
+        if plan is None:
+            return
+        inp, output = call.schedule_buffers()
+        try:
+            where = _locate(inp, args), _locate(output, args)
+        except ValueError:
+            return
+        self.fast[key] = FastFamily(f"bmlmpi {call.algorithm} {call.collective} (rank "
+                                    f"{owner.rank}", traced, plan, TAG_KIND[call.collective],
+                                    self.plans.sig_id(call.plan_key()), call.op, call.dtype,
+                                    *where)
+
+
 class FamilyCalls:
-    """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them.
+    """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them; each
+    hands its call to the communicator's :class:`FamilyEngine` (``self.family``).
 
     Blocking, non-blocking (``I…``: a :class:`~bmlmpi.api.Request` that progresses inside
     ``Test``/``Wait`` of any of the communicator's requests) and persistent (``…_init``: a
@@ -722,26 +994,40 @@ class FamilyCalls:
     serves the collective, else ``auto``.
     """
 
+    #: The hooks a variant may override: ``_family_prepared`` (a family call checked and
+    #: resolved, before it is launched) and ``_usable_for_calls`` (where a call is refused
+    #: before anything else, e.g. on a rank masked out of a fault-tolerant communicator).
+    SEAM = frozenset({"_family_prepared", "_usable_for_calls"})
+
+    family: FamilyEngine
+
+    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
+        return self.family.prepare(collective, algorithm, build)
+
+    def _usable_for_calls(self) -> None:
+        """Where a fault-tolerant communicator refuses a masked rank's calls."""
+
     # -- reduce-scatter ---------------------------------------------------------------------
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
         key = _fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
-        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op)):
+        if key is not None and self.family.repeat(key, (sendbuf, recvbuf, op)):
             return
-        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+        self.family.blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
                                    alg)), key, (sendbuf, recvbuf, op))
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                               algorithm: str | None = None) -> Any:
-        return self._family_start("reduce_scatter", algorithm, lambda alg: (
+        return self.family.start("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
                                    alg)))
 
     def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                                   algorithm: str | None = None) -> Any:
-        return self._family_init("reduce_scatter", algorithm, lambda alg: (
+        return self.family.init("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
                                    alg)))
 
@@ -753,22 +1039,22 @@ class FamilyCalls:
         if isinstance(recvcounts, (list, tuple)):
             key = _fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
                             tuple(recvcounts))
-            if key is not None and self._family_repeat(key, (sendbuf, recvbuf, recvcounts,
+            if key is not None and self.family.repeat(key, (sendbuf, recvbuf, recvcounts,
                                                              op)):
                 return
-        self._family_blocking("reduce_scatter", algorithm, lambda alg: (
+        self.family.blocking("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
                                    False, alg)), key, (sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                         op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        return self._family_start("reduce_scatter", algorithm, lambda alg: (
+        return self.family.start("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
                                    False, alg)))
 
     def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                             op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        return self._family_init("reduce_scatter", algorithm, lambda alg: (
+        return self.family.init("reduce_scatter", algorithm, lambda alg: (
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
                                    False, alg)))
 
@@ -781,9 +1067,9 @@ class FamilyCalls:
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
         key = _fast_key("Allgather", algorithm, (sendbuf, recvbuf))
-        if key is not None and self._family_repeat(key, (sendbuf, recvbuf)):
+        if key is not None and self.family.repeat(key, (sendbuf, recvbuf)):
             return
-        self._family_blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, False),
+        self.family.blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, False),
                               key, (sendbuf, recvbuf))
 
     Iallgather = _gathering("start", False)
@@ -791,7 +1077,7 @@ class FamilyCalls:
 
     def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
-        self._family_blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, True))
+        self.family.blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, True))
 
     Iallgatherv = _gathering("start", True)
     Allgatherv_init = _gathering("init", True)
@@ -801,250 +1087,34 @@ class FamilyCalls:
                algorithm: str | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
         key = _fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
-        if key is not None and self._family_repeat(key, (sendbuf, recvbuf, op, root)):
+        if key is not None and self.family.repeat(key, (sendbuf, recvbuf, op, root)):
             return
-        self._family_blocking("reduce", algorithm, lambda alg: (
+        self.family.blocking("reduce", algorithm, lambda alg: (
             prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key,
             (sendbuf, recvbuf, op, root))
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                 algorithm: str | None = None) -> Any:
-        return self._family_start("reduce", algorithm, lambda alg: (
+        return self.family.start("reduce", algorithm, lambda alg: (
             prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
 
     def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
                     algorithm: str | None = None) -> Any:
-        return self._family_init("reduce", algorithm, lambda alg: (
+        return self.family.init("reduce", algorithm, lambda alg: (
             prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""
         key = _fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
-        if key is not None and self._family_repeat(key, (buf, root)):
+        if key is not None and self.family.repeat(key, (buf, root)):
             return
-        self._family_blocking("bcast", algorithm, lambda alg: (
+        self.family.blocking("bcast", algorithm, lambda alg: (
             prepare_bcast(self.rank, self.size, buf, root, alg)), key, (buf, root))
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
-        return self._family_start("bcast", algorithm, lambda alg: (
+        return self.family.start("bcast", algorithm, lambda alg: (
             prepare_bcast(self.rank, self.size, buf, root, alg)))
 
     def Bcast_init(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
-        return self._family_init("bcast", algorithm, lambda alg: (
+        return self.family.init("bcast", algorithm, lambda alg: (
             prepare_bcast(self.rank, self.size, buf, root, alg)))
-
-    # -- the launch path --------------------------------------------------------------------
-    def _family_algorithm(self, collective: str, algorithm: str | None) -> str:
-        implemented = family_algorithms(collective)
-        if algorithm is None:
-            own = self.algorithm
-            return own if own in implemented else "auto"
-        name = algorithm.lower() if isinstance(algorithm, str) else algorithm
-        if name not in implemented:
-            raise ValueError(f"algorithm {algorithm!r} does not implement {collective}; "
-                             f"implemented: {', '.join(implemented)}")
-        return name
-
-    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
-        self._begin_call()
-        try:
-            call = build(self._family_algorithm(collective, algorithm))
-            if call.algorithm == "auto":
-                call.algorithm = self.plans.family_auto(call)
-            return call
-        except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
-            self._refused(collective, algorithm or self.algorithm, None, exc)
-            with self._failure_noted():
-                self._validate(None, exc)
-            raise
-
-    def _family_start(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        self._usable_for_calls()
-        return self._submit_recorded(self._family_prepared(collective, algorithm, build))
-
-    def _family_repeat(self, key: tuple, args: tuple) -> bool:
-        """A blocking call whose signature (:func:`_fast_key`) already ran through
-        :meth:`_family_blocking`, argument check included, takes its fast path
-        (:class:`FastFamily`; no resolution, no agreement): mpi4py's blocking call on the
-        private communicator under the watchdog (native), or the cached plan's run driven in
-        the calling thread under the executor's deadline (a schedule, as ``Allreduce``'s
-        :meth:`~bmlmpi.api.Communicator._scheduled`). Tags and call numbers advance as on the
-        checked path, so ranks that take different paths for the same call still match.
-        False: take the checked path."""
-        fast = self.__dict__.get("_family_fast")
-        entry = fast.get(key) if fast else None
-        if entry is None or not self._fast_open():
-            return False
-        # A rank's part of a reduce or broadcast may complete without the rank that rejected
-        # its arguments: it must look at the notices before its next call moves data, as the
-        # checked path's numbering does (docs/contracts.md), or that call pairs with the
-        # others' repaired next one. One poll of the control channel's posted receive.
-        if self._notice(self._callno) is not None:
-            return False
-        # one call at a time, as Allreduce's (a second thread raises before anything moves)
-        mine = self._one_thread()
-        try:
-            return self._family_fast_call(entry, key, args)
-        finally:
-            if mine:
-                self._owner = None
-
-    def _family_fast_call(self, entry: FastFamily, key: tuple, args: tuple) -> bool:
-        """:meth:`_family_repeat` in the thread that holds the communicator."""
-        a, b = args[0], args[1]
-        if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
-            return False  # the checked path says what is wrong
-        if entry.plan is not None:
-            self._family_scheduled(entry, args)
-            return True
-        rec = self._recorder
-        slot = None if rec is None else rec.begin(entry.traced)
-        self._calls += 1
-        self._callno += 1
-        watch = self._watchdog
-        watch.calls += 1
-        watch.current = entry.what
-        try:
-            getattr(self._comm, key[0])(*args)
-        except BufferError:
-            # a buffer changed flags since (read-only...): the checked path, which records
-            # the call itself
-            if rec is not None:
-                rec.next -= 1
-            self._calls -= 1
-            self._callno -= 1
-            return False
-        except BaseException as exc:
-            self._call_failed(slot, exc)
-            raise
-        finally:
-            watch.current = None
-        self._call_done(slot)
-        return True
-
-    def _family_scheduled(self, entry: FastFamily, args: tuple) -> None:
-        """A scheduled signature's later blocking call: its run built from the cached plan on
-        the buffers carved out of ``args``."""
-        tag_base = self._tag_base(entry.kind, entry.sig)
-        self._callno = seq = self._callno + 1
-        entry.calls += 1
-        what = entry.what
-        run = start_collective(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),
-                         entry.op, tag_base, lambda: f"{what}, call {seq})", None,
-                         entry.dtype)
-        self._drive_fast(run, seq, entry.traced)
-
-    def _family_forget(self, scheduled_only: bool) -> None:
-        """Close the fast paths of the family's signatures (the scheduled ones only: their
-        plans were bound to a communicator that a repair replaced)."""
-        fast = self.__dict__.get("_family_fast")
-        if not fast:
-            return
-        for key in [k for k, e in fast.items() if e.plan is not None or not scheduled_only]:
-            del fast[key]
-
-    def _family_open(self, key: tuple | None, call: FamilyCall, args: tuple,
-                     native: bool) -> None:
-        """After the checked first call of a blocking signature: open its fast path
-        (:class:`FastFamily`) where one applies: numpy arrays (``key``), an MPI op (AVG
-        divides afterwards), no device staging, no allgather displacements to place; a
-        native call only where the blocking native path is allowed, a schedule on the plain
-        communicator (the fault-tolerant one tracks every call itself)."""
-        if (key is None or self._fast is None or call.op == "avg" or call.staging is not None
-                or call.displs is not None):
-            return
-        fast = self.__dict__.get("_family_fast")
-        if fast is None:
-            fast = self.__dict__["_family_fast"] = {}
-        traced = call.slot.sig if call.slot is not None else call.traced()
-        if native:
-            if call.dtype.kind in "iufc":
-                fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
-                                       f"{self.rank} of {self.size})", traced)
-            return
-        plan = self.plans.get(call.plan_key())
-        if plan is None:
-            return
-        inp, output = call.schedule_buffers()
-        try:
-            where = _locate(inp, args), _locate(output, args)
-        except ValueError:
-            return
-        fast[key] = FastFamily(f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}",
-                               traced, plan, TAG_KIND[call.collective],
-                               self.plans.sig_id(call.plan_key()), call.op, call.dtype, *where)
-
-    def _family_blocking(self, collective: str, algorithm: str | None, build: Any,
-                         key: tuple | None = None, args: tuple = ()) -> None:
-        """A blocking call, checked. Once its signature has been agreed on, a native call on
-        the plain communicator with nothing outstanding is mpi4py's blocking call itself,
-        bounded by the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``,
-        the default: past ``timeout`` seconds it reports the call and aborts the job);
-        otherwise the call is started and waited on under the deadline. Either way it opens
-        the signature's fast path for the next call (:meth:`_family_open`)."""
-        self._usable_for_calls()
-        call = self._family_prepared(collective, algorithm, build)
-        if (call.algorithm == "native" and self._native_blocking() and not self._active
-                and self._agreed(call)):
-            self._calls += 1  # as a started call would: the count names calls in messages
-            slot = self._record(call)
-            watch = self._watchdog
-            watch.start()
-            watch.calls += 1
-            watch.current = (f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
-                             f"{self.size})")
-            try:
-                call.native(self._comm, "")
-            except BaseException as exc:
-                self._call_failed(slot, exc)
-                raise
-            finally:
-                watch.current = None
-            call.finish(self.size)
-            self._family_open(key, call, args, native=True)
-            self._call_done(slot)
-            return
-        self._submit_recorded(call).Wait()
-        if call.algorithm != "native":
-            self._family_open(key, call, args, native=False)
-
-    def _family_init(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        self._usable_for_calls()
-
-        def host_only(alg: str) -> FamilyCall:
-            call = build(alg)
-            if call.staging is not None:  # refused: nothing is copied back to the device
-                raise BufferSpecError(f"{call.mpi_name}_init takes host buffers (a "
-                                      f"persistent request cannot stage device memory at "
-                                      f"every start)")
-            return call
-        return self._persistent(self._family_prepared(collective, algorithm, host_only))
-
-    def _usable_for_calls(self) -> None:
-        """Where a fault-tolerant communicator refuses a masked rank's calls."""
-
-    def _launch_family(self, call: FamilyCall, label: str, finish: Any) -> Any:
-        """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
-        schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
-        gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
-        if call.algorithm == "native":
-            try:
-                req, deliver = call.native_private(self._comm)
-            except (KeyError, ValueError, MPI.Exception) as exc:
-                if isinstance(exc, MPI.Exception) and self._is_failure(exc):
-                    raise
-                raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
-            return self._native_run(req, then(deliver, finish), label)
-        plan = self.plans.family_plan(call)
-        inp, output = call.schedule_buffers()
-        # the signature's number in the tags: calls of different signatures never match
-        # (a rank that switches to another signature it already ran meets no partner)
-        tag_base = self._tag_base(TAG_KIND[call.collective], self.plans.sig_id(call.plan_key()))
-
-        def placed() -> None:
-            call.place(output)
-            if finish is not None:
-                finish()
-
-        return start_collective(plan, inp, output, call.op, tag_base, label, placed, call.dtype)

@@ -453,7 +453,7 @@ def test_repeated_blocking_calls_read_new_data(comm):
 
 def _scheduled_fast_calls(ctx) -> int:
     """Calls that took a family signature's scheduled fast path (its counters)."""
-    fast = ctx.__dict__.get("_family_fast") or {}
+    fast = ctx.family.fast
     return sum(e.calls for e in fast.values() if e.plan is not None)
 
 

@@ -34,17 +34,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: ``self`` without defining them (rule 1) or overrides without its base declaring them
 #: (rule 2, as ``"override <base module>.<Class>.<name>"``).
 KNOWN: dict[str, set[str]] = {
-    'bmlmpi.api': {
-        '_family_algorithm', '_family_forget', '_launch_family',
-        '_usable_for_calls', "assigns bmlmpi.family.FamilyCalls's _callno",
-        "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.family.FamilyCalls's _owner",
-    },
-    'bmlmpi.family': {
-        '_active', '_agreed', '_begin_call', '_call_done', '_call_failed', '_comm',
-        '_drive_fast', '_fast', '_fast_open', '_native_blocking', '_native_run', '_notice',
-        '_one_thread', '_persistent', '_record', '_recorder', '_refused', '_submit_recorded',
-        '_tag_base', '_validate', '_watchdog',
-    },
     'bmlmpi.ft.communicator': {
         '_advance', '_algorithm_named', '_call', '_comm', '_defer_behind_holder', '_launch',
         '_node_tier', '_nodes_for_auto', '_note_failure', '_record', '_refuse', '_resolve_auto',
@@ -58,8 +47,6 @@ KNOWN: dict[str, set[str]] = {
         "assigns bmlmpi.ft.membership.Membership's _masked",
         "assigns bmlmpi.ft.membership.Membership's _members",
         "assigns bmlmpi.ft.membership.Membership's _noticed",
-        'override bmlmpi.family.FamilyCalls._family_prepared',
-        'override bmlmpi.family.FamilyCalls._usable_for_calls',
     },
     'bmlmpi.ft.grow': {
         '_comm', '_deadline_call', '_hb', '_init_ledger', '_note_failure', '_pending',
@@ -74,9 +61,8 @@ KNOWN: dict[str, set[str]] = {
     },
     'bmlmpi.ft.membership': {
         '_attempt', '_choices', '_committed', '_drain', '_hb', '_pending', '_plans', '_usable',
-        '_validated', "assigns bmlmpi.api.Communicator's _calls",
-        "assigns bmlmpi.api.Communicator's _comm", "assigns bmlmpi.api.Communicator's _links",
-        "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.ft.grow.Growth's _members",
+        '_validated', "assigns bmlmpi.api.Communicator's _comm",
+        "assigns bmlmpi.api.Communicator's _links", "assigns bmlmpi.ft.grow.Growth's _members",
     },
 }
 
