@@ -51,7 +51,6 @@ from .execute import (
     Run,
     tag_upper_bound,
     timeout_from_env,
-    wait_for,
     wait_request,
 )
 from .family import (
@@ -67,9 +66,10 @@ from .fast_path import FastCall, Repeat
 from .finalize import bound_finalize
 from .handles import NativePersistent, NativeRun, Request
 from .ops import check_dtype_op, mpi_op, op_name
-from .persistent import PersistentRequest
+from .persistent import PersistentRequest, native_init
 from .placement import Placement, split_levels
 from .plans import PlanCache
+from .progress import Progress, ProgressHooks
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .recorder import now as _now
 from .schedules import algorithms, catalog
@@ -85,41 +85,6 @@ _log = logging.getLogger("bmlmpi")
 _FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
 #: Algorithm names already checked, so a module-level call does not check its string again.
 _CHECKED: dict[str, str] = {}
-
-
-class _Outstanding:
-    """A started allreduce of the plain communicator, polled until its run completes: the
-    communicator's record behind a :class:`Request`."""
-
-    __slots__ = ("owner", "run", "done", "seq", "failed", "slot")
-
-    def __init__(self, owner: Communicator, run: Run | NativeRun, seq: int,
-                 slot: Slot | None = None):
-        self.owner = owner
-        self.run = run
-        self.done = False
-        self.seq = seq                          # the call's number on its communicator
-        self.failed: BaseException | None = None  # why it was abandoned, raised when waited
-        self.slot = slot                        # the call in the flight recorder
-        if slot is not None:
-            slot.run = run
-
-    def poll(self) -> bool:
-        if not self.done:
-            try:
-                self.done = self.run.test()
-            except BaseException as exc:
-                self.owner._call_failed(self.slot, exc, self.run)
-                raise
-            if self.done:
-                self.owner._call_done(self.slot)
-        return self.done
-
-    def test(self) -> bool:
-        return self.owner._test(self)
-
-    def wait(self) -> None:
-        self.owner._wait(self)
 
 
 def _run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
@@ -307,7 +272,12 @@ class Communicator(FamilyCalls):
         self._plans, self._choices = self._cache.plans, self._cache.choices
         self._compression = CompressionChannel(self)
         self._validated: set[int] = set()
-        self._active: list[_Outstanding] = []
+        # the started calls, polled inside any request's Test/Wait (the fast paths read
+        # _active, the same list, to know whether any is outstanding)
+        self._calls_in_flight = Progress(self, self._sequence, ProgressHooks(
+            self._call_done, self._call_failed, self._interrupt, self._gave_up, self._hold,
+            self._held.append, self._progress_mark))
+        self._active = self._calls_in_flight.active
         # the blocking fast path (see the class docstring); not for a subclass with its own
         # launch path (the fault-tolerant communicator tracks every call itself)
         plain = type(self)._submit is Communicator._submit
@@ -736,14 +706,7 @@ class Communicator(FamilyCalls):
         ``exc`` when waited on; MPI keeps what it may still use (:attr:`_held`)."""
         self._handled[0] = max(self._handled[0], seq)
         self._repeat = None   # the fast paths stay shut until the repair (_fast_entry)
-        keep = []
-        for entry in self._active:
-            if entry.seq >= seq:
-                entry.failed = exc
-                self._hold(entry.run)
-            else:
-                keep.append(entry)
-        self._active = keep
+        self._calls_in_flight.abandon_from(seq, exc)
 
     def _hold(self, run: Any) -> None:
         if run is not None and run.cancel():
@@ -1134,7 +1097,7 @@ class Communicator(FamilyCalls):
         self._validate(call, None)
         seq = self._sequence.callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
-        return Request(self._outstanding(
+        return Request(self._calls_in_flight.start(
             self._launch(call, label, lambda: call.finish(self.size)), seq, call.slot))
 
     def _launch(self, call: PreparedCall, label: str,
@@ -1191,34 +1154,13 @@ class Communicator(FamilyCalls):
         compiled = None
         if self._fast is not None:  # the plain communicator (the ledger compiles per attempt)
             if call.algorithm == "native":
-                compiled = self._native_init(call)
+                compiled = native_init(call, self._comm)
             elif call.collective == "allreduce":
                 compiled = self._cache.plan(call.algorithm, call.out.size, call.out.dtype,
                                             call.op)
             else:
                 compiled = self._cache.family_plan(call)
         return PersistentRequest(self._start_persistent, call, compiled)
-
-    def _native_init(self, call: PreparedCall | FamilyCall) -> NativePersistent | None:
-        """The MPI library's persistent request for a native call, on buffers of its own
-        (:class:`NativePersistent`); None where the library has none (each start then posts
-        the non-blocking call)."""
-        try:
-            if call.collective != "allreduce":
-                return NativePersistent(*call.native_private(self._comm, "_init"))
-            sbuf = call.out if call.src is None else call.src
-            private, out = np.empty_like(call.out), call.out
-
-            def deliver() -> None:
-                np.copyto(out, private)
-            return NativePersistent(self._comm.Allreduce_init(sbuf, private, mpi_op(call.op)),
-                                    deliver)
-        except (NotImplementedError, AttributeError):
-            return None
-        except MPI.Exception as exc:
-            if exc.Get_error_class() == MPI.ERR_UNSUPPORTED_OPERATION:
-                return None
-            raise
 
     def _start_persistent(self, call: PreparedCall | FamilyCall, compiled: Any) -> Any:
         """One start of a persistent call: no argument check, the compiled plan or the MPI
@@ -1246,21 +1188,7 @@ class Communicator(FamilyCalls):
                 run = self.family.launch_call(call, label, finish)
         else:
             run = self._launch(call, label, finish)
-        return self._outstanding(run, seq, self._record(call))
-
-    def _outstanding(self, run: Run | ShmRun | NativeRun, seq: int,
-                     slot: Slot | None) -> _Outstanding:
-        """The record of call ``seq``, started as ``run``: polled once, then kept in
-        :attr:`_active` until it completes. A scheduled run whose tags a call still in flight
-        holds (the same signature's call ``tag_slots`` calls earlier: tag slots cycle) posts
-        nothing until that call completes, since the two would take each other's messages;
-        ranks post their calls in one order, so the older call completes without it."""
-        if self._active and type(run) is Run:
-            run.defer_behind(e.run for e in self._active)
-        entry = _Outstanding(self, run, seq, slot)
-        if not entry.poll():
-            self._active.append(entry)
-        return entry
+        return self._calls_in_flight.start(run, seq, self._record(call))
 
     def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
         """``MPI_Iallreduce`` into a private buffer, copied to the caller's on completion:
@@ -1302,72 +1230,9 @@ class Communicator(FamilyCalls):
         """Whether ``exc`` reports a failed process (only ever so with fault tolerance)."""
         return False
 
-    def _test(self, entry: _Outstanding) -> bool:
-        return self._owning(self._test_entry, entry)
-
-    def _owning(self, fn: Callable[[_Outstanding], Any], entry: _Outstanding) -> Any:
-        """``fn(entry)`` as the thread that owns this communicator's progress."""
-        mine = self._sequence.claim(self.rank)
-        try:
-            return fn(entry)
-        finally:
-            if mine:
-                self._sequence.owner = None
-
-    def _test_entry(self, entry: _Outstanding) -> bool:
-        if entry.failed is not None:
-            raise entry.failed
-        self._progress()
-        if not entry.done:
-            self._interrupt(entry.seq)()
-            if entry.failed is not None:
-                raise entry.failed
-        return entry.done
-
-    def _wait(self, entry: _Outstanding) -> None:
-        self._owning(self._wait_entry, entry)
-
-    def _wait_entry(self, entry: _Outstanding) -> None:
-        if entry.failed is not None:
-            raise entry.failed
-        if entry.done:
-            return
-        check = self._interrupt(entry.seq)
-
-        def interrupt() -> None:
-            check()
-            if entry.failed is not None:
-                raise entry.failed
-        try:
-            wait_for(lambda: (self._progress(), entry.done)[1], self.timeout,
-                     entry.run.describe_timeout, progress=self._progress_mark,
-                     interrupt=interrupt,
-                     busy=entry.run.busy if isinstance(entry.run, ShmRun) else 0.0)
-        except DeadlineExceeded as exc:
-            if entry in self._active:
-                self._active.remove(entry)
-            self._call_failed(entry.slot, exc, entry.run)
-            self._held.append(entry.run)
-            self._gave_up(entry.seq, exc)
-            raise
-        except BaseException as exc:
-            # An abandoned allreduce must not be polled by later calls.
-            self._call_failed(entry.slot, exc, entry.run)
-            if entry in self._active:
-                self._active.remove(entry)
-                self._hold(entry.run)
-            raise
-
-    def _progress(self) -> None:
-        """Advance every outstanding allreduce, oldest first; drop the finished ones."""
-        if self._active:
-            for e in self._active:
-                e.poll()
-            self._active = [e for e in self._active if not e.done]
-
     def _progress_mark(self) -> tuple[int, ...]:
-        """Changes whenever any outstanding allreduce completes a step of any lane."""
-        return tuple(e.run.progress for e in self._active)
+        """Changes whenever any outstanding call completes a step of any lane."""
+        return self._calls_in_flight.mark()
 
     def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
                 collective: str = "allreduce") -> selection.Explanation:

@@ -77,7 +77,7 @@ _IN_PLACE = MPI.IN_PLACE
 def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
               *rest: Any) -> tuple | None:
     """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
-    op: what :meth:`FamilyCalls._family_repeat` looks up; None for any other call. (On the
+    op: what :meth:`FamilyEngine.repeat` looks up; None for any other call. (On the
     path of every repeated call: a set lookup and one flags object per array.)"""
     if id(op) not in _FAST_OP_IDS:
         return None
@@ -705,7 +705,7 @@ class FastFamily:
         self.traced = traced
         self.plan = plan
         self.kind = kind        # the collective's block of the tag space (TAG_KIND)
-        self.sig = sig          # the signature's number (Communicator._sig_id)
+        self.sig = sig          # the signature's number (PlanCache.sig_id)
         self.op = op
         self.dtype = dtype
         self.inp = inp

@@ -34,7 +34,7 @@ class FastCall:
         self.plan = plan
         self.name = name      # bmlmpi's op name (schedules)
         self.calls = 0        # schedules: calls that took this path
-        self.sig = sig        # schedules: the signature's number (its tags, _tag_base)
+        self.sig = sig        # schedules: the signature's number (its tags, CallSequence.tag_base)
         self.key = key        # schedules: the plan's key (algorithm, count, dtype, op)
         self.traced = traced  # the flight recorder's signature of these calls
 

@@ -23,6 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+from mpi4py import MPI
+
+from .handles import NativePersistent
+from .ops import mpi_op
+
 
 class PersistentRequest:
     """A persistent collective: ``Start``, ``Test``, ``Wait``, ``Free`` as ``MPI.Prequest``."""
@@ -96,3 +102,25 @@ class PersistentRequest:
     test = Test
     wait = Wait
     free = Free
+
+
+def native_init(call: Any, comm: MPI.Comm) -> NativePersistent | None:
+    """The MPI library's persistent request on ``comm`` for a native call (a checked
+    allreduce or family call), on buffers of its own (:class:`~bmlmpi.handles.
+    NativePersistent`); None where the library has none (each start then posts the
+    non-blocking call)."""
+    try:
+        if call.collective != "allreduce":
+            return NativePersistent(*call.native_private(comm, "_init"))
+        sbuf = call.out if call.src is None else call.src
+        private, out = np.empty_like(call.out), call.out
+
+        def deliver() -> None:
+            np.copyto(out, private)
+        return NativePersistent(comm.Allreduce_init(sbuf, private, mpi_op(call.op)), deliver)
+    except (NotImplementedError, AttributeError):
+        return None
+    except MPI.Exception as exc:
+        if exc.Get_error_class() == MPI.ERR_UNSUPPORTED_OPERATION:
+            return None
+        raise

@@ -118,7 +118,7 @@ class Ledger:
                 return
 
     def _defer_behind_holder(self, call: Call) -> None:
-        """As the plain communicator's calls (``api.Communicator._outstanding``): ``call``'s
+        """As the plain communicator's calls (``bmlmpi.progress.Progress.start``): ``call``'s
         new run posts nothing while an earlier pending call's run on the same communicator
         holds its tags (tag slots cycle), or the two would take each other's messages. Runs
         of an earlier attempt are on another communicator and do not count."""

@@ -55,7 +55,7 @@ def micro() -> dict[str, float]:
         if r is not None:
             pass
 
-    def inline() -> None:   # the fast path's code (bmlmpi/api.py, Communicator._blocking)
+    def inline() -> None:   # the fast path's code (bmlmpi/api.py, Communicator._blocking_call)
         r = rec
         if r is not None:
             n = r.next

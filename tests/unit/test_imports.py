@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("bmlmpi.agreement", "bmlmpi.selection", "bmlmpi.calibrate", "bmlmpi.buffers",
               "bmlmpi.recorder", "bmlmpi.timeline", "bmlmpi.watchdog", "bmlmpi.handles",
               "bmlmpi.fast_path", "bmlmpi.finalize", "bmlmpi.placement",
-              "bmlmpi.plans", "bmlmpi.sequence")),
+              "bmlmpi.plans", "bmlmpi.sequence", "bmlmpi.progress")),
     ("api", ("bmlmpi.api", "bmlmpi.dropin", "bmlmpi.calls", "bmlmpi.family", "bmlmpi.collectives",
              "bmlmpi.persistent",
              "bmlmpi.ft", "bmlmpi.compression", "bmlmpi.training", "bmlmpi.variants")),

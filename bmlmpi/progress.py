@@ -1,0 +1,164 @@
+"""The plain communicator's outstanding calls: each started call's record
+(:class:`Outstanding`, behind its :class:`~bmlmpi.handles.Request`) and the engine that
+advances them all, oldest first, inside any request's ``Test``/``Wait``, under the
+communicator's deadline (:class:`Progress`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from .execute import DeadlineExceeded, Run, wait_for
+from .handles import NativeRun
+from .recorder import Slot
+from .sequence import CallSequence
+from .shm import ShmRun
+
+
+class ProgressHooks(NamedTuple):
+    """What the engine uses of its communicator (bound methods, a variant's overrides
+    included): the flight recorder's entries, the control channel's check for a call, and
+    what a call given up at its deadline or abandoned leaves behind."""
+
+    call_done: Callable[[Slot | None], None]
+    call_failed: Callable[..., None]
+    interrupt: Callable[[int], Callable[[], None]]   # the notices' check for call n
+    gave_up: Callable[[int, DeadlineExceeded], None]  # this rank gave call n up
+    hold: Callable[[Any], None]    # a run given up: cancelled, kept while MPI may use it
+    keep: Callable[[Any], None]    # a run MPI may still use: kept (not cancelled)
+    mark: Callable[[], tuple]      # what changes when outstanding work advances
+
+
+class Outstanding:
+    """A started call of the plain communicator, polled until its run completes."""
+
+    __slots__ = ("engine", "run", "done", "seq", "failed", "slot")
+
+    def __init__(self, engine: Progress, run: Run | ShmRun | NativeRun, seq: int,
+                 slot: Slot | None = None):
+        self.engine = engine
+        self.run = run
+        self.done = False
+        self.seq = seq                          # the call's number on its communicator
+        self.failed: BaseException | None = None  # why it was abandoned, raised when waited
+        self.slot = slot                        # the call in the flight recorder
+        if slot is not None:
+            slot.run = run
+
+    def poll(self) -> bool:
+        if not self.done:
+            try:
+                self.done = self.run.test()
+            except BaseException as exc:
+                self.engine.hooks.call_failed(self.slot, exc, self.run)
+                raise
+            if self.done:
+                self.engine.hooks.call_done(self.slot)
+        return self.done
+
+    def test(self) -> bool:
+        return self.engine.owning(self.engine.test, self)
+
+    def wait(self) -> None:
+        self.engine.owning(self.engine.wait, self)
+
+
+class Progress:
+    """The outstanding calls of one communicator (``owner``: its ``rank`` and ``timeout``),
+    in start order (:attr:`active`: the communicator reads it too, to know whether any call
+    is outstanding)."""
+
+    def __init__(self, owner: Any, sequence: CallSequence, hooks: ProgressHooks):
+        self.owner = owner
+        self.sequence = sequence
+        self.hooks = hooks
+        self.active: list[Outstanding] = []
+
+    def start(self, run: Run | ShmRun | NativeRun, seq: int, slot: Slot | None) -> Outstanding:
+        """The record of call ``seq``, started as ``run``: polled once, then kept in
+        :attr:`active` until it completes. A scheduled run whose tags a call still in flight
+        holds (the same signature's call ``tag_slots`` calls earlier: tag slots cycle) posts
+        nothing until that call completes, since the two would take each other's messages;
+        ranks post their calls in one order, so the older call completes without it."""
+        if self.active and type(run) is Run:
+            run.defer_behind(e.run for e in self.active)
+        entry = Outstanding(self, run, seq, slot)
+        if not entry.poll():
+            self.active.append(entry)
+        return entry
+
+    def owning(self, fn: Callable[[Outstanding], Any], entry: Outstanding) -> Any:
+        """``fn(entry)`` as the thread that owns the communicator's progress."""
+        sequence = self.sequence
+        mine = sequence.claim(self.owner.rank)
+        try:
+            return fn(entry)
+        finally:
+            if mine:
+                sequence.owner = None
+
+    def test(self, entry: Outstanding) -> bool:
+        if entry.failed is not None:
+            raise entry.failed
+        self.progress()
+        if not entry.done:
+            self.hooks.interrupt(entry.seq)()
+            if entry.failed is not None:
+                raise entry.failed
+        return entry.done
+
+    def wait(self, entry: Outstanding) -> None:
+        if entry.failed is not None:
+            raise entry.failed
+        if entry.done:
+            return
+        hooks = self.hooks
+        check = hooks.interrupt(entry.seq)
+
+        def interrupt() -> None:
+            check()
+            if entry.failed is not None:
+                raise entry.failed
+        try:
+            wait_for(lambda: (self.progress(), entry.done)[1], self.owner.timeout,
+                     entry.run.describe_timeout, progress=hooks.mark, interrupt=interrupt,
+                     busy=entry.run.busy if isinstance(entry.run, ShmRun) else 0.0)
+        except DeadlineExceeded as exc:
+            if entry in self.active:
+                self.active.remove(entry)
+            hooks.call_failed(entry.slot, exc, entry.run)
+            hooks.keep(entry.run)
+            hooks.gave_up(entry.seq, exc)
+            raise
+        except BaseException as exc:
+            # An abandoned call must not be polled by later calls.
+            hooks.call_failed(entry.slot, exc, entry.run)
+            if entry in self.active:
+                self.active.remove(entry)
+                hooks.hold(entry.run)
+            raise
+
+    def progress(self) -> None:
+        """Advance every outstanding call, oldest first; drop the finished ones."""
+        active = self.active
+        if active:
+            for e in active:
+                e.poll()
+            active[:] = [e for e in active if not e.done]
+
+    def mark(self) -> tuple[int, ...]:
+        """Changes whenever any outstanding call completes a step of any lane."""
+        return tuple(e.run.progress for e in self.active)
+
+    def abandon_from(self, seq: int, exc: BaseException) -> None:
+        """Calls numbered ``seq`` or later are given up: each raises ``exc`` when waited on;
+        their runs are held (:attr:`ProgressHooks.hold`)."""
+        keep = []
+        for entry in self.active:
+            if entry.seq >= seq:
+                entry.failed = exc
+                self.hooks.hold(entry.run)
+            else:
+                keep.append(entry)
+        self.active[:] = keep
