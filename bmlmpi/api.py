@@ -43,6 +43,8 @@ from .calls import (
     IntercommunicatorError,
     PreparedCall,
     RemoteArgumentError,
+    prepare_allreduce,
+    start_native,
 )
 from .compression.channel import CompressionChannel
 from .execute import (
@@ -65,7 +67,7 @@ from .family import (
 from .fast_path import FastCall, Repeat
 from .finalize import bound_finalize
 from .handles import NativePersistent, NativeRun, Request
-from .ops import check_dtype_op, mpi_op, op_name
+from .ops import check_dtype_op, op_name
 from .persistent import PersistentRequest, native_init
 from .placement import Placement, split_levels
 from .plans import PlanCache
@@ -776,7 +778,7 @@ class Communicator(FamilyCalls):
                         algorithm: str) -> PreparedCall:
         self._begin_call()
         try:
-            return self._prepare(sendbuf, recvbuf, op, algorithm)
+            return prepare_allreduce(sendbuf, recvbuf, op, algorithm, self._cache.auto_for)
         except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
             # the others learn of it in their argument check (RemoteArgumentError); the
             # check raises it here. Lookup and attribute errors come from malformed specs an
@@ -980,48 +982,6 @@ class Communicator(FamilyCalls):
             if rec.timeline is not None:
                 rec.timeline.call(rec, s)
 
-    def _prepare(self, sendbuf, recvbuf, op, algorithm) -> PreparedCall:
-        requested = algorithm
-        name = op_name(op)
-        if recvbuf is None or recvbuf is MPI.IN_PLACE:
-            raise BufferSpecError("recvbuf must be a buffer (sendbuf may be MPI.IN_PLACE)")
-        if isinstance(recvbuf, (list, tuple)) and not recvbuf:
-            raise BufferSpecError("recvbuf: an empty buffer spec (need buf, [buf, datatype] or "
-                                  "[buf, count, datatype])")
-        device = buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
-                                         else recvbuf[0])
-        staging = None
-        if device:
-            from .kernels import gpu
-            staging = gpu.stage(sendbuf, recvbuf)
-            sendbuf, recvbuf = staging.host_send, staging.host_recv
-        recv = buffers.resolve(recvbuf, "recvbuf")
-        if not recv.flat.flags.writeable:
-            raise BufferSpecError("recvbuf is read-only")
-        if sendbuf is MPI.IN_PLACE or sendbuf is None:
-            send = None
-            count = recv.count
-        else:
-            send = buffers.resolve(sendbuf, "sendbuf")
-            count = send.count
-            if send.flat.dtype != recv.flat.dtype:
-                raise BufferSpecError(f"sendbuf dtype {send.flat.dtype} differs from recvbuf "
-                                      f"dtype {recv.flat.dtype}")
-            if recv.count < count:
-                raise BufferSpecError(f"recvbuf holds {recv.count} elements, fewer than the "
-                                      f"{count} sent")
-        dtype = recv.flat.dtype
-        check_dtype_op(dtype, name)
-        if algorithm == "auto":
-            algorithm = self._cache.auto_for(count, dtype, name)
-        out = recv.flat[:count]
-        src = None if send is None else send.flat
-        if src is not None and np.may_share_memory(src, out):
-            if not (src.__array_interface__["data"][0] == out.__array_interface__["data"][0]):
-                raise BufferSpecError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
-            src = None  # the same memory: an in-place call spelled with two names
-        return PreparedCall(algorithm, name, src, out, staging, requested)
-
     def _validate(self, call: PreparedCall | None, error: Exception | None,
                   always: bool = False) -> None:
         """Agree across ranks that the call is well-formed; raise on every rank if not
@@ -1107,7 +1067,7 @@ class Communicator(FamilyCalls):
         if call.collective != "allreduce":
             return self.family.launch_call(call, label, finish)
         if call.algorithm == "native":
-            return self._launch_native(call, finish)
+            return start_native(call, self._comm, finish, self.rank, self._is_failure)
         out = call.out
         plan = self._cache.plan(call.algorithm, out.size, out.dtype, call.op)
         tag_base = self._sequence.tag_base(sig=self._cache.sig_id((call.algorithm, out.size,
@@ -1189,27 +1149,6 @@ class Communicator(FamilyCalls):
         else:
             run = self._launch(call, label, finish)
         return self._calls_in_flight.start(run, seq, self._record(call))
-
-    def _launch_native(self, call: PreparedCall, finish: Callable[[], None] | None) -> NativeRun:
-        """``MPI_Iallreduce`` into a private buffer, copied to the caller's on completion:
-        a call given up at its deadline can still complete inside MPI when a late rank
-        joins it, and must then write memory bmlmpi holds, not the caller's."""
-        out = call.out
-        sbuf = out if call.src is None else call.src
-        private = np.empty_like(out)
-        try:
-            req = self._comm.Iallreduce(sbuf, private, mpi_op(call.op))
-        except (KeyError, ValueError, MPI.Exception) as exc:
-            if isinstance(exc, MPI.Exception) and self._is_failure(exc):
-                raise
-            if out.size > np.iinfo(np.int32).max:
-                raise ValueError(
-                    f"native MPI_Allreduce of {out.size} elements: the count exceeds what "
-                    f"this MPI's int-count call takes (2**31 - 1); use a bmlmpi algorithm "
-                    f"(ring, bml) for it: {exc}") from exc
-            raise TypeError(f"native MPI_Allreduce cannot reduce dtype {call.out.dtype} "
-                            f"with this MPI: {exc}") from exc
-        return NativeRun(req, finish, self.rank, private=private, out=out)
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
         """The schedule bound to this communicator (BCube levels on their own communicators,

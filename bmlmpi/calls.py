@@ -1,19 +1,26 @@
 """A call's records and its errors: what an allreduce is after its arguments were checked
 (:class:`PreparedCall`), what the first-call agreement sees of a compressed one
 (:class:`CompressedCall`), and the errors that checking and agreeing raise on every rank
-(docs/contracts.md). The family's calls have their own record (:class:`bmlmpi.family.FamilyCall`).
+(docs/contracts.md); how an allreduce's arguments become its record
+(:func:`prepare_allreduce`) and how a native one starts (:func:`start_native`). The family's
+calls have their own record (:class:`bmlmpi.family.FamilyCall`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
-from . import kernels
+from . import buffers, kernels
+from .buffers import BufferSpecError
 from .execute import DeadlineExceeded
 from .family import FamilyCall
+from .handles import NativeRun
+from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature, Slot
 from .topology.bcube import Shape
 
@@ -116,3 +123,75 @@ class CompressedCall:
 
 __all__ = ["ArgumentMismatch", "CommunicatorRevoked", "CompressedCall", "IntercommunicatorError",
            "PreparedCall", "RemoteArgumentError"]
+
+
+def prepare_allreduce(sendbuf: Any, recvbuf: Any, op: Any, algorithm: str,
+                      auto: Callable[[int, np.dtype, str], str]) -> PreparedCall:
+    """An allreduce's arguments checked on this rank (mpi4py's buffer specs, device arrays
+    staged through host memory) and resolved into its :class:`PreparedCall`; ``auto(count,
+    dtype, op)`` decides ``auto``."""
+    requested = algorithm
+    name = op_name(op)
+    if recvbuf is None or recvbuf is MPI.IN_PLACE:
+        raise BufferSpecError("recvbuf must be a buffer (sendbuf may be MPI.IN_PLACE)")
+    if isinstance(recvbuf, (list, tuple)) and not recvbuf:
+        raise BufferSpecError("recvbuf: an empty buffer spec (need buf, [buf, datatype] or "
+                              "[buf, count, datatype])")
+    device = buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
+                                     else recvbuf[0])
+    staging = None
+    if device:
+        from .kernels import gpu
+        staging = gpu.stage(sendbuf, recvbuf)
+        sendbuf, recvbuf = staging.host_send, staging.host_recv
+    recv = buffers.resolve(recvbuf, "recvbuf")
+    if not recv.flat.flags.writeable:
+        raise BufferSpecError("recvbuf is read-only")
+    if sendbuf is MPI.IN_PLACE or sendbuf is None:
+        send = None
+        count = recv.count
+    else:
+        send = buffers.resolve(sendbuf, "sendbuf")
+        count = send.count
+        if send.flat.dtype != recv.flat.dtype:
+            raise BufferSpecError(f"sendbuf dtype {send.flat.dtype} differs from recvbuf "
+                                  f"dtype {recv.flat.dtype}")
+        if recv.count < count:
+            raise BufferSpecError(f"recvbuf holds {recv.count} elements, fewer than the "
+                                  f"{count} sent")
+    dtype = recv.flat.dtype
+    check_dtype_op(dtype, name)
+    if algorithm == "auto":
+        algorithm = auto(count, dtype, name)
+    out = recv.flat[:count]
+    src = None if send is None else send.flat
+    if src is not None and np.may_share_memory(src, out):
+        if not (src.__array_interface__["data"][0] == out.__array_interface__["data"][0]):
+            raise BufferSpecError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
+        src = None  # the same memory: an in-place call spelled with two names
+    return PreparedCall(algorithm, name, src, out, staging, requested)
+
+
+def start_native(call: PreparedCall, comm: MPI.Comm, finish: Callable[[], None] | None,
+                 rank: int, is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:
+    """``call`` started as ``MPI_Iallreduce`` on ``comm`` into a private buffer, copied to
+    the caller's on completion: a call given up at its deadline can still complete inside
+    MPI when a late rank joins it, and must then write memory bmlmpi holds, not the
+    caller's. ``is_failure``: whether an MPI error reports a failed process (raised as it
+    is, for fault tolerance to handle)."""
+    out = call.out
+    sbuf = out if call.src is None else call.src
+    private = np.empty_like(out)
+    try:
+        req = comm.Iallreduce(sbuf, private, mpi_op(call.op))
+    except (KeyError, ValueError, MPI.Exception) as exc:
+        if isinstance(exc, MPI.Exception) and is_failure(exc):
+            raise
+        if out.size > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"native MPI_Allreduce of {out.size} elements: the count exceeds what "
+                f"this MPI's int-count call takes (2**31 - 1); use a bmlmpi algorithm "
+                f"(ring, bml) for it: {exc}") from exc
+        raise TypeError(f"native MPI_Allreduce cannot reduce dtype {call.out.dtype} "
+                        f"with this MPI: {exc}") from exc
+    return NativeRun(req, finish, rank, private=private, out=out)
