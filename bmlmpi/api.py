@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, config, kernels, selection
+from . import buffers, config, selection
 from .agreement import (
     DEADLINE,
     ERROR,
@@ -64,7 +64,7 @@ from .family import (
     FamilyLaunch,
     then,
 )
-from .fast_path import FastCall, Repeat
+from .fast_path import FAST_OPS, FastHooks, FastPath
 from .finalize import bound_finalize
 from .handles import NativePersistent, NativeRun, Request
 from .ops import check_dtype_op, op_name
@@ -73,25 +73,17 @@ from .placement import Placement, split_levels
 from .plans import PlanCache
 from .progress import Progress, ProgressHooks
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
-from .recorder import now as _now
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
 from .sequence import CallSequence
-from .shm import NodeTier, ShmPlan, ShmRun
+from .shm import NodeTier, ShmPlan, run_of
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
 _log = logging.getLogger("bmlmpi")
 
-#: The ops the fast path hands MPI as they are, by identity (an ``MPI.Op`` is unhashable).
-_FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
 #: Algorithm names already checked, so a module-level call does not check its string again.
 _CHECKED: dict[str, str] = {}
-
-
-def _run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
-    """The executor of a compiled plan: messages, or shared-memory steps."""
-    return ShmRun if isinstance(plan, ShmPlan) else Run
 
 
 def _signature_hash(parts: tuple) -> int:
@@ -282,11 +274,8 @@ class Communicator(FamilyCalls):
         self._active = self._calls_in_flight.active
         # the blocking fast path (see the class docstring); not for a subclass with its own
         # launch path (the fault-tolerant communicator tracks every call itself)
-        plain = type(self)._submit is Communicator._submit
-        self._fast: dict[tuple, FastCall] | None = {} if plain else None
-        self._repeat: Repeat | None = None
-        self._native_fast = (config.get("BMLMPI_BLOCKING") == "watchdog"
-                             and self.check == "first-call")
+        self._plain = plain = type(self)._submit is Communicator._submit
+        native_fast = config.get("BMLMPI_BLOCKING") == "watchdog" and self.check == "first-call"
         capacity = recorder_capacity()
         self._recorder = (FlightRecorder(capacity, self.rank, self.size, type(self).__name__,
                                          self.timeout) if capacity else None)
@@ -300,14 +289,18 @@ class Communicator(FamilyCalls):
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
+        self._fast_path = FastPath(
+            self, self._comm, self._sequence, self._cache, self._active, self._recorder,
+            self._watchdog, FastHooks(self._fast_open, self._begin, self._interrupt,
+                                      self._call_failed, self._hold, self._held.append,
+                                      self._gave_up), enabled=plain, native=native_fast)
         self.family = FamilyEngine(
             self, self._cache, self._sequence,
             FamilyLaunch(self._begin_call, self._notice, self._validate, self._failure_noted,
                          self._is_failure, self._refused, self._record, self._call_done,
                          self._call_failed, self._submit_recorded, self._persistent,
-                         self._agreed, self._idle, self._fast_open, self._drive_fast),
-            self._recorder, self._watchdog, plain=plain,
-            native_blocking=plain and self._native_fast)
+                         self._agreed, self._idle, self._fast_open, self._fast_path.drive),
+            self._recorder, self._watchdog, plain=plain, native_blocking=plain and native_fast)
 
     # -- construction and the control channel -----------------------------------------------
     def _agrees_every_call(self) -> bool:
@@ -491,10 +484,8 @@ class Communicator(FamilyCalls):
                                f"started on it have not completed; Wait() on their requests "
                                f"first")
         self._watchdog.stop()
-        if self._fast is not None:
-            self._fast.clear()
+        self._fast_path.close()
         self.family.forget(scheduled_only=False)
-        self._repeat = None
         self._placement.free()
         if self._mailbox is not None:
             self._mailbox.close()
@@ -645,7 +636,7 @@ class Communicator(FamilyCalls):
         so that the sequence numbers of every rank's recorder stay in step."""
         rec = self._recorder
         if rec is not None:
-            name = op_name(op) if id(op) in _FAST_OPS else None
+            name = op_name(op) if id(op) in FAST_OPS else None
             self._call_failed(rec.begin(Signature(collective, None, None, name, None,
                                                   algorithm, None)), exc)
 
@@ -707,7 +698,7 @@ class Communicator(FamilyCalls):
         """Calls numbered ``seq`` or later that this rank started are given up: each raises
         ``exc`` when waited on; MPI keeps what it may still use (:attr:`_held`)."""
         self._handled[0] = max(self._handled[0], seq)
-        self._repeat = None   # the fast paths stay shut until the repair (_fast_entry)
+        self._fast_path.repeat = None   # the fast paths stay shut until the repair
         self._calls_in_flight.abandon_from(seq, exc)
 
     def _hold(self, run: Any) -> None:
@@ -750,9 +741,7 @@ class Communicator(FamilyCalls):
         self._levels = self._split_levels()
         self._cache.clear()
         self.family.forget(scheduled_only=True)
-        for entry in (self._fast or {}).values():
-            if entry.plan is not None:  # bound to the old communicator: bind it again
-                entry.plan = self._cache.plan(*entry.key)
+        self._fast_path.rebind(new)  # plans bound to the old communicator: bound again
         self._abandoned_upto = int(agreed[0])
         self._sequence.launches = int(agreed[1])
         self._repair_after = None
@@ -807,180 +796,23 @@ class Communicator(FamilyCalls):
 
     def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
-        ``Allreduce`` without compression, and the module-level drop-in's entry."""
+        ``Allreduce`` without compression, and the module-level drop-in's entry: the fast
+        path when its signature may take it, else the checked path (:class:`FastPath`)."""
         seq = self._sequence
-        if not seq.claim(self.rank):
-            self._blocking_call(sendbuf, recvbuf, op, algorithm)
-            return
+        mine = seq.claim(self.rank)
         try:
-            self._blocking_call(sendbuf, recvbuf, op, algorithm)
+            if self._repair_after is not None:
+                self._repair()  # (collective: every rank's first call after the error repairs)
+            self._fast_path.call(sendbuf, recvbuf, op, algorithm)
         finally:
-            seq.owner = None
-
-    def _blocking_call(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
-        """A blocking allreduce: the fast path when this signature may take it, else a
-        started call waited on (which may then open the fast path for the signature).
-
-        The last fast call's signature is remembered (:class:`Repeat`): numpy arrays of the
-        same dtype objects and sizes, with the same op and algorithm, skip the signature key
-        (its tuple and hash). Anything else looks the signature up."""
-        if self._repair_after is not None:
-            self._repair()  # (collective: every rank's first call after the error repairs)
-        rep = self._repeat
-        # the test of Repeat's docstring, inline (a call frame is a tenth of this path)
-        if (rep is not None and rep.op is op and rep.algorithm is algorithm
-                and type(recvbuf) is np.ndarray and not self._active
-                and recvbuf.dtype is rep.recv_dtype and recvbuf.size == rep.recv_size
-                and (sendbuf is MPI.IN_PLACE if rep.send_dtype is None else
-                     type(sendbuf) is np.ndarray
-                     and sendbuf.dtype is rep.send_dtype and sendbuf.size == rep.send_size
-                     and not np.may_share_memory(sendbuf, recvbuf))):
-            entry = rep.entry
-        else:
-            entry = self._fast_entry(sendbuf, recvbuf, op, algorithm)
-        if entry is not None:
-            if entry.plan is not None:
-                flags = recvbuf.flags
-                if (flags.c_contiguous and flags.writeable
-                        and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
-                    self._scheduled(entry, sendbuf, recvbuf)
-                    return
-                # else the checked path says what is wrong with the buffers
-            else:
-                # the flight recorder's begin and done, inline (bmlmpi.recorder)
-                rec = self._recorder
-                if rec is not None:
-                    n = rec.next
-                    rec.next = n + 1
-                    s = rec.slots[n % rec.capacity]
-                    s.seq = n
-                    s.sig = entry.traced
-                    s.t1 = 0.0
-                    s.t0 = _now()
-                watch = self._watchdog
-                watch.calls += 1
-                watch.current = entry.what
-                try:
-                    self._comm.Allreduce(sendbuf, recvbuf, entry.op)
-                except BufferError:
-                    # mpi4py refused a buffer (not contiguous, read-only: flags can change
-                    # between calls) before anything was sent: the slow path below gives
-                    # the same error, and announces it to the others (and records the call)
-                    if rec is not None:
-                        rec.next = n
-                except MPI.Exception as exc:
-                    self._call_failed(s if rec is not None else None, exc)
-                    raise
-                else:
-                    self._sequence.callno += 1
-                    if rec is not None:
-                        s.t1 = _now()
-                        if rec.timeline is not None:
-                            rec.timeline.call(rec, s)
-                    return
-                finally:
-                    watch.current = None
-        call, req = self._begin(sendbuf, recvbuf, op, algorithm)
-        req.Wait()
-        key = self._fast_key(sendbuf, recvbuf, op, algorithm)
-        if (key is None or key in self._fast or call.staging is not None
-                or not 0 < call.out.size == recvbuf.size):
-            return
-        # the first call of this signature ran, argument check and deadline included
-        sig = call.slot.sig if call.slot is not None else call.traced()
-        if call.algorithm != "native":
-            plan_key = (call.algorithm, call.out.size, call.out.dtype, call.op)
-            plan = self._cache.get(plan_key)
-            if plan is not None:
-                self._fast[key] = FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
-                                                f"{self.rank}", plan, call.op,
-                                            self._cache.sig_id(plan_key), plan_key, sig)
-        elif self._native_fast and id(op) in _FAST_OPS:
-            self._fast[key] = FastCall(_FAST_OPS[id(op)],
-                                        f"bmlmpi native allreduce (blocking MPI_Allreduce of "
-                                        f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
-                                        f"{self.rank} of {self.size})", traced=sig)
-            self._watchdog.start()
-
-    def _fast_key(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> tuple | None:
-        """The fast path's signature key of a call with numpy arrays; None for any other."""
-        if self._fast is None or type(recvbuf) is not np.ndarray:
-            return None
-        if sendbuf is MPI.IN_PLACE:
-            return (algorithm, recvbuf.shape, recvbuf.dtype, None, None, id(op))
-        if type(sendbuf) is np.ndarray:
-            return (algorithm, recvbuf.shape, recvbuf.dtype, sendbuf.shape, sendbuf.dtype,
-                    id(op))
-        return None
-
-    def _fast_entry(self, sendbuf: Any, recvbuf: Any, op: Any,
-                    algorithm: str) -> FastCall | None:
-        """The open fast path of this call's signature, if it may take it now (remembered
-        for the next call: :class:`Repeat`); None: the checked path."""
-        key = self._fast_key(sendbuf, recvbuf, op, algorithm)
-        if key is None:
-            return None
-        entry = self._fast.get(key)
-        if (entry is None or not self._fast_open()
-                or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
-            return None  # the checked path (which may open the fast path for the signature)
-        self._repeat = Repeat(entry, op, algorithm, sendbuf, recvbuf)
-        return entry
-
-    def _scheduled(self, entry: FastCall, sendbuf: Any, recvbuf: np.ndarray) -> None:
-        """A checked scheduled signature's later blocking call: the Run straight from the
-        cached plan, driven here with the executor's deadline (no PreparedCall, Request or
-        resolve). Tags advance as on the checked path, so ranks that take different paths for
-        the same call still match."""
-        out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-        src = None if sendbuf is MPI.IN_PLACE else (
-            sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        sequence = self._sequence
-        tag_base = sequence.tag_base(sig=entry.sig)
-        sequence.callno = seq = sequence.callno + 1
-        entry.calls += 1
-        what = entry.what
-        finish = None
-        if entry.name == "avg":
-            def finish() -> None:
-                kernels.scale_avg(out, self.size)
-        self._drive_fast(_run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
-                                             lambda: f"{what}, call {seq})", finish, src=src),
-                         seq, entry.traced)
+            if mine:
+                seq.owner = None
 
     def _fast_open(self) -> bool:
         """Whether a blocking call may take a fast path now: nothing outstanding, the
         communicator neither revoked nor due for a repair, no call abandoned ahead."""
         return (not self._active and self._revoked is None and self._repair_after is None
                 and self._sequence.callno >= self._abandoned_upto)
-
-    def _drive_fast(self, run: Run | ShmRun, seq: int, traced: Signature) -> None:
-        """Drive a fast path's ``run`` (call ``seq``, numbered already) to completion in the
-        calling thread under the executor's deadline, entered in the flight recorder (its
-        begin and done inline: this is the path of every repeated scheduled call). A
-        deadline revokes the communicator as on the checked path."""
-        rec = self._recorder
-        # (a schedule's run costs tens of microseconds: the call frame of begin is noise here)
-        s = rec.begin(traced, run) if rec is not None else None
-        try:
-            run.drive(self.timeout, self._interrupt(seq))
-        except DeadlineExceeded as exc:
-            self._call_failed(s, exc, run)
-            self._held.append(run)
-            self._gave_up(seq, exc)
-            raise
-        except (RemoteArgumentError, CommunicatorRevoked) as exc:
-            self._call_failed(s, exc, run)
-            self._hold(run)
-            raise
-        except BaseException as exc:
-            self._call_failed(s, exc, run)
-            raise
-        if s is not None:
-            s.run = None
-            s.t1 = _now()
-            if rec.timeline is not None:
-                rec.timeline.call(rec, s)
 
     def _validate(self, call: PreparedCall | None, error: Exception | None,
                   always: bool = False) -> None:
@@ -1074,7 +906,7 @@ class Communicator(FamilyCalls):
                                                                out.dtype, call.op)))
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
-        return _run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
+        return run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
 
     def _idle(self) -> bool:
         """Whether no started call is outstanding."""
@@ -1112,7 +944,7 @@ class Communicator(FamilyCalls):
         with self._failure_noted():
             self._validate(call, None, always=True)
         compiled = None
-        if self._fast is not None:  # the plain communicator (the ledger compiles per attempt)
+        if self._plain:  # the plain communicator (the ledger compiles per attempt)
             if call.algorithm == "native":
                 compiled = native_init(call, self._comm)
             elif call.collective == "allreduce":
@@ -1141,7 +973,7 @@ class Communicator(FamilyCalls):
             if call.collective == "allreduce":
                 sig = self._cache.sig_id((call.algorithm, call.out.size, call.out.dtype,
                                           call.op))
-                run = _run_of(compiled)(compiled, call.out, call.op,
+                run = run_of(compiled)(compiled, call.out, call.op,
                                         self._sequence.tag_base(sig=sig), label, finish,
                                         src=call.src)
             else:

@@ -328,6 +328,11 @@ def start_collective(plan: Plan | ShmPlan, inp: np.ndarray | None, out: np.ndarr
     return collective_run(plan, inp, out, op, tag_base, label, finish, dtype)
 
 
+def run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
+    """The executor of a compiled allreduce plan: messages, or shared-memory steps."""
+    return ShmRun if isinstance(plan, ShmPlan) else Run
+
+
 def _input_shift(sched: Schedule, lo: int, hi: int) -> int:
     """Work position − input position for an op reading the input at ``[lo, hi)``: the
     input copy that holds the range (a schedule's ops never straddle two)."""

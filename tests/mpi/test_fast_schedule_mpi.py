@@ -19,7 +19,7 @@ ALGORITHMS = ["bml", "ring", "tree", "multitree"]
 
 
 def fast_calls(ctx) -> int:
-    return sum(e.calls for e in ctx._fast.values() if e.plan is not None)
+    return sum(e.calls for e in ctx._fast_path.entries.values() if e.plan is not None)
 
 
 @pytest.fixture(params=ALGORITHMS)
