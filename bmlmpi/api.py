@@ -13,9 +13,7 @@ with that communicator.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
-import secrets
 import weakref
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
@@ -26,19 +24,13 @@ from mpi4py import MPI
 
 from . import buffers, config, selection
 from .agreement import (
-    DEADLINE,
-    ERROR,
-    MESSAGE_BYTES,
-    TAG_ALARM,
     Mailbox,
-    Message,
-    decode,
     drain,
 )
 from .buffers import BufferSpecError
+from .call_agreement import AgreementHooks, CallAgreement, agree_construction
 from .calls import (
     ArgumentMismatch,
-    CommunicatorRevoked,
     CompressedCall,
     IntercommunicatorError,
     PreparedCall,
@@ -48,7 +40,6 @@ from .calls import (
 )
 from .compression.channel import CompressionChannel
 from .execute import (
-    DeadlineExceeded,
     Plan,
     Run,
     tag_upper_bound,
@@ -65,13 +56,12 @@ from .family import (
     then,
 )
 from .fast_path import FAST_OPS, FastHooks, FastPath
-from .finalize import bound_finalize
 from .handles import NativePersistent, NativeRun, Request
 from .ops import check_dtype_op, op_name
 from .persistent import PersistentRequest, native_init
 from .placement import Placement, split_levels
 from .plans import PlanCache
-from .progress import Progress, ProgressHooks
+from .progress import Outstanding, Progress, ProgressHooks
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
@@ -84,11 +74,6 @@ _log = logging.getLogger("bmlmpi")
 
 #: Algorithm names already checked, so a module-level call does not check its string again.
 _CHECKED: dict[str, str] = {}
-
-
-def _signature_hash(parts: tuple) -> int:
-    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1  # non-negative int64
 
 
 def _validation_enabled(value: bool | None) -> bool:
@@ -126,12 +111,6 @@ def _still_posted(run: Any) -> bool:
         except MPI.Exception:
             pass
     return False
-
-
-def _describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
 
 
 class Communicator(FamilyCalls):
@@ -241,18 +220,25 @@ class Communicator(FamilyCalls):
         self._comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.rank = self._comm.Get_rank()
         self.size = self._comm.Get_size()
-        self._token = self._agree_construction(error)
+        self._token = agree_construction(
+            self._comm, error,
+            () if error else (self.shape, self.algorithm, self.check, self.validate),
+            self.timeout)
         # the control channel (bmlmpi.agreement): agreements and notices, never data
         self._control = self._make_control()
-        self._mailbox = (Mailbox(self._control, self._token) if self._control is not self._comm
-                         else None)
+        mailbox = (Mailbox(self._control, self._token) if self._control is not self._comm
+                   else None)
         # call numbers, the launch count that picks tags, the thread inside a call
         self._sequence = CallSequence(tag_upper_bound(self._comm))
-        self._revoked: str | None = None  # why every later call raises CommunicatorRevoked
-        self._repair_after: int | None = None  # an argument error at this call: re-dup first
-        self._held: list[Any] = []        # runs given up while MPI may still use their buffers
-        self._handled = [0]   # the last call number whose failure this rank has raised
-        self._abandoned_upto = 0  # calls up to this number are abandoned on every rank
+        # the started calls (the fast paths read it to know whether any is outstanding)
+        self._active: list[Outstanding] = []
+        self._agreement = CallAgreement(self, self._sequence, mailbox, self._active,
+                                        AgreementHooks(self._control_channel,
+                                                       self._abandon_calls, self._move_to))
+        agreement = self._agreement
+        # the same set as the agreement's, which the fault-tolerant variant clears when its
+        # members change
+        self._validated = agreement.validated
         self._levels = self._split_levels()
         self._placement = Placement(self)
         self._links = self._placement.find_links()
@@ -265,13 +251,10 @@ class Communicator(FamilyCalls):
         # members change
         self._plans, self._choices = self._cache.plans, self._cache.choices
         self._compression = CompressionChannel(self)
-        self._validated: set[int] = set()
-        # the started calls, polled inside any request's Test/Wait (the fast paths read
-        # _active, the same list, to know whether any is outstanding)
-        self._calls_in_flight = Progress(self, self._sequence, ProgressHooks(
-            self._call_done, self._call_failed, self._interrupt, self._gave_up, self._hold,
-            self._held.append, self._progress_mark))
-        self._active = self._calls_in_flight.active
+        # the started calls, polled inside any request's Test/Wait
+        self._calls_in_flight = Progress(self, self._sequence, self._active, ProgressHooks(
+            self._call_done, self._call_failed, agreement.interrupt, agreement.gave_up,
+            agreement.hold, agreement.held.append, self._progress_mark))
         # the blocking fast path (see the class docstring); not for a subclass with its own
         # launch path (the fault-tolerant communicator tracks every call itself)
         self._plain = plain = type(self)._submit is Communicator._submit
@@ -284,22 +267,23 @@ class Communicator(FamilyCalls):
             attach(self._recorder)
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
-                                  alarm=self._alarm_channel(),
+                                  alarm=agreement.alarm_channel(),
                                   before_abort=_weakly(self._watchdog_fired))
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
         self._fast_path = FastPath(
             self, self._comm, self._sequence, self._cache, self._active, self._recorder,
-            self._watchdog, FastHooks(self._fast_open, self._begin, self._interrupt,
-                                      self._call_failed, self._hold, self._held.append,
-                                      self._gave_up), enabled=plain, native=native_fast)
+            self._watchdog, FastHooks(agreement.fast_open, self._begin, agreement.interrupt,
+                                      self._call_failed, agreement.hold, agreement.held.append,
+                                      agreement.gave_up), enabled=plain, native=native_fast)
         self.family = FamilyEngine(
             self, self._cache, self._sequence,
-            FamilyLaunch(self._begin_call, self._notice, self._validate, self._failure_noted,
-                         self._is_failure, self._refused, self._record, self._call_done,
-                         self._call_failed, self._submit_recorded, self._persistent,
-                         self._agreed, self._idle, self._fast_open, self._fast_path.drive),
+            FamilyLaunch(agreement.begin_call, agreement.notice, self._validate,
+                         self._failure_noted, self._is_failure, self._refused, self._record,
+                         self._call_done, self._call_failed, self._submit_recorded,
+                         self._persistent, agreement.agreed, self._idle, agreement.fast_open,
+                         self._fast_path.drive),
             self._recorder, self._watchdog, plain=plain, native_blocking=plain and native_fast)
 
     # -- construction and the control channel -----------------------------------------------
@@ -315,71 +299,26 @@ class Communicator(FamilyCalls):
         control.Set_errhandler(MPI.ERRORS_RETURN)
         return control
 
-    def _alarm_channel(self) -> Callable[[], str | None] | None:
-        """What the watchdog polls while a blocking ``MPI_Allreduce`` is in progress: a
-        posted receive of the notices' second copy (:data:`~bmlmpi.agreement.TAG_ALARM`),
-        only ever tested by the watchdog thread (needs MPI_THREAD_MULTIPLE)."""
-        if self._mailbox is None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            return None
-        control, handled, token = self._control, self._handled, self._token
-        box = np.empty(MESSAGE_BYTES, dtype=np.uint8)
-        state: dict[str, Any] = {}
+    def _control_channel(self) -> MPI.Comm:
+        """The communicator agreements travel on now (a variant's changes with its
+        members)."""
+        return self._control
 
-        def alarm() -> str | None:
-            req = state.get("req")
-            if req is None:
-                req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
-            while req.Test():
-                msg = decode(box)
-                req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
-                # not an earlier communicator's notice, nor one the calling thread raised
-                if msg.token == token and msg.seq > handled[0]:
-                    what = ("gave up call" if msg.kind == DEADLINE
-                            else "rejected its arguments at call")
-                    return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
-            return None
-        return alarm
+    def _abandon_calls(self, seq: int, exc: BaseException) -> None:
+        """Calls numbered ``seq`` or later fail with ``exc``; the fast paths stay shut until
+        the repair."""
+        self._fast_path.repeat = None
+        self._calls_in_flight.abandon_from(seq, exc)
 
-    def _agree_construction(self, error: Exception | None) -> int:
-        """One agreement on the new duplicate: whether any rank's arguments failed, and
-        whether every rank names the same shape, algorithm, checking mode and validation
-        (ranks that differ in these would exchange different messages: ``auto`` calibrates
-        on the data communicator, a rank that does not validate never joins an agreement).
-        Returns the communicator's token (the largest of the ranks' random numbers), which
-        its control messages carry (:class:`~bmlmpi.agreement.Mailbox`)."""
-        if self.size == 1:
-            if error is not None:
-                self._comm.Free()
-                raise error
-            return 0
-        h = 0 if error is not None else _signature_hash(
-            (self.shape, self.algorithm, self.check, self.validate))
-        vec = np.array([1 if error else 0, self.rank if error else -1, h, -h,
-                        secrets.randbits(62)], dtype=np.int64)
-        res = np.empty_like(vec)
-        try:
-            wait_request(self._comm.Iallreduce(vec, res, MPI.MAX), self.timeout,
-                         "bmlmpi.Communicator: not every rank joined the argument check")
-        except BaseException:
-            self._comm.Free()
-            raise
-        if error is not None or res[0] or res[2] != -res[3]:
-            mine = None if error else (f"{format_shape(self.shape)}/{self.algorithm}/"
-                                       f"{self.check}/{'on' if self.validate else 'off'}")
-            everyone = self._comm.allgather(mine)
-            self._comm.Free()
-            if error is not None:
-                raise error
-            if res[0]:
-                raise RemoteArgumentError(
-                    f"rank {int(res[1])} rejected its bmlmpi.Communicator arguments (see its "
-                    f"error); the communicator was not built on any rank")
-            lines = ", ".join(f"rank {r}: {w}" for r, w in enumerate(everyone))
-            raise ArgumentMismatch(f"bmlmpi.Communicator: the ranks name different "
-                                   f"topologies, algorithms, checking modes or validation "
-                                   f"(topology/algorithm/check/validate: {lines}); the "
-                                   f"communicator was not built on any rank")
-        return int(res[4])
+    def _move_to(self, new: MPI.Comm) -> None:
+        """A repair's fresh duplicate becomes the data communicator; the old one and its
+        levels are held (MPI may still hold abandoned calls' messages on them)."""
+        self._agreement.held.append((self._comm, self._levels))
+        self._comm = new
+        self._levels = self._split_levels()
+        self._cache.clear()
+        self.family.forget(scheduled_only=True)
+        self._fast_path.rebind(new)  # plans bound to the old communicator: bound again
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -487,11 +426,12 @@ class Communicator(FamilyCalls):
         self._fast_path.close()
         self.family.forget(scheduled_only=False)
         self._placement.free()
-        if self._mailbox is not None:
-            self._mailbox.close()
-        held = any(isinstance(h, tuple) for h in self._held)
-        pending = bool(self._held) and not all(
-            isinstance(h, tuple) or not _still_posted(h) for h in self._held)
+        mailbox, held_runs = self._agreement.mailbox, self._agreement.held
+        if mailbox is not None:
+            mailbox.close()
+        held = any(isinstance(h, tuple) for h in held_runs)
+        pending = bool(held_runs) and not all(
+            isinstance(h, tuple) or not _still_posted(h) for h in held_runs)
         for c in [*self._levels, self._comm]:
             if c != MPI.COMM_NULL and not pending:
                 drain(c)
@@ -500,7 +440,7 @@ class Communicator(FamilyCalls):
             self._control.Free()
         self._compression.free()
         if not held:
-            self._held.clear()
+            held_runs.clear()
         self._levels = []
         self._cache.clear()
 
@@ -640,132 +580,17 @@ class Communicator(FamilyCalls):
             self._call_failed(rec.begin(Signature(collective, None, None, name, None,
                                                   algorithm, None)), exc)
 
-    # -- call numbers, notices, repair and revocation (docs/contracts.md) -------------------
-    def _begin_call(self) -> int:
-        """Number the call about to start (the same number on every rank). First deal with
-        what the control channel has said: a communicator a deadline ended raises
-        CommunicatorRevoked; one that an argument error left with abandoned calls is
-        repaired (a fresh duplicate, every rank at its first call after learning of the
-        error); a notice that this very call failed on another rank raises here, before
-        any data moves."""
-        seq = self._sequence
-        while True:
-            if self._revoked is not None:
-                seq.callno += 1
-                raise CommunicatorRevoked(self._revoked)
-            if self._repair_after is not None:
-                self._repair()
-            # a notice about this very call is looked at after the local check (_validate):
-            # a rank whose own arguments are wrong too raises its own error
-            if self._notice(seq.callno) is None:
-                break
-        seq.callno += 1
-        if seq.callno <= self._abandoned_upto:
-            raise RemoteArgumentError(
-                f"call {seq.callno} was started on another rank before it learnt that call "
-                f"{self._handled[0]} failed, so it is abandoned on every rank (docs/contracts.md)")
-        return seq.callno
-
-    def _notice(self, upto: int) -> Message | None:
-        """The first failure notice not yet handled about a call numbered ``upto`` or lower,
-        handled now (outstanding calls it dooms are marked failed; the communicator is
-        flagged for repair or revoked); None when there is none."""
-        mailbox = self._mailbox
-        if mailbox is None:
-            return None
-        msg = mailbox.failure(self._handled[0] + 1)
-        if msg is None or msg.seq > upto:
-            return None
-        exc = self._remote_error(msg)
-        if msg.kind == DEADLINE:
-            self._revoke(msg.seq, str(exc))
-        else:
-            self._abandon_from(msg.seq, exc)
-            self._repair_after = msg.seq
-        return msg
-
-    def _remote_error(self, msg: Message) -> Exception:
-        if msg.kind == DEADLINE:
-            return CommunicatorRevoked(
-                f"rank {msg.rank} gave up call {msg.seq} at its deadline ({msg.text}); the "
-                f"call is abandoned on every rank and the communicator is revoked: Free() it "
-                f"and build another (docs/contracts.md)")
-        return RemoteArgumentError(
-            f"rank {msg.rank} rejected its arguments at call {msg.seq} ({msg.text}); this "
-            f"call is abandoned on all ranks")
-
-    def _abandon_from(self, seq: int, exc: BaseException) -> None:
-        """Calls numbered ``seq`` or later that this rank started are given up: each raises
-        ``exc`` when waited on; MPI keeps what it may still use (:attr:`_held`)."""
-        self._handled[0] = max(self._handled[0], seq)
-        self._fast_path.repeat = None   # the fast paths stay shut until the repair
-        self._calls_in_flight.abandon_from(seq, exc)
-
-    def _hold(self, run: Any) -> None:
-        if run is not None and run.cancel():
-            self._held.append(run)
-
-    def _revoke(self, seq: int, why: str) -> None:
-        self._abandon_from(seq, CommunicatorRevoked(why))
-        self._revoked = why
-
-    def _gave_up(self, seq: int, exc: DeadlineExceeded) -> None:
-        """This rank gave up call ``seq`` at its deadline: tell the others (a late rank then
-        does not join it), revoke the communicator here, and bound this process's
-        ``MPI_Finalize`` (a stopped peer would otherwise keep it waiting for ever)."""
-        bound_finalize(self.timeout)
-        if self._mailbox is not None and self._revoked is None:
-            self._mailbox.announce(seq, DEADLINE, _describe_error(exc)[:300],
-                                   also_tag=TAG_ALARM)
-        if self._revoked is None:
-            self._revoke(seq, f"this rank gave up call {seq} at its deadline ({exc}); the "
-                              f"communicator is revoked: Free() it and build another "
-                              f"(docs/contracts.md)")
-
-    def _repair(self) -> None:
-        """After an argument error abandoned calls: move to a fresh duplicate (the old one
-        may still hold those calls' messages), and agree on the call numbers, so that a
-        call another rank had already started before it learnt of the error is abandoned on
-        every rank instead of pairing with a different call."""
-        failed = self._repair_after
-        new, req = self._control.Idup()
-        wait_request(req, self.timeout, f"bmlmpi: not every rank came back after call {failed}'s "
-                                        f"argument error (the communicator's repair)")
-        counts = np.array([self._sequence.callno, self._sequence.launches], dtype=np.int64)
-        agreed = np.empty_like(counts)
-        wait_request(self._control.Iallreduce(counts, agreed, MPI.MAX), self.timeout,
-                     "bmlmpi: not every rank joined the communicator's repair")
-        new.Set_errhandler(MPI.ERRORS_RETURN)
-        self._held.append((self._comm, self._levels))
-        self._comm = new
-        self._levels = self._split_levels()
-        self._cache.clear()
-        self.family.forget(scheduled_only=True)
-        self._fast_path.rebind(new)  # plans bound to the old communicator: bound again
-        self._abandoned_upto = int(agreed[0])
-        self._sequence.launches = int(agreed[1])
-        self._repair_after = None
-
-    def _interrupt(self, seq: int) -> Callable[[], None]:
-        """The wait loops' check of the control channel for call ``seq``: raises once a
-        notice says this call (or an earlier one) failed on another rank."""
-        def check() -> None:
-            msg = self._notice(seq)
-            if msg is not None:
-                raise self._remote_error(msg)
-        return check
-
     def _refuse(self, exc: Exception) -> None:
         """A call refused before it had arguments to check (an unknown algorithm name): this
         rank's error, announced to the others like any other argument error."""
-        self._begin_call()
+        self._agreement.begin_call()
         with self._failure_noted():
             self._validate(None, exc)
         raise exc
 
     def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
                         algorithm: str) -> PreparedCall:
-        self._begin_call()
+        self._agreement.begin_call()
         try:
             return prepare_allreduce(sendbuf, recvbuf, op, algorithm, self._cache.auto_for)
         except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
@@ -784,9 +609,9 @@ class Communicator(FamilyCalls):
         where the others run the plain call, or compresses otherwise, makes that first call
         raise :class:`ArgumentMismatch` on every rank at once (docs/contracts.md). The
         fault-tolerant communicator agrees inside the compressed call itself."""
-        if self._mailbox is None:
+        if self._agreement.mailbox is None:
             return
-        self._begin_call()
+        self._agreement.begin_call()
         count = dtype = name = None
         if isinstance(recvbuf, np.ndarray):
             count, dtype = int(recvbuf.size), recvbuf.dtype.str
@@ -801,92 +626,23 @@ class Communicator(FamilyCalls):
         seq = self._sequence
         mine = seq.claim(self.rank)
         try:
-            if self._repair_after is not None:
-                self._repair()  # (collective: every rank's first call after the error repairs)
+            agreement = self._agreement
+            if agreement.repair_after is not None:
+                agreement.repair()  # (collective: every rank's first call after the error)
             self._fast_path.call(sendbuf, recvbuf, op, algorithm)
         finally:
             if mine:
                 seq.owner = None
 
-    def _fast_open(self) -> bool:
-        """Whether a blocking call may take a fast path now: nothing outstanding, the
-        communicator neither revoked nor due for a repair, no call abandoned ahead."""
-        return (not self._active and self._revoked is None and self._repair_after is None
-                and self._sequence.callno >= self._abandoned_upto)
-
     def _validate(self, call: PreparedCall | None, error: Exception | None,
                   always: bool = False) -> None:
         """Agree across ranks that the call is well-formed; raise on every rank if not
-        (:mod:`bmlmpi.agreement`: the first call of a signature, or every call; ``always``:
-        this call whatever the signature)."""
-        if self.size == 1:
-            if error is not None:
-                raise error
-            return
-        if self.check == "every-call":
-            self._agree_collectively(call, error)
-            return
-        seq = self._sequence.callno
-        if error is not None:
-            # no wait: the others learn of it from the notice, wherever they wait
-            self._mailbox.announce(seq, ERROR, _describe_error(error), also_tag=TAG_ALARM)
-            self._abandon_from(seq, error)
-            self._repair_after = seq
-            raise error
-        self._interrupt(seq)()   # another rank already rejected this call
-        if not self.validate:
-            return
-        sig = call.signature(self.shape)
-        h = _signature_hash(sig)
-        if h in self._validated and not always:
-            return
-        text = call.describe_signature(sig)
-        try:
-            got = self._mailbox.gather(
-                seq, h, text, self.timeout,
-                lambda t: f"bmlmpi argument check of call {seq}: not every rank joined within "
-                          f"{t:g} s (a rank is missing, or runs a call whose signature was "
-                          f"already checked)", DeadlineExceeded)
-        except DeadlineExceeded as exc:
-            self._gave_up(seq, exc)
-            raise
-        self._interrupt(seq)()
-        if any(m.value != h for m in got.values()):
-            lines = "; ".join(f"rank {r}: {got[r].text}" for r in sorted(got))
-            raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
-        self._validated.add(h)
-
-    def _agree_collectively(self, call: PreparedCall | None, error: Exception | None) -> None:
-        """Every call's agreement: one Iallreduce on the control communicator, which every
-        rank makes for every call (the rank with an error included) before any data moves."""
-        sig, h = None, 0
-        if call is not None:
-            sig = call.signature(self.shape)
-            h = _signature_hash(sig)
-        vec = np.array([h, -h, 1 if error else 0, self.rank if error else -1], dtype=np.int64)
-        res = np.empty_like(vec)
-        try:
-            wait_request(self._control.Iallreduce(vec, res, MPI.MAX), self.timeout,
-                         f"bmlmpi argument check of call {self._sequence.callno}: other ranks did "
-                         f"not join")
-        except DeadlineExceeded as exc:
-            self._gave_up(self._sequence.callno, exc)
-            raise
-        if error is not None:
-            raise error
-        if res[2]:
-            raise RemoteArgumentError(f"rank {res[3]} rejected its {call.collective} "
-                                      f"arguments (see its error); this call is abandoned "
-                                      f"on all ranks")
-        if res[0] != -res[1]:
-            everyone = self._control.allgather(sig)
-            lines = "; ".join(f"rank {r}: {PreparedCall.describe_signature(s)}"
-                              for r, s in enumerate(everyone))
-            raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
+        (:meth:`CallAgreement.validate`)."""
+        self._agreement.validate(call, error, always)
 
     def _submit(self, call: PreparedCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
-        self._validate(call, None)
+        self._agreement.validate(call, None)
         seq = self._sequence.callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
         return Request(self._calls_in_flight.start(
@@ -911,12 +667,6 @@ class Communicator(FamilyCalls):
     def _idle(self) -> bool:
         """Whether no started call is outstanding."""
         return not self._active
-
-    def _agreed(self, call: PreparedCall | FamilyCall) -> bool:
-        """Whether ``call``'s signature was agreed on by every rank before (else it goes
-        through the checked path, whose agreement raises on every rank if it differs)."""
-        return (not self.validate or self.size == 1
-                or _signature_hash(call.signature(self.shape)) in self._validated)
 
     def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
         """``auto``'s choice for ``call`` over the current members."""
@@ -962,7 +712,7 @@ class Communicator(FamilyCalls):
 
         # a start is a call: numbered alike on every rank; refused on a revoked
         # communicator, and after another rank's argument error as any call is
-        seq = self._begin_call()
+        seq = self._agreement.begin_call()
         label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {self.rank}, "
                  f"call {seq})")
         if isinstance(compiled, NativePersistent):

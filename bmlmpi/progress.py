@@ -69,11 +69,12 @@ class Progress:
     in start order (:attr:`active`: the communicator reads it too, to know whether any call
     is outstanding)."""
 
-    def __init__(self, owner: Any, sequence: CallSequence, hooks: ProgressHooks):
+    def __init__(self, owner: Any, sequence: CallSequence, active: list[Outstanding],
+                 hooks: ProgressHooks):
         self.owner = owner
         self.sequence = sequence
         self.hooks = hooks
-        self.active: list[Outstanding] = []
+        self.active = active
 
     def start(self, run: Run | ShmRun | NativeRun, seq: int, slot: Slot | None) -> Outstanding:
         """The record of call ``seq``, started as ``run``: polled once, then kept in

@@ -26,7 +26,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "bmlmpi.finalize", "bmlmpi.placement", "bmlmpi.plans", "bmlmpi.sequence",
               "bmlmpi.progress")),
     ("api", ("bmlmpi.api", "bmlmpi.dropin", "bmlmpi.calls", "bmlmpi.fast_path", "bmlmpi.family",
-             "bmlmpi.collectives", "bmlmpi.persistent",
+             "bmlmpi.collectives", "bmlmpi.persistent", "bmlmpi.call_agreement",
              "bmlmpi.ft", "bmlmpi.compression", "bmlmpi.training", "bmlmpi.variants")),
     ("frameworks", ("bmlmpi.torch",)),
     ("cli", ("bmlmpi.cli",)),
