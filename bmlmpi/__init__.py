@@ -54,6 +54,8 @@ _EXPORTS = {
     "RemoteArgumentError": "calls",
     "Request": "handles",
     "algorithms": "selection",
+    "bound_finalize": "finalize",
+    "communicator_for": "dropin",
     "rescaled_batch": "ft.rescale",
 }
 

@@ -1,13 +1,17 @@
-"""The public allreduce: ``Allreduce``, ``Iallreduce`` and ``Communicator``.
+"""The public communicator: :class:`Communicator`, a facade over the parts that do the work.
 
 Drop-in for mpi4py: ``comm.Allreduce(a, b, op=MPI.SUM)`` becomes
-``bmlmpi.Allreduce(a, b, op=MPI.SUM, comm=comm)`` or ``bmlmpi.Communicator(comm).Allreduce(a, b)``.
+``bmlmpi.Communicator(comm).Allreduce(a, b)`` (or the module-level ``bmlmpi.Allreduce(a, b,
+comm=comm)`` of :mod:`bmlmpi.dropin`).
 
 A :class:`Communicator` owns a private duplicate of the user's communicator (so bmlmpi's
-messages never match the user's), the BCube level communicators (``Split`` per digit, made on
-first use), and a cache of compiled plans per signature. The module-level functions keep one
-Communicator per user communicator, attached to it as an MPI attribute so it lives and dies
-with that communicator.
+messages never match the user's) and composes the parts it calls through their public
+methods: its placement (:mod:`bmlmpi.placement`: level communicators, links, nodes), plan
+cache and ``auto`` (:mod:`bmlmpi.plans`), call sequence (:mod:`bmlmpi.sequence`), agreement
+on its calls (:mod:`bmlmpi.call_agreement`), outstanding calls (:mod:`bmlmpi.progress`),
+blocking fast path (:mod:`bmlmpi.fast_path`), the family's engine (:mod:`bmlmpi.family`) and
+compression channel (:mod:`bmlmpi.compression.channel`). Here: construction, the public
+methods, the variant registry and the hooks a variant overrides (``SEAM``).
 """
 
 from __future__ import annotations
