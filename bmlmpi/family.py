@@ -736,6 +736,12 @@ class FamilyCalls:
     serves the collective, else ``auto``.
     """
 
+    #: The family's hooks a variant may override (with :attr:`bmlmpi.api.Communicator.SEAM`):
+    #: ``_usable_for_calls`` (refuse a call before anything starts: a masked rank's) and
+    #: ``_family_prepared(collective, algorithm, build)`` (the checked call, which a variant
+    #: may annotate in ``call.extra`` before it is submitted).
+    SEAM = frozenset({"_usable_for_calls", "_family_prepared"})
+
     # -- reduce-scatter ---------------------------------------------------------------------
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:

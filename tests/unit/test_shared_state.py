@@ -36,53 +36,47 @@ ROOT = Path(__file__).resolve().parents[2]
 KNOWN: dict[str, set[str]] = {
     'bmlmpi.api': {
         '_family_algorithm', '_family_auto', '_family_forget', '_family_plan', '_launch_family',
-        '_usable_for_calls', "assigns bmlmpi.family.FamilyCalls's _callno",
-        "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.family.FamilyCalls's _owner",
+        "assigns bmlmpi.family.FamilyCalls's _callno", "assigns bmlmpi.family.FamilyCalls's _calls",
+        "assigns bmlmpi.family.FamilyCalls's _owner",
     },
     'bmlmpi.family': {
-        '_active', '_agreed', '_begin_call', '_call_done', '_call_failed', '_choices', '_comm',
-        '_drive_fast', '_fast', '_fast_open', '_levels', '_links', '_native_blocking',
-        '_native_run', '_node_tier', '_nodes_for_auto', '_notice', '_one_thread', '_persistent',
-        '_plans', '_record', '_recorder', '_refused', '_sig_id', '_submit_recorded', '_tag_base',
-        '_validate', '_watchdog',
+        '_active', '_agreed', '_begin_call', '_choices', '_comm', '_drive_fast', '_fast',
+        '_fast_open', '_levels', '_links', '_native_blocking', '_native_run', '_node_tier',
+        '_nodes_for_auto', '_notice', '_one_thread', '_persistent', '_plans', '_recorder',
+        '_refused', '_sig_id', '_submit_recorded', '_tag_base', '_validate', '_watchdog',
     },
     'bmlmpi.ft.communicator': {
-        '_advance', '_algorithm_named', '_call', '_comm', '_defer_behind_holder', '_launch',
-        '_node_tier', '_nodes_for_auto', '_note_failure', '_record', '_refuse', '_resolve_auto',
-        '_schedule', '_validate', "assigns bmlmpi.api.Communicator's _token",
-        "assigns bmlmpi.ft.grow.Growth's _committed", "assigns bmlmpi.ft.grow.Growth's _members",
-        "assigns bmlmpi.ft.grow.Growth's _seq", "assigns bmlmpi.ft.ledger.Ledger's _broken",
-        "assigns bmlmpi.ft.ledger.Ledger's _committed",
+        '_advance', '_call', '_comm', '_defer_behind_holder', '_note_failure',
+        "assigns bmlmpi.api.Communicator's _token", "assigns bmlmpi.ft.grow.Growth's _committed",
+        "assigns bmlmpi.ft.grow.Growth's _members", "assigns bmlmpi.ft.grow.Growth's _seq",
+        "assigns bmlmpi.ft.ledger.Ledger's _broken", "assigns bmlmpi.ft.ledger.Ledger's _committed",
         "assigns bmlmpi.ft.ledger.Ledger's _events", "assigns bmlmpi.ft.ledger.Ledger's _noticed",
         "assigns bmlmpi.ft.membership.Membership's _broken",
         "assigns bmlmpi.ft.membership.Membership's _events",
         "assigns bmlmpi.ft.membership.Membership's _masked",
         "assigns bmlmpi.ft.membership.Membership's _members",
         "assigns bmlmpi.ft.membership.Membership's _noticed",
-        'override bmlmpi.family.FamilyCalls._family_prepared',
-        'override bmlmpi.family.FamilyCalls._usable_for_calls',
     },
     'bmlmpi.ft.grow': {
         '_comm', '_deadline_call', '_hb', '_init_ledger', '_note_failure', '_pending',
         '_start_heartbeat', '_token', '_usable',
     },
     'bmlmpi.ft.ledger': {
-        '_call_done', '_call_failed', '_check_vanished', '_comm', '_hb', '_pending', '_recover',
+        '_check_vanished', '_comm', '_hb', '_pending', '_recover',
         "assigns bmlmpi.ft.grow.Growth's _committed",
         "assigns bmlmpi.ft.membership.Membership's _broken",
         "assigns bmlmpi.ft.membership.Membership's _events",
         "assigns bmlmpi.ft.membership.Membership's _noticed",
     },
     'bmlmpi.ft.membership': {
-        '_attempt', '_choices', '_committed', '_drain', '_hb', '_pending', '_plans', '_usable',
-        '_validated', "assigns bmlmpi.api.Communicator's _calls",
-        "assigns bmlmpi.api.Communicator's _comm", "assigns bmlmpi.api.Communicator's _links",
-        "assigns bmlmpi.family.FamilyCalls's _calls", "assigns bmlmpi.ft.grow.Growth's _members",
+        '_attempt', '_committed', '_drain', '_hb', '_pending', '_usable',
+        "assigns bmlmpi.api.Communicator's _comm", "assigns bmlmpi.ft.grow.Growth's _members",
     },
     'bmlmpi.topology.nodes': {
         '_local', '_node_of',
     },
 }
+
 
 
 def seam_names() -> set[str]:
