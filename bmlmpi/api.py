@@ -160,17 +160,42 @@ class Communicator(FamilyCalls):
     _variants: dict[str, type[Communicator]] = {}
 
     #: The seam a variant plugs into: the private methods a subclass in another module may
-    #: override (tests/unit/test_shared_state.py holds every module to it). Each is a hook the
-    #: base calls at one point of a call's life: ``_agrees_every_call`` (agree on every call,
-    #: not only a signature's first), ``_make_control`` (the communicator agreements travel
-    #: on), ``_split_levels`` (the BCube level communicators), ``_start`` (a non-blocking
-    #: call's entry), ``_submit`` (a checked call's launch), ``_start_persistent`` (one start
-    #: of a persistent call), ``_compile`` (a schedule bound to communicators),
-    #: ``_failure_noted``/``_is_failure`` (what an MPI error means), ``_progress_mark`` (what
-    #: changes when outstanding work advances).
+    #: override or call (tests/unit/test_shared_state.py holds every module to it; the family's
+    #: own hooks are in :attr:`bmlmpi.family.FamilyCalls.SEAM`). Hooks the base calls at one
+    #: point of a call's life, which a variant may override:
+    #:
+    #: * ``_agrees_every_call`` -- agree on every call, not only a signature's first.
+    #: * ``_make_control`` -- the communicator agreements travel on.
+    #: * ``_split_levels`` -- the BCube level communicators (a variant may make none).
+    #: * ``_start`` -- a non-blocking allreduce's entry, its algorithm checked.
+    #: * ``_submit`` -- a checked call's launch: returns its :class:`Request`.
+    #: * ``_start_persistent`` -- one start of a persistent call: returns the record polled.
+    #: * ``_compile`` -- a schedule bound to communicators (a plan).
+    #: * ``_failure_noted``/``_is_failure`` -- what an MPI error means (noted or raised).
+    #: * ``_progress_mark`` -- what changes when outstanding work advances.
+    #:
+    #: Services of the base a variant calls (not overridden):
+    #:
+    #: * ``_check_and_launch(call, label, finish, launch=)`` -- agree on a prepared call across
+    #:   ranks (raising on every rank when it differs), then start its exchange (a
+    #:   :class:`~bmlmpi.execute.Run` or :class:`NativeRun`; None with ``launch=False``, a
+    #:   rank the call skips but which must still agree).
+    #: * ``_resolve_auto(call)`` -- the algorithm ``auto`` picks for a call over the current
+    #:   members.
+    #: * ``_adopt_comm(comm, keep, shape)`` -- after the members changed (a shrink or a mask):
+    #:   ``comm`` becomes the data communicator (the old one is freed), ``keep`` the old ranks
+    #:   of its members in their new order, ``shape`` its BCube shape; the link weights keep
+    #:   those rows and columns (placement did not change) and every cached plan, ``auto``
+    #:   choice and agreed signature is forgotten. Only a variant without level
+    #:   communicators adopts (none are made for ``comm``).
+    #: * ``_tag_count`` -- how many calls have taken tags (settable: survivors of a failure
+    #:   continue from the largest count among them, so their next calls use the same tags).
+    #: * ``_record(call)``, ``_call_done(slot)``, ``_call_failed(slot, exc, run)`` -- the
+    #:   flight recorder's record of a call the variant tracks itself.
     SEAM = frozenset({"_agrees_every_call", "_make_control", "_split_levels", "_start",
                       "_submit", "_start_persistent", "_compile", "_failure_noted",
-                      "_is_failure", "_progress_mark"})
+                      "_is_failure", "_progress_mark", "_check_and_launch", "_resolve_auto",
+                      "_adopt_comm", "_tag_count", "_record", "_call_done", "_call_failed"})
 
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -240,9 +265,6 @@ class Communicator(FamilyCalls):
                                         AgreementHooks(self._control_channel,
                                                        self._abandon_calls, self._move_to))
         agreement = self._agreement
-        # the same set as the agreement's, which the fault-tolerant variant clears when its
-        # members change
-        self._validated = agreement.validated
         self._levels = self._split_levels()
         self._placement = Placement(self)
         self._links = self._placement.find_links()
@@ -251,9 +273,6 @@ class Communicator(FamilyCalls):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
         self._cache = PlanCache(self, self._placement, self._compile)
-        # the same dicts as the cache's, which the fault-tolerant variant clears when its
-        # members change
-        self._plans, self._choices = self._cache.plans, self._cache.choices
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
         self._calls_in_flight = Progress(self, self._sequence, self._active, ProgressHooks(
@@ -335,16 +354,6 @@ class Communicator(FamilyCalls):
         """How many calls of one signature may be in flight with tags of their own; a call
         beyond that posts nothing until the call whose tags it reuses completes."""
         return self._sequence.call_slots
-
-    @property
-    def _calls(self) -> int:
-        """The launch count (:attr:`CallSequence.launches`), which the fault-tolerant
-        variant sets to the survivors' largest after a recovery."""
-        return self._sequence.launches
-
-    @_calls.setter
-    def _calls(self, launches: int) -> None:
-        self._sequence.launches = launches
 
     @property
     def plans(self) -> PlanCache:
@@ -646,11 +655,20 @@ class Communicator(FamilyCalls):
 
     def _submit(self, call: PreparedCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
-        self._agreement.validate(call, None)
         seq = self._sequence.callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
         return Request(self._calls_in_flight.start(
-            self._launch(call, label, lambda: call.finish(self.size)), seq, call.slot))
+            self._check_and_launch(call, label, lambda: call.finish(self.size)), seq,
+            call.slot))
+
+    def _check_and_launch(self, call: PreparedCall | FamilyCall, label: str,
+                          finish: Callable[[], None] | None = None, *,
+                          launch: bool = True) -> Run | NativeRun | None:
+        """Agree on ``call`` across ranks (raising on every rank when it differs), then start
+        its exchange (None with ``launch`` False: a rank the call skips agrees all the
+        same). A seam service (:attr:`SEAM`)."""
+        self._agreement.validate(call, None)
+        return self._launch(call, label, finish) if launch else None
 
     def _launch(self, call: PreparedCall, label: str,
                 finish: Callable[[], None] | None) -> Run | NativeRun:
@@ -741,6 +759,33 @@ class Communicator(FamilyCalls):
         shared-memory steps on the node's window)."""
         return self._cache.bind(self._cache.schedule(algorithm, count, itemsize), itemsize,
                                 algorithms.get(algorithm).tiered)
+
+    def _adopt_comm(self, comm: MPI.Comm, keep: Sequence[int], shape: Shape) -> None:
+        """After the members changed (a fault-tolerant shrink or mask): ``comm`` becomes the
+        data communicator, ``keep`` the old ranks of its members in their new order, ``shape``
+        its BCube shape. The link weights keep those rows and columns (placement did not
+        change); cached plans, ``auto`` choices and agreed signatures are forgotten. A seam
+        service (:attr:`SEAM`) for a variant without level communicators."""
+        with contextlib.suppress(MPI.Exception):
+            self._comm.Free()
+        comm.Set_errhandler(MPI.ERRORS_RETURN)
+        self._comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.shape = shape
+        self._links = self._links[np.ix_(keep, keep)]
+        self._cache.forget()
+        self._agreement.validated.clear()
+
+    @property
+    def _tag_count(self) -> int:
+        """How many calls have taken tags (:attr:`CallSequence.launches`); a seam service
+        (:attr:`SEAM`): survivors of a failure set it to the largest among them."""
+        return self._sequence.launches
+
+    @_tag_count.setter
+    def _tag_count(self, count: int) -> None:
+        self._sequence.launches = count
 
     def _node_tier(self) -> NodeTier:
         """This rank's node of the current communicator (:meth:`Placement.node_tier`)."""

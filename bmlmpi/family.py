@@ -994,10 +994,11 @@ class FamilyCalls:
     serves the collective, else ``auto``.
     """
 
-    #: The hooks a variant may override: ``_family_prepared`` (a family call checked and
-    #: resolved, before it is launched) and ``_usable_for_calls`` (where a call is refused
-    #: before anything else, e.g. on a rank masked out of a fault-tolerant communicator).
-    SEAM = frozenset({"_family_prepared", "_usable_for_calls"})
+    #: The family's hooks a variant may override (with :attr:`bmlmpi.api.Communicator.SEAM`):
+    #: ``_usable_for_calls`` (refuse a call before anything starts: a masked rank's) and
+    #: ``_family_prepared(collective, algorithm, build)`` (the checked call, which a variant
+    #: may annotate in ``call.extra`` before it is submitted).
+    SEAM = frozenset({"_usable_for_calls", "_family_prepared"})
 
     family: FamilyEngine
 

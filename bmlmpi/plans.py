@@ -79,6 +79,11 @@ class PlanCache:
         """Drop every plan (they are bound to a communicator that is gone)."""
         self.plans.clear()
 
+    def forget(self) -> None:
+        """Drop every plan and ``auto`` choice (the members changed)."""
+        self.plans.clear()
+        self.choices.clear()
+
     @staticmethod
     def warm(plan: Plan | ShmPlan, dtype: np.dtype, op: str) -> Plan | ShmPlan:
         """Compile (or load from numba's cache) the kernels ``plan`` calls now, outside any

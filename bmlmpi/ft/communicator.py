@@ -153,7 +153,10 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         # Which node each original rank is on; after failures the survivors keep their nodes
         # (nodes()): re-deriving consecutive pretended nodes over the survivors, or reading a
         # placement matrix of the original size, would put ranks on the wrong node or fail.
-        self._home_nodes = self._nodes_for_auto()
+        try:
+            self._home_nodes = self.nodes()
+        except ValueError:
+            self._home_nodes = None  # nodes unknown: no hierarchical
         self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
             else "fresh"
         self._init_ledger()
@@ -348,11 +351,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         """
         if compression is not None:
             self._usable()
-            if algorithm is not None:
-                self._refuse(ValueError("algorithm= and compression= together: a compressed "
-                                        "call chooses its own path"))
-            return self.compression.start(sendbuf, recvbuf, op, compression)
-        return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
+        return super().Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
+                                  compression=compression)
 
     def settle_compressed(self, stages: Any, channel: Any, what: str,
                           abandon: Callable[[], None]) -> Any:
@@ -423,10 +423,9 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         label = (f"bmlmpi fault-tolerant {algorithm} {prepared.collective} (rank {self.rank} "
                  f"of {self.size}, call {call.seq}, attempt {call.attempts})")
         with self._failure_noted():
-            self._validate(prepared, None)
             skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
-            call.run = (Skipped() if skip
-                        else self._launch(prepared, label, None))
+            run = self._check_and_launch(prepared, label, launch=not skip)
+            call.run = Skipped() if skip else run
             self._defer_behind_holder(call)
         if call.slot is not None:
             call.slot.run = call.run
@@ -441,10 +440,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             if sched is not None:
                 current = {orig: cur for cur, orig in enumerate(self._members)}
                 return Plan(sched, [self._comm], lambda level, peer: (0, current[peer]))
-        sched = self._schedule(algorithm, count, itemsize)
-        if sched.uses_shm:  # shared-memory steps: the node's window of the current members
-            return self._node_tier().bind(sched, itemsize)
-        return Plan.flat(sched, self._comm)
+        return super()._compile(algorithm, count, itemsize)  # no level communicators
 
     @contextlib.contextmanager
     def _failure_noted(self) -> Iterator[None]:

@@ -116,23 +116,10 @@ class Membership:
 
     def _adopt(self, new: MPI.Comm, members: list[int], lost: tuple[int, ...]) -> None:
         """Make ``new`` (the survivors, in ``members`` order) this communicator's own."""
-        old = self._comm
-        with contextlib.suppress(MPI.Exception):
-            old.Free()
-        new.Set_errhandler(MPI.ERRORS_RETURN)
-        self._comm = new
-        self.rank = new.Get_rank()
-        self.size = new.Get_size()
-        # placement did not change: the survivors' link weights are the old matrix's rows and
-        # columns of the survivors (no collective needed to find them again)
-        keep = [self._members.index(m) for m in members]
-        self._links = self._links[np.ix_(keep, keep)]
+        self._adopt_comm(new, [self._members.index(m) for m in members],
+                         fresh_shape(len(members)))
         self._members = members
         self.failed = tuple(sorted(set(self.failed) | set(lost)))
-        self.shape = fresh_shape(self.size)
-        self._plans.clear()
-        self._validated.clear()
-        self._choices.clear()
         self._broken = False
         self._noticed = None
         self._events += 1
@@ -148,7 +135,7 @@ class Membership:
         starts the ones it has not started yet later, in order, as the others did. What
         must agree is where the next attempt's tags begin: the launch count is set to the
         largest (the next attempts then use the same tags on every survivor)."""
-        mine = np.array([self._committed, len(self._pending), self._calls], dtype=np.int64)
+        mine = np.array([self._committed, len(self._pending), self._tag_count], dtype=np.int64)
         every = np.empty((self.size, 3), dtype=np.int64)
         req = self._comm.Iallgather(mine, every)
         state = {"failed": False}
@@ -167,7 +154,7 @@ class Membership:
         if state["failed"]:
             return
         if (every[:, 0] == every[0, 0]).all():
-            self._calls = int(every[:, 2].max())
+            self._tag_count = int(every[:, 2].max())
             return
         raise FaultToleranceError(f"survivors disagree on the allreduces committed before "
                                   f"the failure (committed, pending per rank: "

@@ -35,12 +35,10 @@ ROOT = Path(__file__).resolve().parents[2]
 #: (rule 2, as ``"override <base module>.<Class>.<name>"``).
 KNOWN: dict[str, set[str]] = {
     'bmlmpi.ft.communicator': {
-        '_advance', '_algorithm_named', '_call', '_comm', '_defer_behind_holder', '_launch',
-        '_node_tier', '_nodes_for_auto', '_note_failure', '_record', '_refuse', '_resolve_auto',
-        '_schedule', '_validate', "assigns bmlmpi.api.Communicator's _token",
-        "assigns bmlmpi.ft.grow.Growth's _committed", "assigns bmlmpi.ft.grow.Growth's _members",
-        "assigns bmlmpi.ft.grow.Growth's _seq", "assigns bmlmpi.ft.ledger.Ledger's _broken",
-        "assigns bmlmpi.ft.ledger.Ledger's _committed",
+        '_advance', '_call', '_comm', '_defer_behind_holder', '_note_failure',
+        "assigns bmlmpi.api.Communicator's _token", "assigns bmlmpi.ft.grow.Growth's _committed",
+        "assigns bmlmpi.ft.grow.Growth's _members", "assigns bmlmpi.ft.grow.Growth's _seq",
+        "assigns bmlmpi.ft.ledger.Ledger's _broken", "assigns bmlmpi.ft.ledger.Ledger's _committed",
         "assigns bmlmpi.ft.ledger.Ledger's _events", "assigns bmlmpi.ft.ledger.Ledger's _noticed",
         "assigns bmlmpi.ft.membership.Membership's _broken",
         "assigns bmlmpi.ft.membership.Membership's _events",
@@ -53,18 +51,18 @@ KNOWN: dict[str, set[str]] = {
         '_start_heartbeat', '_token', '_usable',
     },
     'bmlmpi.ft.ledger': {
-        '_call_done', '_call_failed', '_check_vanished', '_comm', '_hb', '_pending', '_recover',
+        '_check_vanished', '_comm', '_hb', '_pending', '_recover',
         "assigns bmlmpi.ft.grow.Growth's _committed",
         "assigns bmlmpi.ft.membership.Membership's _broken",
         "assigns bmlmpi.ft.membership.Membership's _events",
         "assigns bmlmpi.ft.membership.Membership's _noticed",
     },
     'bmlmpi.ft.membership': {
-        '_attempt', '_choices', '_committed', '_drain', '_hb', '_pending', '_plans', '_usable',
-        '_validated', "assigns bmlmpi.api.Communicator's _comm",
-        "assigns bmlmpi.api.Communicator's _links", "assigns bmlmpi.ft.grow.Growth's _members",
+        '_attempt', '_committed', '_drain', '_hb', '_pending', '_usable',
+        "assigns bmlmpi.api.Communicator's _comm", "assigns bmlmpi.ft.grow.Growth's _members",
     },
 }
+
 
 
 def seam_names() -> set[str]:
