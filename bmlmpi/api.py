@@ -340,7 +340,7 @@ class Communicator(FamilyCalls):
         self._comm = new
         self._levels = self._split_levels()
         self._cache.clear()
-        self.family.forget(scheduled_only=True)
+        self.family.rebind(new)
         self._fast_path.rebind(new)  # plans bound to the old communicator: bound again
 
     # -- properties -----------------------------------------------------------------------
@@ -437,7 +437,7 @@ class Communicator(FamilyCalls):
                                f"first")
         self._watchdog.stop()
         self._fast_path.close()
-        self.family.forget(scheduled_only=False)
+        self.family.forget()
         self._placement.free()
         mailbox, held_runs = self._agreement.mailbox, self._agreement.held
         if mailbox is not None:

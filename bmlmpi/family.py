@@ -751,8 +751,11 @@ class FamilyEngine:
         self.watchdog = watchdog
         self.plain = plain          # no variant tracking every call itself: fast paths open
         self.native_blocking = native_blocking  # a checked native call may be MPI's blocking
-        #: The fast paths of the blocking signatures, by :func:`_fast_key`.
+        #: The fast paths of the blocking signatures, by :func:`_fast_key`. Only the plain
+        #: communicator opens them; its rank never changes and its data communicator only
+        #: at a repair (:meth:`rebind`), so the fast path keeps both.
         self.fast: dict[tuple, FastFamily] = {}
+        self.rank, self.comm = owner.rank, owner.comm
         # the fast path's own (one attribute each on the path of every repeated call)
         self.fast_open = launch.fast_open
         self.notice = launch.notice
@@ -889,7 +892,7 @@ class FamilyEngine:
         if self.notice(seq.callno) is not None:
             return False
         # one call at a time, as Allreduce's (a second thread raises before anything moves)
-        mine = seq.claim(self.owner.rank)
+        mine = seq.claim(self.rank)
         try:
             a, b = args[0], args[1]
             if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
@@ -914,7 +917,7 @@ class FamilyEngine:
         watch.calls += 1
         watch.current = entry.what
         try:
-            getattr(self.owner.comm, key[0])(*args)
+            getattr(self.comm, key[0])(*args)
         except BufferError:
             # a buffer changed flags since (read-only...): the checked path, which records
             # the call itself
@@ -945,11 +948,16 @@ class FamilyEngine:
                                entry.dtype)
         self.drive_fast(run, n, entry.traced)
 
-    def forget(self, scheduled_only: bool) -> None:
-        """Close the fast paths of the family's signatures (the scheduled ones only: their
-        plans were bound to a communicator that a repair replaced)."""
+    def forget(self) -> None:
+        """Close the fast paths of the family's signatures (the communicator is freed)."""
+        self.fast.clear()
+
+    def rebind(self, comm: MPI.Comm) -> None:
+        """The communicator moved to ``comm`` (a repair): native calls go there; the
+        scheduled signatures' fast paths close (their plans were bound to the old one)."""
+        self.comm = comm
         fast = self.fast
-        for key in [k for k, e in fast.items() if e.plan is not None or not scheduled_only]:
+        for key in [k for k, e in fast.items() if e.plan is not None]:
             del fast[key]
 
     def open(self, key: tuple | None, call: FamilyCall, args: tuple, native: bool) -> None:
