@@ -57,12 +57,11 @@ from .family import (
     FamilyCalls,
     FamilyEngine,
     FamilyLaunch,
-    then,
 )
 from .fast_path import FAST_OPS, FastHooks, FastPath
-from .handles import NativePersistent, NativeRun, Request
+from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
-from .persistent import PersistentRequest, native_init
+from .persistent import PersistentCalls, PersistentHooks, PersistentRequest
 from .placement import Placement, split_levels
 from .plans import PlanCache
 from .progress import Outstanding, Progress, ProgressHooks
@@ -300,13 +299,18 @@ class Communicator(FamilyCalls):
             self._watchdog, FastHooks(agreement.fast_open, self._begin, agreement.interrupt,
                                       self._call_failed, agreement.hold, agreement.held.append,
                                       agreement.gave_up), enabled=plain, native=native_fast)
+        self._persistent_calls = PersistentCalls(
+            self, self._cache, self._sequence, PersistentHooks(
+                agreement.begin_call, self._validate, self._failure_noted,
+                self._start_persistent, self._launch, self._record,
+                self._calls_in_flight.start), plain=plain)
         self.family = FamilyEngine(
             self, self._cache, self._sequence,
             FamilyLaunch(agreement.begin_call, agreement.notice, self._validate,
                          self._failure_noted, self._is_failure, self._refused, self._record,
                          self._call_done, self._call_failed, self._submit_recorded,
-                         self._persistent, agreement.agreed, self._idle, agreement.fast_open,
-                         self._fast_path.drive),
+                         self._persistent_calls.make, agreement.agreed, self._idle,
+                         agreement.fast_open, self._fast_path.drive),
             self._recorder, self._watchdog, plain=plain, native_blocking=plain and native_fast)
 
     # -- construction and the control channel -----------------------------------------------
@@ -707,52 +711,12 @@ class Communicator(FamilyCalls):
                                    else recvbuf[0] if recvbuf else None):
             raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
                                   "cannot stage device memory at every start)")
-        return self._persistent(self._prepare_agreed(sendbuf, recvbuf, op, algorithm))
-
-    def _persistent(self, call: PreparedCall | FamilyCall) -> PersistentRequest:
-        """Agree on ``call`` across ranks now and compile it once (:mod:`bmlmpi.persistent`).
-        The agreement is made at every ``_init``, even of a signature already agreed on: a
-        rank whose arguments fail its local check makes every rank's ``_init`` raise."""
-        with self._failure_noted():
-            self._validate(call, None, always=True)
-        compiled = None
-        if self._plain:  # the plain communicator (the ledger compiles per attempt)
-            if call.algorithm == "native":
-                compiled = native_init(call, self._comm)
-            elif call.collective == "allreduce":
-                compiled = self._cache.plan(call.algorithm, call.out.size, call.out.dtype,
-                                            call.op)
-            else:
-                compiled = self._cache.family_plan(call)
-        return PersistentRequest(self._start_persistent, call, compiled)
+        return self._persistent_calls.make(self._prepare_agreed(sendbuf, recvbuf, op,
+                                                                algorithm))
 
     def _start_persistent(self, call: PreparedCall | FamilyCall, compiled: Any) -> Any:
-        """One start of a persistent call: no argument check, the compiled plan or the MPI
-        library's persistent request; the returned record is polled like an Iallreduce."""
-        def finish() -> None:
-            call.finish(self.size)
-
-        # a start is a call: numbered alike on every rank; refused on a revoked
-        # communicator, and after another rank's argument error as any call is
-        seq = self._agreement.begin_call()
-        label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {self.rank}, "
-                 f"call {seq})")
-        if isinstance(compiled, NativePersistent):
-            compiled.req.Start()
-            run: Run | NativeRun = NativeRun(compiled.req, then(compiled.deliver, finish),
-                                             self.rank, label)
-        elif isinstance(compiled, Plan | ShmPlan):
-            if call.collective == "allreduce":
-                sig = self._cache.sig_id((call.algorithm, call.out.size, call.out.dtype,
-                                          call.op))
-                run = run_of(compiled)(compiled, call.out, call.op,
-                                        self._sequence.tag_base(sig=sig), label, finish,
-                                        src=call.src)
-            else:
-                run = self.family.launch_call(call, label, finish)
-        else:
-            run = self._launch(call, label, finish)
-        return self._calls_in_flight.start(run, seq, self._record(call))
+        """One start of a persistent call (:meth:`PersistentCalls.start`)."""
+        return self._persistent_calls.start(call, compiled)
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
         """The schedule bound to this communicator (BCube levels on their own communicators,

@@ -21,13 +21,17 @@ communicator every start is one call of its ledger, with that call's failure con
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
-from .handles import NativePersistent
+from .execute import Plan
+from .family import then
+from .handles import NativePersistent, NativeRun
 from .ops import mpi_op
+from .sequence import CallSequence
+from .shm import ShmPlan, run_of
 
 
 class PersistentRequest:
@@ -124,3 +128,73 @@ def native_init(call: Any, comm: MPI.Comm) -> NativePersistent | None:
         if exc.Get_error_class() == MPI.ERR_UNSUPPORTED_OPERATION:
             return None
         raise
+
+
+class PersistentHooks(NamedTuple):
+    """What persistent calls use of their communicator (bound methods, a variant's overrides
+    included)."""
+
+    begin_call: Callable[[], int]            # number a call (notices, repair first)
+    validate: Callable[..., None]            # the argument check across ranks
+    failure_noted: Callable[[], Any]         # where a variant notes an MPI failure
+    start: Callable[[Any, Any], Any]         # one start (the communicator's, a variant's own)
+    launch: Callable[[Any, str, Any], Any]   # a checked call's exchange started
+    record: Callable[[Any], Any]             # the call entered in the flight recorder
+    outstanding: Callable[[Any, int, Any], Any]  # a started run kept until it completes
+
+
+class PersistentCalls:
+    """Checked calls of one communicator (``owner``: its ``comm``, ``rank`` and ``size``)
+    made persistent and started; ``plain``: the plain communicator, which compiles once
+    (a variant that tracks every call itself compiles per attempt)."""
+
+    def __init__(self, owner: Any, plans: Any, sequence: CallSequence, hooks: PersistentHooks,
+                 *, plain: bool):
+        self.owner = owner
+        self.plans = plans          # the owner's PlanCache
+        self.sequence = sequence
+        self.hooks = hooks
+        self.plain = plain
+
+    def make(self, call: Any) -> PersistentRequest:
+        """Agree on ``call`` across ranks now and compile it once. The agreement is made at
+        every ``_init``, even of a signature already agreed on: a rank whose arguments fail
+        its local check makes every rank's ``_init`` raise."""
+        hooks = self.hooks
+        with hooks.failure_noted():
+            hooks.validate(call, None, always=True)
+        compiled = None
+        if self.plain:
+            if call.algorithm == "native":
+                compiled = native_init(call, self.owner.comm)
+            elif call.collective == "allreduce":
+                compiled = self.plans.plan(call.algorithm, call.out.size, call.out.dtype,
+                                           call.op)
+            else:
+                compiled = self.plans.family_plan(call)
+        return PersistentRequest(hooks.start, call, compiled)
+
+    def start(self, call: Any, compiled: Any) -> Any:
+        """One start of a persistent call: no argument check, the compiled plan or the MPI
+        library's persistent request; the returned record is polled like an Iallreduce."""
+        owner, hooks = self.owner, self.hooks
+        size = owner.size
+
+        def finish() -> None:
+            call.finish(size)
+
+        # a start is a call: numbered alike on every rank; refused on a revoked
+        # communicator, and after another rank's argument error as any call is
+        seq = hooks.begin_call()
+        label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {owner.rank}, "
+                 f"call {seq})")
+        if isinstance(compiled, NativePersistent):
+            compiled.req.Start()
+            run: Any = NativeRun(compiled.req, then(compiled.deliver, finish), owner.rank, label)
+        elif isinstance(compiled, Plan | ShmPlan) and call.collective == "allreduce":
+            sig = self.plans.sig_id((call.algorithm, call.out.size, call.out.dtype, call.op))
+            run = run_of(compiled)(compiled, call.out, call.op,
+                                   self.sequence.tag_base(sig=sig), label, finish, src=call.src)
+        else:  # a family call's plan (cached) or a call with nothing compiled
+            run = hooks.launch(call, label, finish)
+        return hooks.outstanding(run, seq, hooks.record(call))
