@@ -23,6 +23,7 @@ import numpy as np
 from mpi4py import MPI
 from mpi4py.util import dtlib
 
+from . import dlpack
 from .kernels.gpu import is_device_array
 
 __all__ = ["BufferSpecError", "Spec", "is_device_array", "refused_datatype", "resolve",
@@ -97,37 +98,13 @@ def _long_double_hint(obj: Any, message: str) -> str:
 # -- DLPack tensors numpy does not import: C long double ------------------------------------
 # numpy's from_dlpack refuses float and complex tensors of sizeof(long double) bits; mpi4py
 # maps them to MPI_LONG_DOUBLE / MPI_C_LONG_DOUBLE_COMPLEX. bmlmpi reads such a tensor from
-# the capsule itself (the DLPack 1.0 header, dlpack.h) and hands the rest to numpy.
+# the capsule itself (:mod:`bmlmpi.dlpack`) and hands the rest to numpy.
 
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
-                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p)]
-
-
-class _DLManagedTensorVersioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
-                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
-                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
-
-
-_DL_FLOAT = 2
-_DL_READ_ONLY = 1
 # (code, bits, lanes): complex long double has 256 bits, more than DLPack's 8-bit field holds,
 # so it travels as two lanes of long double (mpi4py reads it so: format "Zg").
 _LONG_BITS = np.dtype(np.longdouble).itemsize * 8
-_LONG_DOUBLE = {(_DL_FLOAT, _LONG_BITS, 1): np.dtype(np.longdouble),
-                (_DL_FLOAT, _LONG_BITS, 2): np.dtype(np.clongdouble)}
+_LONG_DOUBLE = {(dlpack.FLOAT, _LONG_BITS, 1): np.dtype(np.longdouble),
+                (dlpack.FLOAT, _LONG_BITS, 2): np.dtype(np.clongdouble)}
 _capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
 _capsule_valid.restype, _capsule_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -140,11 +117,11 @@ def _long_double_tensor(capsule: Any) -> np.ndarray | None:
     double (real or complex), else None. The array keeps the capsule alive; the capsule's own
     destructor releases the tensor when the array is gone."""
     if _capsule_valid(capsule, b"dltensor_versioned"):
-        managed = _DLManagedTensorVersioned.from_address(
+        managed = dlpack.DLManagedTensorVersioned.from_address(
             _capsule_pointer(capsule, b"dltensor_versioned"))
-        read_only = bool(managed.flags & _DL_READ_ONLY)
+        read_only = bool(managed.flags & dlpack.READ_ONLY)
     elif _capsule_valid(capsule, b"dltensor"):
-        managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+        managed = dlpack.DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
         read_only = False  # a legacy capsule cannot say; mpi4py writes it, so does bmlmpi
     else:
         return None

@@ -1,8 +1,8 @@
 """Which parts of an allreduce's input a run must copy into the result, and when.
 
-A scheduled allreduce with a separate ``sendbuf`` used to start by copying all of it into
+A scheduled allreduce with a separate ``sendbuf`` could start by copying all of it into
 ``recvbuf`` (read and write every byte) and then run the schedule in place. Much of that copy
-is wasted: a range the first step only *sends* can be sent from ``sendbuf`` itself, and a
+would be wasted: a range the first step only *sends* can be sent from ``sendbuf`` itself, and a
 range later overwritten by a copy-receive (the allgather half of ring and BML) never needed
 its input in ``recvbuf`` at all. At N = 2 (ring or BML) half the buffer is sent from the input
 and then received, so half the copy goes.

@@ -5,6 +5,8 @@ import ctypes
 
 import numpy as np
 
+from bmlmpi.dlpack import DLDataType, DLManagedTensor, DLManagedTensorVersioned, DLTensor
+
 
 class LegacyDLPack:
     """Exports memory over the DLPack protocol before 1.0: ``__dlpack__`` has no max_version."""
@@ -33,28 +35,6 @@ class DLPack1:
         return self._a.__dlpack_device__()
 
 
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
-                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-class _Managed(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p),
-                ("deleter", ctypes.c_void_p)]
-
-
-class _ManagedVersioned(ctypes.Structure):
-    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32),
-                ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
-                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
-
-
 _capsule_new = ctypes.pythonapi.PyCapsule_New
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
@@ -73,26 +53,26 @@ class CtypesDLPack:
         self._legacy = legacy
         self._keep: list = []
 
-    def _tensor(self) -> _DLTensor:
+    def _tensor(self) -> DLTensor:
         a = self._a
         shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
         strides = (ctypes.c_int64 * max(a.ndim, 1))(*(s // a.itemsize for s in a.strides))
         self._keep += [shape, strides]
         if a.dtype == np.clongdouble:  # 256 bits: two lanes of long double, as mpi4py reads it
-            dtype = _DLDataType(self.CODES["f"], a.itemsize * 4, 2)
+            dtype = DLDataType(self.CODES["f"], a.itemsize * 4, 2)
         else:
-            dtype = _DLDataType(self.CODES[a.dtype.kind], a.itemsize * 8, 1)
-        return _DLTensor(a.ctypes.data, 1, 0, a.ndim, dtype, shape, strides, 0)
+            dtype = DLDataType(self.CODES[a.dtype.kind], a.itemsize * 8, 1)
+        return DLTensor(a.ctypes.data, 1, 0, a.ndim, dtype, shape, strides, 0)
 
     def __dlpack__(self, *args, **kwargs):
         if self._legacy:
             if kwargs.get("max_version") is not None:
                 raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
-            managed = _Managed(self._tensor(), None, None)
+            managed = DLManagedTensor(self._tensor(), None, None)
             name = b"dltensor"
         else:
             read_only = 0 if self._a.flags.writeable else 1
-            managed = _ManagedVersioned(1, 0, None, None, read_only, self._tensor())
+            managed = DLManagedTensorVersioned(1, 0, None, None, read_only, self._tensor())
             name = b"dltensor_versioned"
         self._keep.append(managed)
         return _capsule_new(ctypes.addressof(managed), name, None)

@@ -1,6 +1,6 @@
 """Peer-to-peer parameter server allreduce — the baseline of Wang et al., NeurIPS 2018, §2
 ("implement the logical parameter server in a P2P manner, i.e., every machine plays as both a
-worker and a parameter server"; ``shared/seeds/000_c269322a980f2064.txt``).
+worker and a parameter server").
 
 Algorithm. The buffer is cut into N balanced shards; rank j is the parameter server of shard j.
 

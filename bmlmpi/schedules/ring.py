@@ -52,17 +52,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from . import types
 from .collectives import collective as collective_record
-from .types import (
-    Recv,
-    Schedule,
-    Step,
-    Transfer,
-    balanced_bounds,
-    block_offsets,
-    check_arguments,
-    compact,
-)
+from .types import Recv, Schedule, Step, Transfer, balanced_bounds, block_offsets, check_arguments
 
 #: Target bytes per ring segment in :func:`ring_segments`: large enough that each message
 #: stays well above MPI eager limits (so α stays small relative to the payload), small enough
@@ -147,7 +139,7 @@ def ring_schedule(rank: int, size: int, count: int, segments: int = 1,
     # the reduce-scatter leaves chunk r+1 on rank r, which the allgather sends first
     steps = (_ring_steps(rank, size, chunks, 0, True, segments, pipeline)
              + _ring_steps(rank, size, chunks, -1, False, segments, 1))
-    return Schedule("ring", rank, size, count, compact(steps), streams=segments,
+    return Schedule("ring", rank, size, count, types.compact(steps), streams=segments,
                     meta={"segments": segments, "pipeline": pipeline})
 
 
@@ -208,7 +200,7 @@ def ring_rooted_schedule(collective: str, rank: int, size: int, count: int, root
             raise ValueError(f"ring's rooted schedules are reduce and bcast, not "
                              f"{collective!r}")
     coll = collective_record(collective)
-    return Schedule("rabenseifner", rank, size, count, compact(steps), streams=segments,
+    return Schedule("rabenseifner", rank, size, count, types.compact(steps), streams=segments,
                     meta={"segments": segments, "pipeline": pipeline},
                     collective=collective, root=root,
                     inputs=coll.plain_inputs(rank, count, root, None),
@@ -226,7 +218,7 @@ def _family(name: str, rank: int, size: int, counts: Sequence[int], steps: list[
     coll = collective_record(name)
     counts = tuple(counts)
     count = sum(counts)
-    return Schedule("ring", rank, size, count, compact(steps), streams=segments,
+    return Schedule("ring", rank, size, count, types.compact(steps), streams=segments,
                     meta={"segments": segments, "pipeline": pipeline}, collective=name,
                     counts=counts, inputs=coll.plain_inputs(rank, count, 0, counts),
                     outputs=coll.plain_outputs(rank, count, 0, counts))

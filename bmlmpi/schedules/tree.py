@@ -1,5 +1,5 @@
 """Single-tree and multi-tree allreduce over topology-aware binary trees — the Apache MXNet
-tree-reduce proposal (``shared/seeds/003_c9eea3ecac030166.txt``; trees from
+tree-reduce proposal ("topology-aware single-machine tree reduce"; trees from
 :mod:`bmlmpi.topology.trees`).
 
 Single tree (latency-bound, small arrays). The whole buffer is reduced to the tree's root

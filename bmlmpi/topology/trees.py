@@ -1,9 +1,9 @@
 """Topology-aware reduction trees from a link-weight matrix (MXNet tree-reduce proposal).
 
-Source: the Apache MXNet design proposal "topology-aware single-machine tree reduce"
-(``shared/seeds/003_c9eea3ecac030166.txt``): a single binary tree for small arrays, one tree
-per root for large ones, trees found by Kernighan-Lin bisection of the link graph, a
-bounded exhaustive search when KL gets stuck, and a 0.7 penalty on links already used.
+Source: the Apache MXNet design proposal "topology-aware single-machine tree reduce": a
+single binary tree for small arrays, one tree per root for large ones, trees found by
+Kernighan-Lin bisection of the link graph, a bounded exhaustive search when KL gets stuck, and
+a 0.7 penalty on links already used.
 
 What a tree is here
 -------------------

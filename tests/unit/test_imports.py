@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: entry naming it or the package holding it (the longest name that matches); ``bmlmpi`` is
 #: the package's own ``__init__`` only.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("foundation", ("bmlmpi", "bmlmpi.config", "bmlmpi.ops")),
+    ("foundation", ("bmlmpi", "bmlmpi.config", "bmlmpi.ops", "bmlmpi.dlpack")),
     ("topology (MPI-free)", ("bmlmpi.topology",)),
     ("schedules (MPI-free)", ("bmlmpi.schedules",)),
     ("model (MPI-free)", ("bmlmpi.model",)),
