@@ -184,7 +184,8 @@ class Communicator(FamilyCalls):
     #: * ``_adopt_comm(comm, keep, shape)`` -- after the members changed (a shrink or a mask):
     #:   ``comm`` becomes the data communicator (the old one is freed), ``keep`` the old ranks
     #:   of its members in their new order, ``shape`` its BCube shape; the link weights keep
-    #:   those rows and columns (placement did not change) and every cached plan, ``auto``
+    #:   those rows and columns (placement did not change), a control channel that was the
+    #:   data communicator (``_make_control``) is ``comm`` too, and every cached plan, ``auto``
     #:   choice and agreed signature is forgotten. Only a variant without level
     #:   communicators adopts (none are made for ``comm``).
     #: * ``_tag_count`` -- how many calls have taken tags (settable: survivors of a failure
@@ -728,12 +729,16 @@ class Communicator(FamilyCalls):
         """After the members changed (a fault-tolerant shrink or mask): ``comm`` becomes the
         data communicator, ``keep`` the old ranks of its members in their new order, ``shape``
         its BCube shape. The link weights keep those rows and columns (placement did not
-        change); cached plans, ``auto`` choices and agreed signatures are forgotten. A seam
+        change); a control channel that was the data communicator follows it; cached plans,
+        ``auto`` choices and agreed signatures are forgotten. A seam
         service (:attr:`SEAM`) for a variant without level communicators."""
+        old = self._comm
         with contextlib.suppress(MPI.Exception):
-            self._comm.Free()
+            old.Free()
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         self._comm = comm
+        if self._control is old:  # agreements travel on the data communicator
+            self._control = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.shape = shape

@@ -98,7 +98,6 @@ _EXPORTS = {
     "FaultToleranceError": "errors",
     "FaultToleranceUnavailable": "errors",
     "FaultTolerantCommunicator": "communicator",
-    "FaultTolerantRequest": "communicator",
     "GrowRecord": "grow",
     "Joined": "grow",
     "RECOVERY_MODES": "communicator",

@@ -1,9 +1,19 @@
 """The fault-tolerant communicator: the plain communicator's launch path, with calls kept in
-the ledger until every survivor commits them (:mod:`.ledger`) and recovery by shrinking
-(:mod:`.membership`). What it overrides of :class:`bmlmpi.Communicator`: schedules bind to
-one communicator (no level communicators, so revoking and shrinking touch exactly one
-object), recovery picks the BCube-preserving schedule where asked, and an MPI failure is
-noted for the agreement instead of raised.
+the ledger until every survivor commits them (:mod:`.ledger`), recovery by shrinking
+(:mod:`.membership`) and growing back (:mod:`.grow`).
+
+It owns three objects and wires them together: a :class:`~.ledger.Ledger` (the pending
+calls, their votes and commits), a :class:`~.membership.Membership` (the members, the ranks
+lost, masking) and a :class:`~.grow.Growth` (spawned replacements), plus this rank's
+:class:`~.heartbeat.Heartbeat`. They read its public side (``comm``, ``heartbeat``,
+``rank``, ``size``, ``timeout``, ``recorder``) and reach back through the hooks it hands the
+ledger; it plugs into :class:`bmlmpi.Communicator` only through the base's declared seam
+(``Communicator.SEAM``, ``FamilyCalls.SEAM``): schedules bind to one communicator (no level
+communicators, so revoking and shrinking touch exactly one object), recovery picks the
+BCube-preserving schedule where asked, an MPI failure is noted for the agreement instead of
+raised, every call is entered in the ledger and returns a plain :class:`bmlmpi.Request` over
+its :class:`~.ledger.Call`, and a shrink or mask adopts the survivors' communicator
+(``_adopt_comm``).
 """
 
 from __future__ import annotations
@@ -11,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,7 +29,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import config
-from ..api import ArgumentMismatch, Communicator, PreparedCall, RemoteArgumentError, Request
+from ..api import Communicator, PreparedCall, Request
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
 from .compressed import settle
 from .errors import (
@@ -30,12 +41,20 @@ from .errors import (
 )
 from .exit import LIVE, started
 from .family import Skipped, retarget
-from .grow import GrowRecord, Growth, Joined
+from .grow import (
+    GrowRecord,
+    Growth,
+    Joined,
+    agree_grown,
+    receive_settings,
+    receive_state,
+    rejoin,
+)
 from .heartbeat import Heartbeat
-from .ledger import Call, Ledger
+from .ledger import Call, Hooks, Ledger
 from .link_watch import LinkWatch
 from .membership import Membership, RecoveryRecord
-from .recovery import bcube_preserving
+from .recovery import bcube_preserving, fresh_shape
 
 DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
 RECOVERY_MODES = ("auto", "fresh", "bcube")
@@ -48,45 +67,7 @@ def _env_float(name: str, value: float | None, default: float, what: str) -> flo
     return default if env is None else float(env)
 
 
-class FaultTolerantRequest(Request):
-    """The handle of a fault-tolerant non-blocking allreduce (``Test``/``Wait``)."""
-
-    __slots__ = ()
-
-    def Test(self) -> bool:
-        """Advance every outstanding call of the communicator; True once this call is
-        committed on every survivor (its recvbuf then holds the reduction over exactly the
-        survivors' inputs, the same on all of them).
-
-        Failure contract: a failure met here is recovered inside this call (a collective over
-        the survivors: every survivor must go on calling ``Test`` or ``Wait``), ``on_failure``
-        runs inside it, and the call is then re-run over the survivors; ``Test`` returns False
-        until that re-run commits. It raises only from a recovery that cannot complete:
-        :class:`FaultToleranceError` or :class:`bmlmpi.DeadlineExceeded`, after which this
-        call is committed on no rank that raised, and the communicator must not be used again.
-        """
-        return self._call.test()
-
-    def Wait(self) -> None:
-        """Return once this call is committed on every survivor (see :meth:`Test`).
-
-        Failure contract: failures are recovered inside, as in :meth:`Test`. Raises
-        :class:`bmlmpi.DeadlineExceeded` after ``timeout`` s without progress (a hung peer
-        the heartbeat could not fence, e.g. on another host, or an MPI that never reports a
-        failure) and :class:`FaultToleranceError` when the survivors cannot recover (a rank
-        gone without MPI noticing, survivors that committed different calls, a failed
-        shrink). After either, this call and every later one is uncommitted on this rank, its
-        recvbuf undefined, and the communicator must not be used again: end the rank with
-        :func:`bmlmpi.ft.finish`, whose bounded barrier the others meet.
-        """
-        self._call.wait()
-
-    test = Test
-    wait = Wait
-
-
-class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
-                                variant="fault_tolerant"):
+class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
     """A :class:`bmlmpi.Communicator` whose allreduces survive the death of ranks.
 
     Extra arguments: ``on_failure(comm, lost)`` — called on every survivor after each recovery
@@ -159,7 +140,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             self._home_nodes = None  # nodes unknown: no hierarchical
         self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
             else "fresh"
-        self._init_ledger()
+        self._compose()
         period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8), "heartbeat")
         try:
             token = self._share_token()
@@ -180,27 +161,21 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
                                           "down on another rank")
 
     # -- construction helpers ---------------------------------------------------------------
-    def _init_ledger(self) -> None:
-        """The state of a communicator whose members are all the original ranks and that has
-        committed nothing (also how a replacement starts, :mod:`.grow`)."""
-        self.failed: tuple[int, ...] = ()
-        self.recoveries: list[RecoveryRecord] = []
-        self.regrowths: list[GrowRecord] = []
-        self._members = list(range(self.size))   # original rank of each current rank
-        self._pending: list[Call] = []
-        self._seq = 0
-        self._committed = 0
-        self._broken = False
-        self._noticed: float | None = None
-        self._masked = False
-        self._events = 0
+    def _compose(self, seq: int = 0, committed: int = 0) -> None:
+        """The ledger, membership and growth of a communicator whose members are all the
+        original ranks (also how a replacement starts, from the survivors' counts)."""
+        self._membership = Membership(self, self.size)
+        self._ledger = Ledger(self, Hooks(attempt=self._attempt, recover=self._recover,
+                                          check=self._membership.check_vanished,
+                                          done=self._call_done, failed=self._call_failed),
+                              seq, committed)
+        self._growth = Growth(self, self._ledger, self._membership)
         self._link_watch: LinkWatch | None = None
 
     def _start_heartbeat(self, token: str, period: float, hang: float, *,
                          replacement: bool = False) -> None:
-        self._token = token
         self._hb = Heartbeat(token, self.original_rank, period, hang)
-        self._hb.watch(self._members)
+        self._hb.watch(self._membership.members)
         LIVE.append(self)
         started(self.original_rank, replacement=replacement, heartbeat=self._hb.folder)
 
@@ -209,9 +184,12 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         current members (each survivor stays on its node; a node that lost a rank holds
         fewer)."""
         home = self._home_nodes  # None while the base class constructs
-        if home is None or any(m >= home.size for m in self._members):
+        if home is None:
             return super().nodes()
-        return home.restrict(self._members)
+        members = self._membership.members
+        if any(m >= home.size for m in members):
+            return super().nodes()
+        return home.restrict(members)
 
     # -- construction helpers ---------------------------------------------------------------
     def _agrees_every_call(self) -> bool:
@@ -222,24 +200,16 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
 
     def _make_control(self) -> MPI.Comm:
         """The agreement travels on the one communicator, which recovery revokes and
-        shrinks: every rank agrees on every call before any data moves (see above)."""
-        return self._comm
-
-    @property
-    def _control(self) -> MPI.Comm:
-        """The control channel is the current communicator (replaced by each recovery)."""
-        return self._comm
-
-    @_control.setter
-    def _control(self, comm: MPI.Comm) -> None:
-        pass  # always the current communicator (above)
+        shrinks (and the base's ``_adopt_comm`` replaces): every rank agrees on every call
+        before any data moves (see above)."""
+        return self.comm
 
     def _split_levels(self) -> list[MPI.Comm]:
         return []  # one communicator for every transfer (module docstring)
 
     def _share_token(self) -> str:
         token = np.frombuffer(os.urandom(8), dtype=np.uint8).copy()
-        wait_request(self._comm.Ibcast(token, root=0), self.timeout,
+        wait_request(self.comm.Ibcast(token, root=0), self.timeout,
                      "bmlmpi fault-tolerant communicator: rank 0's token did not arrive")
         return token.tobytes().hex()
 
@@ -253,13 +223,13 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         rank's arguments were valid): False on every rank when one rank's were not."""
         flag = np.array([1 if ok else 0], dtype=np.intc)
         try:
-            wait_request(self._comm.Iagree(flag), self.timeout,
+            wait_request(self.comm.Iagree(flag), self.timeout,
                          "bmlmpi fault-tolerant communicator: construction did not complete "
                          "on every rank")
         except MPI.Exception as exc:
-            if not is_failure(exc, self._comm):
+            if not is_failure(exc, self.comm):
                 raise
-            self._note_failure(exc)
+            self._ledger.note_failure(exc)
         return bool(flag[0])
 
     # -- properties -------------------------------------------------------------------------
@@ -284,11 +254,33 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
     @property
     def survivors(self) -> tuple[int, ...]:
         """The original ranks still taking part, in current rank order."""
-        return tuple(self._members)
+        return tuple(self._membership.members)
 
     @property
     def masked(self) -> bool:
-        return self._masked
+        """Whether this rank was masked out (:meth:`mask_link`): its calls raise
+        :class:`RankMasked`."""
+        return self._membership.masked
+
+    @property
+    def failed(self) -> tuple[int, ...]:  # type: ignore[override]
+        """The original ranks lost (died or masked) and not replaced."""
+        return self._membership.failed
+
+    @property
+    def recoveries(self) -> list[RecoveryRecord]:
+        """One :class:`RecoveryRecord` per recovery (a shrink or a mask), oldest first."""
+        return self._membership.recoveries
+
+    @property
+    def regrowths(self) -> list[GrowRecord]:
+        """One :class:`GrowRecord` per grow-back (:meth:`replace_failed`), oldest first."""
+        return self._growth.records
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """This rank's heartbeat and its watch over the members' (:mod:`.heartbeat`)."""
+        return self._hb
 
     def __repr__(self) -> str:
         return (f"bmlmpi.FaultTolerantCommunicator(size={self.size}/{self.original_size}, "
@@ -301,7 +293,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             self._link_watch.close()
         if self in LIVE:
             LIVE.remove(self)
-        if not self._masked:
+        if not self.masked:
             super().Free()
 
     # -- the calls --------------------------------------------------------------------------
@@ -319,7 +311,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         raise on every rank (``ValueError``/``TypeError``; the others
         :class:`bmlmpi.RemoteArgumentError` or :class:`bmlmpi.ArgumentMismatch`) with nothing
         started, and the communicator stays usable. :class:`bmlmpi.DeadlineExceeded` and
-        :class:`FaultToleranceError` as :meth:`FaultTolerantRequest.Wait`: nothing committed
+        :class:`FaultToleranceError` as the request's ``Wait``: nothing committed
         on this rank, the communicator must not be used again. :class:`RankMasked` on a rank
         masked out by :meth:`mask_link`.
         """
@@ -328,7 +320,8 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                    algorithm: str | None = None, compression: Any = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned
-        :class:`FaultTolerantRequest`, whose docstrings state what a failure does.
+        :class:`bmlmpi.Request`, which recover from failures inside (the ledger's
+        :meth:`~.ledger.Call.test` and :meth:`~.ledger.Call.wait` state what a failure does).
 
         Failure contract: calls commit in the order they were started. The input is kept
         (``IN_PLACE``: copied) until the call commits, so that it can run again after a
@@ -361,7 +354,7 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         return settle(self, stages, channel, what, abandon)
 
     def _usable(self) -> None:
-        if self._masked:
+        if self.masked:
             raise RankMasked(f"original rank {self.original_rank} was masked out of this "
                              f"fault-tolerant communicator")
 
@@ -376,49 +369,33 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
         """The family's call, remembering the members it was made for: a failure during it
         re-runs it over the survivors by its collective's contract (:mod:`.family`)."""
         call = super()._family_prepared(collective, algorithm, build)
-        call.extra["members"] = tuple(self._members)
+        call.extra["members"] = tuple(self._membership.members)
         return call
 
     def _submit(self, prepared: PreparedCall) -> Request:
         """Enter the call in the ledger and start its first attempt."""
-        return FaultTolerantRequest(self._enter(prepared))
+        return Request(self._ledger.enter(prepared))
 
     def _start_persistent(self, prepared: PreparedCall, compiled: Any) -> Call:
         """A persistent call's start is one call of the ledger (compiled per attempt)."""
         self._record(prepared)
-        return self._enter(prepared)
+        return self._ledger.enter(prepared)
 
-    def _enter(self, prepared: PreparedCall) -> Call:
-        self._seq += 1
-        call = Call(self, self._seq, prepared)
-        self._pending.append(call)
-        with self._hb.watching():
-            try:
-                self._attempt(call)
-                self._advance()
-            except (ArgumentMismatch, RemoteArgumentError):
-                self._pending.remove(call)
-                raise
-        return call
+    def _progress_mark(self) -> tuple:
+        return self._ledger.progress_mark()
 
     def _attempt(self, call: Call) -> None:
         """Start (or restart) ``call`` over the current members; a failure is only noted here,
-        the agreement decides."""
-        call.run = None
-        call.ok = False
-        call.vote = call.agree = None
-        call.size = self.size
-        call.attempts += 1
-        if call.saved is not None:
-            np.copyto(call.out, call.saved)
-        if self._broken:
+        the agreement decides (the ledger's ``attempt`` hook)."""
+        call.restart(self.size)
+        if self._ledger.broken:
             return
         algorithm = call.algorithm
         if algorithm == "auto":
             algorithm = self._resolve_auto(call.prepared)
         prepared = dataclasses.replace(call.prepared, algorithm=algorithm)
         if prepared.collective != "allreduce":
-            prepared = retarget(prepared, self._members, self.rank)
+            prepared = retarget(prepared, self._membership.members, self.rank)
         call.effective = prepared
         label = (f"bmlmpi fault-tolerant {algorithm} {prepared.collective} (rank {self.rank} "
                  f"of {self.size}, call {call.seq}, attempt {call.attempts})")
@@ -426,20 +403,138 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
             run = self._check_and_launch(prepared, label, launch=not skip)
             call.run = Skipped() if skip else run
-            self._defer_behind_holder(call)
+            self._ledger.defer_behind_holder(call)
         if call.slot is not None:
             call.slot.run = call.run
+
+    # -- recovery: the ledger's recover hook, masking, growing back -----------------------
+    def _recover(self) -> None:
+        """After a 0 vote: let the abandoned attempts drain, shrink to the survivors, adopt
+        their communicator, reconcile, run ``on_failure`` and start every uncommitted call
+        again over the survivors (:mod:`.membership`)."""
+        agreed = time.time()
+        noticed = self._ledger.noticed or agreed
+        self._ledger.drain()
+        new, members, lost = self._membership.shrink()
+        self._adopt(new, members, lost)
+        self._membership.recovered(
+            RecoveryRecord(lost, noticed, agreed, time.time(), self.size), "died")
+        self._tag_count = self._membership.reconcile(
+            self._ledger.committed, len(self._ledger.pending), self._tag_count)
+        if lost and self.on_failure is not None:
+            self.on_failure(self, lost)
+        self._ledger.restart()
+
+    def _adopt(self, new: MPI.Comm, members: list[int], lost: tuple[int, ...]) -> None:
+        """Make ``new`` (the survivors, in ``members`` order) this communicator's own."""
+        self._adopt_comm(new, self._membership.positions(members), fresh_shape(len(members)))
+        self._membership.adopt(members, lost)
+        self._ledger.recovered()
+        self._hb.watch(members)
+        self._hb.forget(lost)
+
+    def mask_link(self, a: int, b: int, *, mask: int | None = None) -> bool:
+        """Handle a failed link between original ranks ``a`` and ``b`` as the failure of one
+        of its servers: ``mask`` (default the larger of the two) stops taking part.
+
+        Collective over the current members, with no allreduce outstanding. Returns False on
+        the masked rank (whose communicator is then closed: calls raise :class:`RankMasked`)
+        and True on the others, where ``failed`` now includes it and ``on_failure`` ran.
+        """
+        if a == b:
+            raise ValueError(f"a link joins two servers, got {a} twice")
+        victim = max(a, b) if mask is None else mask
+        if victim not in (a, b):
+            raise ValueError(f"mask={mask} is not an end of the link ({a}, {b})")
+        return self.mask_rank(victim)
+
+    def mask_rank(self, victim: int) -> bool:
+        """Exclude original rank ``victim`` (collective; see :meth:`mask_link`)."""
+        self._usable()
+        if self._ledger.pending:
+            raise RuntimeError("mask_rank/mask_link with allreduces outstanding; Wait them "
+                               "first")
+        with self._hb.watching():
+            new = self._membership.mask(victim)
+            if new is None:   # this rank is the one masked out
+                self._hb.close()
+                return False
+            members = [m for m in self._membership.members if m != victim]
+            self._adopt(new, members, (victim,))
+            now = time.time()
+            self._membership.recovered(RecoveryRecord((victim,), now, now, now, self.size),
+                                       "was masked")
+        if self.on_failure is not None:
+            self.on_failure(self, (victim,))
+        return True
+
+    def replace_failed(self, state: Any = None, *, command: str | None = None,
+                       args: Sequence[str] | None = None) -> tuple[int, ...]:
+        """Spawn one process per failed (or masked) original rank and go back to the full
+        communicator: afterwards ``size`` is the original size, ``rank`` the original rank,
+        ``failed`` empty and bml runs the full BCube schedule. Returns the original ranks
+        replaced (``()`` without collectives when nothing failed). ``state`` (any picklable
+        object, e.g. the model's parameters) is handed from current rank 0 to every
+        replacement, whose :func:`join` returns it. ``command``/``args`` (default: this
+        process's interpreter and command line) start the replacement program, which must
+        call :func:`join` before anything else that communicates (:mod:`.grow`).
+
+        Collective over the current members, with no allreduce outstanding (RuntimeError).
+
+        Failure contract: never hangs — every step waits at most ``timeout`` s without
+        progress. When ``MPI_Comm_spawn`` fails (the command cannot be started, no slots) it
+        fails on every member: :class:`FaultToleranceError` everywhere and the communicator
+        is unchanged and usable (a member's death noticed in the spawn is recovered by the
+        next call as usual). When a rank dies or hangs later in the grow (the merge, the
+        rebuild, the hand-over), the ranks involved raise :class:`FaultToleranceError` or
+        :class:`bmlmpi.DeadlineExceeded`: the communicator must not be used again (end the
+        rank with :func:`bmlmpi.ft.finish`). A death reported only by the closing agreement
+        does not fail the grow: it returns, and the next call recovers from it like from any
+        other failure.
+        """
+        self._usable()
+        return self._growth.replace_failed(state, command, args)
+
+    @classmethod
+    def from_parent(cls, parent: MPI.Intercomm, timeout: float,
+                    on_failure: Callable[[Any, tuple[int, ...]], None] | None) -> Joined:
+        """The replacement's communicator, grown from the survivors that spawned it over
+        ``parent`` (what :func:`join` builds)."""
+        started_at = time.time()
+        settings = receive_settings(parent, timeout)
+        self = object.__new__(cls)
+        self.timeout = float(settings["timeout"])
+        self.ulfm = settings["ulfm"]
+        self.original_rank = settings["rank"]
+        self.original_size = settings["size"]
+        self.home_shape = tuple(settings["shape"])
+        self.recovery = settings["recovery"]
+        self.on_failure = on_failure
+        spawned = time.time()
+        rejoin(self, parent, high=True, algorithm=settings["algorithm"],
+               shape=self.home_shape, validate=settings["validate"])
+        self._compose(settings["seq"], settings["committed"])
+        self._start_heartbeat(settings["token"], settings["period"], settings["hang"],
+                              replacement=True)
+        rebuilt = time.time()
+        with self._hb.watching():
+            state = receive_state(self, settings["donor"])
+            agree_grown(self, self._ledger)
+        self._growth.records.append(GrowRecord((self.original_rank,), started_at, spawned,
+                                               rebuilt, time.time(), self.size, joined=True))
+        return Joined(self, state)
 
     def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
         """After failures with ``recovery="bcube"``, bml keeps the original BCube addresses
         (peers are original ranks); otherwise the requested algorithm over the current
         members. Every transfer runs on the one communicator."""
         if self.recovery == "bcube":
-            sched = bcube_preserving(algorithm, self._members[self.rank], self.home_shape,
+            members = self._membership.members
+            sched = bcube_preserving(algorithm, members[self.rank], self.home_shape,
                                      self.failed, count)
             if sched is not None:
-                current = {orig: cur for cur, orig in enumerate(self._members)}
-                return Plan(sched, [self._comm], lambda level, peer: (0, current[peer]))
+                current = {orig: cur for cur, orig in enumerate(members)}
+                return Plan(sched, [self.comm], lambda level, peer: (0, current[peer]))
         return super()._compile(algorithm, count, itemsize)  # no level communicators
 
     @contextlib.contextmanager
@@ -450,23 +545,23 @@ class FaultTolerantCommunicator(Ledger, Membership, Growth, Communicator,
             try:
                 yield
             except MPI.Exception as exc:
-                if not is_failure(exc, self._comm):
+                if not is_failure(exc, self.comm):
                     raise
-                self._note_failure(exc)
+                self._ledger.note_failure(exc)
 
     def _is_failure(self, exc: MPI.Exception) -> bool:
-        return is_failure(exc, self._comm)
+        return is_failure(exc, self.comm)
 
     def close(self, timeout: float) -> None:
         """Meet the other survivors in a barrier bounded by ``timeout`` (a peer dying in it is
         ignored), then stop this rank's heartbeat: how :func:`bmlmpi.ft.finish` ends."""
         if self._link_watch is not None:
             self._link_watch.close()
-        if self._masked or self._comm == MPI.COMM_NULL:
+        if self.masked or self.comm == MPI.COMM_NULL:
             return
         with self._hb.watching():
             try:
-                wait_request(self._comm.Ibarrier(), timeout, "final barrier")
+                wait_request(self.comm.Ibarrier(), timeout, "final barrier")
             except (MPI.Exception, DeadlineExceeded, FaultToleranceError):
                 pass  # a peer died at the end: nothing is left to agree on
         with contextlib.suppress(Exception):

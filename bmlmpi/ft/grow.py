@@ -9,7 +9,7 @@ again. The spawned side enters through :func:`join`.
 
 Protocol (every wait against the communicator's ``timeout``; the blocking MPI calls —
 Open MPI 5 has no non-blocking spawn, merge or split — run in the helper thread of
-:meth:`~bmlmpi.ft.membership.Membership._deadline_call` while the caller waits on the deadline):
+:func:`~bmlmpi.ft.membership.deadline_call` while the caller waits on the deadline):
 
 1. **Spawn.** The members call ``MPI_Comm_spawn`` (collective over the survivors'
    communicator, root = current rank 0, the *donor*) for x processes running ``command
@@ -43,7 +43,7 @@ import os
 import pickle
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -53,6 +53,7 @@ from mpi4py import MPI
 from ..api import Communicator
 from ..execute import wait_for, wait_request
 from .errors import FaultToleranceError, is_failure
+from .membership import deadline_call
 
 GROW_TAG = 30_001          # settings and state messages (their own communicators: no clash)
 _MAGIC = "bmlmpi-replacement-1"
@@ -100,150 +101,119 @@ def _receive(comm: MPI.Comm, source: int, timeout: float, what: str) -> Any:
     return pickle.loads(data.tobytes())
 
 
+def receive_settings(parent: MPI.Intercomm, timeout: float) -> dict[str, Any]:
+    """The settings the survivors send a replacement they spawned (its first message)."""
+    settings = _receive(parent, 0, timeout, "the survivors' settings for this replacement")
+    if not isinstance(settings, dict) or settings.get("magic") != _MAGIC:
+        raise FaultToleranceError("bmlmpi.ft.join: the parent job did not send bmlmpi "
+                                  "replacement settings")
+    return settings
+
+
+def receive_state(comm: Any, donor: int) -> Any:
+    """The state the survivors' donor hands a replacement over the grown communicator."""
+    return _receive(comm.comm, donor, comm.timeout, "the model state from the survivors")
+
+
+def rejoin(comm: Any, inter: MPI.Intercomm, *, high: bool, algorithm: str,
+           shape: Sequence[int], validate: bool) -> None:
+    """Merge ``inter``, order by original rank, and build the fault-tolerant communicator
+    ``comm`` over everyone (the plain communicator's construction, the same on survivors and
+    replacements)."""
+    me = comm.original_rank
+    merged = deadline_call(lambda: inter.Merge(high=high),
+                           "merging the survivors and the replacements", comm.timeout)
+    full = deadline_call(lambda: merged.Split(0, me),
+                         "ordering the grown communicator by original rank", comm.timeout)
+    deadline_call(lambda: Communicator.__init__(comm, full, algorithm, tuple(shape),
+                                                timeout=comm.timeout, validate=validate),
+                  "building the grown communicator", comm.timeout)
+    for c in (full, merged, inter):
+        with contextlib.suppress(MPI.Exception):
+            c.Free()
+    if comm.rank != me:
+        raise FaultToleranceError(f"the grown communicator put original rank {me} at rank "
+                                  f"{comm.rank}")
+
+
+def agree_grown(comm: Any, ledger: Any) -> None:
+    """The grow's closing agreement over ``comm``'s communicator; a death it reports is noted
+    in ``ledger`` (the next call recovers from it)."""
+    flag = np.array([1], dtype=np.intc)
+    try:
+        wait_request(comm.comm.Iagree(flag), comm.timeout,
+                     "bmlmpi: the grown communicator's closing agreement")
+    except MPI.Exception as exc:
+        if not is_failure(exc, comm.comm):
+            raise
+        ledger.note_failure(exc)
+
+
 class Growth:
-    """Replaces the failed ranks with spawned processes (part of the fault-tolerant
-    communicator; see the module docstring)."""
+    """Replaces the failed ranks of ``owner`` (the fault-tolerant communicator, whose
+    ``ledger`` and ``membership`` it reads and updates) with spawned processes (module
+    docstring); ``records``: one :class:`GrowRecord` per grow-back."""
 
-    def replace_failed(self, state: Any = None, *, command: str | None = None,
-                       args: Sequence[str] | None = None) -> tuple[int, ...]:
-        """Spawn one process per failed (or masked) original rank and go back to the full
-        communicator: afterwards ``size`` is the original size, ``rank`` the original rank,
-        ``failed`` empty and bml runs the full BCube schedule. Returns the original ranks
-        replaced (``()`` without collectives when nothing failed). ``state`` (any picklable
-        object, e.g. the model's parameters) is handed from current rank 0 to every
-        replacement, whose :func:`join` returns it. ``command``/``args`` (default: this
-        process's interpreter and command line) start the replacement program, which must
-        call :func:`join` before anything else that communicates.
+    def __init__(self, owner: Any, ledger: Any, membership: Any):
+        self.owner = owner
+        self.ledger = ledger
+        self.membership = membership
+        self.records: list[GrowRecord] = []
 
-        Collective over the current members, with no allreduce outstanding (RuntimeError).
-
-        Failure contract: never hangs — every step waits at most ``timeout`` s without
-        progress. When ``MPI_Comm_spawn`` fails (the command cannot be started, no slots) it
-        fails on every member: :class:`FaultToleranceError` everywhere and the communicator
-        is unchanged and usable (a member's death noticed in the spawn is recovered by the
-        next call as usual). When a rank dies or hangs later in the grow (the merge, the
-        rebuild, the hand-over), the ranks involved raise :class:`FaultToleranceError` or
-        :class:`bmlmpi.DeadlineExceeded`: the communicator must not be used again (end the
-        rank with :func:`bmlmpi.ft.finish`). A death reported only by the closing agreement
-        does not fail the grow: it returns, and the next call recovers from it like from any
-        other failure.
-        """
-        self._usable()
-        if self._pending:
+    def replace_failed(self, state: Any, command: str | None,
+                       args: Sequence[str] | None) -> tuple[int, ...]:
+        """What :meth:`~bmlmpi.ft.communicator.FaultTolerantCommunicator.replace_failed`
+        does, on a usable communicator."""
+        owner = self.owner
+        if self.ledger.pending:
             raise RuntimeError("replace_failed with allreduces outstanding; Wait them first")
-        lost = tuple(sorted(self.failed))
+        lost = tuple(sorted(self.membership.failed))
         if not lost:
             return ()
         started = time.time()
         program = command or sys.executable
         argv = list(sys.orig_argv[1:] if args is None else args)
-        with self._hb.watching():
+        with owner.heartbeat.watching():
             info = MPI.Info.Create()
             info.Set("wdir", os.getcwd())
+            comm = owner.comm
             try:
-                inter = self._deadline_call(
-                    lambda: self._comm.Spawn(program, argv, maxprocs=len(lost), info=info,
-                                             root=0),
-                    f"spawning {len(lost)} replacement(s) for original rank(s) {list(lost)}")
+                inter = deadline_call(
+                    lambda: comm.Spawn(program, argv, maxprocs=len(lost), info=info, root=0),
+                    f"spawning {len(lost)} replacement(s) for original rank(s) {list(lost)}",
+                    owner.timeout)
             except FaultToleranceError as exc:
                 raise FaultToleranceError(f"{exc}; the communicator is unchanged") from exc
             finally:
                 info.Free()
             inter.Set_errhandler(MPI.ERRORS_RETURN)
             spawned = time.time()
-            donor = self._members[0]
-            if self.rank == 0:
+            donor = self.membership.members[0]
+            if owner.rank == 0:
                 for i, replaced in enumerate(lost):
-                    _send(inter, self._settings(replaced, donor), i, self.timeout,
+                    _send(inter, self._settings(replaced, donor), i, owner.timeout,
                           f"bmlmpi: the settings of the replacement for rank {replaced}")
-            old = self._comm
-            self._rejoin(inter, high=False, algorithm=self.algorithm, shape=self.home_shape,
-                         validate=self.validate)
+            rejoin(owner, inter, high=False, algorithm=owner.algorithm, shape=owner.home_shape,
+                   validate=owner.validate)
             with contextlib.suppress(MPI.Exception):
-                old.Free()
-            self.failed = ()
-            self._hb.watch(self._members)
+                comm.Free()
+            self.membership.regrown(owner.size)
+            owner.heartbeat.watch(self.membership.members)
             rebuilt = time.time()
-            if self.original_rank == donor:
+            if owner.original_rank == donor:
                 for replaced in lost:
-                    _send(self._comm, state, replaced, self.timeout,
+                    _send(owner.comm, state, replaced, owner.timeout,
                           f"bmlmpi: the state for the replacement of rank {replaced}")
-            self._agree_grown()
-        self.regrowths.append(GrowRecord(lost, started, spawned, rebuilt, time.time(),
-                                         self.size))
+            agree_grown(owner, self.ledger)
+        self.records.append(GrowRecord(lost, started, spawned, rebuilt, time.time(),
+                                       owner.size))
         return lost
 
-    # -- both sides --------------------------------------------------------------------------
     def _settings(self, replaced: int, donor: int) -> dict[str, Any]:
-        return {"magic": _MAGIC, "rank": replaced, "size": self.original_size,
-                "shape": tuple(self.home_shape), "algorithm": self.algorithm,
-                "recovery": self.recovery, "timeout": self.timeout, "validate": self.validate,
-                "token": self._token, "period": self._hb.period,
-                "hang": self._hb.hang_timeout, "ulfm": self.ulfm, "seq": self._seq,
-                "committed": self._committed, "donor": donor}
-
-    def _rejoin(self, inter: MPI.Intercomm, *, high: bool, algorithm: str,
-                shape: Sequence[int], validate: bool) -> None:
-        """Merge, order by original rank, and build the communicator over everyone."""
-        me = self.original_rank
-        merged = self._deadline_call(lambda: inter.Merge(high=high),
-                                "merging the survivors and the replacements")
-        full = self._deadline_call(lambda: merged.Split(0, me),
-                              "ordering the grown communicator by original rank")
-        # the plain communicator's construction, the same on survivors and replacements
-        self._deadline_call(lambda: Communicator.__init__(self, full, algorithm, tuple(shape),
-                                                     timeout=self.timeout, validate=validate),
-                       "building the grown communicator")
-        for c in (full, merged, inter):
-            with contextlib.suppress(MPI.Exception):
-                c.Free()
-        if self.rank != me:
-            raise FaultToleranceError(f"the grown communicator put original rank {me} at rank "
-                                      f"{self.rank}")
-        self._members = list(range(self.size))
-
-    def _agree_grown(self) -> None:
-        flag = np.array([1], dtype=np.intc)
-        try:
-            wait_request(self._comm.Iagree(flag), self.timeout,
-                         "bmlmpi: the grown communicator's closing agreement")
-        except MPI.Exception as exc:
-            if not is_failure(exc, self._comm):
-                raise
-            self._note_failure(exc)  # the next call recovers from it
-
-    # -- the replacement's side ----------------------------------------------------------------
-    @classmethod
-    def from_parent(cls, parent: MPI.Intercomm, timeout: float,
-                    on_failure: Callable[[Any, tuple[int, ...]], None] | None) -> Joined:
-        """The replacement's communicator, grown from the survivors that spawned it over
-        ``parent`` (what :func:`bmlmpi.ft.join` builds)."""
-        started = time.time()
-        settings = _receive(parent, 0, timeout, "the survivors' settings for this replacement")
-        if not isinstance(settings, dict) or settings.get("magic") != _MAGIC:
-            raise FaultToleranceError("bmlmpi.ft.join: the parent job did not send bmlmpi "
-                                      "replacement settings")
-        self = object.__new__(cls)
-        self.timeout = float(settings["timeout"])
-        self.ulfm = settings["ulfm"]
-        self.original_rank = settings["rank"]
-        self.original_size = settings["size"]
-        self.home_shape = tuple(settings["shape"])
-        self.recovery = settings["recovery"]
-        self.on_failure = on_failure
-        spawned = time.time()
-        self._rejoin(parent, high=True, algorithm=settings["algorithm"],
-                     shape=self.home_shape, validate=settings["validate"])
-        self._init_ledger()
-        self._seq = settings["seq"]
-        self._committed = settings["committed"]
-        self._start_heartbeat(settings["token"], settings["period"], settings["hang"],
-                              replacement=True)
-        rebuilt = time.time()
-        with self._hb.watching():
-            state = _receive(self._comm, settings["donor"], self.timeout,
-                             "the model state from the survivors")
-            self._agree_grown()
-        self.regrowths.append(GrowRecord((self.original_rank,), started, spawned, rebuilt,
-                                         time.time(), self.size, joined=True))
-        return Joined(self, state)
+        owner, heartbeat = self.owner, self.owner.heartbeat
+        return {"magic": _MAGIC, "rank": replaced, "size": owner.original_size,
+                "shape": tuple(owner.home_shape), "algorithm": owner.algorithm,
+                "recovery": owner.recovery, "timeout": owner.timeout,
+                "validate": owner.validate, "token": heartbeat.token,
+                "period": heartbeat.period, "hang": heartbeat.hang_timeout, "ulfm": owner.ulfm,
+                "seq": self.ledger.seq, "committed": self.ledger.committed, "donor": donor}

@@ -73,6 +73,7 @@ class Heartbeat:
         if period <= 0 or hang_timeout <= 0:
             raise ValueError(f"heartbeat period and hang timeout must be positive, got "
                              f"{period}, {hang_timeout}")
+        self.token = token   # the communicator's: names the folder of its beats
         self.period = period
         self.hang_timeout = hang_timeout
         self.me = me

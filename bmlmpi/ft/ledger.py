@@ -10,8 +10,12 @@ the attempt's size, staged device results are copied back), 0 starts a recovery
 (every survivor completed) counts as dying after that call: the call commits with its input,
 and the next call notices the death.
 
-:class:`Ledger` is a part of :class:`~bmlmpi.ft.communicator.FaultTolerantCommunicator`; it
-owns ``_pending``, ``_seq``, ``_committed``, ``_broken``, ``_noticed`` and ``_events``.
+:class:`Ledger` is an object the :class:`~bmlmpi.ft.communicator.FaultTolerantCommunicator`
+owns: it holds the pending calls, the count of calls started and committed, whether the
+communicator is broken (a failure noted, not yet recovered) and since when, and a count of
+events that shows progress. It reads the communicator's public side (``comm``, ``heartbeat``,
+``recorder``, ``timeout``) and reaches back only through the hooks it is built with (start
+an attempt, recover, check for vanished peers, the flight recorder's end of a call).
 """
 
 from __future__ import annotations
@@ -19,21 +23,24 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ..api import NativeRun, PreparedCall
+from ..api import ArgumentMismatch, NativeRun, PreparedCall, RemoteArgumentError
 from ..execute import Run, poll_until, request_done, wait_for
 from .errors import is_failure
 
 
 class Call:
-    """One allreduce, tracked until every survivor has committed it: the communicator's
-    record behind a :class:`~bmlmpi.ft.communicator.FaultTolerantRequest`."""
+    """One call, tracked until every survivor has committed it: the record behind the
+    :class:`bmlmpi.Request` a fault-tolerant call returns (:class:`bmlmpi.handles.CallRecord`).
+    """
 
-    def __init__(self, owner: Ledger, seq: int, prepared: PreparedCall):
-        self.owner = owner
+    def __init__(self, ledger: Ledger, seq: int, prepared: PreparedCall):
+        self.ledger = ledger
         self.seq = seq
         self.algorithm = prepared.requested  # "auto" is resolved again for each attempt
         self.prepared = prepared
@@ -50,36 +57,120 @@ class Call:
         self.attempts = 0
         self.slot = prepared.slot           # the call in the flight recorder
 
+    def restart(self, size: int) -> None:
+        """Forget the last attempt: the next runs over ``size`` ranks, from the input as it
+        was when the call started."""
+        self.run = None
+        self.ok = False
+        self.vote = self.agree = None
+        self.size = size
+        self.attempts += 1
+        if self.saved is not None:
+            np.copyto(self.out, self.saved)
+
     def test(self) -> bool:
-        return self.owner._test_call(self)
+        """Advance every outstanding call of the communicator; True once this call is
+        committed on every survivor (its recvbuf then holds the result over exactly the
+        survivors' inputs, the same on all of them).
+
+        Failure contract: a failure met here is recovered inside this call (a collective over
+        the survivors: every survivor must go on calling ``Test`` or ``Wait``), ``on_failure``
+        runs inside it, and the call is then re-run over the survivors; ``Test`` returns False
+        until that re-run commits. It raises only from a recovery that cannot complete:
+        :class:`~bmlmpi.ft.FaultToleranceError` or :class:`bmlmpi.DeadlineExceeded`, after
+        which this call is committed on no rank that raised, and the communicator must not be
+        used again."""
+        return self.ledger.test(self)
 
     def wait(self) -> None:
-        self.owner._wait_call(self)
+        """Return once this call is committed on every survivor (see :meth:`test`).
+
+        Failure contract: failures are recovered inside, as in :meth:`test`. Raises
+        :class:`bmlmpi.DeadlineExceeded` after ``timeout`` s without progress (a hung peer
+        the heartbeat could not fence, e.g. on another host, or an MPI that never reports a
+        failure) and :class:`~bmlmpi.ft.FaultToleranceError` when the survivors cannot
+        recover (a rank gone without MPI noticing, survivors that committed different calls,
+        a failed shrink). After either, this call and every later one is uncommitted on this
+        rank, its recvbuf undefined, and the communicator must not be used again: end the
+        rank with :func:`bmlmpi.ft.finish`, whose bounded barrier the others meet."""
+        self.ledger.wait(self)
+
+
+class Hooks(NamedTuple):
+    """How a :class:`Ledger` reaches back into the communicator that owns it."""
+
+    attempt: Callable[[Call], None]     # start a call (again) over the current members
+    recover: Callable[[], None]         # after a 0 vote: shrink and restart (.membership)
+    check: Callable[[], None]           # raise when a peer vanished unreported
+    done: Callable[[Any], None]         # the flight recorder's slot of a committed call
+    failed: Callable[[Any, BaseException, Any], None]  # ... of a call that raised
 
 
 class Ledger:
-    """Runs, votes on and commits the pending calls, in the order they were started."""
+    """Runs, votes on and commits the pending calls, in the order they were started.
 
-    def _note_failure(self, exc: BaseException | None = None) -> None:
+    ``owner``: the fault-tolerant communicator (its public ``comm``, ``heartbeat``,
+    ``recorder``, ``timeout``, ``ulfm``, ``rank``, ``size``); ``hooks``: how the ledger
+    reaches back into it (:class:`Hooks`). ``seq``/``committed``: the counts to continue
+    from (a replacement's, :mod:`.grow`)."""
+
+    def __init__(self, owner: Any, hooks: Hooks, seq: int = 0, committed: int = 0):
+        self.owner = owner
+        self.hooks = hooks
+        self.pending: list[Call] = []
+        self.seq = seq                      # calls started
+        self.committed = committed          # calls committed
+        self.broken = False                 # a failure noted (the communicator revoked)
+        self.noticed: float | None = None   # when this rank noticed it
+        self.events = 0                     # votes, commits, failures: progress to a waiter
+
+    def enter(self, prepared: PreparedCall) -> Call:
+        """Keep ``prepared`` as the next call and start its first attempt; the agreement
+        refusing its arguments raises here with the call taken out again."""
+        self.seq += 1
+        call = Call(self, self.seq, prepared)
+        self.pending.append(call)
+        with self.owner.heartbeat.watching():
+            try:
+                self.hooks.attempt(call)
+                self.advance()
+            except (ArgumentMismatch, RemoteArgumentError):
+                self.pending.remove(call)
+                raise
+        return call
+
+    def restart(self) -> None:
+        """Start every uncommitted call again (after a recovery), in call order."""
+        for call in self.pending:
+            self.hooks.attempt(call)
+
+    def note_failure(self, exc: BaseException | None = None) -> None:
         """Remember that this communicator is broken and make every other rank notice."""
-        if self._broken:
+        if self.broken:
             return
-        self._broken = True
-        self._noticed = time.time()
-        self._events += 1
+        self.broken = True
+        self.noticed = time.time()
+        self.events += 1
         with contextlib.suppress(MPI.Exception, NotImplementedError):
-            self._comm.Revoke()
-        recorder = self.recorder  # None while the base class constructs
+            self.owner.comm.Revoke()
+        recorder = self.owner.recorder  # None while the base class constructs
         if recorder is not None:
             what = f"{type(exc).__name__}: {exc}" if exc is not None else "a peer's revoke"
             with contextlib.suppress(OSError):
                 recorder.dump(f"fault-tolerant communicator noticed a failure ({what})")
 
-    def _advance(self) -> None:
+    def recovered(self) -> None:
+        """The members changed (a shrink or a mask): no failure is outstanding."""
+        self.broken = False
+        self.noticed = None
+        self.events += 1
+
+    def advance(self) -> None:
         """Advance every pending call, then settle agreements in call order."""
-        self._check_vanished()
-        if not self._broken:
-            for call in self._pending:
+        self.hooks.check()
+        comm = self.owner.comm
+        if not self.broken:
+            for call in self.pending:
                 run = call.run
                 if run is None or call.ok:
                     continue
@@ -87,77 +178,79 @@ class Ledger:
                 try:
                     call.ok = run.test()
                 except MPI.Exception as exc:
-                    if not is_failure(exc, self._comm):
+                    if not is_failure(exc, comm):
                         raise
-                    self._note_failure(exc)
+                    self.note_failure(exc)
                     break
                 if call.ok or run.progress != before:
-                    self._events += 1
-        while self._pending:
-            head = self._pending[0]
+                    self.events += 1
+        while self.pending:
+            head = self.pending[0]
             if head.agree is None:
-                if not (head.ok or self._broken):
+                if not (head.ok or self.broken):
                     return
                 head.vote = np.array([1 if head.ok else 0], dtype=np.intc)
-                head.agree = self._comm.Iagree(head.vote)
+                head.agree = comm.Iagree(head.vote)
             try:
                 done = head.agree.Test()
             except MPI.Exception as exc:
-                if not is_failure(exc, self._comm):
+                if not is_failure(exc, comm):
                     raise
                 # the vote was still agreed (and written); remember the failure it reports
-                self._note_failure(exc)
+                self.note_failure(exc)
                 done = True
             if not done:
                 return
-            self._events += 1
+            self.events += 1
             if head.vote[0] == 1:
                 self._commit(head)
             else:
-                self._recover()
+                self.hooks.recover()
                 return
 
-    def _defer_behind_holder(self, call: Call) -> None:
+    def defer_behind_holder(self, call: Call) -> None:
         """As the plain communicator's calls (``bmlmpi.progress.Progress.start``): ``call``'s
         new run posts nothing while an earlier pending call's run on the same communicator
         holds its tags (tag slots cycle), or the two would take each other's messages. Runs
         of an earlier attempt are on another communicator and do not count."""
         if type(call.run) is Run:
             call.run.defer_behind(itertools.takewhile(
-                lambda run: run is not call.run, (c.run for c in self._pending)))
+                lambda run: run is not call.run, (c.run for c in self.pending)))
 
     def _commit(self, call: Call) -> None:
-        self._pending.pop(0)
-        self._committed += 1
+        self.pending.pop(0)
+        self.committed += 1
         call.effective.finish(call.size)
         call.committed = True
-        self._call_done(call.slot)
+        self.hooks.done(call.slot)
 
-    def _drain(self, run: Run | NativeRun | None) -> None:
-        """Let an abandoned attempt's requests complete (with errors, once revoked) so that
-        nothing lands in the buffer after the call starts again."""
-        if run is None:
-            return
-        left = list(run.reqs or ())
+    def drain(self) -> None:
+        """Let the abandoned attempts' requests complete (with errors, once revoked) so that
+        nothing lands in a buffer after its call starts again."""
+        for call in self.pending:
+            if call.run is None:
+                continue
+            left = list(call.run.reqs or ())
 
-        def drained() -> bool:
-            nonlocal left
-            left = [r for r in left if not request_done(r)]
-            return not left
-        poll_until(drained, min(self.timeout, 10.0))
+            def drained() -> bool:
+                nonlocal left
+                left = [r for r in left if not request_done(r)]
+                return not left
+            poll_until(drained, min(self.owner.timeout, 10.0))
 
-    def _progress_mark(self) -> tuple:
-        return (self._events, tuple(c.run.progress if c.run is not None else -1
-                                    for c in self._pending))
+    def progress_mark(self) -> tuple:
+        """What changes when the pending calls advance (for a waiter's deadline)."""
+        return (self.events, tuple(c.run.progress if c.run is not None else -1
+                                   for c in self.pending))
 
-    def _test_call(self, call: Call) -> bool:
+    def test(self, call: Call) -> bool:
         try:
-            with self._hb.watching():
-                self._advance()
+            with self.owner.heartbeat.watching():
+                self.advance()
             if call.committed:
                 self._raise_outcome(call)
         except BaseException as exc:
-            self._call_failed(call.slot, exc, call.run)
+            self.hooks.failed(call.slot, exc, call.run)
             raise
         return call.committed
 
@@ -168,9 +261,11 @@ class Ledger:
         if error is not None:
             raise error
 
-    def _wait_call(self, call: Call) -> None:
+    def wait(self, call: Call) -> None:
+        owner = self.owner
+
         def describe(t: float) -> str:
-            head = self._pending[0] if self._pending else None
+            head = self.pending[0] if self.pending else None
             where = "nothing"
             if head is not None:
                 if head.agree is not None:
@@ -178,17 +273,17 @@ class Ledger:
                 elif head.run is not None and not head.ok:
                     where = head.run.describe_timeout(t)
                 else:
-                    where = f"call {head.seq} (communicator revoked: {self._broken})"
-            hint = ("" if self.ulfm else
+                    where = f"call {head.seq} (communicator revoked: {self.broken})"
+            hint = ("" if owner.ulfm else
                     "; this MPI may not implement ULFM, so a failed rank is never reported")
-            return (f"bmlmpi fault-tolerant communicator (rank {self.rank} of {self.size}): no "
-                    f"progress in {t:g} s; waiting on {where}{hint}")
+            return (f"bmlmpi fault-tolerant communicator (rank {owner.rank} of {owner.size}): "
+                    f"no progress in {t:g} s; waiting on {where}{hint}")
 
         try:
-            with self._hb.watching():
-                wait_for(lambda: (self._advance(), call.committed)[1], self.timeout, describe,
-                         progress=self._progress_mark)
+            with owner.heartbeat.watching():
+                wait_for(lambda: (self.advance(), call.committed)[1], owner.timeout, describe,
+                         progress=self.progress_mark)
             self._raise_outcome(call)
         except BaseException as exc:
-            self._call_failed(call.slot, exc, call.run)
+            self.hooks.failed(call.slot, exc, call.run)
             raise

@@ -1,24 +1,29 @@
 """Membership of the fault-tolerant communicator: who is still taking part.
 
-* **Shrink** (:meth:`Membership._recover`): after a 0 vote every survivor lets the abandoned
+* **Shrink** (:meth:`Membership.shrink`): after a 0 vote every survivor lets the abandoned
   requests complete (with errors, the communicator being revoked), shrinks the communicator
   (the lost ranks are the old group minus the new one, the same on all), reconciles, runs
   ``on_failure`` and starts every uncommitted call again over the survivors, restoring each
   call's input first. ``MPI_Comm_ishrink`` fails with ``MPI_ERR_INTERN`` in Open MPI 5.0 (its
   libnbc schedule aborts on the revoked communicator), so the blocking ``MPI_Comm_shrink`` runs
-  in a helper thread (:meth:`Membership._deadline_call`, with ``MPI_THREAD_MULTIPLE``, mpi4py's
-  default) while the caller waits on it against the deadline.
-* **Adopt**: the survivors' communicator becomes the communicator's own; the cached plans,
-  choices and argument checks are dropped; the link-weight matrix keeps the survivors' rows.
-* **Reconcile**: every survivor must have committed the same calls, or
-  :class:`~bmlmpi.ft.errors.FaultToleranceError`.
-* **Mask** (:meth:`Membership.mask_link`): a failed link is handled as the failure of one of its
+  in a helper thread (:func:`deadline_call`, with ``MPI_THREAD_MULTIPLE``, mpi4py's default)
+  while the caller waits on it against the deadline.
+* **Adopt** (the communicator's, through its seam ``_adopt_comm``): the survivors'
+  communicator becomes the communicator's own; the cached plans, choices and argument checks
+  are dropped; the link-weight matrix keeps the survivors' rows.
+* **Reconcile** (:meth:`Membership.reconcile`): every survivor must have committed the same
+  calls, or :class:`~bmlmpi.ft.errors.FaultToleranceError`.
+* **Mask** (:meth:`Membership.mask`): a failed link is handled as the failure of one of its
   servers (the BML slides); the masked rank stops taking part.
-* **Vanished** ranks: the heartbeat saw a process gone that MPI never reported (a non-zero
-  exit): the survivors cannot agree to drop it and raise ``FaultToleranceError``.
+* **Vanished** ranks (:meth:`Membership.check_vanished`): the heartbeat saw a process gone that
+  MPI never reported (a non-zero exit): the survivors cannot agree to drop it and raise
+  ``FaultToleranceError``.
 
-:class:`Membership` is a part of :class:`~bmlmpi.ft.communicator.FaultTolerantCommunicator`;
-it owns ``_members``, ``failed``, ``recoveries`` and ``_masked``.
+:class:`Membership` is an object the :class:`~bmlmpi.ft.communicator.FaultTolerantCommunicator`
+owns: it holds the members (the original rank of each current rank), the original ranks lost,
+the recovery records and whether this rank is masked. It reads the communicator's public side
+(``comm``, ``heartbeat``, ``rank``, ``size``, ``timeout``); the communicator adopts what it
+finds.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +40,6 @@ from mpi4py import MPI
 
 from ..execute import wait_for, wait_request
 from .errors import FaultToleranceError, is_failure
-from .recovery import fresh_shape
 
 #: One line per survived failure, from the survivors' rank 0 (Python's last-resort handler
 #: prints it on stderr when the program configured no logging).
@@ -54,125 +57,136 @@ class RecoveryRecord:
     size: int                  # survivors
 
 
-class Membership:
-    """Shrinks, adopts, reconciles and masks the members of the communicator."""
+def deadline_call(fn: Callable[[], Any], what: str, timeout: float) -> Any:
+    """Run a blocking MPI call under the deadline: in a helper thread when the MPI library
+    allows calls from any thread, else directly (the heartbeat still fences hung peers)."""
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+        try:
+            return fn()
+        except MPI.Exception as exc:
+            raise FaultToleranceError(f"{what} failed: {exc.Get_error_string()}") from exc
+    box: dict[str, Any] = {}
 
-    def _recover(self) -> None:
-        agreed = time.time()
-        noticed = self._noticed or agreed
-        for call in self._pending:
-            self._drain(call.run)
-        old = self._comm
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the main thread
+            box["error"] = exc
+
+    helper = threading.Thread(target=target, name="bmlmpi-blocking", daemon=True)
+    helper.start()
+    wait_for(lambda: not helper.is_alive(), timeout,
+             lambda t: f"bmlmpi: {what} did not finish within {t:g} s")
+    if "error" in box:
+        exc = box["error"]
+        if isinstance(exc, MPI.Exception):
+            raise FaultToleranceError(f"{what} failed: {exc.Get_error_string()}") from exc
+        raise exc
+    return box["value"]
+
+
+class Membership:
+    """Shrinks, reconciles and masks the members of ``owner``, the fault-tolerant
+    communicator of ``size`` original ranks (module docstring)."""
+
+    def __init__(self, owner: Any, size: int):
+        self.owner = owner
+        self.members = list(range(size))   # original rank of each current rank
+        self.failed: tuple[int, ...] = ()   # original ranks lost
+        self.recoveries: list[RecoveryRecord] = []
+        self.masked = False                 # this rank was masked out
+
+    def shrink(self) -> tuple[MPI.Comm, list[int], tuple[int, ...]]:
+        """The survivors' communicator (collective over the survivors of the revoked one),
+        their original ranks in its rank order, and the original ranks lost."""
+        old = self.owner.comm
         # MPI_Comm_ishrink fails with MPI_ERR_INTERN in Open MPI 5.0 (its libnbc schedule
         # aborts on the revoked communicator); the blocking shrink works.
-        new = self._deadline_call(old.Shrink, "shrinking the communicator to the survivors")
+        new = deadline_call(old.Shrink, "shrinking the communicator to the survivors",
+                            self.owner.timeout)
         translated = MPI.Group.Translate_ranks(new.Get_group(), list(range(new.Get_size())),
                                                old.Get_group())
-        members = [self._members[r] for r in translated]
-        lost = tuple(sorted(set(self._members) - set(members)))
-        self._adopt(new, members, lost)
-        self.recoveries.append(RecoveryRecord(lost, noticed, agreed, time.time(), self.size))
-        self._account(lost, "died")
-        self._reconcile()
-        if lost and self.on_failure is not None:
-            self.on_failure(self, lost)
-        for call in self._pending:
-            self._attempt(call)
+        members = [self.members[r] for r in translated]
+        return new, members, tuple(sorted(set(self.members) - set(members)))
+
+    def positions(self, members: list[int]) -> list[int]:
+        """The current ranks of ``members`` (original ranks)."""
+        return [self.members.index(m) for m in members]
+
+    def adopt(self, members: list[int], lost: tuple[int, ...]) -> None:
+        """``members`` (in current rank order) take part from now on; ``lost`` are gone."""
+        self.members = members
+        self.failed = tuple(sorted(set(self.failed) | set(lost)))
+
+    def regrown(self, size: int) -> None:
+        """Every original rank takes part again (:mod:`.grow`)."""
+        self.members = list(range(size))
+        self.failed = ()
+
+    def recovered(self, record: RecoveryRecord, how: str) -> None:
+        """Keep ``record`` of a survived loss (``how`` the ranks went) and say so."""
+        self.recoveries.append(record)
+        self._account(record.lost, how)
 
     def _account(self, lost: tuple[int, ...], how: str) -> None:
         """bmlmpi's own line about a survived failure, on the survivors' rank 0 (the MPI
         library's lines about it are left out by ``bmlmpi-run --ft``)."""
-        if lost and self.rank == 0:
+        owner = self.owner
+        if lost and owner.rank == 0:
             ranks = ", ".join(str(r) for r in lost)
             log.warning("bmlmpi: rank %s %s; %d of %d ranks carry on", ranks, how,
-                        self.size, self.original_size)
+                        owner.size, owner.original_size)
 
-    def _deadline_call(self, fn: Callable[[], Any], what: str) -> Any:
-        """Run a blocking MPI call under the deadline: in a helper thread when the MPI library
-        allows calls from any thread, else directly (the heartbeat still fences hung peers)."""
-        if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
-            try:
-                return fn()
-            except MPI.Exception as exc:
-                raise FaultToleranceError(f"{what} failed: {exc.Get_error_string()}") from exc
-        box: dict[str, Any] = {}
-
-        def target() -> None:
-            try:
-                box["value"] = fn()
-            except BaseException as exc:  # handed to the main thread
-                box["error"] = exc
-
-        helper = threading.Thread(target=target, name="bmlmpi-blocking", daemon=True)
-        helper.start()
-        wait_for(lambda: not helper.is_alive(), self.timeout,
-                 lambda t: f"bmlmpi: {what} did not finish within {t:g} s")
-        if "error" in box:
-            exc = box["error"]
-            if isinstance(exc, MPI.Exception):
-                raise FaultToleranceError(f"{what} failed: {exc.Get_error_string()}") from exc
-            raise exc
-        return box["value"]
-
-    def _adopt(self, new: MPI.Comm, members: list[int], lost: tuple[int, ...]) -> None:
-        """Make ``new`` (the survivors, in ``members`` order) this communicator's own."""
-        self._adopt_comm(new, [self._members.index(m) for m in members],
-                         fresh_shape(len(members)))
-        self._members = members
-        self.failed = tuple(sorted(set(self.failed) | set(lost)))
-        self._broken = False
-        self._noticed = None
-        self._events += 1
-        self._hb.watch(members)
-        self._hb.forget(lost)
-
-    def _reconcile(self) -> None:
-        """Every survivor must have committed the same calls; say so loudly if not.
+    def reconcile(self, committed: int, pending: int, tags: int) -> int:
+        """Every survivor must have committed the same calls; say so loudly if not. Returns
+        where the next attempt's tags begin.
 
         Survivors may have *started* different numbers of calls (a rank that lagged had not
         yet started the last ones when the failure came): calls commit in start order, so
         the pending calls of every survivor are a prefix of the same sequence, and each
         starts the ones it has not started yet later, in order, as the others did. What
-        must agree is where the next attempt's tags begin: the launch count is set to the
-        largest (the next attempts then use the same tags on every survivor)."""
-        mine = np.array([self._committed, len(self._pending), self._tag_count], dtype=np.int64)
-        every = np.empty((self.size, 3), dtype=np.int64)
-        req = self._comm.Iallgather(mine, every)
+        must agree is where the next attempt's tags begin: the launch count ``tags`` becomes
+        the largest (the next attempts then use the same tags on every survivor)."""
+        comm = self.owner.comm
+        mine = np.array([committed, pending, tags], dtype=np.int64)
+        every = np.empty((self.owner.size, 3), dtype=np.int64)
+        req = comm.Iallgather(mine, every)
         state = {"failed": False}
 
         def done() -> bool:
             try:
                 return req.Test()
             except MPI.Exception as exc:
-                if not is_failure(exc, self._comm):
+                if not is_failure(exc, comm):
                     raise
                 state["failed"] = True  # another failure: the next attempt's vote handles it
                 return True
 
-        wait_for(done, self.timeout,
+        wait_for(done, self.owner.timeout,
                  lambda t: f"bmlmpi: survivors did not compare states within {t:g} s")
         if state["failed"]:
-            return
+            return tags
         if (every[:, 0] == every[0, 0]).all():
-            self._tag_count = int(every[:, 2].max())
-            return
+            return int(every[:, 2].max())
         raise FaultToleranceError(f"survivors disagree on the allreduces committed before "
                                   f"the failure (committed, pending per rank: "
                                   f"{every[:, :2].tolist()})")
 
-    def _check_vanished(self) -> None:
-        vanished = self._hb.vanished
+    def check_vanished(self) -> None:
+        """Raise when the heartbeat saw a member gone that MPI never reported."""
+        vanished = self.owner.heartbeat.vanished
         if not vanished:
             return
+        comm = self.owner.comm
         failed = set()
         with contextlib.suppress(MPI.Exception, NotImplementedError):
-            group = self._comm.Get_failed()
+            group = comm.Get_failed()
             n = group.Get_size()
             if n:
-                idx = MPI.Group.Translate_ranks(group, list(range(n)), self._comm.Get_group())
-                failed = {self._members[i] for i in idx if i != MPI.UNDEFINED}
+                idx = MPI.Group.Translate_ranks(group, list(range(n)), comm.Get_group())
+                failed = {self.members[i] for i in idx if i != MPI.UNDEFINED}
         for peer, why in list(vanished.items()):
-            if peer not in self._members or peer in failed:
+            if peer not in self.members or peer in failed:
                 vanished.pop(peer, None)
                 continue
             raise FaultToleranceError(
@@ -180,53 +194,26 @@ class Membership:
                 f"that exits with a non-zero status), so the survivors cannot agree to drop "
                 f"it. End ranks with bmlmpi.ft.finish() or bmlmpi.ft.install_exit_handlers().")
 
-    # -- masking (link failures) ----------------------------------------------------------
-    def mask_link(self, a: int, b: int, *, mask: int | None = None) -> bool:
-        """Handle a failed link between original ranks ``a`` and ``b`` as the failure of one
-        of its servers: ``mask`` (default the larger of the two) stops taking part.
-
-        Collective over the current members, with no allreduce outstanding. Returns False on
-        the masked rank (whose communicator is then closed: calls raise :class:`RankMasked`)
-        and True on the others, where ``failed`` now includes it and ``on_failure`` ran.
-        """
-        if a == b:
-            raise ValueError(f"a link joins two servers, got {a} twice")
-        victim = max(a, b) if mask is None else mask
-        if victim not in (a, b):
-            raise ValueError(f"mask={mask} is not an end of the link ({a}, {b})")
-        return self.mask_rank(victim)
-
-    def mask_rank(self, victim: int) -> bool:
-        """Exclude original rank ``victim`` (collective; see :meth:`mask_link`)."""
-        self._usable()
-        if self._pending:
-            raise RuntimeError("mask_rank/mask_link with allreduces outstanding; Wait them "
-                               "first")
-        if victim not in self._members:
+    def mask(self, victim: int) -> MPI.Comm | None:
+        """Agree with the other members on excluding original rank ``victim``: the
+        communicator of the others (collective), or None on ``victim`` itself, which is then
+        masked out."""
+        owner = self.owner
+        if victim not in self.members:
             raise ValueError(f"original rank {victim} is not a member (members: "
-                             f"{self._members})")
-        if self.size == 1:
+                             f"{self.members})")
+        if owner.size == 1:
             raise ValueError("cannot mask the last member")
-        with self._hb.watching():
-            vec = np.array([victim, -victim], dtype=np.int64)
-            res = np.empty_like(vec)
-            wait_request(self._comm.Iallreduce(vec, res, MPI.MAX), self.timeout,
-                         "bmlmpi mask_rank: members did not agree")
-            if res[0] != -res[1]:
-                raise ValueError("members named different ranks to mask")
-            if self._members[self.rank] == victim:
-                self._masked = True
-                self._hb.close()
-                self._comm = MPI.COMM_NULL
-                return False
-            group = MPI.Group.Excl(self._comm.Get_group(), [self._members.index(victim)])
-            new = self._deadline_call(lambda: self._comm.Create_group(group),
-                                 f"masking original rank {victim}")
-            members = [m for m in self._members if m != victim]
-            self._adopt(new, members, (victim,))
-            now = time.time()
-            self.recoveries.append(RecoveryRecord((victim,), now, now, now, self.size))
-            self._account((victim,), "was masked")
-        if self.on_failure is not None:
-            self.on_failure(self, (victim,))
-        return True
+        comm = owner.comm
+        vec = np.array([victim, -victim], dtype=np.int64)
+        res = np.empty_like(vec)
+        wait_request(comm.Iallreduce(vec, res, MPI.MAX), owner.timeout,
+                     "bmlmpi mask_rank: members did not agree")
+        if res[0] != -res[1]:
+            raise ValueError("members named different ranks to mask")
+        if self.members[owner.rank] == victim:
+            self.masked = True
+            return None
+        group = MPI.Group.Excl(comm.Get_group(), [self.members.index(victim)])
+        return deadline_call(lambda: comm.Create_group(group),
+                             f"masking original rank {victim}", owner.timeout)

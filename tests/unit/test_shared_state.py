@@ -33,36 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: What the code still does against the rules: module -> private names it reads through
 #: ``self`` without defining them (rule 1) or overrides without its base declaring them
 #: (rule 2, as ``"override <base module>.<Class>.<name>"``).
-KNOWN: dict[str, set[str]] = {
-    'bmlmpi.ft.communicator': {
-        '_advance', '_call', '_comm', '_defer_behind_holder', '_note_failure',
-        "assigns bmlmpi.api.Communicator's _token", "assigns bmlmpi.ft.grow.Growth's _committed",
-        "assigns bmlmpi.ft.grow.Growth's _members", "assigns bmlmpi.ft.grow.Growth's _seq",
-        "assigns bmlmpi.ft.ledger.Ledger's _broken", "assigns bmlmpi.ft.ledger.Ledger's _committed",
-        "assigns bmlmpi.ft.ledger.Ledger's _events", "assigns bmlmpi.ft.ledger.Ledger's _noticed",
-        "assigns bmlmpi.ft.membership.Membership's _broken",
-        "assigns bmlmpi.ft.membership.Membership's _events",
-        "assigns bmlmpi.ft.membership.Membership's _masked",
-        "assigns bmlmpi.ft.membership.Membership's _members",
-        "assigns bmlmpi.ft.membership.Membership's _noticed",
-    },
-    'bmlmpi.ft.grow': {
-        '_comm', '_deadline_call', '_hb', '_init_ledger', '_note_failure', '_pending',
-        '_start_heartbeat', '_token', '_usable',
-    },
-    'bmlmpi.ft.ledger': {
-        '_check_vanished', '_comm', '_hb', '_pending', '_recover',
-        "assigns bmlmpi.ft.grow.Growth's _committed",
-        "assigns bmlmpi.ft.membership.Membership's _broken",
-        "assigns bmlmpi.ft.membership.Membership's _events",
-        "assigns bmlmpi.ft.membership.Membership's _noticed",
-    },
-    'bmlmpi.ft.membership': {
-        '_attempt', '_committed', '_drain', '_hb', '_pending', '_usable',
-        "assigns bmlmpi.api.Communicator's _comm", "assigns bmlmpi.ft.grow.Growth's _members",
-    },
-}
-
+KNOWN: dict[str, set[str]] = {}
 
 
 def seam_names() -> set[str]:
