@@ -81,6 +81,8 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
     #: Which node each original rank is on (None until construction sets it: the base class
     #: asks :meth:`nodes` while it constructs).
     _home_nodes: Any = None
+    #: Who takes part (None until construction makes it: the base class constructs first).
+    _membership: Membership | None = None
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = True, *,
@@ -191,7 +193,7 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
             return super().nodes()
         return home.restrict(members)
 
-    # -- construction helpers ---------------------------------------------------------------
+    # -- the seam (Communicator.SEAM): what differs from the plain communicator -----------
     def _agrees_every_call(self) -> bool:
         """Every call is agreed before its attempt (one Iallreduce on the communicator, made
         by every rank, the one whose arguments fail included), so an agreement never meets a
@@ -255,6 +257,13 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
     def survivors(self) -> tuple[int, ...]:
         """The original ranks still taking part, in current rank order."""
         return tuple(self._membership.members)
+
+    @property
+    def comm(self) -> MPI.Comm:
+        """The communicator bmlmpi sends on (the survivors' after a recovery);
+        ``MPI.COMM_NULL`` on a rank masked out."""
+        masked = self._membership is not None and self._membership.masked
+        return MPI.COMM_NULL if masked else super().comm
 
     @property
     def masked(self) -> bool:
