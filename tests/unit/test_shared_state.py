@@ -22,6 +22,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import sys
 from pathlib import Path
 
 from test_private_access import _is_self, _private, defined_here
@@ -80,8 +81,9 @@ def self_stores(cls: type) -> set[str]:
 
 def undeclared_overrides() -> dict[str, set[str]]:
     """Per module: private methods it overrides that a base (or a later mixin) in another
-    module defines without declaring them in its SEAM, and private attributes it assigns on
-    ``self`` that a class of another module in the same hierarchy assigns too."""
+    module defines without declaring them in its SEAM, private attributes it assigns on
+    ``self`` that a class of another module in the same hierarchy assigns too, and methods or
+    properties it defines under a name such a class assigns on ``self``."""
     found: dict[str, set[str]] = {}
     for cls in bmlmpi_classes():
         mro = [c for c in cls.__mro__ if c.__module__.startswith("bmlmpi")]
@@ -101,6 +103,12 @@ def undeclared_overrides() -> dict[str, set[str]]:
                     found.setdefault(mine.__module__, set()).update(
                         f"assigns {base.__module__}.{base.__qualname__}'s {name}"
                         for name in stores[mine] & stores[base])
+                    # a method or property of this class hiding what the base assigns on
+                    # ``self``: the base then writes into (or reads) the subclass's version
+                    found[mine.__module__].update(
+                        f"shadows {base.__module__}.{base.__qualname__}'s {name}"
+                        for name in stores[base] & {n for n in mine.__dict__ if _private(n)}
+                        if name not in base.__dict__.get("SEAM", ()))
     return {m: names for m, names in found.items() if names}
 
 
@@ -119,6 +127,24 @@ def violations() -> dict[str, set[str]]:
     for module, names in undeclared_overrides().items():
         found.setdefault(module, set()).update(names)
     return found
+
+
+class _Base:
+    def __init__(self):
+        self._held = 1
+
+
+def test_the_check_sees_a_subclass_shadowing_what_its_base_assigns(monkeypatch):
+    namespace: dict = {}
+    exec("class Shadow(Base):\n    @property\n    def _held(self):\n        return 2\n",
+         {"Base": _Base}, namespace)
+    shadow = namespace["Shadow"]
+    shadow.__module__ = "bmlmpi.elsewhere"
+    monkeypatch.setattr(_Base, "__module__", "bmlmpi.here")
+    monkeypatch.setattr(sys.modules[__name__], "bmlmpi_classes", lambda: [shadow])
+    monkeypatch.setattr(sys.modules[__name__], "self_stores",
+                        lambda c: {"_held"} if c is _Base else set())
+    assert undeclared_overrides() == {"bmlmpi.elsewhere": {"shadows bmlmpi.here._Base's _held"}}
 
 
 def test_the_check_sees_a_mixin_reading_anothers_state():
