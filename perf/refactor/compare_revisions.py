@@ -49,7 +49,7 @@ def run(tree: Path, cmd: list[str], timeout: int) -> subprocess.CompletedProcess
                           timeout=timeout)
 
 
-def sweep(tree: Path, n: int, collective: str, sizes: str, out: Path, timeout: int) -> list:
+def sweep(tree: Path, n: int, collective: str, sizes: str, out: Path, timeout: int) -> dict:
     res = run(tree, [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable,
                      "-m", "bmlmpi.cli.bench", "-m", sizes, "-i", "200", "-x", "20", "-c",
                      "--algorithms", "all", "--blocks", "4", "--collective", collective,
@@ -57,7 +57,7 @@ def sweep(tree: Path, n: int, collective: str, sizes: str, out: Path, timeout: i
     if res.returncode != 0:
         print(res.stdout[-2000:], res.stderr[-2000:], sep="\n")
         raise SystemExit(f"{tree.name}: bench at {n} ranks exited {res.returncode}")
-    return json.loads(out.read_text())["rows"]
+    return json.loads(out.read_text())  # rows, and the bench's machine block
 
 
 def soak(tree: Path, trials: int, seed: int, out: Path, timeout: int) -> dict:
@@ -111,14 +111,17 @@ def main(argv: list[str] | None = None) -> int:
                                   capture_output=True, text=True, check=True).stdout.strip()
                 for s in sides}
         runs: list[dict] = []
+        machines: dict[int, dict] = {}
         for rnd in range(args.rounds):
             order = sides if rnd % 2 == 0 else sides[::-1]
             for n in ranks:
                 for coll in collectives:
                     for side in order:
                         before_load = load()
-                        rows = sweep(trees[side], n, coll, args.sizes,
-                                     tmp / f"{side}-{rnd}-{n}-{coll}.json", args.timeout)
+                        bench = sweep(trees[side], n, coll, args.sizes,
+                                      tmp / f"{side}-{rnd}-{n}-{coll}.json", args.timeout)
+                        rows = bench["rows"]
+                        machines.setdefault(n, bench["machine"])
                         runs.append({"side": side, "round": rnd, "ranks": n, "collective": coll,
                                      "load_before": before_load, "load_after": load(),
                                      "passed": all(r["validation"] == "Pass" for r in rows),
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     exact = all(s["exact"] == s["trials"] for s in soaks)
     result = {"machine": {"node": platform.node(), "cpus": os.cpu_count(),
                           "python": platform.python_version()},
+              "bench_machine": machines,
               "revisions": revs, "args": vars(args), "every_row_passed": passed,
               "auto_chose_the_same": same_choices, "soak_all_exact": exact,
               "runs": runs, "table": table, "soaks": soaks}
@@ -164,11 +168,17 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=1))
     lines = [f"# {revs['before']} (before) vs {revs['after']} (after)", "",
              f"Every row passed validation: {passed}. `auto` chose the same at every size in "
-             f"every run: {same_choices}. Soak exact on both sides: {exact}.", "",
-             "Per algorithm, the geometric mean over sizes of its time ÷ mpi4py's call (same "
-             "run), after ÷ before per round; the same revision's round-to-round spread beside "
-             "it.", "", "| N | collective | algorithm | after ÷ before | same-side spread |",
-             "|---|---|---|---|---|"]
+             f"every run: {same_choices}. Soak exact on both sides: {exact}.", ""]
+    for n, m in sorted(machines.items()):
+        lines.append(f"N = {n}: {m['cpu']}, {m['cores']} cores, "
+                     f"{'oversubscribed' if m['oversubscribed'] else 'not oversubscribed'}; "
+                     f"{m['mpi_library'].split(',')[0]}, mpi4py {m['mpi4py']}, numpy "
+                     f"{m['numpy']}, numba {m['numba']}, Python {m['python']}.")
+    lines += ["",
+              "Per algorithm, the geometric mean over sizes of its time ÷ mpi4py's call (same "
+              "run), after ÷ before per round; the same revision's round-to-round spread beside "
+              "it.", "", "| N | collective | algorithm | after ÷ before | same-side spread |",
+              "|---|---|---|---|---|"]
     lines += [f"| {t['ranks']} | {t['collective']} | {t['algorithm']} | "
               f"{', '.join(f'{x:.2f}' for x in t['after_over_before'])} | "
               f"{', '.join(f'{x:.2f}' for x in t['same_side_spread']) or '-'} |" for t in table]
