@@ -8,7 +8,9 @@ also the executor's unchecked per-step calls). ``op`` is one of ``"sum", "prod",
 "max"`` (an average is a sum followed by ``scale_avg``), or a wire op,
 ``"sum_<format>"`` of a registered wire format (:mod:`.wire_formats`; ``"sum_fp16"``,
 ``"sum_bf16"``): the sum of 16-bit codes held in uint16 arrays, added in float32 and rounded
-once to 16 bits (the compressed allreduce's reduction, host arrays only).
+once to 16 bits (the compressed allreduce's reduction, host arrays only). MPI's ops
+``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN``, ``MPI.MAX`` are taken for the four names; any other op
+object raises TypeError.
 
 Back ends, chosen per call by :mod:`.dispatch` (its docstring gives the rule): numpy, the
 reference (:mod:`.numpy_backend`, which also states the exact semantics: wrapping integers,

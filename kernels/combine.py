@@ -82,6 +82,7 @@ def combine_into(out: Any, a: Any, b: Any, op: str) -> None:
 
     ``out`` may be ``a`` or ``b`` itself; a partial overlap is refused (ValueError). Device
     arrays take the copy-and-reduce path of the cupy back end."""
+    op = dispatch.kernel_op(op)
     host = isinstance(out, np.ndarray)
     if not host and not gpu.is_device_array(out):
         raise TypeError(f"out must be a numpy array or a device array, got {type(out).__name__}")

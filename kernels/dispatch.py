@@ -37,6 +37,7 @@ If numba cannot be imported, ``auto`` quietly uses numpy; ``BMLMPI_KERNEL=numba`
 from __future__ import annotations
 
 import operator
+import sys
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -102,6 +103,24 @@ def wire_ops() -> tuple[str, ...]:
 
 def is_wire_op(op: str) -> bool:
     return wire_formats.for_op(op) is not None
+
+
+def kernel_op(op: Any) -> str:
+    """``op`` as the kernels name it: a name passes through (:func:`check_op` checks it);
+    ``MPI.SUM``, ``MPI.PROD``, ``MPI.MIN``, ``MPI.MAX`` become ``"sum"`` ... ``"max"``;
+    anything else raises TypeError naming what the kernels take."""
+    if isinstance(op, str):
+        return op
+    # An MPI.Op can only exist once mpi4py.MPI is loaded; importing it here would initialise
+    # MPI for every kernel user, so it is looked up, never imported.
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(op, mpi.Op):
+        for name in OPS:
+            if op == getattr(mpi, name.upper()):
+                return name
+    raise TypeError(f"the kernels reduce with one of {', '.join(map(repr, OPS))} or MPI.SUM, "
+                    f"MPI.PROD, MPI.MIN, MPI.MAX (an average: 'sum', then scale_avg), or a "
+                    f"wire op ({', '.join(wire_ops())}); got {op!r}")
 
 
 def check_op(op: str, dtype: np.dtype) -> None:
@@ -211,10 +230,12 @@ def reduce_many_into(dst: Any, srcs: Sequence[Any], op: str) -> None:
     """``dst = dst <op> srcs[0] <op> srcs[1] ...`` element-wise, in one pass over ``dst``.
 
     Every source must have the shape and dtype of ``dst`` and live in the same place (all
-    numpy, or all device arrays). Raises ValueError for an unknown op, a read-only ``dst`` or
+    numpy, or all device arrays); ``op`` is a name or one of MPI's four ops
+    (:func:`kernel_op`). Raises ValueError for an unknown op, a read-only ``dst`` or
     a shape that differs, TypeError for a dtype that differs, a non-numeric dtype, MIN/MAX on
     a complex dtype, or host and device arrays mixed.
     """
+    op = kernel_op(op)
     host = _place(dst)
     if not host:
         dst = gpu.as_cupy(dst)

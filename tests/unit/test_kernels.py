@@ -221,6 +221,36 @@ def test_combine_takes_read_only_inputs_and_refuses_bad_arguments(backend):
                              "max")
 
 
+def test_kernels_take_mpis_ops_and_name_theirs_for_other_objects():
+    """``reduce_into(a, b, MPI.SUM)``, as a user of mpi4py writes it, reduces like "sum"; an op
+    the kernels do not have (MPI.LAND, bmlmpi.AVG, a number) is a TypeError naming theirs."""
+    from mpi4py import MPI
+
+    import bmlmpi
+
+    a, b = np.arange(6.0), np.arange(6.0)[::-1].copy()
+    for mpi_op, name in ((MPI.SUM, "sum"), (MPI.PROD, "prod"), (MPI.MIN, "min"),
+                         (MPI.MAX, "max")):
+        got, want = a.copy(), a.copy()
+        kernels.reduce_into(got, b, mpi_op)
+        kernels.reduce_into(want, b, name)
+        assert_same(got, want)
+        out = np.empty_like(a)
+        kernels.combine_into(out, a, b, mpi_op)
+        assert_same(out, want)
+        many = a.copy()
+        kernels.reduce_many_into(many, [b, b], mpi_op)
+        kernels.reduce_many_into(want, [b], name)
+        assert_same(many, want)
+    for bad in (MPI.LAND, bmlmpi.AVG, 3):
+        with pytest.raises(TypeError, match=r"'sum', 'prod', 'min', 'max' or MPI.SUM"):
+            kernels.reduce_into(a.copy(), b, bad)
+        with pytest.raises(TypeError, match=r"MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX"):
+            kernels.combine_into(np.empty_like(a), a, b, bad)
+    with pytest.raises(ValueError, match="unknown reduction op 'mean'"):
+        kernels.reduce_into(a.copy(), b, "mean")
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "longdouble"])
 def test_min_max_propagate_nan_and_order_infinities(backend, dtype):
     nan, inf = np.nan, np.inf
