@@ -722,3 +722,10 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
     finally:
         if work != MPI.COMM_NULL:
             work.Free()
+
+
+if __name__ == "__main__":
+    # ``python -m bmlmpi.calibrate``, the program's earlier name, still starts it.
+    from .cli.calibrate import main
+
+    raise SystemExit(main())
