@@ -1,6 +1,10 @@
 """Measure every algorithm against native MPI_Allreduce at several rank counts.
 
-    python perf/sweep.py --ranks 2,4,9 --max 67108864 --out perf/results
+    python perf/sweep.py --ranks 2,4,9 --max 67108864
+
+writes into a new folder ``bmlmpi-results/perf-sweep-<UTC date and time>`` of the current
+directory (git ignores ``bmlmpi-results/``); the committed results in ``perf/results/`` were
+made with ``--out perf/results``, which replaces them.
 
 ``native`` is the MPI library's ``MPI_Allreduce`` as user code calls it (mpi4py's blocking
 ``comm.Allreduce``); ``passthrough`` is bmlmpi's algorithm ``native`` (see bmlmpi/cli/bench.py).
@@ -18,6 +22,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,7 +119,12 @@ def plot(runs: dict[int, list[dict]], algos: list[str], out: Path) -> None:
     print(f"wrote {out}")
 
 
-def main() -> None:
+def default_out() -> Path:
+    """A folder of its own for each run, outside the committed ``perf/results/``."""
+    return Path("bmlmpi-results") / time.strftime("perf-sweep-%Y%m%d-%H%M%S", time.gmtime())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", default="2,4,9")
     p.add_argument("--algorithms", default="all")
@@ -123,12 +133,24 @@ def main() -> None:
     p.add_argument("--large-iters", type=int, default=20)
     p.add_argument("--blocks", type=int, default=5,
                    help="interleave the algorithms in this many blocks per size")
-    p.add_argument("--out", default=str(ROOT / "perf" / "results"))
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder for the JSON, summary.md and the plot (default: a new "
+                        "bmlmpi-results/perf-sweep-<UTC date and time> here; perf/results "
+                        "holds the committed results and is replaced only when named)")
     p.add_argument("--timeout", type=int, default=3600)
     p.add_argument("--summarise-only", action="store_true",
                    help="rebuild summary.md and the plot from the saved JSON")
-    args = p.parse_args()
-    out = Path(args.out)
+    args = p.parse_args(argv)
+    if args.out is None:
+        if args.summarise_only:
+            p.error("--summarise-only reads a finished run: name its folder with --out")
+        args.out = default_out()
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
     runs, machines, algos = {}, {}, []
     for n in (int(x) for x in args.ranks.split(",")):

@@ -7,6 +7,7 @@ recording wrapper; the same-run summary on synthetic rows.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -172,3 +173,18 @@ def test_native_row_on_device_buffers_stages_like_user_code(monkeypatch):
     host_send = comm.calls[0][1][0]
     assert type(host_send) is np.ndarray and host_send is not send
     assert np.array_equal(recv, send) and ctx.calls == []
+
+
+def test_perf_sweep_writes_a_new_folder_outside_the_committed_results(tmp_path, monkeypatch):
+    """perf/README's sweep command, run as written, must not overwrite perf/results/."""
+    from perf import sweep
+
+    monkeypatch.chdir(tmp_path)
+    first = sweep.parse_args(["--ranks", "2"]).out
+    assert first.parts[0] == "bmlmpi-results" and first.name.startswith("perf-sweep-"), first
+    assert (REPO / "perf" / "results") not in (REPO / first).parents
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(first)], cwd=REPO, timeout=30)
+    assert ignored.returncode == 0, f"{first} is not ignored by git"
+    assert sweep.parse_args(["--out", "perf/results"]).out == Path("perf/results")
+    with pytest.raises(SystemExit):
+        sweep.parse_args(["--summarise-only"])
