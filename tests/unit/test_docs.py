@@ -123,6 +123,17 @@ def test_no_seed_numbers_in_docs_or_library():
     assert not offenders, offenders
 
 
+def test_examples_activate_the_checkouts_venv():
+    """Every example that activates a virtual environment activates README command 1's
+    ``.venv`` from the repository root, never a path the reader never made."""
+    pages = [*PAGES, ROOT / "jobs" / "README.md", ROOT / "perf" / "README.md"]
+    found = [(path.relative_to(ROOT), m.group(0)) for path in pages
+             for m in re.finditer(r"(?m)(?:^|&& )(?:source|\.) \S*activate\b", path.read_text())]
+    assert (Path("jobs/README.md"), "source .venv/bin/activate") in found
+    wrong = [f for f in found if not f[1].endswith("source .venv/bin/activate")]
+    assert not wrong, wrong
+
+
 def _cluster_block(path: Path) -> str:
     text = path.read_text()
     blocks = re.findall(r"^```bash\n(module load .*?)^```", text, re.S | re.M)
