@@ -43,6 +43,7 @@ Every other argument is passed to mpiexec unchanged. ``--dry-run`` prints the co
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -350,10 +351,49 @@ def run_fault_tolerant(cmd: list[str], env: dict[str, str], tolerate_lost: bool,
     return status
 
 
+def help_parser() -> argparse.ArgumentParser:
+    """The ``--help`` text as argparse lays it out. bmlmpi-run's arguments are mpiexec's with
+    three of its own, so this parser only prints: :func:`main` reads ``OWN_FLAGS`` and passes
+    everything else to mpiexec unchanged."""
+    p = argparse.ArgumentParser(
+        prog="bmlmpi-run", formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage="bmlmpi-run [--ft [--tolerate-lost]] [--dry-run] [MPIEXEC OPTIONS] "
+              "-n N PROGRAM [ARGS ...]",
+        description="Start PROGRAM on N ranks with the MPI library's mpiexec (the one beside "
+                    "this Python, else\nmpiexec on PATH, or BMLMPI_MPIEXEC), adding the flags "
+                    "this machine needs. A bare\npython, python3 or python3.N as PROGRAM is "
+                    "the Python bmlmpi-run runs under, whose folder\ngoes first on the ranks' "
+                    "PATH: .venv/bin/bmlmpi-run works without activating the venv.",
+        epilog="flags added when missing (Open MPI): --allow-run-as-root (as root); "
+               "--oversubscribe and\n--mca mpi_yield_when_idle 1 (more ranks than cores); "
+               "--with-ft ulfm (--ft); --mca osc ^ucx\n(no RDMA device); --mca "
+               f"{IREDUCE} binomial.\n"
+               "exit status: mpiexec's; with --ft, non-zero when a rank failed or was lost "
+               "(unless\n--tolerate-lost and another rank finished).\n"
+               "docs/launching.md says why each flag is there and what --ft prints.")
+    own = p.add_argument_group("options of bmlmpi-run (not passed to mpiexec)")
+    own.add_argument("--ft", action="store_true",
+                     help="a fault-tolerant job (ULFM: --with-ft ulfm), for "
+                          "Communicator(fault_tolerant=True); lost and failed ranks are "
+                          "listed at the end")
+    own.add_argument("--tolerate-lost", action="store_true",
+                     help="with --ft: a lost rank does not fail the job when another rank "
+                          "finished (BMLMPI_TOLERATE_LOST=1)")
+    own.add_argument("--dry-run", action="store_true",
+                     help="print the mpiexec command and exit")
+    passed = p.add_argument_group("mpiexec's options (passed on unchanged), for example")
+    passed.add_argument("-n", "-np", metavar="N", help="the number of ranks")
+    passed.add_argument("--mca", nargs=2, metavar=("NAME", "VALUE"),
+                        help="an Open MPI parameter (one bmlmpi-run would add is then left "
+                             "to you)")
+    passed.add_argument("-x", metavar="VAR", help="export VAR to the ranks (Open MPI)")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(__doc__)
+        help_parser().print_help()
         return 0
     cmd = build_command(args)
     if "--dry-run" in args:

@@ -131,3 +131,18 @@ def test_libnbc_ireduce_is_binomial_unless_chosen(monkeypatch):
     assert "ireduce" not in command(["-n", "2", "a.out"], kind="mpich")
     monkeypatch.setenv("OMPI_MCA_coll_libnbc_ireduce_algorithm", "chain")
     assert "ireduce" not in command(["-n", "2", "a.out"])
+
+
+def test_help_is_an_option_list(capsys):
+    """``bmlmpi-run --help``: a usage line and argparse's option list, bmlmpi-run's own
+    options (exactly the ones it takes out before mpiexec) apart from mpiexec's."""
+    assert launch.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("usage: bmlmpi-run ") and "-n N PROGRAM" in lines[0], out
+    assert len(lines) <= 40, out
+    own = out.split("options of bmlmpi-run (not passed to mpiexec):\n", 1)[1].split("\n\n")[0]
+    listed = [line.split()[0] for line in own.splitlines() if line.startswith("  -")]
+    assert sorted(listed) == sorted(launch.OWN_FLAGS), own
+    assert "mpiexec's options (passed on unchanged)" in out and "  -n N, -np N " in out
+    assert launch.main([]) == 0 and capsys.readouterr().out == out
