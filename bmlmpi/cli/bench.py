@@ -151,6 +151,28 @@ def sizes(lo: int, hi: int) -> list[int]:
     return out
 
 
+def elements(collective: str, nbytes: int, ranks: int) -> int:
+    """The float32 elements a ``collective`` sweep row of ``nbytes`` moves: at least one; for
+    reduce-scatter the whole send buffer, a whole number of elements per rank (rounded down,
+    at least one per rank)."""
+    n = max(1, nbytes // 4)
+    if collective == "reduce_scatter":
+        n = max(ranks, n - n % ranks)
+    return n
+
+
+def size_list(collective: str, lo: int, hi: int, ranks: int) -> list[int]:
+    """The sizes in bytes a sweep times, one row each: the powers of two from ``lo`` to
+    ``hi`` as :func:`elements` makes them, each once (at 4 ranks a reduce-scatter's 4, 8 and
+    16 B are all one 16 B buffer)."""
+    out: list[int] = []
+    for nbytes in sizes(lo, hi):
+        size = elements(collective, nbytes, ranks) * 4
+        if size not in out:
+            out.append(size)
+    return out
+
+
 def machine_info(comm: MPI.Comm) -> dict[str, Any]:
     import numba
 
@@ -255,9 +277,8 @@ class FamilyCase:
         rank, size = comm.Get_rank(), comm.Get_size()
         self.collective = collective
         self.rank, self.root = rank, 0
-        n = max(1, nbytes // 4)
+        n = elements(collective, nbytes, size)
         if collective == "reduce_scatter":
-            n = max(size, n - n % size)  # the whole send buffer: a block per rank
             self.send = np.empty(n, np.float32)
             _fill(self.send, rank)
             self.recv = np.empty(n // size, np.float32)
@@ -346,7 +367,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
     """
     user_comm = MPI.COMM_WORLD if comm is None else comm
     comm = ctx.comm
-    n = max(1, nbytes // 4)
+    n = elements(collective, nbytes, comm.Get_size())
     if collective == "allreduce":
         to_device, to_host = device_buffers(device)
         host_send = np.empty(n, dtype=np.float32)
@@ -441,6 +462,9 @@ def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
              f"# Ranks: {info['ranks']}{' (oversubscribed)' if info['oversubscribed'] else ''}"
              f"; MPI: {info['mpi_library']}",
              "# Datatype: MPI_FLOAT."]
+    if getattr(args, "collective", "allreduce") == "reduce_scatter":
+        lines.append("# Size: the whole send buffer, a whole number of floats per rank "
+                     "(a size that does not divide is rounded down, at least one float a rank)")
     if rows and rows[0].get("device", "host") != "host":
         how = ("copied to and from host arrays around comm.Allreduce, as user code must with "
                "an MPI that is not CUDA-aware" if algo == BASELINE
@@ -492,7 +516,7 @@ def run(args: argparse.Namespace) -> int:
         return 3
     ctx = Communicator(world, topology=args.topology)
     info = machine_info(world)
-    todo = sizes(args.min_size, args.max_size)
+    todo = size_list(args.collective, args.min_size, args.max_size, size)
     bar = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm

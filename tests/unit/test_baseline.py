@@ -7,6 +7,8 @@ recording wrapper; the same-run summary on synthetic rows.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -188,3 +190,22 @@ def test_perf_sweep_writes_a_new_folder_outside_the_committed_results(tmp_path, 
     assert sweep.parse_args(["--out", "perf/results"]).out == Path("perf/results")
     with pytest.raises(SystemExit):
         sweep.parse_args(["--summarise-only"])
+
+
+def test_each_swept_size_is_one_row():
+    """A reduce-scatter's buffer holds a whole number of floats per rank, so small sizes
+    round to one buffer: that buffer is timed once, under the size it has."""
+    assert bench.size_list("reduce_scatter", 4, 64, 4) == [16, 32, 64]
+    assert bench.size_list("reduce_scatter", 4, 64, 3) == [12, 24, 60]
+    assert bench.size_list("allgather", 1, 16, 4) == [4, 8, 16]
+    assert bench.size_list("allreduce", 4, 16, 9) == [4, 8, 16]
+    for collective in ("reduce_scatter", "allgather"):
+        args = bench.parse_args(["--collective", collective, "-m", "1:16", "-i", "2", "-x", "1",
+                                 "-c", "--algorithms", "ring,native", "--no-progress"])
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert bench.run(args) == 0  # one rank: this process's MPI
+        text = out.getvalue()
+        sizes = [line.split()[0] for line in text.splitlines() if line[:1].isdigit()]
+        assert sizes == ["4", "8", "16"] * 3, text  # ring's table, native's, the ratios
+        assert ("# Size: the whole send buffer" in text) == (collective == "reduce_scatter")
