@@ -49,6 +49,7 @@ from mpi4py import MPI
 from .. import __version__, config
 from ..api import Communicator
 from ..selection import algorithms as implemented
+from . import overview
 
 #: ``--collective`` -> (OSU's test title, the mpi4py method the baseline calls)
 COLLECTIVE_TESTS = {
@@ -96,17 +97,21 @@ def _parse_range(text: str) -> tuple[int, int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bmlmpi-bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("-m", "--message-size", default="4:1048576", metavar="[MIN:]MAX",
+    p.add_argument("--overview", action="store_true",
+                   help="the main job: every one-node schedule, auto and native at 8 B - "
+                        "64 MiB in 4 interleaved blocks, validated, then a reading of where "
+                        "bmlmpi is faster and where native is (-i/-x still apply)")
+    p.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
                    help="message sizes in bytes, powers of two (default 4:1048576)")
     p.add_argument("-i", "--iterations", type=int, help="timed iterations (default 1000/100)")
     p.add_argument("-x", "--warmup", type=int, help="warm-up iterations (default 100/10)")
     p.add_argument("-f", "--full", action="store_true", help="print min/max and iterations")
     p.add_argument("-c", "--validation", action="store_true", help="check every result")
-    p.add_argument("--algorithms", default="bml,native",
+    p.add_argument("--algorithms",
                    help=f"comma list, or 'all' ({','.join(sweep_names())}); 'native' is "
                         f"mpi4py's blocking comm.Allreduce, 'passthrough' bmlmpi's "
-                        f"algorithm 'native'")
-    p.add_argument("--blocks", type=int, default=1,
+                        f"algorithm 'native' (default bml,native)")
+    p.add_argument("--blocks", type=int,
                    help="cut each size's timed iterations into this many blocks, taken by "
                         "every algorithm in turn (default 1: OSU's order)")
     p.add_argument("-d", "--device", choices=["host", "cuda"], default="host",
@@ -124,6 +129,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(catches a launcher that started N one-rank worlds)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = p.parse_args(argv)
+    if args.overview:
+        fixed = [flag for flag, value in (("-m", args.message_size),
+                                          ("--algorithms", args.algorithms),
+                                          ("--blocks", args.blocks),
+                                          ("--collective", args.collective != "allreduce"))
+                 if value]
+        if fixed:
+            p.error(f"--overview chooses its own sizes, algorithms and blocks for the "
+                    f"allreduce; leave out {', '.join(fixed)}")
+        args.message_size = f"{overview.SIZES[0]}:{overview.SIZES[-1]}"
+        args.algorithms = ",".join(overview.ALGORITHMS)
+        args.blocks, args.full, args.validation = overview.BLOCKS, True, True
+    args.message_size = args.message_size or "4:1048576"
+    args.algorithms = args.algorithms or "bml,native"
+    args.blocks = 1 if args.blocks is None else args.blocks
     args.min_size, args.max_size = _parse_range(args.message_size)
     if args.blocks < 1:
         p.error(f"--blocks must be at least 1, got {args.blocks}")
@@ -421,6 +441,9 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
                        for b in range(blocks) if bounds[b + 1] > bounds[b]]
         mine = np.array([sum(t) * 1e6 / max(iters, 1),
                          float(np.median(block_means)) if block_means else 0.0])
+        # each block's mean over the ranks: the overview compares rows block by block
+        block_sum = np.empty(len(block_means))
+        comm.Allreduce(np.array(block_means), block_sum, MPI.SUM)
         mn, mx, sm = np.empty(2), np.empty(2), np.empty(2)
         comm.Allreduce(mine, mn, MPI.MIN)
         comm.Allreduce(mine, mx, MPI.MAX)
@@ -433,6 +456,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             "size": size_bytes, "avg_us": avg, "min_us": float(mn[0]),
             "max_us": float(mx[0]), "iterations": iters, "blocks": blocks,
             "median_block_us": float(sm[1]) / size,
+            "block_us": [float(b) / size for b in block_sum],
             "validation": ("Pass" if passed else "Fail") if validate else "",
             "device": device,
             "algbw_GBps": algbw,
@@ -516,7 +540,8 @@ def run(args: argparse.Namespace) -> int:
         return 3
     ctx = Communicator(world, topology=args.topology)
     info = machine_info(world)
-    todo = size_list(args.collective, args.min_size, args.max_size, size)
+    todo = (list(overview.SIZES) if args.overview
+            else size_list(args.collective, args.min_size, args.max_size, size))
     bar = None
     if rank == 0 and not args.no_progress:
         from tqdm import tqdm
@@ -525,8 +550,10 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for nbytes in todo:
         large = nbytes > LARGE_MESSAGE
-        iters = args.iterations if args.iterations is not None else (100 if large else 1000)
-        skip = args.warmup if args.warmup is not None else (10 if large else 100)
+        iters, skip = overview.iterations(nbytes) if args.overview else (
+            (100, 10) if large else (1000, 100))
+        iters = args.iterations if args.iterations is not None else iters
+        skip = args.warmup if args.warmup is not None else skip
         rows += measure(ctx, args.algorithm_list, nbytes, iters, skip, args.validation,
                         args.blocks, args.device, comm=world, collective=args.collective)
         if bar is not None:
@@ -535,6 +562,7 @@ def run(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     info["loadavg_end"] = loadavg()
+    nodes = len(set(world.allgather(MPI.Get_processor_name())))
     failed = any(r["validation"] == "Fail" for r in rows)
     if rank == 0:
         for algo in args.algorithm_list:
@@ -542,6 +570,9 @@ def run(args: argparse.Namespace) -> int:
             print()
         if "native" in args.algorithm_list and len(args.algorithm_list) > 1:
             print(ratio_table(rows, args.algorithm_list))
+        if args.overview:
+            print()
+            print(overview.reading(rows, size, info["cores"], nodes, info["oversubscribed"]))
         sys.stdout.flush()
         if args.csv:
             with open(args.csv, "w", newline="") as f:

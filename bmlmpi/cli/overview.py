@@ -1,0 +1,158 @@
+"""``bmlmpi-bench --overview``: the main job, what bmlmpi does on the machine it runs on.
+
+A sweep chosen to show where bmlmpi's algorithms matter: every schedule that runs on one node
+(bml, ring, tree, multitree, shm), ``auto`` and the baseline ``native`` (mpi4py's blocking
+``comm.Allreduce``), at nine sizes from 8 B to 64 MiB, interleaved in :data:`BLOCKS` blocks
+per size so a change in the machine's load hits every row alike, validated. Iterations fall
+with the size (:func:`iterations`) so the job takes a minute or two on two cores.
+
+After the OSU tables it prints a reading computed from its own measurements
+(:func:`reading`): per size, native's time, the fastest schedule and its time as a ratio to
+native's, the range of that ratio over the blocks, ``auto``'s ratio and what it ran, and a
+verdict that needs no threshold: ``bmlmpi faster`` when the fastest schedule beat native in
+every block, ``native faster`` when native beat it in every block, ``no clear winner``
+otherwise. Three lines then name the sizes of each verdict.
+
+MPI-free: :mod:`.bench` measures and hands its rows here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: The rows the overview times. hierarchical is left out: on one node it has no second tier.
+ALGORITHMS = ("auto", "bml", "ring", "tree", "multitree", "shm", "native")
+#: Schedules that compete for "best" (auto is judged on its own column; native is the baseline)
+SCHEDULES = tuple(a for a in ALGORITHMS if a not in ("auto", "native"))
+#: 8 B (latency) to 64 MiB (bandwidth), four times apart from 1 KiB.
+SIZES = (8, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
+BLOCKS = 4
+
+VERDICTS = ("bmlmpi faster", "native faster", "no clear winner")
+HEADER = ("# Size", "native(us)", "best", "best(us)", "best/native", "blocks", "auto/native",
+          "auto ran", "verdict")
+WIDTHS = (10, 12, 11, 12, 12, 13, 12, 10, 0)
+
+
+def iterations(nbytes: int) -> tuple[int, int]:
+    """(timed iterations, warm-up iterations) at ``nbytes``: OSU's 1000/100 would take minutes
+    at 64 MiB, so the count falls with the size, and every block holds at least two."""
+    if nbytes <= 16 << 10:
+        return 400, 40
+    if nbytes <= 1 << 20:
+        return 80, 8
+    if nbytes <= 4 << 20:
+        return 24, 3
+    return 8, 2
+
+
+@dataclass(frozen=True)
+class SizeReading:
+    """One size of the reading: native's time, the fastest schedule's, auto's (medians of the
+    blocks, microseconds) and the fastest schedule's ratio to native in each block."""
+
+    size: int
+    native_us: float
+    best: str
+    best_us: float
+    block_ratios: tuple[float, ...]
+    auto_us: float
+    auto_ran: str
+
+    @property
+    def ratio(self) -> float:
+        return self.best_us / self.native_us
+
+    @property
+    def auto_ratio(self) -> float:
+        return self.auto_us / self.native_us
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.block_ratios)
+
+
+def verdict(block_ratios: tuple[float, ...] | list[float]) -> str:
+    """``bmlmpi faster`` when every block's ratio is below 1, ``native faster`` when every one
+    is above 1, else ``no clear winner`` (the blocks disagree: the difference is inside the
+    machine's noise)."""
+    if all(r < 1 for r in block_ratios):
+        return VERDICTS[0]
+    if all(r > 1 for r in block_ratios):
+        return VERDICTS[1]
+    return VERDICTS[2]
+
+
+def readings(rows: list[dict[str, Any]]) -> list[SizeReading]:
+    """The reading of a sweep's rows (``block_us`` and ``median_block_us`` per row; ``auto``
+    rows with ``chose``), one per size, the fastest schedule chosen by its median of blocks."""
+    by = {(r["algorithm"], r["size"]): r for r in rows}
+    out = []
+    for size in sorted({r["size"] for r in rows}):
+        native = by[("native", size)]
+        timed = [by[(a, size)] for a in SCHEDULES if (a, size) in by]
+        best = min(timed, key=lambda r: r["median_block_us"])
+        auto = by.get(("auto", size), {})
+        out.append(SizeReading(
+            size=size, native_us=native["median_block_us"], best=best["algorithm"],
+            best_us=best["median_block_us"],
+            block_ratios=tuple(b / n for b, n in
+                               zip(best["block_us"], native["block_us"], strict=True)),
+            auto_us=auto.get("median_block_us", float("nan")),
+            auto_ran=auto.get("chose", "-")))
+    return out
+
+
+def human(nbytes: int) -> str:
+    """8 B, 64 KiB, 4 MiB."""
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+def row_line(r: SizeReading) -> str:
+    lo, hi = min(r.block_ratios), max(r.block_ratios)
+    cells = (str(r.size), f"{r.native_us:.2f}", r.best, f"{r.best_us:.2f}", f"{r.ratio:.2f}",
+             f"{lo:.2f}-{hi:.2f}", f"{r.auto_ratio:.2f}", r.auto_ran, r.verdict)
+    return _cells(cells)
+
+
+def _cells(cells: tuple[str, ...]) -> str:
+    first = f"{cells[0]:<{WIDTHS[0]}}"
+    return first + "".join(f"{c:>{w}}" if w else f"  {c}"
+                           for c, w in zip(cells[1:], WIDTHS[1:], strict=True))
+
+
+def summary_lines(rs: list[SizeReading]) -> list[str]:
+    """One line per verdict: the sizes it holds and the range of best/native there."""
+    lines = []
+    for v in VERDICTS:
+        held = [r for r in rs if r.verdict == v]
+        if not held:
+            lines.append(f"# {v}: no size")
+            continue
+        ratios = [r.ratio for r in held]
+        names = sorted({r.best for r in held}, key=SCHEDULES.index)
+        lines.append(f"# {v}: {', '.join(human(r.size) for r in held)} (best/native "
+                     f"{min(ratios):.2f}-{max(ratios):.2f}; best: {', '.join(names)})")
+    return lines
+
+
+def reading(rows: list[dict[str, Any]], ranks: int, cores: int, nodes: int,
+            oversubscribed: bool) -> str:
+    """The text the overview prints after its tables (``cores``: rank 0's node's)."""
+    rs = readings(rows)
+    blocks = len(rs[0].block_ratios) if rs else 0
+    where = "one node" if nodes == 1 else f"{nodes} nodes"
+    over = " (oversubscribed)" if oversubscribed else ""
+    lines = [f"# Reading: {ranks} ranks, {where} of {cores} cores{over}. Times are medians of "
+             f"{blocks} interleaved blocks;",
+             "# best = the fastest schedule; blocks = best/native in each block, lowest-highest;",
+             "# verdict: bmlmpi faster / native faster when every block agrees, else no clear "
+             "winner.",
+             _cells(HEADER)]
+    lines += [row_line(r) for r in rs]
+    lines += summary_lines(rs)
+    return "\n".join(lines)
