@@ -89,3 +89,35 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
                                  "native"}, chosen
     assert all(r["blocks"] == "3" and float(r["median_block_us"]) > 0 for r in rows)
     assert {r["ranks"] for r in rows} == {"3"} and {r["oversubscribed"] for r in rows} == {"True"}
+
+
+def test_readme_mpiexec_by_hand(tmp_path):
+    """README's quick start: Open MPI's mpiexec started by hand needs --allow-run-as-root as
+    root and --oversubscribe on fewer cores than ranks, or refuses to start; with the flags the
+    README gives, train.py runs on 4 ranks. The venv's bin first on PATH, as activated."""
+    readme = (ROOT / "README.md").read_text()
+    quick = " ".join(readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0].split())
+    code = readme.split("Save this as `train.py`:", 1)[1].split("```python\n", 1)[1]
+    (tmp_path / "train.py").write_text(code.split("```", 1)[0])
+    flagged = "mpiexec --allow-run-as-root --oversubscribe -n 4 python train.py"
+    plain = "mpiexec -n 4 python train.py"
+    assert f"`{flagged}` as root on fewer than 4 cores" in quick
+    assert f"`{plain}` as a user on 4 cores or more" in quick
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "BMLMPI_TIMEOUT": "60"}
+
+    def run(command: str) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(["timeout", "300", *command.split()], cwd=tmp_path, env=env,
+                                  capture_output=True, text=True, timeout=330)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{command} did not finish within 330 s")
+
+    if os.geteuid() == 0 or (os.cpu_count() or 1) < 4:
+        refused = run(plain)
+        assert refused.returncode != 0, refused.stdout
+        said = refused.stdout + refused.stderr
+        assert ("attempt to run as root" if os.geteuid() == 0 else "not enough slots") in said
+    res = run(flagged)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
+    assert "4 ranks: mean of element 1 = 2.5" in res.stdout, res.stdout
