@@ -121,3 +121,31 @@ def test_readme_mpiexec_by_hand(tmp_path):
     res = run(flagged)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "4 ranks: mean of element 1 = 2.5" in res.stdout, res.stdout
+
+
+def test_main_job_prints_its_reading():
+    """README command 1's job at two ranks, with few iterations: every row validated, and the
+    reading after the tables is what the reading's logic makes of the rows printed above it,
+    in the README's layout."""
+    from bmlmpi.cli import overview
+
+    res = run_ranks(2, ["-m", "bmlmpi.cli.bench", "--overview", "-i", "8", "-x", "1",
+                        "--no-progress"], timeout=600)
+    tables = sweep_tables(res)
+    assert [t.splitlines()[0].rsplit(" ", 1)[1].rstrip(")") for t, _ in tables] == \
+        list(overview.ALGORITHMS)
+    for table, rows in tables:
+        assert [int(r[0]) for r in rows] == list(overview.SIZES), table
+        assert all("Pass" in r and r[4] == "8" for r in rows), table
+    text = res.stdout.split("\n# Reading: ", 1)[1]
+    lines = ("# Reading: " + text).strip().splitlines()
+    cores = os.cpu_count() or 1
+    assert lines[:4] == overview.header_lines(2, cores, 1, 2 > cores, overview.BLOCKS)
+    body = lines[4:4 + len(overview.SIZES)]
+    rs = [overview.parse_row(line) for line in body]
+    assert [r.size for r in rs] == list(overview.SIZES)
+    assert body == [overview.row_line(r) for r in rs]
+    assert lines[4 + len(body):] == overview.summary_lines(rs)
+    assert {r.best for r in rs} <= set(overview.SCHEDULES)
+    readme = (ROOT / "README.md").read_text()
+    assert "\n".join(lines[1:4]) in readme  # how to read it and the columns, as the README shows

@@ -10,8 +10,8 @@ After the OSU tables it prints a reading computed from its own measurements
 (:func:`reading`): per size, native's time, the fastest schedule and its time as a ratio to
 native's, the range of that ratio over the blocks, ``auto``'s ratio and what it ran, and a
 verdict that needs no threshold: ``bmlmpi faster`` when the fastest schedule beat native in
-every block, ``native faster`` when native beat it in every block, ``no clear winner``
-otherwise. Three lines then name the sizes of each verdict.
+every block, ``native faster`` when native beat it in every block (to the two decimals
+printed), ``no clear winner`` otherwise. Three lines then name the sizes of each verdict.
 
 MPI-free: :mod:`.bench` measures and hands its rows here.
 """
@@ -49,24 +49,19 @@ def iterations(nbytes: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class SizeReading:
-    """One size of the reading: native's time, the fastest schedule's, auto's (medians of the
-    blocks, microseconds) and the fastest schedule's ratio to native in each block."""
+    """One size of the reading: native's time and the fastest schedule's (medians of the
+    blocks, microseconds), their ratio, the fastest schedule's ratio to native in each block,
+    auto's ratio to native and what auto ran. Everything a printed row shows, and all that
+    its verdict and the summary depend on."""
 
     size: int
     native_us: float
     best: str
     best_us: float
+    ratio: float
     block_ratios: tuple[float, ...]
-    auto_us: float
+    auto_ratio: float
     auto_ran: str
-
-    @property
-    def ratio(self) -> float:
-        return self.best_us / self.native_us
-
-    @property
-    def auto_ratio(self) -> float:
-        return self.auto_us / self.native_us
 
     @property
     def verdict(self) -> str:
@@ -74,12 +69,13 @@ class SizeReading:
 
 
 def verdict(block_ratios: tuple[float, ...] | list[float]) -> str:
-    """``bmlmpi faster`` when every block's ratio is below 1, ``native faster`` when every one
-    is above 1, else ``no clear winner`` (the blocks disagree: the difference is inside the
-    machine's noise)."""
-    if all(r < 1 for r in block_ratios):
+    """``bmlmpi faster`` when every block's ratio, to the two decimals the reading prints, is
+    below 1, ``native faster`` when every one is above 1, else ``no clear winner`` (the blocks
+    disagree, or one is even: the difference is inside the machine's noise)."""
+    shown = [round(r, 2) for r in block_ratios]
+    if all(r < 1 for r in shown):
         return VERDICTS[0]
-    if all(r > 1 for r in block_ratios):
+    if all(r > 1 for r in shown):
         return VERDICTS[1]
     return VERDICTS[2]
 
@@ -94,12 +90,13 @@ def readings(rows: list[dict[str, Any]]) -> list[SizeReading]:
         timed = [by[(a, size)] for a in SCHEDULES if (a, size) in by]
         best = min(timed, key=lambda r: r["median_block_us"])
         auto = by.get(("auto", size), {})
+        native_us = native["median_block_us"]
         out.append(SizeReading(
-            size=size, native_us=native["median_block_us"], best=best["algorithm"],
-            best_us=best["median_block_us"],
+            size=size, native_us=native_us, best=best["algorithm"],
+            best_us=best["median_block_us"], ratio=best["median_block_us"] / native_us,
             block_ratios=tuple(b / n for b, n in
                                zip(best["block_us"], native["block_us"], strict=True)),
-            auto_us=auto.get("median_block_us", float("nan")),
+            auto_ratio=auto.get("median_block_us", float("nan")) / native_us,
             auto_ran=auto.get("chose", "-")))
     return out
 
@@ -125,6 +122,17 @@ def _cells(cells: tuple[str, ...]) -> str:
                            for c, w in zip(cells[1:], WIDTHS[1:], strict=True))
 
 
+def parse_row(line: str) -> SizeReading:
+    """A printed row read back (:func:`row_line`'s inverse, to its two decimals): the
+    README's copy of a run's reading is checked by printing it again from this."""
+    size, native, best, best_us, ratio, blocks, auto, ran, *_ = line.split()
+    lo, hi = blocks.split("-")
+    return SizeReading(size=int(size), native_us=float(native), best=best,
+                       best_us=float(best_us), ratio=float(ratio),
+                       block_ratios=(float(lo), float(hi)), auto_ratio=float(auto),
+                       auto_ran=ran)
+
+
 def summary_lines(rs: list[SizeReading]) -> list[str]:
     """One line per verdict: the sizes it holds and the range of best/native there."""
     lines = []
@@ -145,6 +153,13 @@ def reading(rows: list[dict[str, Any]], ranks: int, cores: int, nodes: int,
     """The text the overview prints after its tables (``cores``: rank 0's node's)."""
     rs = readings(rows)
     blocks = len(rs[0].block_ratios) if rs else 0
+    return "\n".join([*header_lines(ranks, cores, nodes, oversubscribed, blocks),
+                      *(row_line(r) for r in rs), *summary_lines(rs)])
+
+
+def header_lines(ranks: int, cores: int, nodes: int, oversubscribed: bool,
+                 blocks: int) -> list[str]:
+    """The reading's first lines: where it ran, how to read it, the column titles."""
     where = "one node" if nodes == 1 else f"{nodes} nodes"
     over = " (oversubscribed)" if oversubscribed else ""
     lines = [f"# Reading: {ranks} ranks, {where} of {cores} cores{over}. Times are medians of "
@@ -153,6 +168,4 @@ def reading(rows: list[dict[str, Any]], ranks: int, cores: int, nodes: int,
              "# verdict: bmlmpi faster / native faster when every block agrees, else no clear "
              "winner.",
              _cells(HEADER)]
-    lines += [row_line(r) for r in rs]
-    lines += summary_lines(rs)
-    return "\n".join(lines)
+    return lines
