@@ -441,9 +441,12 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
                        for b in range(blocks) if bounds[b + 1] > bounds[b]]
         mine = np.array([sum(t) * 1e6 / max(iters, 1),
                          float(np.median(block_means)) if block_means else 0.0])
-        # each block's mean over the ranks: the overview compares rows block by block
-        block_sum = np.empty(len(block_means))
-        comm.Allreduce(np.array(block_means), block_sum, MPI.SUM)
+        # per block, over the ranks: the mean and the median call (which a few calls slowed
+        # by a busy machine do not move); the overview compares rows block by block
+        block_medians = [float(np.median(t[bounds[b]:bounds[b + 1]])) * 1e6
+                         for b in range(blocks) if bounds[b + 1] > bounds[b]]
+        block_sum = np.empty(2 * len(block_means))
+        comm.Allreduce(np.array(block_means + block_medians), block_sum, MPI.SUM)
         mn, mx, sm = np.empty(2), np.empty(2), np.empty(2)
         comm.Allreduce(mine, mn, MPI.MIN)
         comm.Allreduce(mine, mx, MPI.MAX)
@@ -456,7 +459,8 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             "size": size_bytes, "avg_us": avg, "min_us": float(mn[0]),
             "max_us": float(mx[0]), "iterations": iters, "blocks": blocks,
             "median_block_us": float(sm[1]) / size,
-            "block_us": [float(b) / size for b in block_sum],
+            "block_us": [float(b) / size for b in block_sum[:len(block_means)]],
+            "block_median_us": [float(b) / size for b in block_sum[len(block_means):]],
             "validation": ("Pass" if passed else "Fail") if validate else "",
             "device": device,
             "algbw_GBps": algbw,

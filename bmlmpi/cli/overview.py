@@ -7,7 +7,9 @@ per size so a change in the machine's load hits every row alike, validated. Iter
 with the size (:func:`iterations`) so the job takes a minute or two on two cores.
 
 After the OSU tables it prints a reading computed from its own measurements
-(:func:`reading`): per size, native's time, the fastest schedule and its time as a ratio to
+(:func:`reading`). Its times are typical calls: each block's median call (averaged over the
+ranks), then the median over the blocks, which calls slowed by a busy machine do not move as
+they move OSU's mean. Per size: native's time, the fastest schedule and its time as a ratio to
 native's, the range of that ratio over the blocks, ``auto``'s ratio and what it ran, and a
 verdict that needs no threshold: ``bmlmpi faster`` when the fastest schedule beat native in
 every block, ``native faster`` when native beat it in every block (to the two decimals
@@ -18,6 +20,7 @@ MPI-free: :mod:`.bench` measures and hands its rows here.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,14 +39,19 @@ WIDTHS = (10, 12, 11, 12, 12, 13, 12, 10, 0)
 
 
 def iterations(nbytes: int) -> tuple[int, int]:
-    """(timed iterations, warm-up iterations) at ``nbytes``: OSU's 1000/100 would take minutes
-    at 64 MiB, so the count falls with the size, and every block holds at least two."""
+    """(timed iterations, warm-up iterations) at ``nbytes``: OSU's 1000/100 up to 16 KiB;
+    above, 1000 would take minutes at 64 MiB, so the count falls with the size, and every
+    block holds at least two calls."""
     if nbytes <= 16 << 10:
-        return 400, 40
+        return 1000, 100
+    if nbytes <= 256 << 10:
+        return 200, 20
     if nbytes <= 1 << 20:
         return 80, 8
     if nbytes <= 4 << 20:
         return 24, 3
+    if nbytes <= 16 << 20:
+        return 12, 2
     return 8, 2
 
 
@@ -81,23 +89,27 @@ def verdict(block_ratios: tuple[float, ...] | list[float]) -> str:
 
 
 def readings(rows: list[dict[str, Any]]) -> list[SizeReading]:
-    """The reading of a sweep's rows (``block_us`` and ``median_block_us`` per row; ``auto``
-    rows with ``chose``), one per size, the fastest schedule chosen by its median of blocks."""
+    """The reading of a sweep's rows (``block_median_us``, each block's median call, per row;
+    ``auto`` rows with ``chose``), one per size: each row's time is the median over its
+    blocks, and the fastest schedule is the one with the lowest."""
     by = {(r["algorithm"], r["size"]): r for r in rows}
+
+    def typical(row: dict[str, Any]) -> float:
+        return float(statistics.median(row["block_median_us"]))
+
     out = []
     for size in sorted({r["size"] for r in rows}):
         native = by[("native", size)]
-        timed = [by[(a, size)] for a in SCHEDULES if (a, size) in by]
-        best = min(timed, key=lambda r: r["median_block_us"])
-        auto = by.get(("auto", size), {})
-        native_us = native["median_block_us"]
+        best = min((by[(a, size)] for a in SCHEDULES if (a, size) in by), key=typical)
+        auto = by.get(("auto", size))
+        native_us, best_us = typical(native), typical(best)
         out.append(SizeReading(
-            size=size, native_us=native_us, best=best["algorithm"],
-            best_us=best["median_block_us"], ratio=best["median_block_us"] / native_us,
-            block_ratios=tuple(b / n for b, n in
-                               zip(best["block_us"], native["block_us"], strict=True)),
-            auto_ratio=auto.get("median_block_us", float("nan")) / native_us,
-            auto_ran=auto.get("chose", "-")))
+            size=size, native_us=native_us, best=best["algorithm"], best_us=best_us,
+            ratio=best_us / native_us,
+            block_ratios=tuple(b / n for b, n in zip(best["block_median_us"],
+                                                     native["block_median_us"], strict=True)),
+            auto_ratio=typical(auto) / native_us if auto else float("nan"),
+            auto_ran=auto.get("chose", "-") if auto else "-"))
     return out
 
 
@@ -162,8 +174,8 @@ def header_lines(ranks: int, cores: int, nodes: int, oversubscribed: bool,
     """The reading's first lines: where it ran, how to read it, the column titles."""
     where = "one node" if nodes == 1 else f"{nodes} nodes"
     over = " (oversubscribed)" if oversubscribed else ""
-    lines = [f"# Reading: {ranks} ranks, {where} of {cores} cores{over}. Times are medians of "
-             f"{blocks} interleaved blocks;",
+    lines = [f"# Reading: {ranks} ranks, {where} of {cores} cores{over}. Times: each block's "
+             f"median call, the median over {blocks} interleaved blocks;",
              "# best = the fastest schedule; blocks = best/native in each block, lowest-highest;",
              "# verdict: bmlmpi faster / native faster when every block agrees, else no clear "
              "winner.",

@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def rows_for(size: int, blocks: dict[str, list[float]], chose: str = "ring") -> list[dict]:
-    """Sweep rows at one size from each algorithm's per-block means (microseconds)."""
+    """Sweep rows at one size from each algorithm's per-block median calls (microseconds),
+    with OSU's mean and the blocks' means set to what the reading must not read."""
     out = []
-    for name, means in blocks.items():
-        ordered = sorted(means)
-        median = (ordered[len(means) // 2] + ordered[(len(means) - 1) // 2]) / 2
-        row = {"algorithm": name, "size": size, "block_us": means, "median_block_us": median}
+    for name, medians in blocks.items():
+        row = {"algorithm": name, "size": size, "block_median_us": medians,
+               "avg_us": -1.0, "median_block_us": -1.0, "block_us": [-1.0] * len(medians)}
         if name == "auto":
             row["chose"] = chose
         out.append(row)
