@@ -39,19 +39,17 @@ WIDTHS = (10, 12, 11, 12, 12, 13, 12, 10, 0)
 
 
 def iterations(nbytes: int) -> tuple[int, int]:
-    """(timed iterations, warm-up iterations) at ``nbytes``: OSU's 1000/100 up to 16 KiB;
-    above, 1000 would take minutes at 64 MiB, so the count falls with the size, and every
-    block holds at least two calls."""
+    """(timed iterations, warm-up iterations) at ``nbytes``: OSU's 1000/100 would take
+    minutes on a busy machine (every call is followed by a barrier, and each barrier waits for
+    a core), so fewer, falling with the size, and every block holds at least two calls."""
     if nbytes <= 16 << 10:
-        return 1000, 100
-    if nbytes <= 256 << 10:
         return 200, 20
+    if nbytes <= 256 << 10:
+        return 100, 10
     if nbytes <= 1 << 20:
-        return 80, 8
+        return 40, 4
     if nbytes <= 4 << 20:
-        return 24, 3
-    if nbytes <= 16 << 20:
-        return 12, 2
+        return 16, 2
     return 8, 2
 
 
