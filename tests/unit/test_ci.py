@@ -2,6 +2,7 @@
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,3 +44,19 @@ def test_ci_checks_command_1s_venv_before_command_2():
     for step in ("bmlmpi.Communicator", "-m bmlmpi.cli.bench", "-m bmlmpi.cli.calibrate",
                  "-m perf.baseline", ".venv/bin/bmlmpi-run -n 2 python"):
         assert step in after, step
+
+
+def test_readme_gives_a_fast_test_subset():
+    """Beside command 2 (every test, about 35 minutes on 2 cores) the README names the unit
+    tests alone, with how many there are; the command it gives collects them."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    command = ".venv/bin/python -m pytest tests/unit"
+    assert f"`{command}`" in readme
+    stated = re.search(r"`" + re.escape(command) + r"` \(about ([\d,]+) tests", readme)
+    assert stated, "the README says how many tests the subset runs"
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", "tests/unit"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    collected = int(re.search(r"(\d+) tests? collected", res.stdout).group(1))
+    assert abs(collected - int(stated.group(1).replace(",", ""))) <= 0.1 * collected
