@@ -1,6 +1,6 @@
 """``bmlmpi-bench --overview``: the main job, what bmlmpi does on the machine it runs on.
 
-A sweep chosen to show where bmlmpi's algorithms matter: every schedule that runs on one node
+A sweep chosen to show where bmlmpi's algorithms matter: every schedule but hierarchical
 (bml, ring, tree, multitree, shm), ``auto`` and the baseline ``native`` (mpi4py's blocking
 ``comm.Allreduce``), at nine sizes from 8 B to 64 MiB, interleaved in :data:`BLOCKS` blocks
 per size so a change in the machine's load hits every row alike, validated. Iterations fall
@@ -24,7 +24,8 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-#: The rows the overview times. hierarchical is left out: on one node it has no second tier.
+#: The rows the overview times. hierarchical is left out: its second tier runs across nodes,
+#: which the main job's one node does not have.
 ALGORITHMS = ("auto", "bml", "ring", "tree", "multitree", "shm", "native")
 #: Schedules that compete for "best" (auto is judged on its own column; native is the baseline)
 SCHEDULES = tuple(a for a in ALGORITHMS if a not in ("auto", "native"))
