@@ -98,9 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bmlmpi-bench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--overview", action="store_true",
-                   help="the main job: every one-node schedule, auto and native at 8 B - "
-                        "64 MiB in 4 interleaved blocks, validated, then a reading of where "
-                        "bmlmpi is faster and where native is (-i/-x still apply)")
+                   help="the main job: every schedule but hierarchical, auto and native "
+                        "at 8 B - 64 MiB in 4 interleaved blocks, validated, then a reading of "
+                        "where bmlmpi is faster and where native is (-i/-x still apply)")
     p.add_argument("-m", "--message-size", metavar="[MIN:]MAX",
                    help="message sizes in bytes, powers of two (default 4:1048576)")
     p.add_argument("-i", "--iterations", type=int, help="timed iterations (default 1000/100)")
