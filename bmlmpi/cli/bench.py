@@ -29,6 +29,8 @@ cupy arrays; every bmlmpi row (``passthrough`` included) then goes through bmlmp
 device-array path (staging through pinned host memory), and ``native`` does what user code
 must do with an MPI that is not CUDA-aware (the embedded wheel): copy to a host array, call
 ``comm.Allreduce``, copy back; so every time includes the copies to and from the device.
+``--overview`` is README command 1's main job: its rows, sizes, iterations and blocks, and the
+reading printed after the tables, come from :mod:`.overview`.
 """
 
 from __future__ import annotations
