@@ -94,17 +94,19 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
 def test_readme_mpiexec_by_hand(tmp_path):
     """README's quick start: Open MPI's mpiexec started by hand needs --allow-run-as-root as
     root and --oversubscribe on fewer cores than ranks, or refuses to start; with the flags the
-    README gives, train.py runs on 4 ranks. The venv's bin first on PATH, as activated."""
+    README gives, train.py runs on 4 ranks, and with shared-memory windows (BMLMPI_ALGORITHM=
+    shm) prints no error line. The venv's bin first on PATH, as activated."""
     readme = (ROOT / "README.md").read_text()
     quick = " ".join(readme.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0].split())
     code = readme.split("Save this as `train.py`:", 1)[1].split("```python\n", 1)[1]
     (tmp_path / "train.py").write_text(code.split("```", 1)[0])
-    flagged = "mpiexec --allow-run-as-root --oversubscribe -n 4 python train.py"
-    plain = "mpiexec -n 4 python train.py"
+    flagged = "mpiexec --allow-run-as-root --oversubscribe --mca osc ^ucx -n 4 python train.py"
+    plain = "mpiexec --mca osc ^ucx -n 4 python train.py"
     assert f"`{flagged}` as root on fewer than 4 cores" in quick
     assert f"`{plain}` as a user on 4 cores or more" in quick
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-           "BMLMPI_TIMEOUT": "60"}
+           "BMLMPI_TIMEOUT": "60", "BMLMPI_ALGORITHM": "shm"}
+    env.pop("OMPI_MCA_osc", None)
 
     def run(command: str) -> subprocess.CompletedProcess:
         try:
@@ -121,6 +123,8 @@ def test_readme_mpiexec_by_hand(tmp_path):
     res = run(flagged)
     assert res.returncode == 0, (res.stdout + res.stderr)[-3000:]
     assert "4 ranks: mean of element 1 = 2.5" in res.stdout, res.stdout
+    errors = [line for line in res.stderr.splitlines() if "error" in line.lower()]
+    assert not errors, res.stderr[-3000:]
 
 
 def test_main_job_prints_its_reading():
