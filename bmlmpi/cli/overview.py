@@ -29,7 +29,7 @@ from typing import Any
 ALGORITHMS = ("auto", "bml", "ring", "tree", "multitree", "shm", "native")
 #: Schedules that compete for "best" (auto is judged on its own column; native is the baseline)
 SCHEDULES = tuple(a for a in ALGORITHMS if a not in ("auto", "native"))
-#: 8 B (latency) to 64 MiB (bandwidth), four times apart from 1 KiB.
+#: 8 B (latency-bound), 1 KiB, 16 KiB, then four times apart up to 64 MiB (bandwidth-bound).
 SIZES = (8, 1 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20)
 BLOCKS = 4
 
