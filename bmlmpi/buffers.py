@@ -223,6 +223,15 @@ def _as_ndarray(obj: Any, what: str) -> np.ndarray:
 
 def _to_dtype(datatype: Any, what: str, reducing: bool = True) -> np.dtype:
     if isinstance(datatype, MPI.Datatype):
+        if not datatype.is_predefined:
+            # MPI moves only a derived type's typemap (holes keep their values, elements go in
+            # typemap order); bmlmpi moves element and byte ranges of memory, so it would
+            # write the holes: refused on every call instead of writing them
+            raise BufferSpecError(
+                f"{what}: {datatype.Get_name() or 'a derived MPI datatype'} is not a "
+                f"predefined datatype; bmlmpi takes predefined datatypes only (a derived "
+                f"one's holes would be overwritten): pass the elements as an array of a "
+                f"predefined type, or call mpi4py's own collective")
         why = refused_datatype(datatype) if reducing else None
         if why is not None:
             raise BufferSpecError(f"{what}: bmlmpi does not reduce {why}")
