@@ -130,6 +130,12 @@ class _Outcomes(unittest.TestResult):
             "module": kind.__module__, "message": str(exc)[:600],
             "where": "".join(traceback.format_tb(tb)[-2:])[-1200:]}
 
+    def startTest(self, test):
+        # the launcher shows the last one when a launch does not end (a hang)
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            print(f"peer: {test.id()}", file=sys.stderr, flush=True)
+        super().startTest(test)
+
     def addSuccess(self, test):
         self.outcomes[test.id()] = {"outcome": "pass"}
 

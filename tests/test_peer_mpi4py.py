@@ -148,8 +148,9 @@ def _run(folder: Path, n: int, algorithm: str | None, classes: str,
             res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                                  timeout=LAUNCH_TIMEOUT, env=full_env)
         except subprocess.TimeoutExpired as exc:
-            pytest.fail(f"{n} ranks, {algorithm or 'auto'}: no end within {LAUNCH_TIMEOUT} s "
-                        f"(a hang):\n{(exc.stdout or b'')[-3000:]!r}")
+            last = [line for line in _text(exc.stderr).splitlines() if line.startswith("peer: ")]
+            pytest.fail(f"{n} ranks, {algorithm or 'auto'}: no end within {LAUNCH_TIMEOUT} s; "
+                        f"the last unit started: {last[-1:]}\n{_text(exc.stdout)[-2000:]}")
         tail = (res.stdout + res.stderr)[-4000:]
         assert res.returncode == 0, f"{n} ranks, {algorithm or 'auto'}: exit " \
                                     f"{res.returncode}\n{tail}"
@@ -157,6 +158,13 @@ def _run(folder: Path, n: int, algorithm: str | None, classes: str,
         missing = [p.name for p in ranks if not p.exists()]
         assert not missing, f"no outcomes from {missing}\n{tail}"
         return [json.loads(p.read_text()) for p in ranks]
+
+
+def _text(output: bytes | str | None) -> str:
+    """A TimeoutExpired's output (bytes, even from a run in text mode)."""
+    if isinstance(output, bytes):
+        return output.decode("utf-8", "replace")
+    return output or ""
 
 
 def _listed(test: str, outcome: dict) -> Refusal | None:
