@@ -16,16 +16,15 @@ is checked to be there), or the test fails: a wrong result (an assertion of mpi4
 an unlisted error, an error on some ranks only, a listed refusal that no longer happens, or
 a launch that does not end within its timeout.
 
-The matrix, sized to run in about six minutes on two cores: the default ``auto`` at
-N = 1 … 6 over every file, with every test class (``COMM_SELF``, ``COMM_WORLD``, their
-duplicates, in place) at N = 1 and 2 and the ``COMM_WORLD`` classes (not the duplicates) from
-N = 3 on, where a ``COMM_SELF`` class repeats what N = 1 ran and each launch costs most
-(oversubscribed); each forced algorithm (``BMLMPI_ALGORITHM``) over the ``COMM_WORLD`` classes at
-one rank count where it runs its own schedule rather than a fallback: ``bml``, ``ring`` and
-``native`` at N = 3 (a prime: BML's one-level BCube, a ring of odd length), ``shm`` at N = 4
-(one node, every rank in the shared-memory tier) and ``hierarchical`` at N = 4 as two
-pretended nodes of two ranks (``BMLMPI_RANKS_PER_NODE=2``). ``BMLMPI_PEER_RANKS`` (e.g.
-``1,2``) narrows the auto runs.
+The matrix, eleven launches: the default ``auto`` at N = 1 … 6 over every file, with every
+test class (``COMM_SELF``, ``COMM_WORLD``, their duplicates, in place) at N = 1 and 2 and the
+``COMM_WORLD`` classes (not the duplicates) from N = 3 on, where a ``COMM_SELF`` class repeats
+what N = 1 ran and a launch costs most (the ranks outnumber two cores); each forced algorithm
+(``BMLMPI_ALGORITHM``) over the ``COMM_WORLD`` classes at one rank count where it runs its
+own schedule rather than a fallback: ``bml``, ``ring`` and ``native`` at N = 3 (a prime:
+BML's one-level BCube, a ring of odd length), ``shm`` at N = 4 (one node, every rank in the
+shared-memory tier) and ``hierarchical`` at N = 4 as two pretended nodes of two ranks
+(``BMLMPI_RANKS_PER_NODE=2``). ``BMLMPI_PEER_RANKS`` (e.g. ``1,2``) narrows the auto runs.
 """
 
 from __future__ import annotations
