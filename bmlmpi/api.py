@@ -34,11 +34,10 @@ from .agreement import (
 from .buffers import BufferSpecError
 from .call_agreement import AgreementHooks, CallAgreement, agree_construction
 from .calls import (
-    ArgumentMismatch,
     CompressedCall,
     IntercommunicatorError,
     PreparedCall,
-    RemoteArgumentError,
+    earns_dump,
     prepare_allreduce,
     start_native,
 )
@@ -396,23 +395,20 @@ class Communicator(FamilyCalls):
             return None
         from pathlib import Path
         return str(self._recorder.dump("dump_trace()", None if directory is None
-                                       else Path(directory), announce=False))
+                                       else Path(directory), announce=False, counted=False))
 
     def _call_done(self, slot: Slot | None) -> None:
         if slot is not None:
             self._recorder.done(slot)
 
     def _call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
-        """Record that ``slot``'s call raised ``exc``; dump the recorder unless it was this
-        rank's own argument error (every rank raises that at once, nothing to diagnose)."""
+        """Record that ``slot``'s call raised ``exc``; dump the recorder where the failure
+        earns it (:func:`bmlmpi.calls.earns_dump`: a hang or a failure between ranks, not a
+        refused argument)."""
         rec = self._recorder
         if rec is None or slot is None:
             return
-        own_argument_error = (isinstance(exc, (ValueError, TypeError, BufferError, LookupError,
-                                               AttributeError))
-                              and not isinstance(exc, (ArgumentMismatch, RemoteArgumentError)))
-        rec.failed_call(slot, exc, run, dump=not (own_argument_error
-                                                  or isinstance(exc, KeyboardInterrupt)))
+        rec.failed_call(slot, exc, run, dump=earns_dump(exc))
 
     def _watchdog_fired(self, report: str) -> None:
         """The watchdog is about to abort the job (its thread): the blocked call is failed in
@@ -420,7 +416,7 @@ class Communicator(FamilyCalls):
         rec = self._recorder
         if rec is None:
             return
-        running = [s for s in rec.slots if s.seq >= 0 and s.t1 == 0.0]
+        running = [s for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
         if running:
             rec.fail(max(running, key=lambda s: s.seq), TimeoutError(report))
         try:

@@ -233,6 +233,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_TRACE_DIR", "directory", None, "`bmlmpi-trace-<job>` in the temp dir",
              "where each rank writes its flight recorder (JSON) when a call fails, on SIGUSR1 "
              "and on `dump_trace()`; read them with `bmlmpi-trace DIR`", _path),
+    Variable("BMLMPI_TRACE_FILES", "files", 16, "16",
+             "the most flight-recorder files one process writes on its own (failed calls, "
+             "clean ends, SIGUSR1); rewriting a communicator's file and `dump_trace()` are not "
+             "counted; 0: none", _count(0)),
     Variable("BMLMPI_TIMELINE", "directory", None, "off",
              "write a Chrome-trace timeline (Perfetto) of every call and step of each rank into "
              "this folder; `bmlmpi-trace --timeline DIR` merges the ranks", _path),

@@ -29,7 +29,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..api import ArgumentMismatch, NativeRun, PreparedCall, RemoteArgumentError
+from ..api import NativeRun, PreparedCall
+from ..calls import ArgumentMismatch, RemoteArgumentError
 from ..execute import Run, poll_until, request_done, wait_for
 from .errors import is_failure
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bmlmpi import recorder, timeline
+from bmlmpi import recorder
 from bmlmpi.cli import trace
 from bmlmpi.recorder import FlightRecorder, Signature
 
@@ -32,10 +32,11 @@ def test_the_ring_keeps_the_last_calls_in_order():
     for i in range(10):
         rec.done(rec.begin(sig(count=i)))
     calls = rec.calls()
-    assert [c["seq"] for c in calls] == [6, 7, 8, 9]
+    # calls are numbered from 1, as the call sequence numbers them in exception messages
+    assert [c["seq"] for c in calls] == [7, 8, 9, 10]
     assert [c["count"] for c in calls] == [6, 7, 8, 9]
     assert all(c["state"] == "done" and c["end"] >= c["start"] for c in calls)
-    assert rec.next == 10 and len(rec.slots) == 4
+    assert rec.next == 11 and len(rec.slots) == 4
 
 
 def test_states_running_failed_and_the_peers():
@@ -94,7 +95,8 @@ def test_capacity_comes_from_the_environment(monkeypatch):
 def dump(rank, size, calls, comm=0, kind="Communicator"):
     return {"format": recorder.FORMAT, "rank": rank, "size": size, "comm": comm,
             "kind": kind, "time": 1.0, "host": "h", "pid": 100 + rank, "reason": "test",
-            "recorded": (calls[-1]["seq"] + 1) if calls else 0, "file": f"r{rank}",
+            "recorded": calls[-1]["seq"] if calls else 0,
+            "next": (calls[-1]["seq"] + 1) if calls else 1, "file": f"r{rank}",
             "calls": calls}
 
 
@@ -138,7 +140,7 @@ def test_the_chain_of_waits_ends_at_the_rank_that_never_arrived():
     report = trace.analyse([d0, d1, d2])[0]
     assert report["culprit"] == 2 and report["behind"] == [2]
     assert [c["rank"] for c in report["chain"]] == [0, 1]
-    assert "never entered seq 4" in report["verdict"]
+    assert "never entered call 4" in report["verdict"]
     assert report["last_common_done"]["seq"] == 3
 
 
@@ -166,7 +168,7 @@ def test_the_rank_that_entered_the_stuck_call_last_is_named(ordering):
         d["timeout"] = 60.0
     report = trace.analyse(dumps)[0]
     assert report["culprit"] is None and "the transfers themselves stalled" in report["verdict"]
-    assert "=> the waits in seq 2" in trace.story(report)
+    assert "=> the waits in call 2" in trace.story(report)
 
 
 def test_a_missing_rank_is_named(tmp_path):
@@ -197,7 +199,7 @@ def test_dumps_of_all_nodes_gathered_in_one_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 dumps" in out and "dumps from ranks 0, 1, 2, 3" in out
     assert "rank 2 (node-b pid 102)" in out and "rank 0 (node-a pid 100)" in out
-    assert "never entered seq 2" in out
+    assert "never entered call 2" in out
     assert trace.main([str(tmp_path), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)["communicators"][0]
     assert report["culprit"] == 2 and not report["missing"]
@@ -209,6 +211,6 @@ def test_timeline_merge(tmp_path):
                                 "pid": rank, "tid": 0, "args": {}}],
                "otherData": {"dropped": 0}}
         (tmp_path / f"timeline-h-p{rank}-w{rank}.json").write_text(json.dumps(doc))
-    out = timeline.merge(tmp_path)
+    out = trace.merge_timelines(tmp_path)
     events = json.loads(out.read_text())["traceEvents"]
     assert sorted(e["pid"] for e in events) == [0, 1] and min(e["ts"] for e in events) == 0
