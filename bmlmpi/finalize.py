@@ -1,5 +1,6 @@
-"""Bound this process's ``MPI_Finalize`` once a call was given up at its deadline: a peer
-that is stopped or hung would otherwise keep the finalize, and so the job, waiting for ever.
+"""This process's end of MPI: bound its ``MPI_Finalize`` once a call was given up at its
+deadline (a peer that is stopped or hung would otherwise keep the finalize, and so the job,
+waiting for ever), and remove a singleton's shared-memory segment.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import contextlib
 import math
 import os
 import signal
+from pathlib import Path
 
 _finalize_bound: list[float] = []
 
@@ -35,3 +37,47 @@ def bound_finalize(seconds: float) -> None:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         signal.alarm(n)
     atexit.register(arm)
+
+
+#: the variables a launcher (mpiexec, srun with PMIx) gives its processes; a process without
+#: them that runs MPI is a singleton
+LAUNCHED_BY = ("PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
+#: the name Open MPI 5's btl/sm gives its backing file (in btl_sm_backing_directory)
+SM_SEGMENT = "sm_segment."
+_segments: list[Path] = []
+
+
+def mapped_sm_segments(maps: str = "/proc/self/maps") -> list[Path]:
+    """The Open MPI shared-memory segment files this process has mapped (Linux; none
+    elsewhere)."""
+    try:
+        with open(maps) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    found = {line.split(None, 5)[5] for line in lines if line.count(" ") >= 5
+             and SM_SEGMENT in line}
+    return sorted(Path(p) for p in found if Path(p).name.startswith(SM_SEGMENT))
+
+
+def remove_singleton_segment() -> None:
+    """A singleton (a process that runs MPI without a launcher: ``python train.py``, a
+    torchrun worker) removes its Open MPI shared-memory segment at exit. Open MPI 5's btl/sm
+    makes a 16 MiB backing file per process and leaves its removal to the launcher's cleanup,
+    which a singleton does not have, so every run left one in ``/dev/shm``. The file is named
+    from its mapping in ``/proc/self/maps`` (wherever ``btl_sm_backing_directory`` put it) and
+    unlinked by an exit handler: the mapping stays valid until ``MPI_Finalize`` unmaps it.
+    Nothing is done in a launched process (its launcher removes the segments) or where this
+    process maps more than one segment (a singleton that spawned processes shares theirs)."""
+    if _segments or any(os.environ.get(v) for v in LAUNCHED_BY):
+        return
+    found = mapped_sm_segments()
+    if len(found) != 1:
+        return
+    _segments.extend(found)
+
+    def unlink() -> None:
+        for path in _segments:
+            with contextlib.suppress(OSError):
+                path.unlink()
+    atexit.register(unlink)

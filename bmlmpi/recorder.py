@@ -368,8 +368,9 @@ def end_cleanly() -> list[Path]:
     while the others waited (one that skipped a call) instead of a missing rank. Then
     ``MPI_Finalize``, which waits for every rank of the job; once it returned, every other
     rank's dumps of a failure are in its folder, and where none is (every dump there is a
-    clean end's) this rank's own are removed, with the folder when it is left empty: a job
-    that went well leaves nothing. Without an ``MPI_Finalize`` to wait on (MPI finalized
+    clean end's) this rank's own are removed, and the per-job default folder when it is left
+    empty (a folder ``BMLMPI_TRACE_DIR`` names is the user's: kept): a job that went well
+    leaves nothing. Without an ``MPI_Finalize`` to wait on (MPI finalized
     already, or mpi4py told not to finalize), nothing is written. Returns the files kept."""
     try:
         import mpi4py
@@ -401,9 +402,10 @@ def end_cleanly() -> list[Path]:
     for p in written:
         with contextlib.suppress(OSError):
             p.unlink()
-    for d in folders:
-        with contextlib.suppress(OSError):
-            d.rmdir()
+    if config.get("BMLMPI_TRACE_DIR") is None:
+        for d in folders:
+            with contextlib.suppress(OSError):
+                d.rmdir()
     return []
 
 
