@@ -105,6 +105,18 @@ def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
     return call
 
 
+def _weakly_number(comm: Communicator) -> Callable[[], int | None]:
+    """The number of ``comm``'s call in progress (:meth:`Communicator.call_in_progress`),
+    through a weak reference (a watchdog thread must not keep a dropped Communicator
+    alive)."""
+    ref = weakref.ref(comm)
+
+    def number() -> int | None:
+        c = ref()
+        return None if c is None else c.call_in_progress()
+    return number
+
+
 def _still_posted(run: Any) -> bool:
     """Whether MPI may still use a held run's buffers (a request not complete)."""
     for r in run.reqs:
@@ -292,7 +304,8 @@ class Communicator(FamilyCalls):
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=agreement.alarm_channel(),
-                                  before_abort=_weakly(self._watchdog_fired))
+                                  before_abort=_weakly(self._watchdog_fired),
+                                  number=_weakly_number(self))
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
@@ -411,6 +424,16 @@ class Communicator(FamilyCalls):
         if rec is None or slot is None:
             return
         rec.failed_call(slot, exc, run, dump=earns_dump(exc))
+
+    def call_in_progress(self) -> int | None:
+        """The number of the newest call of this communicator that has not ended (as its
+        exceptions and the flight recorder number it); None when none is running or the
+        recorder is off."""
+        rec = self._recorder
+        if rec is None:
+            return None
+        running = [s.seq for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
+        return max(running) if running else None
 
     def _watchdog_fired(self, report: str) -> None:
         """The watchdog is about to abort the job (its thread): the blocked call is failed in
