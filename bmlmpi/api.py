@@ -58,7 +58,7 @@ from .family import (
     FamilyLaunch,
 )
 from .fast_path import FAST_OPS, FastHooks, FastPath
-from .finalize import remove_singleton_segment
+from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
 from .persistent import PersistentCalls, PersistentHooks, PersistentRequest
@@ -237,7 +237,7 @@ class Communicator(FamilyCalls):
                  check: str | None = None):
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
-        remove_singleton_segment()
+        remove_singleton_leftovers()
         # Arguments are checked locally, then agreed: a rank whose arguments fail still
         # joins the construction's collectives, so every rank raises at once (the others
         # RemoteArgumentError naming it) instead of waiting out a deadline, and ranks that

@@ -60,24 +60,48 @@ def mapped_sm_segments(maps: str = "/proc/self/maps") -> list[Path]:
     return sorted(Path(p) for p in found if Path(p).name.startswith(SM_SEGMENT))
 
 
-def remove_singleton_segment() -> None:
+def singleton_session_dir(segment: Path, env: dict[str, str] | None = None) -> Path:
+    """The session folder Open MPI 5 made for the singleton whose btl/sm segment is
+    ``segment`` (``sm_segment.<host>.<uid>.<job id, hex>.<rank>``):
+    ``<temp>/ompi.<host>.<uid>/jf.0/<job id>``, ``<temp>`` as Open MPI finds it (``TMPDIR``,
+    ``TEMP``, ``TMP``, else ``/tmp``)."""
+    env = os.environ if env is None else env
+    host, uid, job, _rank = segment.name[len(SM_SEGMENT):].rsplit(".", 3)
+    temp = next((env[v] for v in ("TMPDIR", "TEMP", "TMP") if env.get(v)), "/tmp")
+    return Path(temp) / f"ompi.{host}.{uid}" / "jf.0" / str(int(job, 16))
+
+
+def remove_singleton_leftovers() -> None:
     """A singleton (a process that runs MPI without a launcher: ``python train.py``, a
-    torchrun worker) removes its Open MPI shared-memory segment at exit. Open MPI 5's btl/sm
-    makes a 16 MiB backing file per process and leaves its removal to the launcher's cleanup,
-    which a singleton does not have, so every run left one in ``/dev/shm``. The file is named
-    from its mapping in ``/proc/self/maps`` (wherever ``btl_sm_backing_directory`` put it) and
-    unlinked by an exit handler: the mapping stays valid until ``MPI_Finalize`` unmaps it.
-    Nothing is done in a launched process (its launcher removes the segments) or where this
-    process maps more than one segment (a singleton that spawned processes shares theirs)."""
+    torchrun worker) removes what Open MPI 5 would leave of it at exit: its btl/sm
+    shared-memory segment (16 MiB, in ``btl_sm_backing_directory``, ``/dev/shm`` by default)
+    and its session folder (``ompi.<host>.<uid>/jf.0/<job>`` in the temporary folder), whose
+    removal Open MPI leaves to the launcher a singleton does not have. The segment is named by
+    its mapping in ``/proc/self/maps`` (wherever the backing directory is) and unlinked by an
+    exit handler: the mapping stays valid until ``MPI_Finalize`` unmaps it; the session
+    folder's empty folders are removed with it (the shared ``ompi.<host>.<uid>/jf.0`` stays:
+    another singleton may be making its own folder in it). Nothing is done in a launched
+    process (its launcher removes these) or where this process maps more than one segment (a
+    singleton that spawned processes shares theirs)."""
     if _segments or any(os.environ.get(v) for v in LAUNCHED_BY):
         return
     found = mapped_sm_segments()
     if len(found) != 1:
         return
     _segments.extend(found)
+    try:
+        session = singleton_session_dir(found[0])
+    except ValueError:
+        session = None
 
-    def unlink() -> None:
+    def remove() -> None:
         for path in _segments:
             with contextlib.suppress(OSError):
                 path.unlink()
-    atexit.register(unlink)
+        if session is not None and session.is_dir():
+            for sub in sorted(session.rglob("*"), reverse=True):
+                with contextlib.suppress(OSError):
+                    sub.rmdir()
+            with contextlib.suppress(OSError):
+                session.rmdir()
+    atexit.register(remove)
