@@ -18,14 +18,19 @@ incomplete (without completing any).
 ``BMLMPI_TRACE_DIR/bmlmpi-trace-<host>-p<pid>-w<world rank>-c<communicator>.json`` (default
 folder: ``bmlmpi-trace-<job>`` under the system's temporary directory, the job named by
 Slurm's, PMIx's or the launcher's id, so every rank of a job on a node writes into one
-folder), and says so on stderr. The communicator dumps when a call raises
-:class:`~bmlmpi.execute.DeadlineExceeded` or an MPI error, when the ranks disagree on a call's
-arguments, when the watchdog aborts a hung call, when the fault-tolerant communicator notices
-a failure, on ``SIGUSR1`` (every live recorder of the process; the handler is installed only
-where the signal's disposition is still the default) and on ``Communicator.dump_trace()``.
-Calls are numbered per communicator, so the dumps of one communicator on all ranks line up by
-sequence number; communicators are told apart by their creation order in the process
-(``c<index>``), which is the same on every rank of an SPMD program.
+folder), and says so on stderr. The communicator dumps for a hang or a failure between ranks
+(:func:`bmlmpi.calls.earns_dump`): a call that raises :class:`~bmlmpi.execute.DeadlineExceeded`
+or an MPI error, ranks that disagree on a call's arguments; and when the watchdog aborts a
+hung call, when the fault-tolerant communicator notices a failure, on ``SIGUSR1`` (every live
+recorder of the process; the handler is installed only where the signal's disposition is
+still the default) and on ``Communicator.dump_trace()``. A refused argument earns none. A
+process writes at most ``BMLMPI_TRACE_FILES`` files on its own. At a clean end
+(:func:`end_cleanly`) each recorder of several ranks that wrote nothing writes one, kept only
+where the job's folder shows a failure once every rank has finalized. Calls are numbered per
+communicator from 1, as the call sequence numbers them in exceptions, so the dumps of one
+communicator on all ranks line up by call number; communicators are told apart by their
+creation order in the process (``c<index>``), which is the same on every rank of an SPMD
+program.
 
 Core layer: imports only :mod:`bmlmpi.config`.
 """
