@@ -36,7 +36,9 @@ rank lost (killed, it never ended) fails it too unless ``--tolerate-lost``
 ``replace_failed`` does not. Lost, failed and replaced ranks are listed on stderr at the end.
 Open MPI's ``NBC_Progress: an error ... was found`` lines, which every survived failure
 prints (libnbc writes them unconditionally: no MCA parameter silences them), are left out of
-stderr; the survivors' rank 0 prints bmlmpi's own line about each recovery instead.
+stderr; the survivors' rank 0 prints bmlmpi's own line about each recovery instead. So are
+ULFM's box saying that osc/sm is not tested after failures (every job that makes a window)
+and the NUL bytes Open MPI's help messages end with (:class:`StderrFilter`).
 
 Every other argument is passed to mpiexec unchanged. ``--dry-run`` prints the command.
 """
