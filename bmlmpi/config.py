@@ -236,8 +236,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "`bmlmpi-trace DIR`", _path),
     Variable("BMLMPI_TRACE_FILES", "files", 16, "16",
              "the most flight-recorder files one process writes on its own (failed calls, "
-             "clean ends, SIGUSR1); rewriting a communicator's file and `dump_trace()` are not "
-             "counted; 0: none", _count(0)),
+             "clean ends); rewriting a communicator's file, SIGUSR1 and `dump_trace()` are "
+             "not counted; 0: none", _count(0)),
     Variable("BMLMPI_TIMELINE", "directory", None, "off",
              "write a Chrome-trace timeline (Perfetto) of every call and step of each rank into "
              "this folder; `bmlmpi-trace --timeline DIR` merges the ranks", _path),

@@ -338,11 +338,12 @@ def _file_allowed() -> bool:
 
 
 def dump_all(reason: str) -> list[Path]:
-    """Dump every live recorder of this process."""
+    """Dump every live recorder of this process (asked for: not counted against
+    ``BMLMPI_TRACE_FILES``)."""
     out = []
     for rec in list(_live):
         try:
-            path = rec.dump(reason)
+            path = rec.dump(reason, counted=False)
         except OSError as exc:
             _to_stderr(f"bmlmpi flight recorder: could not write its dump: {exc}")
             continue

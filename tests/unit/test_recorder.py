@@ -221,8 +221,12 @@ def test_timeline_merge(tmp_path):
 def test_only_hangs_and_failures_between_ranks_earn_a_dump():
     from mpi4py import MPI
 
-    from bmlmpi.calls import (ArgumentMismatch, CommunicatorRevoked, RemoteArgumentError,
-                              earns_dump)
+    from bmlmpi.calls import (
+        ArgumentMismatch,
+        CommunicatorRevoked,
+        RemoteArgumentError,
+        earns_dump,
+    )
     from bmlmpi.execute import DeadlineExceeded
     for exc in (DeadlineExceeded("stuck"), CommunicatorRevoked("revoked"), TimeoutError("t"),
                 ArgumentMismatch("count differs"), MPI.Exception(MPI.ERR_OTHER)):
@@ -265,8 +269,8 @@ def test_a_rank_that_ended_cleanly_and_skipped_a_call_is_named():
     assert report["culprit"] == 1 and not report["missing"]
     assert report["verdict"] == (
         "rank 1 skipped a call: at call 4 the others called allreduce of 10 x float64 max, "
-        "ring (asked auto); rank 1's calls from there on are the others' next ones; it ended cleanly after "
-        "its call 7, while the others wait in call 8")
+        "ring (asked auto); rank 1's calls from there on are the others' next ones; it ended "
+        "cleanly after its call 7, while the others wait in call 8")
     assert "rank 1 (h pid 101): last completed call 7; its program ended cleanly" in \
         trace.story(report)
 
