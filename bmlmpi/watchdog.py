@@ -95,7 +95,8 @@ class Watchdog:
         once, since a blocking MPI call cannot be interrupted. ``before_abort``: given the
         report before the job is aborted (the flight recorder's dump). ``number``: the number
         of the call in progress on its communicator (the one exceptions and the flight
-        recorder give it), for the report; None where it is not known."""
+        recorder give it), for the report (it returns None where that is not known); without
+        it, the report counts the calls this watchdog watched."""
         self.timeout = float(timeout)
         self.source = source
         self._alarm = alarm
@@ -195,9 +196,12 @@ class Watchdog:
         return False
 
     def _which(self) -> str:
-        """``, call N`` for the report, where the call's number is known."""
+        """``, call N`` for the report: the number ``number`` gives (nothing where it gives
+        None), else this watchdog's count of the calls it watched."""
+        if self._number is None:
+            return f", call {self.calls}"
         try:
-            n = self._number() if self._number is not None else None
+            n = self._number()
         except Exception:  # noqa: BLE001 - the report goes out without the number
             n = None
         return "" if n is None else f", call {n}"
