@@ -113,7 +113,9 @@ def test_trace_names_the_rank_that_skipped_a_call_and_ended(tmp_path):
     # ends the job: rank 1's clean end left its recorder, so the tool names it and the call
     # instead of calling it missing
     folder = tmp_path / "skip-end"
-    res, records = launch_spec("tests/ft/skip_end_ranks.py", {"timeout": 5}, 4, "SKIP-JSON",
+    # the others' deadline leaves rank 1 time to end (its exit, on a loaded machine, takes
+    # seconds) before the first watchdog ends the job
+    res, records = launch_spec("tests/ft/skip_end_ranks.py", {"timeout": 20}, 4, "SKIP-JSON",
                                timeout=LAUNCH_TIMEOUT, ft=False,
                                env={"BMLMPI_TRACE_DIR": str(folder)})
     out = (res.stdout + res.stderr)[-4000:]
