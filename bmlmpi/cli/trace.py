@@ -150,7 +150,10 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
         here = {r: sigs[r][seq] for r in ranks if seq in sigs[r]}
         if len(set(here.values())) <= 1:
             continue
-        majority, _ = Counter(here.values()).most_common(1)[0]
+        # the signature most ranks called; between as many, that of ranks still in their
+        # calls rather than of ranks that ended cleanly (one that ended made fewer calls)
+        majority = max(Counter(here.values()).items(),
+                       key=lambda item: _weight(item, here, state))[0]
         holders = [r for r, s in here.items() if s == majority]
         odd = {}
         for r, s in here.items():
@@ -198,6 +201,15 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
             "state": state, "mismatches": mismatches, "chain": chain, "culprit": culprit_rank,
             "verdict": verdict, "ok": not (missing or behind or mismatches or chain
                                            or any("current" in s for s in state.values()))}
+
+
+def _weight(item: tuple[tuple, int], here: dict[int, tuple], state: dict[int, dict]
+            ) -> tuple[int, int, int]:
+    """How a signature called by ``item[1]`` ranks ranks as the one the others called: by
+    those ranks, then by those of them still in their calls, then by the lowest rank."""
+    sig, n = item
+    holders = [r for r, s in here.items() if s == sig]
+    return n, sum(not state[r]["ended"] for r in holders), -min(holders)
 
 
 def _waits_on(cur: dict[str, Any], ranks: list[int], size: int) -> list[int]:

@@ -273,6 +273,12 @@ def test_a_rank_that_ended_cleanly_and_skipped_a_call_is_named():
         "cleanly after its call 7, while the others wait in call 8")
     assert "rank 1 (h pid 101): last completed call 7; its program ended cleanly" in \
         trace.story(report)
+    # the first watchdog to fire ended the job before ranks 0 and 3 wrote theirs: one rank
+    # against one, the rank that ended cleanly is the odd one
+    report = trace.analyse([skipper, dump(2, 4, waiting)])[0]
+    assert report["culprit"] == 1 and report["missing"] == [0, 3]
+    assert report["verdict"].startswith("rank 1 skipped a call: at call 4 the others called "
+                                        "allreduce of 10 x float64 max")
 
 
 def test_a_rank_that_ended_cleanly_one_call_short_is_named():
