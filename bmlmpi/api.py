@@ -266,7 +266,8 @@ class Communicator(FamilyCalls):
                                                        self._abandon_calls, self._move_to))
         agreement = self._agreement
         self._levels = self._split_levels()
-        self._placement = Placement(self)
+        sequence = self._sequence
+        self._placement = Placement(self, lambda: agreement.interrupt(sequence.callno)())
         self._links = self._placement.find_links()
         self.calibration = None
         if selection.calibration_wanted(self.algorithm):
@@ -443,7 +444,7 @@ class Communicator(FamilyCalls):
         self._watchdog.stop()
         self._fast_path.close()
         self.family.forget()
-        self._placement.free()
+        self._placement.free(collective=self._agreement.revoked is None)
         mailbox, held_runs = self._agreement.mailbox, self._agreement.held
         if mailbox is not None:
             mailbox.close()

@@ -55,11 +55,13 @@ from mpi4py import MPI
 
 from .execute import (
     DeadlineExceeded,
+    Interrupt,
     Plan,
     Run,
     back_off,
     collective_run,
     spin_seconds,
+    wait_for,
     wait_request,
 )
 from .kernels.combine import combine_trusted, reduce_trusted
@@ -98,7 +100,8 @@ class NodeSegments:
     a callable that is true once the allreduce communicator was revoked (fault tolerance)."""
 
     def __init__(self, comm: MPI.Comm, timeout: float,
-                 revoked: Callable[[], bool] | None = None):
+                 revoked: Callable[[], bool] | None = None,
+                 interrupt: Interrupt | None = None):
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.comm = comm
         self.rank = comm.Get_rank()
@@ -117,6 +120,14 @@ class NodeSegments:
         self._identities: list[np.ndarray] = []
         self.watch = [comm.Irecv([np.empty(1, np.uint8), MPI.BYTE], q, WATCH_TAG)
                       if q != self.rank else MPI.REQUEST_NULL for q in range(self.size)]
+        # Allocate_shared blocks without a deadline: every rank of the node meets first
+        try:
+            met(comm, timeout, "bmlmpi shm: not every rank of the node came to make the "
+                               "shared window", interrupt)
+        except BaseException:
+            self.abandon()
+            comm.Free()
+            raise
         self._allocate(ALIGN)
 
     # -- the window -----------------------------------------------------------------------
@@ -219,7 +230,17 @@ class NodeSegments:
                                 else MPI.ERR_OTHER)
 
     def free(self) -> None:
-        """Collective: free the window and the node communicator."""
+        """Collective: free the window and the node communicator. ``Win.Free`` blocks
+        without a deadline, so the node's ranks meet first in a bounded barrier; a rank that
+        does not come makes the others drop the window without the collective and raise
+        :class:`~bmlmpi.execute.DeadlineExceeded`."""
+        if self.win is not None:
+            try:
+                met(self.comm, self.timeout, "bmlmpi shm: not every rank of the node came "
+                                             "to free the shared window")
+            except DeadlineExceeded:
+                self.abandon()
+                raise
         for req in self.watch:
             if req != MPI.REQUEST_NULL:
                 try:
@@ -369,6 +390,15 @@ def start_collective(plan: Plan | ShmPlan, inp: np.ndarray | None, out: np.ndarr
     if isinstance(plan, ShmPlan):
         return plan.start_collective(inp, out, op, tag_base, label, finish, dtype)
     return collective_run(plan, inp, out, op, tag_base, label, finish, dtype)
+
+
+def met(comm: MPI.Comm, timeout: float, what: str, interrupt: Interrupt | None = None) -> None:
+    """A barrier bounded by ``timeout`` before a blocking collective that has no deadline of
+    its own (a split, a window's allocation or free): once every rank of ``comm`` passed it,
+    none can be missing from that call. ``interrupt`` is polled while waiting (it raises when
+    another rank refused the call)."""
+    wait_for(comm.Ibarrier().Test, timeout, lambda t: f"{what} within {t:g} s",
+             interrupt=interrupt)
 
 
 def run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
@@ -659,10 +689,17 @@ class NodeTier:
     every such node lies inside one ``Split_type(COMM_TYPE_SHARED)`` group, so its ranks can
     share a window. ``one_node``: the whole communicator is one node that shares memory."""
 
-    def __init__(self, comm: MPI.Comm, nodes, timeout: float):
+    def __init__(self, comm: MPI.Comm, nodes, timeout: float,
+                 interrupt: Interrupt | None = None):
         self.comm = comm
         self.timeout = timeout
+        self.interrupt = interrupt
         rank = comm.Get_rank()
+        # Split_type and Split block without a deadline: a rank that is absent (it refused
+        # its arguments while this one's signature was agreed) would hang them, so every
+        # rank meets first in a bounded barrier that also reads the call's notices
+        met(comm, timeout, "bmlmpi shm: not every rank came to find its node (its node tier)",
+            interrupt)
         shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         try:
             real = set(MPI.Group.Translate_ranks(shared.Get_group(),
@@ -691,8 +728,9 @@ class NodeTier:
     def _segments(self) -> NodeSegments | None:
         """The node's window, made on first use: collective over the node only."""
         if self.segments is None and self._node_comm is not None:
-            self.segments = NodeSegments(self._node_comm, self.timeout, self._revoked)
-            self._node_comm = None  # the segments own and free it now
+            node_comm, self._node_comm = self._node_comm, None  # the segments own it now
+            self.segments = NodeSegments(node_comm, self.timeout, self._revoked,
+                                         self.interrupt)
         return self.segments
 
     def _revoked(self) -> bool:
