@@ -68,7 +68,8 @@ from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import FETCH, PUBLISH, REDUCE, Copy, Schedule, Step
 
-FLAG_BYTES = 128         # the flag, the identity ring, padding: the buffers start on their own cache lines
+#: the flag, the identity ring and padding: the buffers start on their own cache lines
+FLAG_BYTES = 128
 IDENTITY_AT = 64         # byte offset of the identity ring (its own cache line)
 #: Identity slots per rank, indexed by call number: a peer that could overwrite the slot of
 #: a call a reader still checks would be this many calls ahead of it, which no agreed run
@@ -655,7 +656,8 @@ class ShmRun:
                     f"collective, signature or call), whose data this call never reads")
         got = self.node.flag(q) - self.base
         if got < 0:
-            return f"step {step + 1}: node rank {q} to reach this call (it has not left an earlier one)"
+            return (f"step {step + 1}: node rank {q} to reach this call (it has not left an "
+                    f"earlier one)")
         return (f"step {step + 1}: node rank {q} to publish its step (its flag is at step "
                 f"{got} of this call)")
 
