@@ -24,12 +24,12 @@ DEADLINE = "3"   # BMLMPI_TIMEOUT: every switched call waits it out
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
 
 
-def launch(scenario: str, n: int, trace: Path) -> list[dict]:
+def launch(scenario: str, n: int, trace: Path, env: dict | None = None) -> list[dict]:
     cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable, PROGRAM,
            scenario]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0",
            "BMLMPI_TIMEOUT": DEADLINE, "BMLMPI_BLOCKING": "polled",
-           "BMLMPI_TRACE_DIR": str(trace)}
+           "BMLMPI_TRACE_DIR": str(trace), **(env or {})}
     for name in ("BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_CHECK", "BMLMPI_RANKS_PER_NODE"):
         env.pop(name, None)
     try:
@@ -82,9 +82,16 @@ def test_the_shared_memory_tier_never_reads_another_signatures_data(scenario, n,
     blocking, non-blocking and persistent. A shared-memory step reads a peer's segment only
     when the peer's identity for the call (call number and tag base) is its own, so a rank
     that switched signature meets no partner there, as with messages: every rank raises."""
-    records = launch(scenario, n, tmp_path)
+    env = None
+    if scenario == "auto":  # auto's choice at this size needs the calibration (measured once)
+        env = {"BMLMPI_CALIBRATE": "1", "BMLMPI_CACHE_DIR": str(tmp_path / "cache")}
+    records = launch(scenario, n, tmp_path / "trace", env)
     forms = {c["form"] for c in records[0]["cases"]}
     assert forms == {"blocking", "nonblocking", "persistent"}, forms
+    if scenario == "auto":
+        chosen = {c["chosen"][0] for c in records[0]["cases"]}
+        # the switch's contract is the chosen algorithm's: a schedule, not MPI's own call
+        assert "native" not in chosen, chosen
 
 
 @pytest.mark.parametrize("n", [3, 4])
