@@ -69,8 +69,9 @@ def test_a_switch_to_a_signature_already_run_never_returns_a_wrong_result(n, tmp
             assert case["outcome"] != "n/a", (
                 f"{algorithm} does not apply to {coll} at N = {n} on one node "
                 f"({case.get('why')}): give this test a launch where it does")
-    # the switching rank itself always raises
-    switcher = {c["label"]: c["outcome"] for c in records[1]["cases"]}
+    # the switching rank itself raises, unless its part only sends (a reduce's leaf)
+    switcher = {c["label"]: c["outcome"] for c in records[1]["cases"]
+                if c["collective"] != "reduce"}
     assert all(v != "returned" for v in switcher.values()), switcher
 
 
