@@ -46,7 +46,7 @@ def launch(scenario: str, n: int, trace: Path, env: dict | None = None) -> list[
     assert sorted(r["rank"] for r in records) == list(range(n)), out
     bad = [(r["rank"], f) for r in records for f in r["failures"]]
     assert not bad, f"{len(bad)} failure(s): {bad[:8]}"
-    return records
+    return sorted(records, key=lambda r: r["rank"])
 
 
 @pytest.mark.parametrize("n", [3, 4])
