@@ -90,8 +90,9 @@ def test_the_shared_memory_tier_never_reads_another_signatures_data(scenario, n,
     forms = {c["form"] for c in records[0]["cases"]}
     assert forms == {"blocking", "nonblocking", "persistent"}, forms
     if scenario == "auto":
+        # the others' signature (MAX) runs a schedule, never MPI's own call: the switch's
+        # contract is the schedules' (the shared-memory tier where the calibration says so)
         chosen = {c["chosen"][0] for c in records[0]["cases"]}
-        # the switch's contract is the chosen algorithm's: a schedule, not MPI's own call
         assert "native" not in chosen, chosen
 
 
