@@ -236,17 +236,16 @@ class Ledger:
 
     def drain(self) -> None:
         """Let the abandoned attempts' requests complete (with errors, once revoked) so that
-        nothing lands in a buffer after its call starts again."""
-        for call in self.pending:
-            if call.run is None:
-                continue
-            left = list(call.run.reqs or ())
+        nothing lands in a buffer after its call starts again; at most ``min(timeout, 10)``
+        seconds for all the pending calls together, however many are outstanding."""
+        left = [r for call in self.pending if call.run is not None
+                for r in (call.run.reqs or ())]
 
-            def drained() -> bool:
-                nonlocal left
-                left = [r for r in left if not request_done(r)]
-                return not left
-            poll_until(drained, min(self.owner.timeout, 10.0))
+        def drained() -> bool:
+            nonlocal left
+            left = [r for r in left if not request_done(r)]
+            return not left
+        poll_until(drained, min(self.owner.timeout, 10.0))
 
     def progress_mark(self) -> tuple:
         """What changes when the pending calls advance (for a waiter's deadline)."""
