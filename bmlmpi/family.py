@@ -1128,11 +1128,12 @@ class FamilyCalls:
 
     def _reduce_scatter_build(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
                               op: Any) -> Callable[[str], FamilyCall]:
-        rank, size = self.rank, self.size
         if isinstance(recvcounts, _RefusedCounts):
             return recvcounts.refuse
-        return lambda alg: prepare_reduce_scatter(rank, size, sendbuf, recvbuf, recvcounts,
-                                                  op, False, alg)
+        # rank and size are read when the call is prepared, as every family build does: a
+        # fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family)
+        return lambda alg: prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf,
+                                                  recvcounts, op, False, alg)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
