@@ -837,12 +837,27 @@ class FamilyEngine:
 
     def start(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A non-blocking call: its :class:`~bmlmpi.handles.Request`."""
-        owner = self.owner
-        owner._usable_for_calls()
-        return self.launch.submit_recorded(owner._family_prepared(collective, algorithm, build))
+        seq = self.seq
+        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        try:
+            owner = self.owner
+            owner._usable_for_calls()
+            return self.launch.submit_recorded(owner._family_prepared(collective, algorithm,
+                                                                      build))
+        finally:
+            seq.release(mine)
 
     def init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A persistent call (host buffers only)."""
+        seq = self.seq
+        mine = seq.claim(self.rank)
+        try:
+            return self.make_persistent(collective, algorithm, build)
+        finally:
+            seq.release(mine)
+
+    def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """:meth:`init`, the communicator claimed."""
         owner = self.owner
         owner._usable_for_calls()
 
@@ -863,6 +878,16 @@ class FamilyEngine:
         the default: past ``timeout`` seconds it reports the call and aborts the job);
         otherwise the call is started and waited on under the deadline. Either way it opens
         the signature's fast path for the next call (:meth:`open`)."""
+        seq = self.seq
+        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        try:
+            self.checked(collective, algorithm, build, key, args)
+        finally:
+            seq.release(mine)
+
+    def checked(self, collective: str, algorithm: str | None, build: Any,
+                key: tuple | None, args: tuple) -> None:
+        """:meth:`blocking`, the communicator claimed."""
         owner, launch = self.owner, self.launch
         owner._usable_for_calls()
         call = owner._family_prepared(collective, algorithm, build)
@@ -940,15 +965,16 @@ class FamilyEngine:
         if entry is None or not self.fast_open():
             return False
         seq = self.seq
-        # A rank's part of a reduce or broadcast may complete without the rank that rejected
-        # its arguments: it must look at the notices before its next call moves data, as the
-        # checked path's numbering does (docs/contracts.md), or that call pairs with the
-        # others' repaired next one. One poll of the control channel's posted receive.
-        if self.notice(seq.callno) is not None:
-            return False
         # one call at a time, as Allreduce's (a second thread raises before anything moves)
         mine = seq.claim(self.rank)
         try:
+            # A rank's part of a reduce or broadcast may complete without the rank that
+            # rejected its arguments: it must look at the notices before its next call moves
+            # data, as the checked path's numbering does (docs/contracts.md), or that call
+            # pairs with the others' repaired next one. One poll of the control channel's
+            # posted receive.
+            if self.notice(seq.callno) is not None:
+                return False
             a, b = args[0], args[1]
             if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
                 return False  # the checked path says what is wrong
