@@ -210,7 +210,7 @@ def run_forms(comm, c, collective, algorithms):
 @pytest.mark.parametrize("collective", list(FORMS))
 def test_every_form_is_exact_on_the_fast_path(comm, collective):
     """Each algorithm named per call, on a plain communicator."""
-    c = bmlmpi.Communicator(comm, timeout=60)
+    c = bmlmpi.Communicator(comm)
     try:
         run_forms(comm, c, collective, (bmlmpi.algorithms() if collective == "allreduce"
                                         else bmlmpi.algorithms(collective)))
@@ -224,7 +224,7 @@ def test_every_form_is_exact_on_the_fast_path(comm, collective):
 def test_every_form_is_exact_with_the_communicators_algorithm(comm, algorithm, collective):
     """The communicator's own algorithm (``algorithm=None`` per call): a ``ring``
     communicator's ``Reduce`` and ``Bcast`` fall back to ``auto``."""
-    c = bmlmpi.Communicator(comm, algorithm=algorithm, timeout=60)
+    c = bmlmpi.Communicator(comm, algorithm=algorithm)
     try:
         run_forms(comm, c, collective, [None])
     finally:
@@ -276,7 +276,7 @@ def test_a_freed_communicator_refuses_every_call(comm, algorithm):
     """Every form, fast paths opened and persistent requests started before ``Free()``:
     :class:`bmlmpi.CommunicatorFreed` on every rank, nothing sent, no crash; a second
     ``Free()`` does nothing."""
-    c = bmlmpi.Communicator(comm, algorithm=algorithm, timeout=60)
+    c = bmlmpi.Communicator(comm, algorithm=algorithm)
     size = c.size
     x, y = np.arange(4.0) + c.rank, np.zeros(4)
     big, part, gathered = np.arange(2.0 * size), np.zeros(2), np.zeros(4 * size)
@@ -323,7 +323,7 @@ def test_a_second_thread_is_refused_by_every_form(comm, algorithm, inside):
     anything is sent; afterwards every rank's calls pair as before, with exact results."""
     if comm.size < 2:
         pytest.skip("needs two ranks (a call that waits)")
-    c = bmlmpi.Communicator(comm, algorithm=algorithm, timeout=60)
+    c = bmlmpi.Communicator(comm, algorithm=algorithm)
     size, rank = c.size, c.rank
     x, y = np.arange(4.0) + rank, np.zeros(4)
     gathered = np.zeros(4 * size)
