@@ -231,6 +231,83 @@ def test_every_form_is_exact_with_the_communicators_algorithm(comm, algorithm, c
         c.Free()
 
 
+def _requests(c):
+    """The forms the blocking fast path refused or got wrong, for their ``I…`` and
+    persistent calls: name -> (fill(call): the inputs of that call written in place,
+    spell() -> (method, arguments), result(call) -> (got, want))."""
+    size, rank = c.size, c.rank
+    root = size - 1
+    counts = counts_of(size)
+    total = sum(counts)
+    at = sum(counts[:rank])
+    send = np.zeros(N)
+    rbig = np.full(N + 2, -1.0)
+    inplace = np.zeros(total + 3)
+    gathered = np.zeros(3 * size, STRUCT)
+    mine = np.zeros(3, STRUCT)
+    bbuf = np.zeros(N, np.dtype("S6"))
+    cases = {
+        "Reduce, larger root recvbuf": (
+            lambda call: send.__setitem__(slice(None), values(rank, call, N)),
+            lambda: ("Reduce", (send, rbig if rank == root else None, MPI.SUM, root)),
+            lambda call: (rbig, np.concatenate([reduced(size, call, N), np.full(2, -1.0)]))
+            if rank == root else (np.zeros(0), np.zeros(0))),
+        "Reduce_scatter in place, larger recvbuf": (
+            lambda call: inplace.__setitem__(slice(None), np.concatenate(
+                [values(rank, call, total), np.full(3, -7.0)])),
+            lambda: ("Reduce_scatter", (MPI.IN_PLACE, inplace, counts, MPI.SUM)),
+            lambda call: (np.concatenate([inplace[:counts[rank]], inplace[total:]]),
+                          np.concatenate([reduced(size, call, total)[at:at + counts[rank]],
+                                          np.full(3, -7.0)]))),
+        "Allgather structured": (
+            lambda call: mine.__setitem__(slice(None), values(rank, call, 3, STRUCT)),
+            lambda: ("Allgather", (mine, gathered)),
+            lambda call: (gathered, _gathered(size, call, 3, STRUCT))),
+        "Bcast bytes": (
+            lambda call: bbuf.__setitem__(slice(None), values(rank, call, N, bbuf.dtype)
+                                          if rank == root else np.zeros(N, bbuf.dtype)),
+            lambda: ("Bcast", (bbuf, root)),
+            lambda call: (bbuf, values(root, call, N, bbuf.dtype))),
+    }
+    return cases
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("mode", ["I", "init"])
+@pytest.mark.parametrize("algorithm", ["native", "auto", "ring"])
+def test_the_refused_forms_as_requests(comm, algorithm, mode):
+    """The same forms non-blocking (``mode`` "I": a request per call) and persistent
+    ("init": one request, started once per call); a ``ring`` communicator's ``Reduce`` and
+    ``Bcast`` fall back to ``auto``."""
+    c = bmlmpi.Communicator(comm, algorithm=algorithm)
+    failures = []
+    try:
+        for name, (fill, spell, result) in _requests(c).items():
+            method, args = spell()
+            req = None
+            for call in range(CALLS):
+                fill(call)
+                try:
+                    if mode == "I":
+                        getattr(c, "I" + method.lower())(*args).Wait()
+                    else:
+                        if req is None:
+                            req = getattr(c, method + "_init")(*args)
+                        req.Start()
+                        req.Wait()
+                except Exception as exc:  # noqa: BLE001 - every rank's outcome is compared
+                    failures.append(f"{name} call {call}: {type(exc).__name__}: {exc}")
+                    break
+                got, want = result(call)
+                if got.tobytes() != want.tobytes():
+                    failures.append(f"{name} call {call}: {got} != {want}")
+            if req is not None:
+                req.Free()
+        all_ranks_agree(comm, failures)
+    finally:
+        c.Free()
+
+
 # -- after Free() ------------------------------------------------------------------------------
 def _every_call(c, reqs):
     """Every public call on ``c``, each a thunk (name, call)."""
