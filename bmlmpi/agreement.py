@@ -51,6 +51,10 @@ _TEXT = 448               # bytes of text a message carries (truncated beyond)
 MESSAGE_BYTES = _HEAD * 8 + _TEXT
 
 
+class RemoteArgumentError(ValueError):
+    """Another rank rejected its arguments; this rank's call fails with it instead of hanging."""
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     seq: int

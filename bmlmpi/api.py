@@ -635,10 +635,12 @@ class Communicator(FamilyCalls):
         self._agreement.begin_call()
         try:
             return prepare_allreduce(sendbuf, recvbuf, op, algorithm, self._cache.auto_for)
-        except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
+        except (ValueError, TypeError, BufferError, LookupError, AttributeError,
+                ImportError) as exc:
             # the others learn of it in their argument check (RemoteArgumentError); the
             # check raises it here. Lookup and attribute errors come from malformed specs an
-            # exporter's own code trips on: still this rank's argument error, not a hang.
+            # exporter's own code trips on, an ImportError from a device buffer with no cupy
+            # to stage it: still this rank's argument error, not a hang.
             with self._failure_noted():
                 self._validate(None, exc)
             raise

@@ -95,16 +95,23 @@ def _long_double_hint(obj: Any, message: str) -> str:
     return ""
 
 
-# -- DLPack tensors numpy does not import: C long double ------------------------------------
+# -- DLPack tensors bmlmpi reads from the capsule itself ------------------------------------
 # numpy's from_dlpack refuses float and complex tensors of sizeof(long double) bits; mpi4py
-# maps them to MPI_LONG_DOUBLE / MPI_C_LONG_DOUBLE_COMPLEX. bmlmpi reads such a tensor from
-# the capsule itself (:mod:`bmlmpi.dlpack`) and hands the rest to numpy.
+# maps them to MPI_LONG_DOUBLE / MPI_C_LONG_DOUBLE_COMPLEX. And numpy consumes an unversioned
+# capsule and lets it go while the array lives, calling the tensor's deleter later: an
+# exporter whose capsule owns the DLManagedTensor (mpi4py's own test exporter does this; the
+# protocol before 1.0 leaves it open) has then freed it, and the deleter call crashes.
+# mpi4py keeps the capsule alive while it uses the memory; bmlmpi does the same for every
+# unversioned capsule and for long double tensors (:mod:`bmlmpi.dlpack`), and hands the rest
+# to numpy.
 
 # (code, bits, lanes): complex long double has 256 bits, more than DLPack's 8-bit field holds,
 # so it travels as two lanes of long double (mpi4py reads it so: format "Zg").
 _LONG_BITS = np.dtype(np.longdouble).itemsize * 8
 _LONG_DOUBLE = {(dlpack.FLOAT, _LONG_BITS, 1): np.dtype(np.longdouble),
                 (dlpack.FLOAT, _LONG_BITS, 2): np.dtype(np.clongdouble)}
+# DLPack's type codes (kDLInt, kDLUInt, kDLFloat, kDLComplex, kDLBool) as numpy kinds
+_KINDS = {0: "i", 1: "u", dlpack.FLOAT: "f", 5: "c", 6: "b"}
 _capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
 _capsule_valid.restype, _capsule_valid.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
@@ -112,21 +119,36 @@ _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 
 
-def _long_double_tensor(capsule: Any) -> np.ndarray | None:
-    """The CPU tensor in an unused DLPack capsule as a numpy array when its dtype is C long
-    double (real or complex), else None. The array keeps the capsule alive; the capsule's own
-    destructor releases the tensor when the array is gone."""
+def _tensor_dtype(code: int, bits: int, lanes: int, legacy: bool) -> np.dtype | None:
+    """The numpy dtype bmlmpi reads a CPU tensor as itself: long double always, any plain
+    numeric or bool type from an unversioned capsule; None where numpy imports it."""
+    long_double = _LONG_DOUBLE.get((code, bits, lanes))
+    if long_double is not None or not legacy:
+        return long_double
+    kind = _KINDS.get(code)
+    if kind is None or lanes != 1 or bits % 8:
+        return None
+    try:
+        return np.dtype("?" if kind == "b" and bits == 8 else f"{kind}{bits // 8}")
+    except TypeError:
+        return None
+
+
+def _capsule_tensor(capsule: Any) -> np.ndarray | None:
+    """The CPU tensor in an unused DLPack capsule as a numpy array, for the dtypes
+    :func:`_tensor_dtype` names, else None. The capsule is not consumed: the array keeps it
+    alive, and the capsule's own destructor releases the tensor when the array is gone."""
     if _capsule_valid(capsule, b"dltensor_versioned"):
         managed = dlpack.DLManagedTensorVersioned.from_address(
             _capsule_pointer(capsule, b"dltensor_versioned"))
-        read_only = bool(managed.flags & dlpack.READ_ONLY)
+        read_only, legacy = bool(managed.flags & dlpack.READ_ONLY), False
     elif _capsule_valid(capsule, b"dltensor"):
         managed = dlpack.DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-        read_only = False  # a legacy capsule cannot say; mpi4py writes it, so does bmlmpi
+        read_only, legacy = False, True  # a legacy capsule cannot say; mpi4py writes it
     else:
         return None
     tensor = managed.dl_tensor
-    dtype = _LONG_DOUBLE.get((tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes))
+    dtype = _tensor_dtype(tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes, legacy)
     if dtype is None or tensor.device_type != 1:  # kDLCPU
         return None
     shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
@@ -169,9 +191,9 @@ def _from_dlpack(obj: Any, what: str) -> np.ndarray:
             capsule, legacy = obj.__dlpack__(max_version=(1, 0), copy=False), False
         except TypeError:
             capsule, legacy = obj.__dlpack__(), True
-        long_double = _long_double_tensor(capsule) if device[0] == 1 else None
-        if long_double is not None:
-            return long_double
+        own = _capsule_tensor(capsule) if device[0] == 1 else None
+        if own is not None:
+            return own
         arr = np.from_dlpack(_Capsule(capsule, device))
     except (TypeError, ValueError, RuntimeError, BufferError) as exc:
         raise BufferSpecError(f"{what}: {type(obj).__name__} could not be taken over DLPack: "
@@ -201,6 +223,15 @@ def _as_ndarray(obj: Any, what: str) -> np.ndarray:
 
 def _to_dtype(datatype: Any, what: str, reducing: bool = True) -> np.dtype:
     if isinstance(datatype, MPI.Datatype):
+        if not datatype.is_predefined:
+            # MPI moves only a derived type's typemap (holes keep their values, elements go in
+            # typemap order); bmlmpi moves element and byte ranges of memory, so it would
+            # write the holes: refused on every call instead of writing them
+            raise BufferSpecError(
+                f"{what}: {datatype.Get_name() or 'a derived MPI datatype'} is not a "
+                f"predefined datatype; bmlmpi takes predefined datatypes only (a derived "
+                f"one's holes would be overwritten): pass the elements as an array of a "
+                f"predefined type, or call mpi4py's own collective")
         why = refused_datatype(datatype) if reducing else None
         if why is not None:
             raise BufferSpecError(f"{what}: bmlmpi does not reduce {why}")

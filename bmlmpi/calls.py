@@ -16,6 +16,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, kernels
+from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .execute import DeadlineExceeded
 from .family import FamilyCall
@@ -27,10 +28,6 @@ from .topology.bcube import Shape
 
 class ArgumentMismatch(ValueError):
     """Ranks called the same allreduce with different counts, dtypes, ops or algorithms."""
-
-
-class RemoteArgumentError(ValueError):
-    """Another rank rejected its arguments; this rank's call fails with it instead of hanging."""
 
 
 class CommunicatorRevoked(DeadlineExceeded):

@@ -14,15 +14,19 @@ Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
   at its start.
 * ``Reduce_scatter(sendbuf, recvbuf, recvcounts=None, op)``: block r holds ``recvcounts[r]``
   elements (zeros allowed), in rank order; ``recvbuf`` holds exactly ``recvcounts[rank]``.
-  Without ``recvcounts`` the blocks are equal (``sendbuf``'s count divided by ``size``);
+  Without ``recvcounts`` they are every rank's ``recvbuf`` count, gathered first with the
+  communicator's own ``Allgather`` (as mpi4py gathers them with ``MPI_Allgather``);
   ``MPI.IN_PLACE`` needs ``recvcounts`` (as in mpi4py, which raises TypeError without).
 * ``Allgather(sendbuf, recvbuf)``: ``recvbuf`` holds ``size`` slots of ``sendbuf``'s count
   (an explicit count in its spec is one slot's, as mpi4py reads it).
   ``MPI.IN_PLACE``: this rank's slot of ``recvbuf`` is its contribution.
 * ``Allgatherv(sendbuf, recvbuf)``: ``recvbuf`` is ``[buf, counts, displs, datatype]``,
-  ``[buf, (counts, displs), datatype]``, ``[buf, counts, datatype]``, ``[buf, counts]`` or a
-  plain buffer (equal counts); displacements default to the running sum of the counts and
-  may be in any order, but the slots must not overlap.
+  ``[buf, (counts, displs), datatype]``, ``[buf, counts, datatype]``, ``[buf, (counts,
+  displs)]``, ``[buf, counts]``, ``[buf, datatype]`` or a plain buffer, read as mpi4py reads
+  them (:func:`_split_vector_spec`): counts a sequence, one integer for every rank, or None
+  (the buffer split in rank order, the first ``elements % size`` slots one longer);
+  displacements a sequence, one integer (a stride) or None (the running sum of the counts);
+  they may be in any order, but the slots must not overlap.
 * ``Reduce(sendbuf, recvbuf, op, root)``: ``recvbuf`` is read at the root only (may be None
   elsewhere); ``MPI.IN_PLACE`` only at the root (Open MPI refuses it elsewhere).
 * ``Bcast(buf, root)``.
@@ -56,6 +60,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import buffers, kernels
+from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
@@ -494,43 +499,91 @@ def _counts_or_equal(counts: Any, elements: int, size: int, what: str,
     return (elements // size,) * size
 
 
+def _is_datatype(item: Any) -> bool:
+    return isinstance(item, (MPI.Datatype, str))
+
+
+def _split_vector_spec(recvbuf: Any) -> tuple[Any, Any, Any, Any]:
+    """(buf, counts, displs, datatype) of an Allgatherv receive spec, read as mpi4py reads
+    it: ``[buf, datatype]``, ``[buf, counts]``, ``[buf, (counts, displs)]``, ``[buf, counts,
+    datatype]``, ``[buf, (counts, displs), datatype]``, ``[buf, counts, displs, datatype]``
+    or a buffer; a tuple in the counts' place is always ``(counts, displs)``."""
+    if not isinstance(recvbuf, (list, tuple)):
+        return recvbuf, None, None, None
+    if len(recvbuf) == 2:
+        buf, counts = recvbuf
+        if _is_datatype(counts):
+            return buf, None, None, counts
+        if isinstance(counts, tuple):
+            return buf, *_pair(counts), None
+        return buf, counts, None, None
+    if len(recvbuf) == 3:
+        buf, counts, datatype = recvbuf
+        if isinstance(counts, tuple):
+            return buf, *_pair(counts), datatype
+        return buf, counts, None, datatype
+    if len(recvbuf) == 4:
+        return tuple(recvbuf)
+    raise BufferSpecError("Allgatherv recvbuf: [buf, counts, displs, datatype], "
+                          "[buf, (counts, displs), datatype], [buf, counts, datatype], "
+                          "[buf, counts], [buf, datatype] or a buffer")
+
+
+def _pair(counts_displs: tuple) -> tuple[Any, Any]:
+    if len(counts_displs) != 2:
+        raise BufferSpecError(f"Allgatherv recvbuf: a tuple in the counts' place is (counts, "
+                              f"displs), got {len(counts_displs)} items")
+    return counts_displs[0], counts_displs[1]
+
+
+def _is_integer(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _vector_counts(counts: Any, elements: int, size: int) -> tuple[int, ...]:
+    """An Allgatherv's counts as mpi4py reads them: a sequence of ``size``; one integer for
+    every rank; None: ``recvbuf``'s elements split in rank order, the first
+    ``elements % size`` slots one element longer."""
+    if counts is None:
+        return tuple(elements // size + (i < elements % size) for i in range(size))
+    if _is_integer(counts):
+        if counts < 0:
+            raise ValueError(f"Allgatherv: the count must not be negative, got {counts}")
+        return (int(counts),) * size
+    return _check_counts(counts, size)
+
+
+def _vector_displs(displs: Any, counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Displacements as mpi4py reads them: a sequence of ``size``; one integer: a stride
+    (slot i at ``i * stride``); None: packed in rank order."""
+    size = len(counts)
+    if displs is None:
+        return offsets(counts)
+    if _is_integer(displs):
+        if displs < 0:
+            raise ValueError(f"Allgatherv: the stride must not be negative, got {displs}")
+        return tuple(int(displs) * i for i in range(size))
+    try:
+        d = tuple(int(x) for x in displs)
+    except (TypeError, ValueError):
+        raise TypeError(f"displs must be a sequence of {size} integers, one integer (a "
+                        f"stride) or None") from None
+    if len(d) != size or any(x < 0 for x in d):
+        raise ValueError(f"displs must be {size} non-negative integers, got {list(d)}")
+    return d
+
+
 def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ...],
                                                        tuple[int, ...] | None]:
     """(the flat receive buffer, counts, displacements or None when packed) of an
     Allgatherv receive spec (module docstring)."""
-    counts = displs = datatype = None
-    buf = recvbuf
-    if isinstance(recvbuf, (list, tuple)):
-        if not recvbuf:
-            raise BufferSpecError("recvbuf: an empty buffer spec")
-        items = list(recvbuf)
-        buf = items[0]
-        rest = items[1:]
-        if rest and (rest[-1] is None or isinstance(rest[-1], (MPI.Datatype, str))):
-            datatype = rest.pop()
-        if len(rest) == 1:
-            if (isinstance(rest[0], tuple) and len(rest[0]) == 2
-                    and not isinstance(rest[0][0], (int, np.integer))):
-                counts, displs = rest[0]
-            else:
-                counts = rest[0]
-        elif len(rest) == 2:
-            counts, displs = rest
-        elif rest:
-            raise BufferSpecError("Allgatherv recvbuf: [buf, counts, displs, datatype], "
-                                  "[buf, (counts, displs), datatype], [buf, counts, "
-                                  "datatype], [buf, counts] or a buffer")
+    if isinstance(recvbuf, (list, tuple)) and not recvbuf:
+        raise BufferSpecError("recvbuf: an empty buffer spec")
+    buf, counts, displs, datatype = _split_vector_spec(recvbuf)
     spec = _recv_spec(buf if datatype is None else [buf, datatype], reducing=False)
     flat = spec.flat
-    counts = _counts_or_equal(counts, flat.size, size, "Allgatherv: recvbuf", "give counts")
-    if displs is None:
-        return flat, counts, None
-    try:
-        d = tuple(int(x) for x in displs)
-    except (TypeError, ValueError):
-        raise TypeError(f"displs must be a sequence of {size} integers") from None
-    if len(d) != size or any(x < 0 for x in d):
-        raise ValueError(f"displs must be {size} non-negative integers, got {list(d)}")
+    counts = _vector_counts(counts, flat.size, size)
+    d = _vector_displs(displs, counts)
     ends = [x + c for x, c in zip(d, counts, strict=True)]
     if max(ends, default=0) > flat.size:
         raise BufferSpecError(f"Allgatherv: a slot ends at element {max(ends)}, past recvbuf's "
@@ -829,7 +882,8 @@ class FamilyEngine:
             if call.algorithm == "auto":
                 call.algorithm = self.plans.family_auto(call)
             return call
-        except (ValueError, TypeError, BufferError, LookupError, AttributeError) as exc:
+        except (ValueError, TypeError, BufferError, LookupError, AttributeError,
+                ImportError) as exc:  # ImportError: a device buffer and no cupy to stage it
             launch.refused(collective, algorithm or self.owner.algorithm, None, exc)
             with launch.failure_noted():
                 launch.validate(None, exc)
@@ -1081,6 +1135,17 @@ class FamilyEngine:
                                     *where)
 
 
+@dataclass(frozen=True)
+class _RefusedCounts:
+    """Gathered ``recvcounts`` in which these ranks sent -1: their ``recvbuf`` was refused."""
+
+    ranks: list[int]
+
+    def refuse(self, _algorithm: str) -> FamilyCall:
+        raise RemoteArgumentError(f"Reduce_scatter: rank(s) {self.ranks} refused their "
+                                  f"recvbuf while the recvcounts were gathered")
+
+
 class FamilyCalls:
     """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them; each
     hands its call to the communicator's :class:`FamilyEngine` (``self.family``).
@@ -1131,10 +1196,40 @@ class FamilyCalls:
             prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
                                    alg)))
 
+    def _reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
+        """``recvcounts`` as mpi4py takes them: as given, or, omitted on a call that is not in
+        place, every rank's ``recvbuf`` count, gathered with this communicator's own
+        ``Allgather`` of one int64 per rank (mpi4py gathers them with ``MPI_Allgather``). A
+        rank whose ``recvbuf`` cannot be read sends -1 and gets None back (its own check
+        then raises its error); the others get :class:`_RefusedCounts` naming it."""
+        if recvcounts is not None or sendbuf is None or sendbuf is MPI.IN_PLACE:
+            return recvcounts
+        try:
+            mine = _recv_spec(DeviceStaging().host(recvbuf, copy_out=False)).count
+        except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
+            mine = -1
+        counts = np.empty(self.size, dtype=np.int64)
+        self.Allgather(np.array([mine], dtype=np.int64), counts)
+        if mine < 0:
+            return None
+        refused = [r for r, c in enumerate(counts) if c < 0]
+        if refused:
+            return _RefusedCounts(refused)
+        return tuple(int(c) for c in counts)
+
+    def _reduce_scatter_build(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
+                              op: Any) -> Callable[[str], FamilyCall]:
+        if isinstance(recvcounts, _RefusedCounts):
+            return recvcounts.refuse
+        # rank and size are read when the call is prepared, as every family build does: a
+        # fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family)
+        return lambda alg: prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf,
+                                                  recvcounts, op, False, alg)
+
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
-        block r (``recvcounts`` None: equal blocks)."""
+        block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
         key = None
         if isinstance(recvcounts, (list, tuple)):
             key = _fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
@@ -1142,21 +1237,23 @@ class FamilyCalls:
             if key is not None and self.family.repeat(key, (sendbuf, recvbuf, recvcounts,
                                                              op)):
                 return
-        self.family.blocking("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
-                                   False, alg)), key, (sendbuf, recvbuf, recvcounts, op))
+        elif recvcounts is None:
+            recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        self.family.blocking("reduce_scatter", algorithm,
+                             self._reduce_scatter_build(sendbuf, recvbuf, recvcounts, op),
+                             key, (sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                         op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        return self.family.start("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
-                                   False, alg)))
+        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self.family.start("reduce_scatter", algorithm, self._reduce_scatter_build(
+            sendbuf, recvbuf, recvcounts, op))
 
     def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                             op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        return self.family.init("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, recvcounts, op,
-                                   False, alg)))
+        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self.family.init("reduce_scatter", algorithm, self._reduce_scatter_build(
+            sendbuf, recvbuf, recvcounts, op))
 
     # -- allgather --------------------------------------------------------------------------
     def _gathers(self, sendbuf: Any, recvbuf: Any, v: bool) -> Callable[[str], Any]:

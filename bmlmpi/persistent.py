@@ -71,14 +71,19 @@ class PersistentRequest:
 
     def Test(self) -> bool:
         """Advance the communicator's calls; True once this start is complete (and for an
-        inactive request, as MPI's ``Test``)."""
+        inactive request, as MPI's ``Test``). A ``Test`` that raises (the start's outcome on a
+        fault-tolerant communicator, a deadline) leaves the request inactive, as ``Wait``."""
         entry = self._entry
         if entry is None:
             return True
-        if entry.test():
+        try:
+            done = entry.test()
+        except BaseException:
             self._entry = None
-            return True
-        return False
+            raise
+        if done:
+            self._entry = None
+        return done
 
     def Wait(self) -> None:
         """Return once this start is complete (at once for an inactive request);

@@ -79,3 +79,53 @@ class CtypesDLPack:
 
     def __dlpack_device__(self):
         return (1, 0)
+
+
+_capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.c_void_p)(
+    ("PyCapsule_GetName", ctypes.pythonapi))
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_DESTRUCTOR = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class CapsuleOwnedDLPack:
+    """The protocol before 1.0 with capsules that own their tensor's header, as mpi4py's own
+    test exporter makes them: a capsule released unconsumed calls the tensor's deleter, and
+    a released capsule takes its header with it (here: zeroes it, so a consumer that calls
+    the deleter later through that header finds none). ``deleted`` counts deleter calls:
+    exactly one per export when the consumer keeps the capsule while it uses the memory."""
+
+    def __init__(self, a: np.ndarray):
+        self._a = a
+        self.deleted = 0
+        self._headers: dict[int, DLManagedTensor] = {}
+        self._deleter = _DELETER(self._delete)
+        self._destructor = _DESTRUCTOR(self._release)
+
+    def _delete(self, _managed: int) -> None:
+        self.deleted += 1
+
+    def _release(self, capsule: int) -> None:
+        name = _capsule_name(capsule)
+        header = _capsule_pointer(capsule, name)
+        if name == b"dltensor":  # never consumed: the capsule releases the tensor
+            self._delete(header)
+        # consumed or not, the header goes with the capsule (kept as zeros, not freed, so
+        # that a consumer reading it later finds no deleter instead of crashing)
+        managed = self._headers[header]
+        ctypes.memset(ctypes.addressof(managed), 0, ctypes.sizeof(managed))
+
+    def __dlpack__(self, stream=None):
+        a = self._a
+        shape = (ctypes.c_int64 * max(a.ndim, 1))(*a.shape)
+        dtype = DLDataType(CtypesDLPack.CODES[a.dtype.kind], a.itemsize * 8, 1)
+        managed = DLManagedTensor(DLTensor(a.ctypes.data, 1, 0, a.ndim, dtype, shape, None, 0),
+                                  None, ctypes.cast(self._deleter, ctypes.c_void_p))
+        managed._shape = shape
+        self._headers[ctypes.addressof(managed)] = managed
+        return _capsule_new(ctypes.addressof(managed), b"dltensor",
+                            ctypes.cast(self._destructor, ctypes.c_void_p))
+
+    def __dlpack_device__(self):
+        return (1, 0)

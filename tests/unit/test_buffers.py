@@ -5,7 +5,7 @@ import array
 
 import numpy as np
 import pytest
-from dlpack_exporters import CtypesDLPack, DLPack1, LegacyDLPack
+from dlpack_exporters import CapsuleOwnedDLPack, CtypesDLPack, DLPack1, LegacyDLPack
 from mpi4py import MPI
 
 from bmlmpi import buffers
@@ -42,6 +42,22 @@ def test_dlpack_receive_buffer_is_written_in_the_exporters_memory(exporter):
     typed = resolve([exporter(memory), 2, 1, MPI.FLOAT], "recvbuf")
     typed.flat[:] = -1
     assert np.array_equal(memory, [0, -1, -1, 3, 4])
+
+
+def test_legacy_capsule_that_owns_its_tensor_is_kept_while_the_memory_is_used():
+    """mpi4py's test exporter: a capsule released after numpy consumed it takes the tensor's
+    header along, and numpy's later deleter call crashed. bmlmpi keeps the capsule with the
+    array instead (as mpi4py keeps it): the deleter runs once, when the array is gone."""
+    import gc
+    a = np.arange(6, dtype=np.int32)
+    exporter = CapsuleOwnedDLPack(a)
+    spec = resolve(exporter, "recvbuf")
+    spec.flat[:] = np.arange(6) * 3 + 1
+    assert exporter.deleted == 0
+    del spec
+    gc.collect()
+    assert exporter.deleted == 1
+    assert a.tolist() == [1, 4, 7, 10, 13, 16]
 
 
 def test_read_only_dlpack_1_0_export_stays_read_only():
