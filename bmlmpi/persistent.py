@@ -9,9 +9,10 @@
 
     req.Start(); ...; req.Wait()      # or Test() until True
 
-``Start`` checks only that the request is not already active (or freed); the buffers given
-at ``_init`` are read and written at every start, as MPI's persistent requests do: they must
-stay alive, and keep their shape and dtype. ``Free`` releases it (not while active).
+``Start`` checks only that the request is not already active (or freed) and that its
+communicator was not freed (:class:`bmlmpi.CommunicatorFreed`); the buffers given at
+``_init`` are read and written at every start, as MPI's persistent requests do: they must stay
+alive, and keep their shape and dtype. ``Free`` releases it (not while active).
 Every rank must start its persistent requests in the same order (MPI's rule for persistent
 collectives). A start progresses like a non-blocking call: inside ``Test``/``Wait`` of any of
 the communicator's requests, with the communicator's deadline. On a fault-tolerant
@@ -177,7 +178,18 @@ class PersistentCalls:
                                            call.op)
             else:
                 compiled = self.plans.family_plan(call)
-        return PersistentRequest(hooks.start, call, compiled)
+        return PersistentRequest(self.claimed_start, call, compiled)
+
+    def claimed_start(self, call: Any, compiled: Any) -> Any:
+        """One start (the communicator's own, a variant's included) as one call: the
+        communicator claimed, so a second thread inside a call, or a freed communicator,
+        raises before anything starts."""
+        sequence = self.sequence
+        mine = sequence.claim(self.owner.rank)
+        try:
+            return self.hooks.start(call, compiled)
+        finally:
+            sequence.release(mine)
 
     def start(self, call: Any, compiled: Any) -> Any:
         """One start of a persistent call: no argument check, the compiled plan or the MPI
