@@ -279,7 +279,8 @@ class Communicator(FamilyCalls):
                                                        self._abandon_calls, self._move_to))
         agreement = self._agreement
         self._levels = self._split_levels()
-        self._placement = Placement(self)
+        sequence = self._sequence
+        self._placement = Placement(self, lambda: agreement.interrupt(sequence.callno)())
         self._links = self._placement.find_links()
         self.calibration = None
         if selection.calibration_wanted(self.algorithm):
@@ -456,15 +457,32 @@ class Communicator(FamilyCalls):
         still hold a call given up at a deadline or after another rank's error is left to MPI
         (not freed: freeing it under a pending collective crashes some MPI libraries); so is
         the compression channel's duplicate while a compressed call is unfinished or after
-        one failed (:meth:`bmlmpi.compression.channel.CompressionChannel.free`)."""
+        one failed (:meth:`bmlmpi.compression.channel.CompressionChannel.free`).
+
+        Every later call on it raises :class:`bmlmpi.CommunicatorFreed` on the rank that
+        makes it, before anything is sent: every public method, blocking, ``I…`` and
+        ``…_init``, ``Start`` of a persistent request made before, ``explain``. A second
+        ``Free()`` does nothing. Like any call, ``Free()`` from a second thread while
+        another is inside a call raises ``RuntimeError`` and frees nothing."""
+        seq = self._sequence
+        if seq.freed:
+            return
+        mine = seq.claim(self.rank)
+        try:
+            self._free()
+        finally:
+            seq.release(mine)
+
+    def _free(self) -> None:
         if self._active:
             raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} allreduce(s) "
                                f"started on it have not completed; Wait() on their requests "
                                f"first")
+        self._sequence.freed = True
         self._watchdog.stop()
         self._fast_path.close()
         self.family.forget()
-        self._placement.free()
+        self._placement.free(collective=self._agreement.revoked is None)
         mailbox, held_runs = self._agreement.mailbox, self._agreement.held
         if mailbox is not None:
             mailbox.close()
@@ -504,10 +522,15 @@ class Communicator(FamilyCalls):
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request.
         ``algorithm`` and ``compression`` as for :meth:`Allreduce`."""
         if compression is not None:   # the compression layer wraps this same call path
-            if algorithm is not None:
-                self._refuse(ValueError("algorithm= and compression= together: a compressed "
-                                        "call chooses its own path"))
-            return self._compression.start(sendbuf, recvbuf, op, compression)
+            seq = self._sequence
+            mine = seq.claim(self.rank)
+            try:
+                if algorithm is not None:
+                    self._refuse(ValueError("algorithm= and compression= together: a "
+                                            "compressed call chooses its own path"))
+                return self._compression.start(sendbuf, recvbuf, op, compression)
+            finally:
+                seq.release(mine)
         return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
 
     def algorithm_named(self, algorithm: str | None) -> str:
@@ -541,6 +564,7 @@ class Communicator(FamilyCalls):
         ``itemsize`` bytes over the current members (what the compression layer runs on
         16-bit codes; hierarchical's node tier in shared memory where every node's ranks
         share it; ``shm`` refused on every rank alike when the communicator spans nodes)."""
+        self._sequence.refuse_freed(self.rank)
         return self._cache.schedule(algorithm, count, itemsize)
 
     _schedule = schedule
@@ -548,6 +572,7 @@ class Communicator(FamilyCalls):
     def choose(self, count: int, itemsize: int) -> str:
         """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
         bytes on this communicator (local; every rank picks the same)."""
+        self._sequence.refuse_freed(self.rank)
         return self._cache.auto(count, itemsize)
 
     def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
@@ -729,6 +754,15 @@ class Communicator(FamilyCalls):
                        algorithm: str | None = None) -> PersistentRequest:
         """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
         ``algorithm`` None: the communicator's."""
+        seq = self._sequence
+        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        try:
+            return self._allreduce_init(sendbuf, recvbuf, op, algorithm)
+        finally:
+            seq.release(mine)
+
+    def _allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any,
+                        algorithm: str | None) -> PersistentRequest:
         self._usable_for_calls()
         algorithm = self.algorithm if algorithm is None else selection.check_algorithm(algorithm)
         if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
@@ -808,6 +842,7 @@ class Communicator(FamilyCalls):
         ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
         ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.selection.
         explain_collective`)."""
+        self._sequence.refuse_freed(self.rank)
         if collective not in ("allreduce", *COLLECTIVES):
             raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
                              f"{', '.join(COLLECTIVES)}")
