@@ -28,6 +28,7 @@ _EXPORTS = {
     "Bcast_init": "collectives",
     "BufferSpecError": "buffers",
     "Communicator": "variants",
+    "CommunicatorFreed": "sequence",
     "CommunicatorRevoked": "calls",
     "DeadlineExceeded": "execute",
     "FaultToleranceError": "ft",

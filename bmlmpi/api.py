@@ -34,11 +34,10 @@ from .agreement import (
 from .buffers import BufferSpecError
 from .call_agreement import AgreementHooks, CallAgreement, agree_construction
 from .calls import (
-    ArgumentMismatch,
     CompressedCall,
     IntercommunicatorError,
     PreparedCall,
-    RemoteArgumentError,
+    earns_dump,
     prepare_allreduce,
     start_native,
 )
@@ -59,6 +58,7 @@ from .family import (
     FamilyLaunch,
 )
 from .fast_path import FAST_OPS, FastHooks, FastPath
+from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
 from .persistent import PersistentCalls, PersistentHooks, PersistentRequest
@@ -103,6 +103,18 @@ def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
         if bound is not None:
             bound(report)
     return call
+
+
+def _weakly_number(comm: Communicator) -> Callable[[], int | None]:
+    """The number of ``comm``'s call in progress (:meth:`Communicator.call_in_progress`),
+    through a weak reference (a watchdog thread must not keep a dropped Communicator
+    alive)."""
+    ref = weakref.ref(comm)
+
+    def number() -> int | None:
+        c = ref()
+        return None if c is None else c.call_in_progress()
+    return number
 
 
 def _still_posted(run: Any) -> bool:
@@ -225,6 +237,7 @@ class Communicator(FamilyCalls):
                  check: str | None = None):
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
+        remove_singleton_leftovers()
         # Arguments are checked locally, then agreed: a rank whose arguments fail still
         # joins the construction's collectives, so every rank raises at once (the others
         # RemoteArgumentError naming it) instead of waiting out a deadline, and ranks that
@@ -266,7 +279,8 @@ class Communicator(FamilyCalls):
                                                        self._abandon_calls, self._move_to))
         agreement = self._agreement
         self._levels = self._split_levels()
-        self._placement = Placement(self)
+        sequence = self._sequence
+        self._placement = Placement(self, lambda: agreement.interrupt(sequence.callno)())
         self._links = self._placement.find_links()
         self.calibration = None
         if selection.calibration_wanted(self.algorithm):
@@ -291,7 +305,8 @@ class Communicator(FamilyCalls):
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=agreement.alarm_channel(),
-                                  before_abort=_weakly(self._watchdog_fired))
+                                  before_abort=_weakly(self._watchdog_fired),
+                                  number=_weakly_number(self))
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
@@ -396,23 +411,30 @@ class Communicator(FamilyCalls):
             return None
         from pathlib import Path
         return str(self._recorder.dump("dump_trace()", None if directory is None
-                                       else Path(directory), announce=False))
+                                       else Path(directory), announce=False, counted=False))
 
     def _call_done(self, slot: Slot | None) -> None:
         if slot is not None:
             self._recorder.done(slot)
 
     def _call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
-        """Record that ``slot``'s call raised ``exc``; dump the recorder unless it was this
-        rank's own argument error (every rank raises that at once, nothing to diagnose)."""
+        """Record that ``slot``'s call raised ``exc``; dump the recorder where the failure
+        earns it (:func:`bmlmpi.calls.earns_dump`: a hang or a failure between ranks, not a
+        refused argument)."""
         rec = self._recorder
         if rec is None or slot is None:
             return
-        own_argument_error = (isinstance(exc, (ValueError, TypeError, BufferError, LookupError,
-                                               AttributeError))
-                              and not isinstance(exc, (ArgumentMismatch, RemoteArgumentError)))
-        rec.failed_call(slot, exc, run, dump=not (own_argument_error
-                                                  or isinstance(exc, KeyboardInterrupt)))
+        rec.failed_call(slot, exc, run, dump=earns_dump(exc))
+
+    def call_in_progress(self) -> int | None:
+        """The number of the newest call of this communicator that has not ended (as its
+        exceptions and the flight recorder number it); None when none is running or the
+        recorder is off."""
+        rec = self._recorder
+        if rec is None:
+            return None
+        running = [s.seq for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
+        return max(running) if running else None
 
     def _watchdog_fired(self, report: str) -> None:
         """The watchdog is about to abort the job (its thread): the blocked call is failed in
@@ -420,7 +442,7 @@ class Communicator(FamilyCalls):
         rec = self._recorder
         if rec is None:
             return
-        running = [s for s in rec.slots if s.seq >= 0 and s.t1 == 0.0]
+        running = [s for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
         if running:
             rec.fail(max(running, key=lambda s: s.seq), TimeoutError(report))
         try:
@@ -435,15 +457,32 @@ class Communicator(FamilyCalls):
         still hold a call given up at a deadline or after another rank's error is left to MPI
         (not freed: freeing it under a pending collective crashes some MPI libraries); so is
         the compression channel's duplicate while a compressed call is unfinished or after
-        one failed (:meth:`bmlmpi.compression.channel.CompressionChannel.free`)."""
+        one failed (:meth:`bmlmpi.compression.channel.CompressionChannel.free`).
+
+        Every later call on it raises :class:`bmlmpi.CommunicatorFreed` on the rank that
+        makes it, before anything is sent: every public method, blocking, ``I…`` and
+        ``…_init``, ``Start`` of a persistent request made before, ``explain``. A second
+        ``Free()`` does nothing. Like any call, ``Free()`` from a second thread while
+        another is inside a call raises ``RuntimeError`` and frees nothing."""
+        seq = self._sequence
+        if seq.freed:
+            return
+        mine = seq.claim(self.rank)
+        try:
+            self._free()
+        finally:
+            seq.release(mine)
+
+    def _free(self) -> None:
         if self._active:
             raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} allreduce(s) "
                                f"started on it have not completed; Wait() on their requests "
                                f"first")
+        self._sequence.freed = True
         self._watchdog.stop()
         self._fast_path.close()
         self.family.forget()
-        self._placement.free()
+        self._placement.free(collective=self._agreement.revoked is None)
         mailbox, held_runs = self._agreement.mailbox, self._agreement.held
         if mailbox is not None:
             mailbox.close()
@@ -483,10 +522,15 @@ class Communicator(FamilyCalls):
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request.
         ``algorithm`` and ``compression`` as for :meth:`Allreduce`."""
         if compression is not None:   # the compression layer wraps this same call path
-            if algorithm is not None:
-                self._refuse(ValueError("algorithm= and compression= together: a compressed "
-                                        "call chooses its own path"))
-            return self._compression.start(sendbuf, recvbuf, op, compression)
+            seq = self._sequence
+            mine = seq.claim(self.rank)
+            try:
+                if algorithm is not None:
+                    self._refuse(ValueError("algorithm= and compression= together: a "
+                                            "compressed call chooses its own path"))
+                return self._compression.start(sendbuf, recvbuf, op, compression)
+            finally:
+                seq.release(mine)
         return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
 
     def algorithm_named(self, algorithm: str | None) -> str:
@@ -520,6 +564,7 @@ class Communicator(FamilyCalls):
         ``itemsize`` bytes over the current members (what the compression layer runs on
         16-bit codes; hierarchical's node tier in shared memory where every node's ranks
         share it; ``shm`` refused on every rank alike when the communicator spans nodes)."""
+        self._sequence.refuse_freed(self.rank)
         return self._cache.schedule(algorithm, count, itemsize)
 
     _schedule = schedule
@@ -527,6 +572,7 @@ class Communicator(FamilyCalls):
     def choose(self, count: int, itemsize: int) -> str:
         """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
         bytes on this communicator (local; every rank picks the same)."""
+        self._sequence.refuse_freed(self.rank)
         return self._cache.auto(count, itemsize)
 
     def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
@@ -708,6 +754,15 @@ class Communicator(FamilyCalls):
                        algorithm: str | None = None) -> PersistentRequest:
         """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
         ``algorithm`` None: the communicator's."""
+        seq = self._sequence
+        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        try:
+            return self._allreduce_init(sendbuf, recvbuf, op, algorithm)
+        finally:
+            seq.release(mine)
+
+    def _allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any,
+                        algorithm: str | None) -> PersistentRequest:
         self._usable_for_calls()
         algorithm = self.algorithm if algorithm is None else selection.check_algorithm(algorithm)
         if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
@@ -787,6 +842,7 @@ class Communicator(FamilyCalls):
         ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
         ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.selection.
         explain_collective`)."""
+        self._sequence.refuse_freed(self.rank)
         if collective not in ("allreduce", *COLLECTIVES):
             raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
                              f"{', '.join(COLLECTIVES)}")

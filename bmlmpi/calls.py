@@ -37,6 +37,17 @@ class CommunicatorRevoked(DeadlineExceeded):
     :class:`~bmlmpi.execute.DeadlineExceeded`: code that handles a deadline handles it."""
 
 
+def earns_dump(exc: BaseException) -> bool:
+    """Whether a failed call's exception makes the flight recorder write its dump
+    (docs/tracing.md): a call that hung or failed between ranks -- a deadline
+    (:class:`~bmlmpi.execute.DeadlineExceeded`, :class:`CommunicatorRevoked`, any
+    ``TimeoutError``), an MPI error, ranks that disagree on the call
+    (:class:`ArgumentMismatch`). A call refused for its arguments, this rank's or another's
+    (:class:`RemoteArgumentError`), is reported on every rank at once and nothing waits:
+    no dump."""
+    return isinstance(exc, (TimeoutError, MPI.Exception, ArgumentMismatch))
+
+
 class IntercommunicatorError(ValueError):
     """bmlmpi reduces over intracommunicators only; an intercommunicator is refused.
 
@@ -119,6 +130,7 @@ class CompressedCall:
 
 
 __all__ = ["ArgumentMismatch", "CommunicatorRevoked", "CompressedCall", "IntercommunicatorError",
+           "earns_dump",
            "PreparedCall", "RemoteArgumentError"]
 
 

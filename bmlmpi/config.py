@@ -231,8 +231,13 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "calls each communicator's flight recorder keeps (the last ones); 0 turns it off",
              _count(0)),
     Variable("BMLMPI_TRACE_DIR", "directory", None, "`bmlmpi-trace-<job>` in the temp dir",
-             "where each rank writes its flight recorder (JSON) when a call fails, on SIGUSR1 "
-             "and on `dump_trace()`; read them with `bmlmpi-trace DIR`", _path),
+             "where each rank writes its flight recorder (JSON) when a call hangs or fails "
+             "between ranks, at a clean end, on SIGUSR1 and on `dump_trace()`; read them with "
+             "`bmlmpi-trace DIR`", _path),
+    Variable("BMLMPI_TRACE_FILES", "files", 16, "16",
+             "the most flight-recorder files one process writes on its own (failed calls, "
+             "clean ends); rewriting a communicator's file, SIGUSR1 and `dump_trace()` are "
+             "not counted; 0: none", _count(0)),
     Variable("BMLMPI_TIMELINE", "directory", None, "off",
              "write a Chrome-trace timeline (Perfetto) of every call and step of each rank into "
              "this folder; `bmlmpi-trace --timeline DIR` merges the ranks", _path),

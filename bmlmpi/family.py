@@ -741,6 +741,49 @@ def _carve(where: tuple | None, args: tuple) -> np.ndarray | None:
     return flat.view(np.uint8)[lo:lo + n].view(dtype)
 
 
+class NativeArgs:
+    """mpi4py's blocking call of a checked native family call (:meth:`FamilyCall.native`'s
+    method and arguments), with every array in it replaced by where it lies in the call's
+    arguments (:func:`_locate`): a later call of the signature hands MPI the same views of
+    its own arrays (the agreed count's part of a larger receive buffer, the bytes of a
+    structured array), never the caller's arrays as they are, which mpi4py may read
+    otherwise or refuse on one rank alone. ValueError when an array of the call lies
+    outside the arguments."""
+
+    __slots__ = ("method", "fixed", "holes")
+
+    def __init__(self, method: str, native: tuple, args: tuple):
+        self.method = method
+        self.fixed = list(native)
+        # (argument, item of a buffer spec or -1 for the argument itself, where it lies)
+        self.holes: list[tuple[int, int, tuple]] = []
+        for i, a in enumerate(native):
+            if type(a) is np.ndarray:
+                self.holes.append((i, -1, _locate(a, args)))
+            elif type(a) is list:
+                self.holes.extend((i, j, _locate(b, args)) for j, b in enumerate(a)
+                                  if type(b) is np.ndarray)
+        for i, j, _ in self.holes:  # no reference to the caller's arrays (resizable)
+            if j < 0:
+                self.fixed[i] = None
+            else:
+                self.fixed[i] = [None if k == j or type(b) is np.ndarray else b
+                                 for k, b in enumerate(self.fixed[i])]
+
+    def of(self, args: tuple) -> list:
+        """The native call's arguments carved out of a later call's ``args`` (arrays of the
+        same shapes and dtypes, C-contiguous: the fast path's key says so)."""
+        out = list(self.fixed)
+        for i, j, where in self.holes:
+            buf = _carve(where, args)
+            if j < 0:
+                out[i] = buf
+            else:
+                spec = out[i] = list(out[i])
+                spec[j] = buf
+        return out
+
+
 class FastFamily:
     """A blocking family signature (:func:`_fast_key`) whose first call ran the checked path,
     argument agreement included: what its later calls need to skip it. Native (``plan``
@@ -749,14 +792,16 @@ class FastFamily:
     later call carves them out of its own arrays instead of resolving buffer specs."""
 
     __slots__ = ("what", "traced", "plan", "kind", "sig", "op", "dtype", "inp", "output",
-                 "calls")
+                 "calls", "native")
 
     def __init__(self, what: str, traced: Signature, plan: Any = None, kind: int = 0,
                  sig: int = 0, op: str = "sum", dtype: np.dtype | None = None,
-                 inp: tuple | None = None, output: tuple | None = None):
+                 inp: tuple | None = None, output: tuple | None = None,
+                 native: NativeArgs | None = None):
         self.what = what
         self.traced = traced
         self.plan = plan
+        self.native = native    # native: mpi4py's call as the checked path made it
         self.kind = kind        # the collective's block of the tag space (TAG_KIND)
         self.sig = sig          # the signature's number (PlanCache.sig_id)
         self.op = op
@@ -846,12 +891,27 @@ class FamilyEngine:
 
     def start(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A non-blocking call: its :class:`~bmlmpi.handles.Request`."""
-        owner = self.owner
-        owner._usable_for_calls()
-        return self.launch.submit_recorded(owner._family_prepared(collective, algorithm, build))
+        seq = self.seq
+        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        try:
+            owner = self.owner
+            owner._usable_for_calls()
+            return self.launch.submit_recorded(owner._family_prepared(collective, algorithm,
+                                                                      build))
+        finally:
+            seq.release(mine)
 
     def init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A persistent call (host buffers only)."""
+        seq = self.seq
+        mine = seq.claim(self.rank)
+        try:
+            return self.make_persistent(collective, algorithm, build)
+        finally:
+            seq.release(mine)
+
+    def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """:meth:`init`, the communicator claimed."""
         owner = self.owner
         owner._usable_for_calls()
 
@@ -872,6 +932,16 @@ class FamilyEngine:
         the default: past ``timeout`` seconds it reports the call and aborts the job);
         otherwise the call is started and waited on under the deadline. Either way it opens
         the signature's fast path for the next call (:meth:`open`)."""
+        seq = self.seq
+        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        try:
+            self.checked(collective, algorithm, build, key, args)
+        finally:
+            seq.release(mine)
+
+    def checked(self, collective: str, algorithm: str | None, build: Any,
+                key: tuple | None, args: tuple) -> None:
+        """:meth:`blocking`, the communicator claimed."""
         owner, launch = self.owner, self.launch
         owner._usable_for_calls()
         call = owner._family_prepared(collective, algorithm, build)
@@ -886,6 +956,16 @@ class FamilyEngine:
                              f"{owner.size})")
             try:
                 call.native(owner.comm, "")
+            except Exception as exc:
+                launch.call_failed(slot, exc)
+                if isinstance(exc, MPI.Exception):
+                    raise
+                # mpi4py refused the agreed call before anything was sent: the others, in
+                # the call already, learn of it from the notice (the watchdog's alarm, or
+                # their next call), as of any argument error
+                with launch.failure_noted():
+                    launch.validate(None, exc)
+                raise
             except BaseException as exc:
                 launch.call_failed(slot, exc)
                 raise
@@ -939,15 +1019,16 @@ class FamilyEngine:
         if entry is None or not self.fast_open():
             return False
         seq = self.seq
-        # A rank's part of a reduce or broadcast may complete without the rank that rejected
-        # its arguments: it must look at the notices before its next call moves data, as the
-        # checked path's numbering does (docs/contracts.md), or that call pairs with the
-        # others' repaired next one. One poll of the control channel's posted receive.
-        if self.notice(seq.callno) is not None:
-            return False
         # one call at a time, as Allreduce's (a second thread raises before anything moves)
         mine = seq.claim(self.rank)
         try:
+            # A rank's part of a reduce or broadcast may complete without the rank that
+            # rejected its arguments: it must look at the notices before its next call moves
+            # data, as the checked path's numbering does (docs/contracts.md), or that call
+            # pairs with the others' repaired next one. One poll of the control channel's
+            # posted receive.
+            if self.notice(seq.callno) is not None:
+                return False
             a, b = args[0], args[1]
             if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
                 return False  # the checked path says what is wrong
@@ -970,11 +1051,16 @@ class FamilyEngine:
         watch = self.watchdog
         watch.calls += 1
         watch.current = entry.what
+        native = entry.native
         try:
-            getattr(self.comm, key[0])(*args)
-        except BufferError:
-            # a buffer changed flags since (read-only...): the checked path, which records
-            # the call itself
+            getattr(self.comm, native.method)(*native.of(args))
+        except MPI.Exception as exc:
+            self.launch.call_failed(slot, exc)
+            raise
+        except Exception:
+            # mpi4py refused the arguments before anything was sent (a buffer whose flags
+            # changed since...): the checked path, which records the call itself and, where
+            # it refuses them too, tells the other ranks (never one rank raising alone)
             if rec is not None:
                 rec.next -= 1
             seq.launches -= 1
@@ -1026,9 +1112,14 @@ class FamilyEngine:
         owner = self.owner
         traced = call.slot.sig if call.slot is not None else call.traced()
         if native:
-            if call.dtype.kind in "iufc":
-                self.fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
-                                            f"{owner.rank} of {owner.size})", traced)
+            method, native_args, _ = call._native_args(False)
+            try:
+                located = NativeArgs(method, native_args, args)
+            except ValueError:
+                return
+            self.fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
+                                        f"{owner.rank} of {owner.size})", traced,
+                                        native=located)
             return
         plan = self.plans.get(call.plan_key())
         if plan is None:
@@ -1128,11 +1219,12 @@ class FamilyCalls:
 
     def _reduce_scatter_build(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
                               op: Any) -> Callable[[str], FamilyCall]:
-        rank, size = self.rank, self.size
         if isinstance(recvcounts, _RefusedCounts):
             return recvcounts.refuse
-        return lambda alg: prepare_reduce_scatter(rank, size, sendbuf, recvbuf, recvcounts,
-                                                  op, False, alg)
+        # rank and size are read when the call is prepared, as every family build does: a
+        # fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family)
+        return lambda alg: prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf,
+                                                  recvcounts, op, False, alg)
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:

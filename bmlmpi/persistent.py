@@ -9,9 +9,10 @@
 
     req.Start(); ...; req.Wait()      # or Test() until True
 
-``Start`` checks only that the request is not already active (or freed); the buffers given
-at ``_init`` are read and written at every start, as MPI's persistent requests do: they must
-stay alive, and keep their shape and dtype. ``Free`` releases it (not while active).
+``Start`` checks only that the request is not already active (or freed) and that its
+communicator was not freed (:class:`bmlmpi.CommunicatorFreed`); the buffers given at
+``_init`` are read and written at every start, as MPI's persistent requests do: they must stay
+alive, and keep their shape and dtype. ``Free`` releases it (not while active).
 Every rank must start its persistent requests in the same order (MPI's rule for persistent
 collectives). A start progresses like a non-blocking call: inside ``Test``/``Wait`` of any of
 the communicator's requests, with the communicator's deadline. On a fault-tolerant
@@ -70,14 +71,19 @@ class PersistentRequest:
 
     def Test(self) -> bool:
         """Advance the communicator's calls; True once this start is complete (and for an
-        inactive request, as MPI's ``Test``)."""
+        inactive request, as MPI's ``Test``). A ``Test`` that raises (the start's outcome on a
+        fault-tolerant communicator, a deadline) leaves the request inactive, as ``Wait``."""
         entry = self._entry
         if entry is None:
             return True
-        if entry.test():
+        try:
+            done = entry.test()
+        except BaseException:
             self._entry = None
-            return True
-        return False
+            raise
+        if done:
+            self._entry = None
+        return done
 
     def Wait(self) -> None:
         """Return once this start is complete (at once for an inactive request);
@@ -172,7 +178,18 @@ class PersistentCalls:
                                            call.op)
             else:
                 compiled = self.plans.family_plan(call)
-        return PersistentRequest(hooks.start, call, compiled)
+        return PersistentRequest(self.claimed_start, call, compiled)
+
+    def claimed_start(self, call: Any, compiled: Any) -> Any:
+        """One start (the communicator's own, a variant's included) as one call: the
+        communicator claimed, so a second thread inside a call, or a freed communicator,
+        raises before anything starts."""
+        sequence = self.sequence
+        mine = sequence.claim(self.owner.rank)
+        try:
+            return self.hooks.start(call, compiled)
+        finally:
+            sequence.release(mine)
 
     def start(self, call: Any, compiled: Any) -> Any:
         """One start of a persistent call: no argument check, the compiled plan or the MPI

@@ -9,6 +9,7 @@ owner across a repair or a membership change.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -36,8 +37,11 @@ class Placement:
     """The owner's placement: where its link matrix and nodes come from, and its node tier
     (made on first use)."""
 
-    def __init__(self, owner: Any):
+    def __init__(self, owner: Any, interrupt: Callable[[], None] | None = None):
         self.owner = owner
+        #: raises once a notice says the owner's current call failed on another rank: the
+        #: node tier's bounded set-up polls it (a refusing rank never joins that set-up)
+        self.interrupt = interrupt
         self.ranks_per_node = ranks_per_node_from_env()
         self.placement: np.ndarray | None = None  # None: the link matrix is the placement
         self.tier: NodeTier | None = None
@@ -83,13 +87,17 @@ class Placement:
             return tier
         if tier is not None:
             tier.abandon()
-        tier = self.tier = NodeTier(comm, self.owner.nodes(), self.owner.timeout)
+        tier = self.tier = NodeTier(comm, self.owner.nodes(), self.owner.timeout,
+                                    self.interrupt)
         return tier
 
-    def free(self) -> None:
-        """Free the node tier (with its collective when it is on the owner's current
-        communicator)."""
+    def free(self, collective: bool = True) -> None:
+        """Free the node tier: with its collective when it is on the owner's current
+        communicator and ``collective`` (the owner was not revoked: after a deadline the
+        others may have dropped their windows already), else dropped without one."""
         if self.tier is not None:
-            if self.tier.comm is self.owner.comm:
+            if self.tier.comm is self.owner.comm and collective:
                 self.tier.free()
+            else:
+                self.tier.abandon()
             self.tier = None

@@ -18,20 +18,27 @@ incomplete (without completing any).
 ``BMLMPI_TRACE_DIR/bmlmpi-trace-<host>-p<pid>-w<world rank>-c<communicator>.json`` (default
 folder: ``bmlmpi-trace-<job>`` under the system's temporary directory, the job named by
 Slurm's, PMIx's or the launcher's id, so every rank of a job on a node writes into one
-folder), and says so on stderr. The communicator dumps when a call raises
-:class:`~bmlmpi.execute.DeadlineExceeded` or an MPI error, when the ranks disagree on a call's
-arguments, when the watchdog aborts a hung call, when the fault-tolerant communicator notices
-a failure, on ``SIGUSR1`` (every live recorder of the process; the handler is installed only
-where the signal's disposition is still the default) and on ``Communicator.dump_trace()``.
-Calls are numbered per communicator, so the dumps of one communicator on all ranks line up by
-sequence number; communicators are told apart by their creation order in the process
-(``c<index>``), which is the same on every rank of an SPMD program.
+folder), and says so on stderr. The communicator dumps for a hang or a failure between ranks
+(:func:`bmlmpi.calls.earns_dump`): a call that raises :class:`~bmlmpi.execute.DeadlineExceeded`
+or an MPI error, ranks that disagree on a call's arguments; and when the watchdog aborts a
+hung call, when the fault-tolerant communicator notices a failure, on ``SIGUSR1`` (every live
+recorder of the process; the handler is installed only where the signal's disposition is
+still the default) and on ``Communicator.dump_trace()``. A refused argument earns none. A
+process writes at most ``BMLMPI_TRACE_FILES`` files on its own. At a clean end
+(:func:`end_cleanly`) each recorder of several ranks that wrote nothing writes one, kept only
+where the job's folder shows a failure once every rank has finalized. Calls are numbered per
+communicator from 1, as the call sequence numbers them in exceptions, so the dumps of one
+communicator on all ranks line up by call number; communicators are told apart by their
+creation order in the process (``c<index>``), which is the same on every rank of an SPMD
+program.
 
 Core layer: imports only :mod:`bmlmpi.config`.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import re
@@ -41,6 +48,7 @@ import tempfile
 import threading
 import time
 import weakref
+from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -74,7 +82,7 @@ class Slot:
     __slots__ = ("seq", "sig", "t0", "t1", "run", "error", "step", "steps", "peers")
 
     def __init__(self) -> None:
-        self.seq = -1                 # -1: never used
+        self.seq = 0                  # 0: never used (calls are numbered from 1)
         self.sig: Signature | None = None
         self.t0 = 0.0                 # start
         self.t1 = 0.0                 # 0: running; > 0: done at t1; < 0: failed at -t1
@@ -86,6 +94,13 @@ class Slot:
 
 
 _live: weakref.WeakSet[FlightRecorder] = weakref.WeakSet()
+#: the recorders of communicators of more than one rank, kept past their communicator's end
+#: (a recorder holds no MPI object) so that a clean end can write them: the newest
+#: BMLMPI_TRACE_FILES (a recorder is a few KiB)
+_ending: deque[FlightRecorder] = deque(maxlen=max(1, config.get("BMLMPI_TRACE_FILES")))
+#: the dump files this process wrote (BMLMPI_TRACE_FILES bounds the automatic ones)
+_files: set[str] = set()
+_capped = [False]
 _created = [0]
 _signal_lock = threading.Lock()
 _signal_installed = [False]
@@ -104,7 +119,7 @@ class FlightRecorder:
             raise ValueError("a flight recorder keeps at least one call (0 means none: "
                              "build no recorder)")
         self.slots = [Slot() for _ in range(capacity)]
-        self.next = 0                 # the next call's sequence number
+        self.next = 1                 # the next call's number (the call sequence's own)
         self.capacity = capacity
         self.rank = rank
         self.size = size
@@ -115,6 +130,12 @@ class FlightRecorder:
         self.timeline: Any = None     # a bmlmpi.timeline.Timeline fed each finished call
         self.dumps: list[str] = []    # paths written
         _live.add(self)
+        if size > 1:
+            if not _ending:
+                # registered late, so that it runs after the exit handlers bmlmpi and the
+                # program register later (they may still call MPI)
+                atexit.register(end_cleanly)
+            _ending.append(self)
         _install_signal_handler()
 
     # -- recording (the blocking fast path inlines begin and done) ------------------------
@@ -160,6 +181,8 @@ class FlightRecorder:
             path = self.dump(f"call {s.seq} raised {type(exc).__name__}")
         except OSError:
             return None
+        if path is None:
+            return None
         exc.add_note(f"bmlmpi flight recorder: {path} (every rank's: bmlmpi-trace "
                      f"{path.parent})")
         return path
@@ -167,7 +190,7 @@ class FlightRecorder:
     # -- reading ------------------------------------------------------------------------
     def calls(self) -> list[dict[str, Any]]:
         """The recorded calls, oldest first, as the dump writes them."""
-        used = [s for s in self.slots if s.seq >= 0]
+        used = [s for s in self.slots if s.seq > 0]
         return [_describe(s) for s in sorted(used, key=lambda s: s.seq)]
 
     def snapshot(self, reason: str) -> dict[str, Any]:
@@ -176,7 +199,8 @@ class FlightRecorder:
             "host": socket.gethostname(),
             "pid": os.getpid(), "world_rank": world_rank(), "comm": self.index,
             "kind": self.kind, "rank": self.rank, "size": self.size,
-            "capacity": self.capacity, "recorded": self.next, "timeout": self.timeout,
+            "capacity": self.capacity, "recorded": self.next - 1, "next": self.next,
+            "timeout": self.timeout,
             "calls": self.calls(),
         }
 
@@ -185,10 +209,16 @@ class FlightRecorder:
         return d / (f"bmlmpi-trace-{file_slug(socket.gethostname())}-p{os.getpid()}"
                     f"-w{world_rank()}-c{self.index}.json")
 
-    def dump(self, reason: str, directory: Path | None = None, announce: bool = True) -> Path:
+    def dump(self, reason: str, directory: Path | None = None, announce: bool = True,
+             counted: bool = True) -> Path | None:
         """Write the ring as JSON (replacing this communicator's earlier dump); say where on
-        stderr (``announce``)."""
+        stderr (``announce``). A ``counted`` dump (one bmlmpi writes on its own) that would
+        add a file past the process's ``BMLMPI_TRACE_FILES`` writes nothing and returns
+        None (said once on stderr)."""
         target = self.path(directory)
+        if counted and str(target) not in _files and not _file_allowed():
+            return None
+        _files.add(str(target))
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_suffix(f".tmp{threading.get_ident()}")
         tmp.write_text(json.dumps(self.snapshot(reason), indent=1))
@@ -293,15 +323,96 @@ def _to_stderr(message: str) -> None:
         pass
 
 
+def _file_allowed() -> bool:
+    """Whether an automatic dump may add a file (``BMLMPI_TRACE_FILES``); the first refusal
+    is said on stderr."""
+    limit = config.get("BMLMPI_TRACE_FILES")
+    if len(_files) < limit:
+        return True
+    if not _capped[0]:
+        _capped[0] = True
+        _to_stderr(f"bmlmpi flight recorder: this process wrote {len(_files)} dump files "
+                   f"(BMLMPI_TRACE_FILES={limit}); later failures on other communicators "
+                   f"write none")
+    return False
+
+
 def dump_all(reason: str) -> list[Path]:
-    """Dump every live recorder of this process."""
+    """Dump every live recorder of this process (asked for: not counted against
+    ``BMLMPI_TRACE_FILES``)."""
     out = []
     for rec in list(_live):
         try:
-            out.append(rec.dump(reason))
+            path = rec.dump(reason, counted=False)
         except OSError as exc:
             _to_stderr(f"bmlmpi flight recorder: could not write its dump: {exc}")
+            continue
+        if path is not None:
+            out.append(path)
     return out
+
+
+# -- a clean end -------------------------------------------------------------------------------
+
+CLEAN_END = "clean end"
+
+
+def _is_clean_end(path: Path) -> bool:
+    """Whether the dump at ``path`` is a clean end's (its reason is among the first bytes:
+    the snapshot's keys keep their order)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return True  # gone already: another rank's clean end, removed
+    return f'"reason": "{CLEAN_END}"'.encode() in head
+
+
+def end_cleanly() -> list[Path]:
+    """At the end of a program: every kept recorder that recorded calls and wrote no dump
+    writes one (reason ``clean end``), so that ``bmlmpi-trace`` sees a rank that finished
+    while the others waited (one that skipped a call) instead of a missing rank. Then
+    ``MPI_Finalize``, which waits for every rank of the job; once it returned, every other
+    rank's dumps of a failure are in its folder, and where none is (every dump there is a
+    clean end's) this rank's own are removed, and the per-job default folder when it is left
+    empty (a folder ``BMLMPI_TRACE_DIR`` names is the user's: kept): a job that went well
+    leaves nothing. Without an ``MPI_Finalize`` to wait on (MPI finalized
+    already, or mpi4py told not to finalize), nothing is written. Returns the files kept."""
+    try:
+        import mpi4py
+        from mpi4py import MPI
+    except ImportError:
+        return []
+    if (not MPI.Is_initialized() or MPI.Is_finalized()
+            or getattr(mpi4py.rc, "finalize", None) is False):
+        return []
+    written = []
+    for rec in list(_ending):
+        if rec.dumps or rec.next <= 1:
+            continue
+        try:
+            path = rec.dump(CLEAN_END, announce=False)
+        except OSError:
+            continue
+        if path is not None:
+            written.append(path)
+    if not written:
+        return []
+    try:
+        MPI.Finalize()
+    except Exception:  # noqa: BLE001 - a failed finalize keeps the records
+        return written
+    folders = {p.parent for p in written}
+    if any(not _is_clean_end(q) for d in folders for q in d.glob("bmlmpi-trace-*.json")):
+        return written
+    for p in written:
+        with contextlib.suppress(OSError):
+            p.unlink()
+    if config.get("BMLMPI_TRACE_DIR") is None:
+        for d in folders:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    return []
 
 
 def _on_sigusr1(signum: int, frame: Any) -> None:

@@ -20,16 +20,22 @@ TAG_KINDS = 8
 CALL_SLOTS = 64
 
 
+class CommunicatorFreed(RuntimeError):
+    """A call on a communicator after its ``Free()``: raised on the rank that calls, before
+    anything is sent (every public call, every form)."""
+
+
 class CallSequence:
     """Call numbers, launch count and the thread inside a call, for a communicator whose
     tags go up to ``tag_ub``."""
 
-    __slots__ = ("callno", "launches", "owner", "tag_mod", "call_slots", "sig_slots")
+    __slots__ = ("callno", "launches", "owner", "tag_mod", "call_slots", "sig_slots", "freed")
 
     def __init__(self, tag_ub: int):
         self.callno = 0      # calls started on the communicator (all paths)
         self.launches = 0    # launches so far: picks each call's tag slot
         self.owner: int | None = None  # the thread inside a call (claim)
+        self.freed = False   # the communicator was freed: every claim raises
         # each collective's calls cycle through their own block of the tag space
         self.tag_mod = max(TAG_STEPS, (tag_ub + 1) // TAG_KINDS // TAG_STEPS * TAG_STEPS)
         slots = self.tag_mod // TAG_STEPS
@@ -53,6 +59,8 @@ class CallSequence:
         already holds it (a call inside a call). A second thread inside a call raises: two
         threads' messages on one communicator swap results silently (bmlmpi's communicators,
         like MPI's collectives on one communicator, take one call at a time)."""
+        if self.freed:
+            self.refuse_freed(rank)
         me = threading.get_ident()
         owner = self.owner
         if owner == me:
@@ -64,3 +72,17 @@ class CallSequence:
                 f"time: use one communicator per thread, or a lock")
         self.owner = me
         return True
+
+    def refuse_freed(self, rank: int) -> None:
+        """Raise :class:`CommunicatorFreed` when the communicator was freed."""
+        if self.freed:
+            raise CommunicatorFreed(
+                f"bmlmpi.Communicator (rank {rank}) was freed: Free() ends every call on it "
+                f"(blocking, I..., _init, a persistent request's Start, explain); build "
+                f"another communicator to go on")
+
+    def release(self, mine: bool) -> None:
+        """End the call that :meth:`claim` returned ``mine`` for (True: this thread claimed
+        it there)."""
+        if mine:
+            self.owner = None

@@ -4,8 +4,9 @@ range, and after which step of which peer; this module only does it.
 
 The segments. :class:`NodeSegments` is one MPI-3 shared window (``MPI.Win.Allocate_shared``)
 over a node communicator (ranks of ``Split_type(COMM_TYPE_SHARED)``, or a pretended node
-inside one). Every rank's part holds a progress flag (one int64 on its own cache line) and
-two buffer images, used by alternate calls (the verifier's rule 10: a rank writes a buffer
+inside one). Every rank's part holds a progress flag (one int64 on its own cache line), a
+ring of call identities (on the next cache line) and two buffer images, used by alternate
+calls (the verifier's rule 10: a rank writes a buffer
 again only two calls later, after every reader has left the call that read it). The window
 is sized for the largest signature seen: a larger one grows it on every rank at the same
 call (the plans of a signature are compiled on every rank in the same call), after each rank
@@ -13,11 +14,23 @@ has finished its own earlier shared-memory calls and all have met in a bounded b
 
 Ordering. The window is in a passive-target epoch (``Lock_all``) for its whole life. A rank
 that wrote segment data calls ``Win.Sync`` (a full memory barrier in the unified memory
-model, on x86-64 and AArch64 alike) before it stores its new step count in its flag; a
-reader that sees a peer's flag at the count it needs calls ``Win.Sync`` before it reads that
+model, on x86-64 and AArch64 alike) before it stores its new progress in its flag; a
+reader that sees a peer's flag at the value it needs calls ``Win.Sync`` before it reads that
 peer's data. The flag is an aligned int64 (single-copy atomic on both architectures), only
 ever increased, and compared with ``>=``, so a reader never acts on a value the writer has
-not published. A flag read is only a hint until the Sync that follows it.
+not published. A flag read is only a hint until the Sync that follows it. The flag holds the
+call's number on the window (every rank numbers its shared-memory calls alike) times
+:data:`CALL_STRIDE` plus the steps done in it, so a value names its call whatever the
+number of steps each rank's calls had.
+
+Which call. Before its first publish of a call a rank writes the call's identity into its
+ring (:data:`IDENTITY_SLOTS` slots, by call number): the call's number and its tag base, the
+one that keeps its messages apart (collective, signature number, call slot). A reader acts
+on a peer's flag only once that peer's identity for this call equals its own; otherwise it
+keeps waiting, as a message with another tag is never received, and the call ends at its
+deadline. So a rank that runs another signature than its peers (one the first-call check
+does not look at again) never reads their segments, nor they its: no rank returns a result
+read from another call's data.
 
 Waiting. Every wait has the communicator's deadline (restarting whenever any peer flag
 this run waits for advances): past it :class:`~bmlmpi.execute.DeadlineExceeded` names the
@@ -42,18 +55,31 @@ from mpi4py import MPI
 
 from .execute import (
     DeadlineExceeded,
+    Interrupt,
     Plan,
     Run,
     back_off,
     collective_run,
     spin_seconds,
+    wait_for,
     wait_request,
 )
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
 from .schedules.types import FETCH, PUBLISH, REDUCE, Copy, Schedule, Step
 
-FLAG_BYTES = 128         # the flag and padding: the buffers start on their own cache lines
+#: the flag, the identity ring and padding: the buffers start on their own cache lines
+FLAG_BYTES = 128
+IDENTITY_AT = 64         # byte offset of the identity ring (its own cache line)
+#: Identity slots per rank, indexed by call number: a peer that could overwrite the slot of
+#: a call a reader still checks would be this many calls ahead of it, which no agreed run
+#: allows (every call waits on the ranks that read its segment); a slot naming another call
+#: counts as a mismatch, so it can only cost a deadline, never a wrong read.
+IDENTITY_SLOTS = 8
+#: Flag values per call: a flag is (call number) · CALL_STRIDE + steps done; a call's last
+#: value is the next one's base − 1 (a wait on a peer's step −1: it left the call before).
+CALL_STRIDE = 1 << 24
+TAG_BITS = 31            # a tag base fits in MPI's int tag (below 2**31)
 ALIGN = 4096             # buffer capacity granularity (bytes)
 WATCH_TAG = 7            # the failure watch's receives (never matched: no one sends on it)
 FAILURE_CHECK_S = 0.01   # how often a waiting rank looks for a failure
@@ -75,7 +101,8 @@ class NodeSegments:
     a callable that is true once the allreduce communicator was revoked (fault tolerance)."""
 
     def __init__(self, comm: MPI.Comm, timeout: float,
-                 revoked: Callable[[], bool] | None = None):
+                 revoked: Callable[[], bool] | None = None,
+                 interrupt: Interrupt | None = None):
         comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.comm = comm
         self.rank = comm.Get_rank()
@@ -83,8 +110,7 @@ class NodeSegments:
         self.timeout = timeout
         self.revoked = revoked
         self.capacity = 0               # bytes of one buffer image
-        self.counter = 0                # steps completed by this node's ranks, calls so far
-        self.calls = 0                  # shared-memory calls started (the parity)
+        self.calls = 0                  # shared-memory calls started (numbers them, parity)
         self.generation = 0
         self.win: MPI.Win | None = None
         self.queue: list[ShmRun] = []   # runs started, oldest first; the head owns the window
@@ -92,8 +118,17 @@ class NodeSegments:
         self._views: dict[tuple, list[np.ndarray]] = {}
         self._bytes: list[np.ndarray] = []
         self._flags: list[np.ndarray] = []
+        self._identities: list[np.ndarray] = []
         self.watch = [comm.Irecv([np.empty(1, np.uint8), MPI.BYTE], q, WATCH_TAG)
                       if q != self.rank else MPI.REQUEST_NULL for q in range(self.size)]
+        # Allocate_shared blocks without a deadline: every rank of the node meets first
+        try:
+            met(comm, timeout, "bmlmpi shm: not every rank of the node came to make the "
+                               "shared window", interrupt)
+        except BaseException:
+            self.abandon()
+            comm.Free()
+            raise
         self._allocate(ALIGN)
 
     # -- the window -----------------------------------------------------------------------
@@ -112,13 +147,17 @@ class NodeSegments:
             parts.append(np.frombuffer(mem, dtype=np.uint8, count=FLAG_BYTES + 2 * capacity))
         self.win, self.capacity, self._bytes = win, capacity, parts
         self._flags = [p[:8].view(np.int64) for p in parts]
+        self._identities = [p[IDENTITY_AT:IDENTITY_AT + 8 * IDENTITY_SLOTS].view(np.int64)
+                            for p in parts]
         self._views.clear()
         self.generation += 1
-        # a fresh window: every flag restarts at 0 (the step counter with it) once all have
-        # written theirs; the bounded barrier makes sure no one reads a flag not yet set
-        self._flags[self.rank][0] = 0
+        # a fresh window (made or grown at the same call on every rank, after each finished
+        # its earlier calls): every flag says "left call `calls`", every identity slot names
+        # no call, once all have written theirs; the bounded barrier makes sure no one reads
+        # a flag not yet set
+        self._flags[self.rank][0] = (self.calls + 1) * CALL_STRIDE - 1
+        self._identities[self.rank][:] = -1
         win.Sync()
-        self.counter = 0
         wait_request(self.comm.Ibarrier(), self.timeout,
                      "bmlmpi shm: not every rank of the node joined the window's set-up")
         win.Sync()
@@ -140,7 +179,7 @@ class NodeSegments:
     def _release_window(self) -> None:
         if self.win is not None:
             self._views.clear()
-            self._bytes, self._flags = [], []
+            self._bytes, self._flags, self._identities = [], [], []
             win, self.win = self.win, None
             win.Unlock_all()
             win.Free()
@@ -164,6 +203,19 @@ class NodeSegments:
     def flag(self, q: int) -> int:
         return int(self._flags[q][0])
 
+    def enter(self, call: int, identity: int) -> None:
+        """Record this rank's identity for shared-memory call ``call``; visible to the others
+        with the call's first :meth:`publish` (whose Sync orders it before the flag)."""
+        self._identities[self.rank][call % IDENTITY_SLOTS] = identity
+
+    def runs(self, q: int, call: int, identity: int) -> bool:
+        """Whether node rank ``q`` runs call ``call`` as ``identity`` (read after the
+        :meth:`acquire` that follows seeing its flag in that call or past it)."""
+        return int(self._identities[q][call % IDENTITY_SLOTS]) == identity
+
+    def identity_of(self, q: int, call: int) -> int:
+        return int(self._identities[q][call % IDENTITY_SLOTS])
+
     def acquire(self) -> None:
         """After seeing the flags it needs: order the data reads after them."""
         self.win.Sync()
@@ -179,7 +231,17 @@ class NodeSegments:
                                 else MPI.ERR_OTHER)
 
     def free(self) -> None:
-        """Collective: free the window and the node communicator."""
+        """Collective: free the window and the node communicator. ``Win.Free`` blocks
+        without a deadline, so the node's ranks meet first in a bounded barrier; a rank that
+        does not come makes the others drop the window without the collective and raise
+        :class:`~bmlmpi.execute.DeadlineExceeded`."""
+        if self.win is not None:
+            try:
+                met(self.comm, self.timeout, "bmlmpi shm: not every rank of the node came "
+                                             "to free the shared window")
+            except DeadlineExceeded:
+                self.abandon()
+                raise
         for req in self.watch:
             if req != MPI.REQUEST_NULL:
                 try:
@@ -198,7 +260,7 @@ class NodeSegments:
         nothing stays in /dev/shm; the mapping goes with the process."""
         self.queue.clear()
         self._views.clear()
-        self._bytes, self._flags = [], []
+        self._bytes, self._flags, self._identities = [], [], []
         self.win = None
         self.watch = []
 
@@ -266,6 +328,9 @@ class ShmPlan:
         self.result_span = result_span
         # the same on every rank of the node, whatever its own ops (growing the window is
         # collective): a rank with nothing to publish may still fetch
+        if self.nsteps >= CALL_STRIDE:
+            raise ValueError(f"a shared-memory schedule of {self.nsteps} steps exceeds the "
+                             f"{CALL_STRIDE} a call's flag values can count")
         self.segment_elems = sched.count if sched.size > 1 and any(st.shm for st in steps) \
             else 0
         if node is not None and self.segment_elems:
@@ -328,6 +393,15 @@ def start_collective(plan: Plan | ShmPlan, inp: np.ndarray | None, out: np.ndarr
     return collective_run(plan, inp, out, op, tag_base, label, finish, dtype)
 
 
+def met(comm: MPI.Comm, timeout: float, what: str, interrupt: Interrupt | None = None) -> None:
+    """A barrier bounded by ``timeout`` before a blocking collective that has no deadline of
+    its own (a split, a window's allocation or free): once every rank of ``comm`` passed it,
+    none can be missing from that call. ``interrupt`` is polled while waiting (it raises when
+    another rank refused the call)."""
+    wait_for(comm.Ibarrier().Test, timeout, lambda t: f"{what} within {t:g} s",
+             interrupt=interrupt)
+
+
 def run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
     """The executor of a compiled allreduce plan: messages, or shared-memory steps."""
     return ShmRun if isinstance(plan, ShmPlan) else Run
@@ -364,7 +438,12 @@ class ShmRun:
         self.sub: Run | None = None
         self.progress = 0
         self.done = False
-        self.base = -1       # the node's step counter when this run took the window
+        self.base = -1       # the flag value of this call's start, once it took the window
+        self.call = 0        # this run's number among the window's shared-memory calls
+        #: the call's identity on the window: its number and its tag base (module docstring)
+        self.identity = -1
+        self.matched: set[int] = set()  # node ranks seen to run this same call
+        self.mismatch: int | None = None  # the identity a peer runs instead, while waiting
         self.segs: list[np.ndarray] | None = None
         self.waiting: tuple[int, int, int] | None = None  # (step, op, peer) while blocked
         self._last_flags: tuple[int, ...] = ()
@@ -373,6 +452,8 @@ class ShmRun:
         if self.node is not None:
             self.parity = self.node.calls % 2
             self.node.calls += 1
+            self.call = self.node.calls
+            self.identity = (self.call << TAG_BITS) | (tag_base & ((1 << TAG_BITS) - 1))
             self.node.queue.append(self)
         self._checked = time.monotonic()
 
@@ -404,21 +485,35 @@ class ShmRun:
                                f"{node.broken}; build a new Communicator")
         if node.queue[0] is not self:
             return False
-        self.base = node.counter
+        self.base = self.call * CALL_STRIDE
+        node.enter(self.call, self.identity)
         if self.plan.segment_elems:
             self.segs = node.buffers(self.parity, self.buf.dtype, self.plan.segment_elems)
         return True
 
     def _ready(self, o: _Op) -> bool:
+        """Whether every peer ``o`` waits for has done its step of this same call (``s``
+        above 0: its flag at the step, and its identity this call's) or has left the call
+        before (``s`` 0: a wait on step −1)."""
         node = self.node
         base = self.base
         for q, s in o.after:
-            if node.flag(q) < base + s:
+            if node.flag(q) < (base + s if s else base - 1):
                 self.waiting = (o.step, self.op_index, q)
                 return False
         if o.after:
             node.acquire()
+            for q, s in o.after:
+                if s and q not in self.matched:
+                    if not node.runs(q, self.call, self.identity):
+                        # another call's data: never read, as a message with another tag
+                        # is never received; the call waits out its deadline
+                        self.waiting = (o.step, self.op_index, q)
+                        self.mismatch = node.identity_of(q, self.call)
+                        return False
+                    self.matched.add(q)
         self.waiting = None
+        self.mismatch = None
         return True
 
     def _do(self, o: _Op) -> None:
@@ -488,9 +583,7 @@ class ShmRun:
     def _finalise(self) -> None:
         node = self.node
         if node is not None:
-            end = self.base + self.plan.nsteps
-            node.publish(end)
-            node.counter = end
+            node.publish(self.base + CALL_STRIDE - 1)  # left the call: the next one's base − 1
             node.queue.pop(0)
         if self.finish is not None:
             self.finish()
@@ -555,7 +648,16 @@ class ShmRun:
         if self.waiting is None:
             return "nothing"
         step, _, q = self.waiting
+        if self.mismatch is not None:
+            mask = (1 << TAG_BITS) - 1
+            return (f"step {step + 1}: node rank {q} runs another call on the shared window "
+                    f"(tag base {self.mismatch & mask} at call {self.mismatch >> TAG_BITS}, "
+                    f"this one {self.identity & mask} at call {self.call}: another "
+                    f"collective, signature or call), whose data this call never reads")
         got = self.node.flag(q) - self.base
+        if got < 0:
+            return (f"step {step + 1}: node rank {q} to reach this call (it has not left an "
+                    f"earlier one)")
         return (f"step {step + 1}: node rank {q} to publish its step (its flag is at step "
                 f"{got} of this call)")
 
@@ -589,10 +691,17 @@ class NodeTier:
     every such node lies inside one ``Split_type(COMM_TYPE_SHARED)`` group, so its ranks can
     share a window. ``one_node``: the whole communicator is one node that shares memory."""
 
-    def __init__(self, comm: MPI.Comm, nodes, timeout: float):
+    def __init__(self, comm: MPI.Comm, nodes, timeout: float,
+                 interrupt: Interrupt | None = None):
         self.comm = comm
         self.timeout = timeout
+        self.interrupt = interrupt
         rank = comm.Get_rank()
+        # Split_type and Split block without a deadline: a rank that is absent (it refused
+        # its arguments while this one's signature was agreed) would hang them, so every
+        # rank meets first in a bounded barrier that also reads the call's notices
+        met(comm, timeout, "bmlmpi shm: not every rank came to find its node (its node tier)",
+            interrupt)
         shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         try:
             real = set(MPI.Group.Translate_ranks(shared.Get_group(),
@@ -621,8 +730,9 @@ class NodeTier:
     def _segments(self) -> NodeSegments | None:
         """The node's window, made on first use: collective over the node only."""
         if self.segments is None and self._node_comm is not None:
-            self.segments = NodeSegments(self._node_comm, self.timeout, self._revoked)
-            self._node_comm = None  # the segments own and free it now
+            node_comm, self._node_comm = self._node_comm, None  # the segments own it now
+            self.segments = NodeSegments(node_comm, self.timeout, self._revoked,
+                                         self.interrupt)
         return self.segments
 
     def _revoked(self) -> bool:

@@ -11,7 +11,8 @@ make first, then its ``Irecv``/``Isend`` posted), ``wait`` (until its receives a
 ``reduce`` (its reductions, where the step reduces; the blocking path of a one-lane schedule
 then waits for the step's sends: a second ``wait``) and, at the end of a run with a separate
 input, ``copy`` (the ranges still taken from the input). A native call is one span: MPI runs
-it. ``bmlmpi-trace --timeline DIR`` merges the ranks' files into one. Times are the wall
+it. ``bmlmpi-trace --timeline DIR`` (:func:`bmlmpi.cli.trace.merge_timelines`, which needs no
+MPI) merges the ranks' files into one. Times are the wall
 clock (``time.time``), the same clock on all ranks of a node.
 
 The steps come from a :class:`~bmlmpi.execute.RunObserver` installed for the whole process
@@ -171,28 +172,3 @@ def _write_at_exit() -> None:
         write()
     except OSError as exc:
         os.write(2, f"bmlmpi timeline: could not write it: {exc}\n".encode())
-
-
-def merge(directory: Path, out: Path | None = None) -> Path:
-    """Merge every ``timeline-*.json`` in ``directory`` into one trace (``out``, default
-    ``directory/timeline.json``), times shifted so the earliest event is at 0."""
-    directory = Path(directory)
-    files = sorted(p for p in directory.glob("timeline-*.json"))
-    if not files:
-        raise FileNotFoundError(f"no timeline-*.json in {directory} (was BMLMPI_TIMELINE set "
-                                f"to it?)")
-    events: list[dict[str, Any]] = []
-    dropped = 0
-    for f in files:
-        doc = json.loads(f.read_text())
-        events += doc.get("traceEvents", [])
-        dropped += int(doc.get("otherData", {}).get("dropped", 0))
-    t0 = min((e["ts"] for e in events if "ts" in e), default=0.0)
-    for e in events:
-        if "ts" in e:
-            e["ts"] -= t0
-    target = Path(out) if out is not None else directory / "timeline.json"
-    target.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
-                                  "otherData": {"ranks": len(files), "dropped": dropped,
-                                                "epoch_us": t0}}))
-    return target

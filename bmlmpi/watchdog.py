@@ -87,12 +87,16 @@ class Watchdog:
     def __init__(self, timeout: float, abort: Callable[[], None],
                  report: Callable[[str], None] | None = None, source: str = "BMLMPI_TIMEOUT=",
                  alarm: Callable[[], str | None] | None = None,
-                 before_abort: Callable[[str], None] | None = None):
+                 before_abort: Callable[[str], None] | None = None,
+                 number: Callable[[], int | None] | None = None):
         """``source``: how the report names where the timeout came from (``timeout=`` for a
         constructor argument). ``alarm``: polled while a call is in progress; a text it
         returns (another rank announced that it will not join the call) ends the job at
         once, since a blocking MPI call cannot be interrupted. ``before_abort``: given the
-        report before the job is aborted (the flight recorder's dump)."""
+        report before the job is aborted (the flight recorder's dump). ``number``: the number
+        of the call in progress on its communicator (the one exceptions and the flight
+        recorder give it), for the report (it returns None where that is not known); without
+        it, the report counts the calls this watchdog watched."""
         self.timeout = float(timeout)
         self.source = source
         self._alarm = alarm
@@ -102,6 +106,7 @@ class Watchdog:
         self._abort = abort
         self._report = report or _to_stderr
         self._before_abort = before_abort  # given the report (the flight recorder's dump)
+        self._number = number
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None   # the process's thread, once started
         self._seen, self._since = -1, 0.0   # the call the thread last saw, and since when
@@ -174,7 +179,7 @@ class Watchdog:
                 news = None
                 self._alarm = None
             if news is not None and self.current is not None:
-                return self._fire(f"bmlmpi watchdog: {what}, fast-path call {self.calls}, is "
+                return self._fire(f"bmlmpi watchdog: {what}{self._which()}, is "
                                   f"blocked in MPI_Allreduce, which cannot be interrupted, "
                                   f"and {news}: that call can never complete; aborting the job")
         n, now = self.calls, time.monotonic()
@@ -184,11 +189,22 @@ class Watchdog:
             return False
         since = self._since
         if now - since > self.timeout:
-            return self._fire(f"bmlmpi watchdog: {what}, call {n}, has been blocked in MPI "
+            return self._fire(f"bmlmpi watchdog: {what}{self._which()}, has been blocked in MPI "
                               f"for {now - since:.1f} s ({self.source}{self.timeout:g}); "
                               f"another rank never joined it; aborting the job (set "
                               f"BMLMPI_BLOCKING=polled for a DeadlineExceeded instead)")
         return False
+
+    def _which(self) -> str:
+        """``, call N`` for the report: the number ``number`` gives (nothing where it gives
+        None), else this watchdog's count of the calls it watched."""
+        if self._number is None:
+            return f", call {self.calls}"
+        try:
+            n = self._number()
+        except Exception:  # noqa: BLE001 - the report goes out without the number
+            n = None
+        return "" if n is None else f", call {n}"
 
     def _fire(self, report: str) -> bool:
         """Write ``report``, have the flight recorder dumped, abort; True (it fired)."""

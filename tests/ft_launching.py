@@ -16,16 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch_spec(program: str, spec: dict, n: int, marker: str, *, timeout: float,
-              ft: bool = True) -> tuple[subprocess.CompletedProcess, list[dict]]:
+              ft: bool = True, env: dict[str, str] | None = None
+              ) -> tuple[subprocess.CompletedProcess, list[dict]]:
     """Run ``program`` (relative to the repository) on ``n`` ranks with ``spec`` as its one
     argument; returns the finished process and the records of the lines starting ``marker``.
     The job's own algorithm and BCube settings are cleared, calibration is off. The programs
     kill ranks on purpose: ``--tolerate-lost`` keeps those from failing the job, so its exit
-    status says whether the survivors ended well."""
+    status says whether the survivors ended well. ``env``: variables added for the job."""
     cmd = [sys.executable, "-m", "bmlmpi.cli.launch", *(["--ft", "--tolerate-lost"] if ft else []),
            "-n", str(n),
            sys.executable, program, json.dumps(spec)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "BMLMPI_CALIBRATE": "0", **(env or {})}
     env.pop("BMLMPI_ALGORITHM", None)
     env.pop("BMLMPI_BCUBE", None)
     try:

@@ -206,6 +206,8 @@ def test_masked_link_and_auto():
     ]
     records = run_and_check(groups)
     assert [r["masked"] for r in records if "masked" in r] == [3]
+    # the masked rank's calls raise RankMasked (an allreduce and a family call)
+    assert [r["refused"] for r in records if "masked" in r] == [["RankMasked"] * 2]
 
 
 def test_outstanding_calls_of_one_signature_survive_a_kill():

@@ -82,14 +82,15 @@ def test_watchdog_aborts_a_job_whose_peer_never_arrives(tmp_path):
     assert "rank 0 fast calls 2" in res.stdout, out[-3000:]
     assert res.returncode != 0, out[-3000:]
     assert "bmlmpi watchdog: bmlmpi native allreduce (blocking MPI_Allreduce of 4 x float64 " \
-           "sum, rank 0 of 2), call 3" in res.stderr, out[-3000:]
+           "sum, rank 0 of 2), call 4" in res.stderr, out[-3000:]
     assert "NOT REACHED" not in res.stdout
     # the watchdog had the flight recorder dumped before it aborted: the hung call is the
-    # fourth (seq 3), failed in MPI_Allreduce, waiting on any rank
+    # fourth (call 4, as the watchdog's report says), failed in MPI_Allreduce, waiting on any
+    # rank
     dump, _ = rank0_trace(tmp_path)
     assert dump["reason"] == "watchdog abort"
     last = dump["calls"][-1]
-    assert (last["seq"], last["state"], last["chosen"], last["peers"]) == (3, "failed",
+    assert (last["seq"], last["state"], last["chosen"], last["peers"]) == (4, "failed",
                                                                             "native", "all")
     assert "bmlmpi watchdog" in last["error"]
 
@@ -104,4 +105,4 @@ def test_polled_mode_raises_deadline_exceeded_instead(tmp_path):
     assert "NOT REACHED" not in res.stdout
     assert f"bmlmpi flight recorder: rank 0 of 2 wrote {tmp_path}" in res.stderr
     dump, _ = rank0_trace(tmp_path)
-    assert dump["reason"] == "call 3 raised DeadlineExceeded"
+    assert dump["reason"] == "call 4 raised DeadlineExceeded"

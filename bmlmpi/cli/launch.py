@@ -36,7 +36,9 @@ rank lost (killed, it never ended) fails it too unless ``--tolerate-lost``
 ``replace_failed`` does not. Lost, failed and replaced ranks are listed on stderr at the end.
 Open MPI's ``NBC_Progress: an error ... was found`` lines, which every survived failure
 prints (libnbc writes them unconditionally: no MCA parameter silences them), are left out of
-stderr; the survivors' rank 0 prints bmlmpi's own line about each recovery instead.
+stderr; the survivors' rank 0 prints bmlmpi's own line about each recovery instead. So are
+ULFM's box saying that osc/sm is not tested after failures (every job that makes a window)
+and the NUL bytes Open MPI's help messages end with (:class:`StderrFilter`).
 
 Every other argument is passed to mpiexec unchanged. ``--dry-run`` prints the command.
 """
@@ -66,8 +68,23 @@ BARE_PYTHON = re.compile(r"python(3(\.\d+)?)?")
 #: libnbc's choice of MPI_Ireduce algorithm (module docstring)
 IREDUCE = "coll_libnbc_ireduce_algorithm"
 #: What libnbc prints for a request that failed because a peer died (no MCA parameter
-#: silences it); the launcher leaves these lines out under --ft.
-NBC_NOISE = re.compile(rb"^NBC_Progress: an error \d+ was found during schedule")
+#: silences it); the launcher leaves these lines out under --ft, wherever in a line they
+#: start (another process's output may precede them).
+NBC_NOISE = re.compile(rb"NBC_Progress: an error \d+ was found during schedule.*")
+#: The rule above and below each of Open MPI's help messages, and the longest box read.
+HELP_RULE = re.compile(rb"^-{60,}\s*$")
+HELP_BOX_LINES = 40
+#: ULFM's warning (help-mpi-ft.txt) that a selected component is not tested after failures:
+#: printed for osc/sm on every --ft job that makes a window (bmlmpi's shared-memory tier),
+#: with no failure (docs/launching.md says why bmlmpi does not depend on it); and the line
+#: saying how many more processes sent it.
+UNTESTED_AFTER_FAILURE = re.compile(rb"(is not|insuficiently) tested (for|in) post-failure")
+UNTESTED_AGGREGATE = re.compile(rb"more process(es)? ha(s|ve) sent help message "
+                                rb"help-mpi-ft\.txt")
+#: Starts of lines a partial line is held back for (it may become one left out), and the
+#: start of the "[host:pid] N more processes ..." line.
+PARTIAL_HOLD = (b"NBC_Progress: an error", b"-" * 60)
+PARTIAL_AGGREGATE = re.compile(rb"\[[^\]\s]{0,80}(\] ?(\d+ ?(m(o(r(e( .*)?)?)?)?)?)?)?")
 
 
 def find_mpiexec() -> str:
@@ -282,35 +299,81 @@ def remove_heartbeats(folder: Path) -> None:
                     shutil.rmtree(beat, ignore_errors=True)
 
 
+class StderrFilter:
+    """What ``bmlmpi-run --ft`` leaves out of the ranks' stderr (docs/launching.md), fed the
+    bytes as they come: Open MPI's NUL bytes (its help messages end with one), libnbc's
+    ``NBC_Progress: an error N was found ...`` lines (and the blank line each is followed by),
+    and ULFM's warning box that a selected component is not tested after failures (printed
+    for osc/sm whenever a window is made, with no failure), with the line counting the
+    processes that sent it too. Everything else passes unchanged; a partial line that cannot
+    be one of those (a progress bar) passes at once."""
+
+    def __init__(self) -> None:
+        self.left_out = 0           # lines and boxes left out
+        self.pending = b""          # a partial line
+        self.box: list[bytes] | None = None   # the lines of a help box being read
+        self.skip_blank = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        out: list[bytes] = []
+        *lines, self.pending = (self.pending + chunk.replace(b"\0", b"")).split(b"\n")
+        for line in lines:
+            self._line(line, out)
+        if (self.pending and self.box is None
+                and not any(p.startswith(self.pending[:len(p)]) for p in PARTIAL_HOLD)
+                and not PARTIAL_AGGREGATE.fullmatch(self.pending)):
+            out.append(self.pending)
+            self.pending = b""
+        return b"".join(out)
+
+    def close(self) -> bytes:
+        out = [line + b"\n" for line in self.box or []]
+        self.box = None
+        out.append(self.pending)
+        self.pending = b""
+        return b"".join(out)
+
+    def _line(self, line: bytes, out: list[bytes]) -> None:
+        if self.box is not None:
+            self.box.append(line)
+            if HELP_RULE.match(line) or len(self.box) > HELP_BOX_LINES:
+                box, self.box = self.box, None
+                if HELP_RULE.match(line) and any(UNTESTED_AFTER_FAILURE.search(b) for b in box):
+                    self.left_out += 1
+                else:
+                    out.extend(b + b"\n" for b in box)
+            return
+        if HELP_RULE.match(line):
+            self.box = [line]
+            return
+        kept = NBC_NOISE.sub(b"", line)
+        if kept != line and not kept.strip():
+            self.left_out, self.skip_blank = self.left_out + 1, True
+            return
+        if UNTESTED_AGGREGATE.search(line):
+            self.left_out += 1
+            return
+        if self.skip_blank and not line.strip():
+            self.skip_blank = False
+            return
+        self.skip_blank = False
+        out.append(kept + b"\n")
+
+
 def _copy_stderr(source, sink) -> int:
-    """Copy ``source`` to ``sink`` without libnbc's failure lines (and the blank line each
-    is followed by); returns how many were left out. Partial lines that cannot be such a line
-    (a progress bar) pass at once."""
-    left_out, pending, skip_blank = 0, b"", False
+    """Copy ``source`` to ``sink`` through a :class:`StderrFilter`; returns how many lines
+    and boxes were left out."""
     fd = source.fileno()
+    keep = StderrFilter()
     while True:
         chunk = os.read(fd, 65536)
         if not chunk:
             break
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if NBC_NOISE.match(line):
-                left_out, skip_blank = left_out + 1, True
-                continue
-            if skip_blank and not line.strip():
-                skip_blank = False
-                continue
-            skip_blank = False
-            sink.write(line + b"\n")
-        if pending and not b"NBC_Progress: an error".startswith(pending[:22]):
-            sink.write(pending)
-            pending = b""
+        sink.write(keep.feed(chunk))
         sink.flush()
-    if pending:
-        sink.write(pending)
-        sink.flush()
-    return left_out
+    sink.write(keep.close())
+    sink.flush()
+    return keep.left_out
 
 
 def run_fault_tolerant(cmd: list[str], env: dict[str, str], tolerate_lost: bool,

@@ -35,6 +35,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..recorder import CLEAN_END
+
 FIELDS = ("collective", "count", "dtype", "op", "root", "asked", "chosen")
 #: how a field is named in the story
 FIELD_WORDS = {"asked": "algorithm asked", "chosen": "algorithm"}
@@ -110,8 +112,9 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
         seqs = sorted(calls[r])
         done = [s for s in seqs if calls[r][s]["state"] == "done"]
         open_ = [s for s in seqs if calls[r][s]["state"] != "done"]
-        st: dict[str, Any] = {"recorded": by_rank[r]["recorded"],
+        st: dict[str, Any] = {"next": by_rank[r].get("next", by_rank[r]["recorded"]),
                               "last_done": max(done) if done else None,
+                              "ended": by_rank[r]["reason"] == CLEAN_END,
                               "host": by_rank[r]["host"], "pid": by_rank[r]["pid"],
                               "reason": by_rank[r]["reason"], "file": by_rank[r]["file"]}
         if open_:
@@ -133,7 +136,7 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
     # how far each rank got: the call it is in, else one past its last recorded call
     def position(r: int) -> int:
         cur = state[r].get("current")
-        return cur["seq"] if cur else state[r]["recorded"]
+        return cur["seq"] if cur else state[r]["next"]
     front = max((position(r) for r in ranks), default=0)
     # behind: not as far as the furthest, or not inside the call others are stuck in
     stuck_at_front = any("current" in state[r] and position(r) == front for r in ranks)
@@ -147,7 +150,10 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
         here = {r: sigs[r][seq] for r in ranks if seq in sigs[r]}
         if len(set(here.values())) <= 1:
             continue
-        majority, _ = Counter(here.values()).most_common(1)[0]
+        # the signature most ranks called; between as many, that of ranks still in their
+        # calls rather than of ranks that ended cleanly (one that ended made fewer calls)
+        majority = max(Counter(here.values()).items(),
+                       key=lambda item: _weight(item, here, state))[0]
         holders = [r for r, s in here.items() if s == majority]
         odd = {}
         for r, s in here.items():
@@ -174,14 +180,17 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
         m = mismatches[0]
         r, o = next(iter(sorted(m["odd"].items())))
         if o["kind"] == "skipped":
-            verdict = (f"rank {r} skipped a call: at seq {m['seq']} the others called "
+            verdict = (f"rank {r} skipped a call: at call {m['seq']} the others called "
                        f"{m['majority']}; rank {r}'s calls from there on are the others' next "
                        f"ones")
+            if state[r]["ended"]:
+                verdict += (f"; it ended cleanly after its call {state[r]['last_done']}, "
+                            f"while the others wait in call {front}")
         elif o["kind"] == "extra":
-            verdict = (f"rank {r} made an extra call at seq {m['seq']} ({o['signature']}) that "
+            verdict = (f"rank {r} made an extra call at call {m['seq']} ({o['signature']}) that "
                        f"the others did not make")
         else:
-            verdict = (f"rank {r} called {o['signature']} at seq {m['seq']} where ranks "
+            verdict = (f"rank {r} called {o['signature']} at call {m['seq']} where ranks "
                        f"{_ranks(m['ranks'])} called {m['majority']} ({_differ(o['differs'])})")
         culprit_rank = r
     else:
@@ -192,6 +201,15 @@ def analyse_comm(dumps: list[dict[str, Any]]) -> dict[str, Any]:
             "state": state, "mismatches": mismatches, "chain": chain, "culprit": culprit_rank,
             "verdict": verdict, "ok": not (missing or behind or mismatches or chain
                                            or any("current" in s for s in state.values()))}
+
+
+def _weight(item: tuple[tuple, int], here: dict[int, tuple], state: dict[int, dict]
+            ) -> tuple[int, int, int]:
+    """How a signature called by ``item[1]`` ranks ranks as the one the others called: by
+    those ranks, then by those of them still in their calls, then by the lowest rank."""
+    sig, n = item
+    holders = [r for r, s in here.items() if s == sig]
+    return n, sum(not state[r]["ended"] for r in holders), -min(holders)
 
 
 def _waits_on(cur: dict[str, Any], ranks: list[int], size: int) -> list[int]:
@@ -234,7 +252,7 @@ def _chain(ranks, missing, state, position, size, late_after: float
             if p in missing:
                 return chain, p, (f"rank {p} wrote no dump (killed, or never reached a dump) "
                                   f"and {_who(chain)} wait{'s' if len(chain) == 1 else ''} on "
-                                  f"it in seq {cur['seq']}")
+                                  f"it in call {cur['seq']}")
         for p in waits:
             if position(p) < cur["seq"]:
                 return chain, p, _behind_words(p, state, position, chain, cur["seq"])
@@ -252,7 +270,7 @@ def _chain(ranks, missing, state, position, size, late_after: float
     if missing:
         return chain, missing[0], (f"rank{'s' if len(missing) > 1 else ''} {_ranks(missing)} "
                                    f"wrote no dump (killed, or never reached a dump); the "
-                                   f"others are in seq {position(start)}")
+                                   f"others are in call {position(start)}")
     return chain, None, None
 
 
@@ -274,9 +292,9 @@ def _late_words(chain, state, seq, dead_end: bool, late_after: float
     first = min(start(q) for q, st in state.items()
                 if st.get("current") and st["current"]["seq"] == seq)
     lag = start(late) - first
-    how = (f"the waits in seq {seq} end at rank {chain[-1]['rank']}, which had nothing "
+    how = (f"the waits in call {seq} end at rank {chain[-1]['rank']}, which had nothing "
            f"outstanding when its call ended ({_who(chain)})" if dead_end
-           else f"the waits in seq {seq} go round ({_who(chain)})")
+           else f"the waits in call {seq} go round ({_who(chain)})")
     if lag <= late_after:
         return None, (f"{how}; every rank entered it within {lag:.1f} s: no rank came late, "
                       f"the transfers themselves stalled")
@@ -286,9 +304,14 @@ def _late_words(chain, state, seq, dead_end: bool, late_after: float
 
 def _behind_words(p, state, position, chain, seq) -> str:
     last = state[p]["last_done"]
-    where = (f"it is still in seq {position(p)}" if "current" in state[p]
-             else f"its last call was seq {last}; it never entered seq {seq}")
-    return f"{_who(chain)} wait{'s' if len(chain) == 1 else ''} in seq {seq} on rank {p}: {where}"
+    if "current" in state[p]:
+        where = f"it is still in call {position(p)}"
+    elif state[p]["ended"]:
+        where = (f"it ended cleanly after call {last} and never entered call {seq}: it made "
+                 f"fewer calls than the others (it skipped one, or stopped early)")
+    else:
+        where = f"its last call was call {last}; it never entered call {seq}"
+    return f"{_who(chain)} wait{'s' if len(chain) == 1 else ''} in call {seq} on rank {p}: {where}"
 
 
 def _differ(fields: list[str]) -> str:
@@ -329,39 +352,66 @@ def story(report: dict[str, Any]) -> str:
                 if report["missing"] else "")]
     common = report["last_common_done"]
     if common is not None:
-        lines.append(f"last call every rank completed: seq {common['seq']}"
+        lines.append(f"last call every rank completed: call {common['seq']}"
                      + (f" ({common['signature']})" if common["signature"] else ""))
     for r, st in sorted(report["state"].items()):
-        last = "none" if st["last_done"] is None else f"seq {st['last_done']}"
+        last = "none" if st["last_done"] is None else f"call {st['last_done']}"
         text = f"  rank {r} ({st['host']} pid {st['pid']}): last completed {last}"
+        if st["ended"]:
+            text += "; its program ended cleanly"
         cur = st.get("current")
         if cur is not None:
-            text += f"; in seq {cur['seq']} ({cur['signature']}): {cur['state']}"
+            text += f"; in call {cur['seq']} ({cur['signature']}): {cur['state']}"
             text += f", waiting on {_peers_words(cur)}"
             if cur.get("error"):
                 text += f"; {cur['error'].splitlines()[0][:200]}"
         lines.append(text)
     if report["behind"]:
         lines.append(f"behind: rank{'s' if len(report['behind']) > 1 else ''} "
-                     f"{_ranks(report['behind'])} (the others reached seq {report['front']})")
+                     f"{_ranks(report['behind'])} (the others reached call {report['front']})")
     for m in report["mismatches"][:5]:
-        lines.append(f"DESYNC at seq {m['seq']}: ranks {_ranks(m['ranks'])} called "
+        lines.append(f"DESYNC at call {m['seq']}: ranks {_ranks(m['ranks'])} called "
                      f"{m['majority']}")
         for r, o in sorted(m["odd"].items()):
             kind = {"skipped": " (rank skipped a call)", "extra": " (an extra call)"}.get(
                 o["kind"], "")
             lines.append(f"  rank {r} called {o['signature']}: {_differ(o['differs'])}{kind}")
     if len(report["mismatches"]) > 5:
-        lines.append(f"  ... {len(report['mismatches']) - 5} more sequence numbers differ")
+        lines.append(f"  ... {len(report['mismatches']) - 5} more calls differ")
     if report["chain"]:
         lines.append("waits: " + " ; ".join(
-            f"rank {c['rank']} (seq {c['seq']}, {c['state']}) waits on {w}"
+            f"rank {c['rank']} (call {c['seq']}, {c['state']}) waits on {w}"
             for c, w in zip(report["chain"], waits_words, strict=True)))
     if report["verdict"]:
         lines.append(f"=> {report['verdict']}")
     elif report["ok"]:
         lines.append("=> nothing wrong: every rank completed every recorded call")
     return "\n".join(lines)
+
+
+def merge_timelines(directory: Path, out: Path | None = None) -> Path:
+    """Merge every ``timeline-*.json`` in ``directory`` into one trace (``out``, default
+    ``directory/timeline.json``), times shifted so the earliest event is at 0."""
+    directory = Path(directory)
+    files = sorted(p for p in directory.glob("timeline-*.json"))
+    if not files:
+        raise FileNotFoundError(f"no timeline-*.json in {directory} (was BMLMPI_TIMELINE set "
+                                f"to it?)")
+    events: list[dict[str, Any]] = []
+    dropped = 0
+    for f in files:
+        doc = json.loads(f.read_text())
+        events += doc.get("traceEvents", [])
+        dropped += int(doc.get("otherData", {}).get("dropped", 0))
+    t0 = min((e["ts"] for e in events if "ts" in e), default=0.0)
+    for e in events:
+        if "ts" in e:
+            e["ts"] -= t0
+    target = Path(out) if out is not None else directory / "timeline.json"
+    target.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+                                  "otherData": {"ranks": len(files), "dropped": dropped,
+                                                "epoch_us": t0}}))
+    return target
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,9 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "DIR/timeline.json)")
     args = ap.parse_args(argv)
     if args.timeline:
-        from ..timeline import merge
         try:
-            out = merge(args.directory, args.output)
+            out = merge_timelines(args.directory, args.output)
         except FileNotFoundError as exc:
             print(f"bmlmpi-trace: {exc}", file=sys.stderr)
             return 2

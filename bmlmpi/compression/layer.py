@@ -72,6 +72,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..calls import earns_dump
 from ..execute import Run
 from ..handles import Request
 from ..ops import op_name
@@ -343,14 +344,14 @@ def _signature(comm: Any, compressor: Compressor, recvbuf: Any, op: Any) -> Sign
 
 def _recorded(rec: FlightRecorder, slot: Slot, stages: Generator) -> Generator:
     """``stages``, their end written into the flight recorder: done, or failed (and the
-    recorder dumped, unless it was this rank's argument error or an abandoned request)."""
+    recorder dumped where the failure earns it: :func:`bmlmpi.calls.earns_dump`)."""
     try:
         result = yield from stages
     except GeneratorExit as exc:
         rec.fail(slot, exc)
         raise
     except BaseException as exc:
-        rec.failed_call(slot, exc, dump=not isinstance(exc, (ValueError, TypeError)))
+        rec.failed_call(slot, exc, dump=earns_dump(exc))
         raise
     rec.done(slot)
     return result

@@ -51,7 +51,11 @@ survivors hold, what raises (:class:`RootFailed`, :class:`ContributionsLost`), w
 call runs — is in :mod:`bmlmpi.ft.family`.
 
 Non-blocking calls (``Iallreduce``) work as on the plain communicator; a ``Test`` or ``Wait``
-that meets a failure performs the recovery (a collective over the survivors) before returning.
+that meets a failure performs the recovery (a collective over the survivors) before returning,
+a start never does. A call's arguments are for its frame
+(:attr:`FaultTolerantCommunicator.call_members`): the survivors when nothing else is
+outstanding on this rank, else the frame of the calls outstanding, so that calls started
+together are made for the same members on every survivor (:mod:`bmlmpi.ft.family`).
 
 Deadlines: every wait of this communicator polls non-blocking requests against ``timeout``
 (``BMLMPI_TIMEOUT``) seconds without progress and raises :class:`bmlmpi.DeadlineExceeded`;

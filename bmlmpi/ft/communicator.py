@@ -83,6 +83,9 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
     _home_nodes: Any = None
     #: Who takes part (None until construction makes it: the base class constructs first).
     _membership: Membership | None = None
+    #: The members new calls' arguments are given for (:attr:`call_members`); None until the
+    #: first call.
+    _frame: tuple[int, ...] | None = None
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = True, *,
@@ -266,6 +269,24 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         return MPI.COMM_NULL if masked else super().comm
 
     @property
+    def call_members(self) -> tuple[int, ...]:
+        """The original ranks a new call's arguments are given for (its *frame*), in rank
+        order: ``survivors`` while no call started on this rank is outstanding (started and
+        not yet completed by ``Wait``, or by a ``Test`` that returned True, or raised). While
+        one is, the frame stays what it was when the oldest of them started, whatever
+        recoveries happen meanwhile inside ``Test``/``Wait``: calls started together are
+        made for one membership, the same on every survivor, and each runs over the
+        survivors by its collective's contract (:mod:`.family`). A new call's ``root``,
+        counts and buffer sizes are for ``len(call_members)`` ranks, this rank being
+        ``call_members.index(original_rank)``."""
+        return self._frame_now()
+
+    def _frame_now(self) -> tuple[int, ...]:
+        if self._frame is None or not self._ledger.outstanding:
+            self._frame = tuple(self._membership.members)
+        return self._frame
+
+    @property
     def masked(self) -> bool:
         """Whether this rank was masked out (:meth:`mask_link`): its calls raise
         :class:`RankMasked`."""
@@ -375,19 +396,44 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         self._usable()
 
     def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """The family's call, remembering the members it was made for: a failure during it
-        re-runs it over the survivors by its collective's contract (:mod:`.family`)."""
+        """The family's call, its arguments checked against the members of its frame
+        (:attr:`call_members`) and remembering them: each attempt runs it over the members
+        then by its collective's contract (:mod:`.family`)."""
+        frame = self._frame_now()
+        if list(frame) != self._membership.members:
+            build = self._framed(build, frame)
         call = super()._family_prepared(collective, algorithm, build)
-        call.extra["members"] = tuple(self._membership.members)
+        call.extra["members"] = frame
         return call
+
+    def _framed(self, build: Any, frame: tuple[int, ...]) -> Any:
+        """``build`` checking its arguments as a call over ``frame`` (members this rank
+        recovered from while calls were outstanding) instead of the current members."""
+        def framed(algorithm: str) -> Any:
+            rank, size = self.rank, self.size
+            self.rank, self.size = frame.index(self.original_rank), len(frame)
+            try:
+                call = build(algorithm)
+            finally:
+                self.rank, self.size = rank, size
+            if call.algorithm == "auto":
+                # auto chooses at each attempt, over the members it runs on (_attempt); a
+                # choice now would be for members this communicator no longer has
+                call.algorithm = "native"
+            return call
+        return framed
 
     def _submit(self, prepared: PreparedCall) -> Request:
         """Enter the call in the ledger and start its first attempt."""
+        self._frame_now()  # a call started with nothing outstanding opens a new frame
         return Request(self._ledger.enter(prepared))
 
     def _start_persistent(self, prepared: PreparedCall, compiled: Any) -> Call:
-        """A persistent call's start is one call of the ledger (compiled per attempt)."""
+        """A persistent call's start is one call of the ledger (compiled per attempt); it
+        runs over the members at each start by the contract for the members it was made for
+        (its ``_init``'s frame)."""
         self._record(prepared)
+        self._frame_now()
         return self._ledger.enter(prepared)
 
     def _progress_mark(self) -> tuple:
@@ -399,17 +445,18 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         call.restart(self.size)
         if self._ledger.broken:
             return
-        algorithm = call.algorithm
-        if algorithm == "auto":
-            algorithm = self._resolve_auto(call.prepared)
-        prepared = dataclasses.replace(call.prepared, algorithm=algorithm)
+        prepared = call.prepared
         if prepared.collective != "allreduce":
             prepared = retarget(prepared, self._membership.members, self.rank)
+        skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
+        algorithm = call.algorithm
+        if algorithm == "auto" and not skip:  # chosen for the call as it runs now
+            algorithm = self._resolve_auto(prepared)
+        prepared = dataclasses.replace(prepared, algorithm=algorithm)
         call.effective = prepared
         label = (f"bmlmpi fault-tolerant {algorithm} {prepared.collective} (rank {self.rank} "
                  f"of {self.size}, call {call.seq}, attempt {call.attempts})")
         with self._failure_noted():
-            skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
             run = self._check_and_launch(prepared, label, launch=not skip)
             call.run = Skipped() if skip else run
             self._ledger.defer_behind_holder(call)

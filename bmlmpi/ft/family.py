@@ -2,28 +2,44 @@
 
 A reduce-scatter, allgather, reduce or broadcast is one call of the ledger like an allreduce
 (:mod:`.ledger`): it commits on every survivor or on none, a failure during it is recovered
-inside its ``Wait``/``Test`` (agree, shrink, ``on_failure``), and it then runs again over the
-survivors with its input restored. Its arguments describe the membership it was called with;
-this module says what the re-run over the survivors is (:func:`retarget`), one contract per
-collective. In every case the communicator stays usable, ``size``/``rank`` describe the
-survivors, and **the next call runs over the survivors** (its counts, displacements and root
-given for the new ``size``, in the new ranks).
+inside a ``Wait``/``Test`` (agree, shrink, ``on_failure``), and it then runs again over the
+survivors with its input restored. Its arguments describe the members it was made for, its
+*frame* (:attr:`~.communicator.FaultTolerantCommunicator.call_members`); this module says
+what a run over fewer members is (:func:`retarget`), one contract per collective, counted in
+the frame (its ranks, counts and root). In every case the communicator stays usable and
+``size``/``rank`` describe the survivors.
 
 * **Broadcast**: root alive — every survivor's ``buf`` holds the root's data. Root lost —
   :class:`RootFailed` on every survivor, each ``buf`` as it was before the call.
 * **Reduce**: root alive — the root's ``recvbuf`` holds the reduction over exactly the
   survivors' inputs (``AVG`` divides by their number). Root lost — :class:`RootFailed` on
   every survivor (there is no root to hold a result).
-* **Reduce-scatter**: each survivor receives *its own block* (the block of its original rank,
-  with the original ``recvcounts``) reduced over exactly the survivors' inputs (``AVG``: by
-  their number); the blocks of lost ranks are delivered to nobody. Nothing raises.
+* **Reduce-scatter**: each survivor receives *its own block* (the block of its rank in the
+  frame, with the frame's ``recvcounts``) reduced over exactly the survivors' inputs
+  (``AVG``: by their number); the blocks of lost ranks are delivered to nobody. Nothing
+  raises.
 * **Allgather(v)**: each survivor's slot holds that survivor's contribution; the slots of
-  ranks lost during the call are filled with zeros (never stale data) and the call raises
+  frame members lost are filled with zeros (never stale data) and the call raises
   :class:`ContributionsLost` on every survivor, naming them (original ranks).
 
 A rank that dies after delivering everything a call needed from it counts as dying after the
-call (the ledger's rule): the call commits with its data, and the next call recovers. Ranks
-lost *before* a call was made are not its concern: the call was made for the survivors then.
+call (the ledger's rule): the call commits with its data, and the next call recovers.
+
+**Calls outstanding at a failure.** A call's frame is the members when it is started with no
+other call of this rank outstanding (started and not yet completed by ``Wait``, by a ``Test``
+that returned True, or by either raising); a call started while others are outstanding keeps
+their frame, even when a recovery inside one of their ``Test``/``Wait`` has shrunk the
+communicator since. Every survivor thus starts the same calls for the same frame, wherever
+its own recovery fell, and every call ends the same way on every survivor. A persistent
+call's frame is its ``_init``'s, at every ``Start``. A start never recovers (a failure it
+meets is left to the next ``Test``/``Wait``), and a recovery restarts every uncommitted call,
+in start order, over the survivors by the contracts above: a call whose frame lost a rank
+before it was even started (the rank died after the frame was set) raises as if the rank had
+died during it — :class:`RootFailed` for its root, :class:`ContributionsLost` for an
+allgather. Ranks already gone when the frame was set are not its concern: the frame holds
+only the members then. Calls started with nothing outstanding after a recovery are made for
+the survivors: give their counts, displacements and root for the new ``size``, in the new
+ranks.
 """
 
 from __future__ import annotations
@@ -57,7 +73,7 @@ class ContributionsLost(FaultToleranceError):
 
 
 def retarget(call: FamilyCall, members: list[int], rank: int) -> FamilyCall:
-    """``call`` (made when ``call.extra["members"]`` were the members) as it runs over
+    """``call`` (made for its frame, ``call.extra["members"]``) as it runs over
     ``members`` (original ranks in current rank order), this rank being ``rank`` now: the
     module docstring's contracts. A call that cannot run (its root lost) comes back with
     ``extra["error"]`` set and nothing to exchange."""

@@ -29,7 +29,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..api import ArgumentMismatch, NativeRun, PreparedCall, RemoteArgumentError
+from ..api import NativeRun, PreparedCall
+from ..calls import ArgumentMismatch, RemoteArgumentError
 from ..execute import Run, poll_until, request_done, wait_for
 from .errors import is_failure
 
@@ -123,6 +124,10 @@ class Ledger:
         self.broken = False                 # a failure noted (the communicator revoked)
         self.noticed: float | None = None   # when this rank noticed it
         self.events = 0                     # votes, commits, failures: progress to a waiter
+        # calls started and not yet completed by the caller's Test (True) or Wait, returned
+        # or raised: while any is, new calls keep the frame (the communicator's
+        # ``call_members``), whatever recoveries happen meanwhile
+        self.outstanding: set[int] = set()
 
     def enter(self, prepared: PreparedCall) -> Call:
         """Keep ``prepared`` as the next call and start its first attempt; the agreement
@@ -130,12 +135,14 @@ class Ledger:
         self.seq += 1
         call = Call(self, self.seq, prepared)
         self.pending.append(call)
+        self.outstanding.add(call.seq)
         with self.owner.heartbeat.watching():
             try:
                 self.hooks.attempt(call)
-                self.advance()
+                self.advance(starting=True)
             except (ArgumentMismatch, RemoteArgumentError):
                 self.pending.remove(call)
+                self.outstanding.discard(call.seq)
                 raise
         return call
 
@@ -165,8 +172,10 @@ class Ledger:
         self.noticed = None
         self.events += 1
 
-    def advance(self) -> None:
-        """Advance every pending call, then settle agreements in call order."""
+    def advance(self, starting: bool = False) -> None:
+        """Advance every pending call, then settle agreements in call order. ``starting``:
+        inside a start, which commits what it can but leaves a 0 vote's recovery to the next
+        ``Test``/``Wait`` (a start never changes the members)."""
         self.hooks.check()
         comm = self.owner.comm
         if not self.broken:
@@ -201,11 +210,13 @@ class Ledger:
                 done = True
             if not done:
                 return
-            self.events += 1
             if head.vote[0] == 1:
+                self.events += 1
                 self._commit(head)
             else:
-                self.hooks.recover()
+                if not starting:
+                    self.events += 1
+                    self.hooks.recover()
                 return
 
     def defer_behind_holder(self, call: Call) -> None:
@@ -226,17 +237,16 @@ class Ledger:
 
     def drain(self) -> None:
         """Let the abandoned attempts' requests complete (with errors, once revoked) so that
-        nothing lands in a buffer after its call starts again."""
-        for call in self.pending:
-            if call.run is None:
-                continue
-            left = list(call.run.reqs or ())
+        nothing lands in a buffer after its call starts again; at most ``min(timeout, 10)``
+        seconds for all the pending calls together, however many are outstanding."""
+        left = [r for call in self.pending if call.run is not None
+                for r in (call.run.reqs or ())]
 
-            def drained() -> bool:
-                nonlocal left
-                left = [r for r in left if not request_done(r)]
-                return not left
-            poll_until(drained, min(self.owner.timeout, 10.0))
+        def drained() -> bool:
+            nonlocal left
+            left = [r for r in left if not request_done(r)]
+            return not left
+        poll_until(drained, min(self.owner.timeout, 10.0))
 
     def progress_mark(self) -> tuple:
         """What changes when the pending calls advance (for a waiter's deadline)."""
@@ -248,8 +258,10 @@ class Ledger:
             with self.owner.heartbeat.watching():
                 self.advance()
             if call.committed:
+                self.outstanding.discard(call.seq)
                 self._raise_outcome(call)
         except BaseException as exc:
+            self.outstanding.discard(call.seq)
             self.hooks.failed(call.slot, exc, call.run)
             raise
         return call.committed
@@ -283,7 +295,9 @@ class Ledger:
             with owner.heartbeat.watching():
                 wait_for(lambda: (self.advance(), call.committed)[1], owner.timeout, describe,
                          progress=self.progress_mark)
+            self.outstanding.discard(call.seq)
             self._raise_outcome(call)
         except BaseException as exc:
+            self.outstanding.discard(call.seq)
             self.hooks.failed(call.slot, exc, call.run)
             raise

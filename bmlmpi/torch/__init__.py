@@ -50,6 +50,10 @@ def store_from_mpi(comm: MPI.Comm = MPI.COMM_WORLD, timeout: float | None = None
     where ranks that MPI sees on one node do not share its network (a container or network
     namespace each: the emulated testbed of ``perf/testbed``)."""
     seconds = timeout_from_env(timeout)
+    from ..execute import wait_request
+    # Split_type blocks without a deadline: every rank meets first in a bounded barrier
+    wait_request(comm.Ibarrier(), seconds,
+                 "bmlmpi.torch: not every rank came to find the store")
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     one_node = node.Get_size() == comm.Get_size()
     node.Free()
@@ -63,7 +67,6 @@ def store_from_mpi(comm: MPI.Comm = MPI.COMM_WORLD, timeout: float | None = None
                               wait_for_workers=False)
         text = f"{host} {store.port}".encode()
         address[:len(text)] = np.frombuffer(text, dtype=np.uint8)
-    from ..execute import wait_request
     wait_request(comm.Ibcast(address, root=0), seconds,
                  "bmlmpi.torch: rank 0's store address did not arrive")
     if store is None:

@@ -166,7 +166,16 @@ def main() -> int:
         for m in g.get("masks", []):
             if m["call"] == call:
                 if not comm.mask_link(*m["link"]):
-                    emit(masked=me, group=gi, call=call, failed=list(comm.failed))
+                    refused = []  # what the masked rank's calls raise
+                    for attempt in (lambda: comm.Allreduce(np.zeros(3), np.zeros(3)),
+                                    lambda: comm.Bcast(np.zeros(3), 0)):
+                        try:
+                            attempt()
+                            refused.append(None)
+                        except ft.RankMasked as exc:
+                            refused.append(type(exc).__name__)
+                    emit(masked=me, group=gi, call=call, failed=list(comm.failed),
+                         refused=refused)
                     ft.finish(0)
                 gone.add(max(m["link"]))
         kills = [k for k in g.get("kills", []) if k["call"] == call]

@@ -180,7 +180,7 @@ def test_recorder_sees_every_call_path():
     for _ in range(3):
         native.Allreduce(a, b)             # checked, then the native fast path
     calls = c.recorder.calls()
-    assert [x["seq"] for x in calls] == [0, 1, 2, 3]
+    assert [x["seq"] for x in calls] == [1, 2, 3, 4]   # numbered from 1
     assert [x["state"] for x in calls] == ["done"] * 4
     assert [x["op"] for x in calls] == ["sum", "sum", "max", "sum"]
     assert [x["chosen"] for x in calls] == [scheduled] * 3 + ["compressed fp16"]
@@ -188,7 +188,7 @@ def test_recorder_sees_every_call_path():
                for x in calls)
     ncalls = native.recorder.calls()
     assert [(x["seq"], x["chosen"], x["state"]) for x in ncalls] == [
-        (i, "native", "done") for i in range(3)]
+        (i, "native", "done") for i in range(1, 4)]
     folder = shared_dir(world)
     path = Path(c.dump_trace(str(folder)))
     native.dump_trace(str(folder))
@@ -201,7 +201,7 @@ def test_recorder_sees_every_call_path():
     for report in reports:
         assert report["ranks"] == list(range(world.size)) and not report["missing"]
         assert report["ok"] and report["verdict"] is None
-    assert sorted(r["last_common_done"]["seq"] for r in reports) == [2, 3]
+    assert sorted(r["last_common_done"]["seq"] for r in reports) == [3, 4]
     for comm in (c, native):
         comm.Free()
 
@@ -227,7 +227,7 @@ def test_recorder_sees_the_family_and_persistent_starts():
     calls = c.recorder.calls()
     assert [x["collective"] for x in calls] == ["reduce_scatter", "allgather", "reduce",
                                                 "bcast", "allreduce", "allreduce"]
-    assert [x["seq"] for x in calls] == list(range(6))
+    assert [x["seq"] for x in calls] == list(range(1, 7))
     assert all(x["state"] == "done" and x["chosen"] not in (None, "auto") for x in calls)
     assert calls[2]["root"] == 0 and calls[3]["root"] == 0 and calls[1]["op"] is None
     assert calls[0]["count"] == 4 * n and calls[0]["op"] == "sum"

@@ -41,6 +41,7 @@ BAD_VALUES = {
     "BMLMPI_BLOCKING": ["poll", "off", "abort", "1"],
     "BMLMPI_CHECK": ["first", "always", "1", "every"],
     "BMLMPI_TRACE_CALLS": ["-1", "many", "2.5"],
+    "BMLMPI_TRACE_FILES": ["-1", "few", "1.5"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
              "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION", "BMLMPI_TRACE_DIR",

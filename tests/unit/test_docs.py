@@ -13,8 +13,10 @@ from __future__ import annotations
 import configparser
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -61,8 +63,14 @@ def test_python_snippet_runs(code, snippet_env, tmp_path):
                sys.executable, str(script)]
     else:
         cmd = [sys.executable, str(script)]
-    res = subprocess.run(cmd, cwd=ROOT, env=snippet_env, capture_output=True, text=True,
-                         timeout=300)
+    # a temporary folder of its own (a short path: Open MPI's sockets live in it), removed
+    # after: what a snippet writes there (its folders, flight recorders) leaves with it
+    tmp = tempfile.mkdtemp(prefix="bmlmpi-doc-")
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, env={**snippet_env, "TMPDIR": tmp},
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
 
 

@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+import pytest
+
 from bmlmpi.cli import launch
 
 
@@ -146,3 +148,31 @@ def test_help_is_an_option_list(capsys):
     assert sorted(listed) == sorted(launch.OWN_FLAGS), own
     assert "mpiexec's options (passed on unchanged)" in out and "  -n N, -np N " in out
     assert launch.main([]) == 0 and capsys.readouterr().out == out
+
+
+RULE = b"-" * 74 + b"\n"
+OSC_BOX = (RULE + b"WARNING: The selected 'osc' module 'sm' is not tested for post-failure\n"
+           b"operation, yet you have requested support for fault tolerance.\n"
+           b"When using this component, normal failure free operation is expected;\n"
+           b"However, failures may cause the application to abort, crash or deadlock.\n\n"
+           b"In this framework, the following components are tested to operate under\n"
+           b"failure scenarios: {}\n" + RULE)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 65536])
+def test_ft_stderr_leaves_out_the_untested_box_nul_bytes_and_libnbc_lines(chunk):
+    # what an --ft job's stderr held with no failure (the osc/sm box, then a NUL) and after a
+    # kill (libnbc's line behind a NUL, then one behind another rank's partial output)
+    other_box = RULE + b"A help message bmlmpi does not know\n" + RULE
+    text = (OSC_BOX + b"\0rank 0 ok\n" + b"[vm:77] 3 more processes have sent help message "
+            b"help-mpi-ft.txt / module:untested:failundef\n"
+            b"\0NBC_Progress: an error 77 was found during schedule 0x55 at row-offset 2 - "
+            b"aborting the schedule\n\n" + other_box + b"bmlmpi: rank 1 died; 2 of 3 ranks "
+            b"carry on\nNBC_Progress: an error 75 was found during schedule 0x1 at row-offset 0"
+            b" - aborting the schedule\nprogress 10%\rprogress 20%")
+    keep = launch.StderrFilter()
+    out = b"".join(keep.feed(text[i:i + chunk]) for i in range(0, len(text), chunk))
+    out += keep.close()
+    assert out == (b"rank 0 ok\n" + other_box + b"bmlmpi: rank 1 died; 2 of 3 ranks carry on\n"
+                   b"progress 10%\rprogress 20%")
+    assert b"\0" not in out and keep.left_out == 4

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bmlmpi import recorder, timeline
+from bmlmpi import recorder
 from bmlmpi.cli import trace
 from bmlmpi.recorder import FlightRecorder, Signature
 
@@ -32,10 +32,11 @@ def test_the_ring_keeps_the_last_calls_in_order():
     for i in range(10):
         rec.done(rec.begin(sig(count=i)))
     calls = rec.calls()
-    assert [c["seq"] for c in calls] == [6, 7, 8, 9]
+    # calls are numbered from 1, as the call sequence numbers them in exception messages
+    assert [c["seq"] for c in calls] == [7, 8, 9, 10]
     assert [c["count"] for c in calls] == [6, 7, 8, 9]
     assert all(c["state"] == "done" and c["end"] >= c["start"] for c in calls)
-    assert rec.next == 10 and len(rec.slots) == 4
+    assert rec.next == 11 and len(rec.slots) == 4
 
 
 def test_states_running_failed_and_the_peers():
@@ -94,7 +95,8 @@ def test_capacity_comes_from_the_environment(monkeypatch):
 def dump(rank, size, calls, comm=0, kind="Communicator"):
     return {"format": recorder.FORMAT, "rank": rank, "size": size, "comm": comm,
             "kind": kind, "time": 1.0, "host": "h", "pid": 100 + rank, "reason": "test",
-            "recorded": (calls[-1]["seq"] + 1) if calls else 0, "file": f"r{rank}",
+            "recorded": calls[-1]["seq"] if calls else 0,
+            "next": (calls[-1]["seq"] + 1) if calls else 1, "file": f"r{rank}",
             "calls": calls}
 
 
@@ -138,7 +140,7 @@ def test_the_chain_of_waits_ends_at_the_rank_that_never_arrived():
     report = trace.analyse([d0, d1, d2])[0]
     assert report["culprit"] == 2 and report["behind"] == [2]
     assert [c["rank"] for c in report["chain"]] == [0, 1]
-    assert "never entered seq 4" in report["verdict"]
+    assert "never entered call 4" in report["verdict"]
     assert report["last_common_done"]["seq"] == 3
 
 
@@ -166,7 +168,7 @@ def test_the_rank_that_entered_the_stuck_call_last_is_named(ordering):
         d["timeout"] = 60.0
     report = trace.analyse(dumps)[0]
     assert report["culprit"] is None and "the transfers themselves stalled" in report["verdict"]
-    assert "=> the waits in seq 2" in trace.story(report)
+    assert "=> the waits in call 2" in trace.story(report)
 
 
 def test_a_missing_rank_is_named(tmp_path):
@@ -197,7 +199,7 @@ def test_dumps_of_all_nodes_gathered_in_one_folder(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "4 dumps" in out and "dumps from ranks 0, 1, 2, 3" in out
     assert "rank 2 (node-b pid 102)" in out and "rank 0 (node-a pid 100)" in out
-    assert "never entered seq 2" in out
+    assert "never entered call 2" in out
     assert trace.main([str(tmp_path), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)["communicators"][0]
     assert report["culprit"] == 2 and not report["missing"]
@@ -209,6 +211,99 @@ def test_timeline_merge(tmp_path):
                                 "pid": rank, "tid": 0, "args": {}}],
                "otherData": {"dropped": 0}}
         (tmp_path / f"timeline-h-p{rank}-w{rank}.json").write_text(json.dumps(doc))
-    out = timeline.merge(tmp_path)
+    out = trace.merge_timelines(tmp_path)
     events = json.loads(out.read_text())["traceEvents"]
     assert sorted(e["pid"] for e in events) == [0, 1] and min(e["ts"] for e in events) == 0
+
+
+# -- which failures dump, and how many files a process writes ---------------------------------
+
+def test_only_hangs_and_failures_between_ranks_earn_a_dump():
+    from mpi4py import MPI
+
+    from bmlmpi.calls import (
+        ArgumentMismatch,
+        CommunicatorRevoked,
+        RemoteArgumentError,
+        earns_dump,
+    )
+    from bmlmpi.execute import DeadlineExceeded
+    for exc in (DeadlineExceeded("stuck"), CommunicatorRevoked("revoked"), TimeoutError("t"),
+                ArgumentMismatch("count differs"), MPI.Exception(MPI.ERR_OTHER)):
+        assert earns_dump(exc), exc
+    # refused arguments: reported on every rank at once, nothing waits
+    for exc in (ValueError("bad op"), TypeError("bad buffer"), NotImplementedError("no"),
+                RemoteArgumentError("rank 1 rejected its arguments"), BufferError("read-only"),
+                RuntimeError("two threads"), KeyboardInterrupt()):
+        assert not earns_dump(exc), exc
+
+
+def test_a_process_writes_at_most_trace_files_dumps(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("BMLMPI_TRACE_DIR", str(tmp_path))
+    monkeypatch.setenv("BMLMPI_TRACE_FILES", "2")
+    monkeypatch.setattr(recorder, "_files", set())
+    monkeypatch.setattr(recorder, "_capped", [False])
+    recs = [FlightRecorder(4, rank=0, size=2) for _ in range(4)]
+    paths = [rec.failed_call(rec.begin(sig()), TimeoutError("stuck")) for rec in recs]
+    assert paths[0] is not None and paths[1] is not None and paths[2:] == [None, None]
+    assert sorted(tmp_path.iterdir()) == sorted(paths[:2])
+    err = capfd.readouterr().err
+    assert err.count("BMLMPI_TRACE_FILES=2") == 1, err
+    # a communicator that has its file rewrites it; an explicit dump_trace() is not counted
+    assert recs[0].failed_call(recs[0].begin(sig()), TimeoutError("again")) == paths[0]
+    assert recs[3].dump("dump_trace()", tmp_path / "mine", announce=False, counted=False)
+    assert len(list(tmp_path.glob("*.json"))) == 2
+
+
+# -- a rank that ended cleanly -----------------------------------------------------------------
+
+def test_a_rank_that_ended_cleanly_and_skipped_a_call_is_named():
+    # rank 1 skipped the others' call 4 (MAX) and ended after its call 7; the others wait in
+    # call 8 (a native call: MPI matched rank 1's calls with the others' whatever their ops)
+    ops = ["sum", "max"] * 4
+    waiting = [call(i + 1, op=ops[i]) for i in range(7)] + [call(8, op=ops[7], state="failed")]
+    skipper = dump(1, 4, [call(i + 1, op=(ops[:3] + ops[4:])[i]) for i in range(7)])
+    skipper["reason"] = recorder.CLEAN_END
+    report = trace.analyse([dump(0, 4, waiting), skipper, dump(2, 4, waiting),
+                            dump(3, 4, waiting)])[0]
+    assert report["culprit"] == 1 and not report["missing"]
+    assert report["verdict"] == (
+        "rank 1 skipped a call: at call 4 the others called allreduce of 10 x float64 max, "
+        "ring (asked auto); rank 1's calls from there on are the others' next ones; it ended "
+        "cleanly after its call 7, while the others wait in call 8")
+    assert "rank 1 (h pid 101): last completed call 7; its program ended cleanly" in \
+        trace.story(report)
+    # the first watchdog to fire ended the job before ranks 0 and 3 wrote theirs: one rank
+    # against one, the rank that ended cleanly is the odd one
+    report = trace.analyse([skipper, dump(2, 4, waiting)])[0]
+    assert report["culprit"] == 1 and report["missing"] == [0, 3]
+    assert report["verdict"].startswith("rank 1 skipped a call: at call 4 the others called "
+                                        "allreduce of 10 x float64 max")
+
+
+def test_a_rank_that_ended_cleanly_one_call_short_is_named():
+    # every call alike: where the skip was cannot be seen, only that rank 2 made one call
+    # fewer and ended while the others wait for it
+    waiting = [call(i + 1) for i in range(5)] + [call(6, state="failed",
+                                                      peers=[{"kind": "recv", "rank": 2}])]
+    short = dump(2, 3, [call(i + 1) for i in range(5)])
+    short["reason"] = recorder.CLEAN_END
+    report = trace.analyse([dump(0, 3, waiting), dump(1, 3, waiting), short])[0]
+    assert report["culprit"] == 2 and not report["missing"] and not report["mismatches"]
+    assert "rank 2: it ended cleanly after call 5 and never entered call 6" in report["verdict"]
+
+
+def test_timeline_merge_needs_no_mpi(tmp_path):
+    import subprocess
+    import sys
+    doc = {"traceEvents": [{"name": "allreduce", "ph": "X", "ts": 5.0, "dur": 1, "pid": 0,
+                            "tid": 0, "args": {}}], "otherData": {"dropped": 0}}
+    (tmp_path / "timeline-h-p1-w0.json").write_text(json.dumps(doc))
+    probe = ("import sys; from bmlmpi.cli import trace; "
+             f"assert trace.main(['--timeline', {str(tmp_path)!r}]) == 0; "
+             "print('MPI loaded:', 'mpi4py.MPI' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "MPI loaded: False" in res.stdout, res.stdout
+    assert (tmp_path / "timeline.json").is_file()
