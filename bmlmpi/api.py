@@ -73,6 +73,11 @@ from .shm import NodeTier, ShmPlan, run_of
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
+# mpi4py initialised MPI when it was imported above (unless the program turned that off): a
+# singleton's segment is removed at exit even where it never builds a communicator (a
+# program's --help, a script that only asks bmlmpi.algorithms())
+remove_singleton_leftovers()
+
 _log = logging.getLogger("bmlmpi")
 
 #: Algorithm names already checked, so a module-level call does not check its string again.

@@ -79,6 +79,18 @@ def test_a_one_rank_run_leaves_nothing(folders):
     assert [p for p in left(tmp) if not SHARED_SESSION.fullmatch(p)] == [], left(tmp)
 
 
+
+@openmpi
+@pytest.mark.parametrize("program", ["bmlmpi.cli.bench", "bmlmpi.cli.calibrate"])
+def test_a_programs_help_leaves_nothing(folders, program):
+    # the programs start MPI when they load and print their help without building a
+    # communicator: a singleton all the same
+    env, shm, tmp = folders
+    res = run([sys.executable, "-m", program, "--help"], env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert left(shm) == [], left(shm)
+    assert [p for p in left(tmp) if not SHARED_SESSION.fullmatch(p)] == [], left(tmp)
+
 @openmpi
 def test_a_job_with_refused_calls_leaves_nothing(folders):
     # a call every rank refuses and one that rank 0 refuses (the others: RemoteArgumentError)
