@@ -568,8 +568,9 @@ class Communicator(FamilyCalls):
         """This rank's allreduce schedule of ``algorithm`` for ``count`` elements of
         ``itemsize`` bytes over the current members (what the compression layer runs on
         16-bit codes; hierarchical's node tier in shared memory where every node's ranks
-        share it; ``shm`` refused on every rank alike when the communicator spans nodes)."""
-        self._sequence.refuse_freed(self.rank)
+        share it; ``shm`` refused on every rank alike when the communicator spans nodes).
+        Not refused after ``Free()``: a compressed call started before it still builds its
+        plans while its ``Wait`` runs it to the end."""
         return self._cache.schedule(algorithm, count, itemsize)
 
     _schedule = schedule
