@@ -35,7 +35,9 @@ def mpich_venv() -> str | None:
     return None
 
 
-@pytest.mark.parametrize("n", [4, 6])
+# One rank count under MPICH (the suite's other rank counts run under Open MPI): a second
+# MPI library's behaviour, sized for the test command's time.
+@pytest.mark.parametrize("n", [4])
 def test_mpi_suite_on_mpich(n):
     why = mpich_venv()
     if why:
