@@ -16,12 +16,25 @@ from pathlib import Path
 import pytest
 
 MPI_DIR = Path(__file__).parent / "mpi"
+UNIT_DIR = Path(__file__).parent / "unit"
+#: The xdist group of every test outside tests/unit: they start ranks under ``mpiexec`` (or
+#: Slurm, or network namespaces) that use both cores and wait on deadlines, so they run one
+#: after another on one worker, never beside each other; the unit tests (one process each)
+#: share the other worker, and this one once the launches are done.
+LAUNCH_GROUP = "launches"
 
 
 def pytest_ignore_collect(collection_path, config):
     with_mpi = config.getoption("with_mpi", default=False)
     inside = Path(collection_path).resolve().is_relative_to(MPI_DIR.resolve())
     return inside and not with_mpi
+
+
+def pytest_collection_modifyitems(config, items):
+    unit = UNIT_DIR.resolve()
+    for item in items:
+        if not Path(item.path).resolve().is_relative_to(unit):
+            item.add_marker(pytest.mark.xdist_group(LAUNCH_GROUP))
 
 
 # Calls that fail on purpose (argument mismatches, deadlines) make every rank dump its flight
