@@ -21,7 +21,7 @@ def test_ci_runs_the_readme_commands_in_order():
     assert ".venv/bin/pip install . " in install_and_sweep and "bmlmpi-bench" in install_and_sweep
     assert ".venv/bin/pip install -e '.[test]'" in tests
     # every test, the unit tests on every core beside the launches (tests/conftest.py)
-    assert tests.endswith("-m pytest -n auto --dist loadgroup")
+    assert tests.endswith("-m pytest -n auto")
     res = subprocess.run(["bash", str(ROOT / ".ci" / "run"), "--print"], capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 0, res.stderr
