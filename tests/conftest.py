@@ -17,6 +17,14 @@ import pytest
 
 MPI_DIR = Path(__file__).parent / "mpi"
 UNIT_DIR = "tests/unit/"
+
+
+def pytest_ignore_collect(collection_path, config):
+    with_mpi = config.getoption("with_mpi", default=False)
+    inside = Path(collection_path).resolve().is_relative_to(MPI_DIR.resolve())
+    return inside and not with_mpi
+
+
 #: The tests outside tests/unit start ranks under ``mpiexec`` (or Slurm, or network namespaces)
 #: that use both cores and wait on deadlines: under pytest-xdist (the test command's ``-n
 #: auto``) they form one unit of work, run one after another on one worker, never beside each
