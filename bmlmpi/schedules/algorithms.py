@@ -152,9 +152,10 @@ class Algorithm:
       at least this many times faster (``native``: :data:`NATIVE_MARGIN`; 1 for the others).
     - ``empty``: the collectives whose empty call ``auto`` runs on it (a schedule with no
       steps: ``bml``'s allreduce); the first record that claims a collective wins.
-    - ``fixed``: the collectives the fixed rule (no calibration of the collective's native
-      call) runs on it from ``BMLMPI_AUTO_BML_BYTES`` up (``bml``: all five); the first record
-      that claims a collective wins, else the first that opts in to ``auto``.
+    - ``fixed``: the collectives the fixed rule (no calibration, or none of the collective's
+      native call) runs on it from ``BMLMPI_AUTO_BML_BYTES`` up (``bml``: all five); the first
+      record that claims a collective wins, else the first with a schedule for it that opts in
+      to ``auto`` (:func:`fixed_choice`).
     - ``shared_memory``: it runs through one node's shared memory, so ``auto`` prices it only
       where the calibration measured shared memory, and there the tiered algorithms' node tier
       is priced as this one (:func:`node_tier`).
@@ -426,11 +427,11 @@ def _hierarchical_applies(ctx: Context) -> bool:
 
 PORTS, BCUBE = "ports", "bcube"
 
-_BML = {"allreduce": _bml_allreduce, "reduce_scatter": _bml_reduce_scatter,
+_BML_BUILDERS = {"allreduce": _bml_allreduce, "reduce_scatter": _bml_reduce_scatter,
         "allgather": _bml_allgather, "reduce": _bml_rooted, "bcast": _bml_rooted}
 register(Algorithm(
-    "bml", _BML, wire_format=True, calibrated=True, symmetric=frozenset({PORTS, BCUBE}),
-    auto=True, empty=frozenset({"allreduce"}), fixed=frozenset(_BML),
+    "bml", _BML_BUILDERS, wire_format=True, calibrated=True, symmetric=frozenset({PORTS, BCUBE}),
+    auto=True, empty=frozenset({"allreduce"}), fixed=frozenset(_BML_BUILDERS),
     doc="BML on the BCube of the communicator's shape (Wang et al., NeurIPS 2018)"))
 register(Algorithm(
     "ring", {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
