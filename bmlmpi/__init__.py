@@ -28,7 +28,7 @@ _EXPORTS = {
     "Bcast_init": "collectives",
     "BufferSpecError": "buffers",
     "Communicator": "variants",
-    "CommunicatorFreed": "sequence",
+    "CommunicatorFreed": "call_gate",
     "CommunicatorRevoked": "calls",
     "DeadlineExceeded": "execute",
     "FaultToleranceError": "ft",

@@ -7,11 +7,13 @@ comm=comm)`` of :mod:`bmlmpi.dropin`).
 A :class:`Communicator` owns a private duplicate of the user's communicator (so bmlmpi's
 messages never match the user's) and composes the parts it calls through their public
 methods: its placement (:mod:`bmlmpi.placement`: level communicators, links, nodes), plan
-cache and ``auto`` (:mod:`bmlmpi.plans`), call sequence (:mod:`bmlmpi.sequence`), agreement
-on its calls (:mod:`bmlmpi.call_agreement`), outstanding calls (:mod:`bmlmpi.progress`),
-blocking fast path (:mod:`bmlmpi.fast_path`), the family's engine (:mod:`bmlmpi.family`) and
-compression channel (:mod:`bmlmpi.compression.channel`). Here: construction, the public
-methods, the variant registry and the hooks a variant overrides (``SEAM``).
+cache and ``auto`` (:mod:`bmlmpi.plans`), call numbers and tag slots
+(:mod:`bmlmpi.call_numbers`, their one owner), the thread inside a call
+(:mod:`bmlmpi.call_gate`), agreement on its calls (:mod:`bmlmpi.call_agreement`),
+outstanding calls (:mod:`bmlmpi.progress`), blocking fast path (:mod:`bmlmpi.fast_path`), the
+family's engine (:mod:`bmlmpi.family`) and compression channel
+(:mod:`bmlmpi.compression.channel`). Here: construction, the public methods, the variant
+registry and the hooks a variant overrides (``SEAM``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from .agreement import (
 )
 from .buffers import BufferSpecError
 from .call_agreement import AgreementHooks, CallAgreement, agree_construction
+from .call_gate import CallGate
+from .call_numbers import CallNumbers
 from .calls import (
     CompressedCall,
     IntercommunicatorError,
@@ -68,7 +72,6 @@ from .progress import Outstanding, Progress, ProgressHooks
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
-from .sequence import CallSequence
 from .shm import NodeTier, ShmPlan, run_of
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
@@ -275,17 +278,18 @@ class Communicator(FamilyCalls):
         self._control = self._make_control()
         mailbox = (Mailbox(self._control, self._token) if self._control is not self._comm
                    else None)
-        # call numbers, the launch count that picks tags, the thread inside a call
-        self._sequence = CallSequence(tag_upper_bound(self._comm))
+        # the thread inside a call; call numbers and tag slots (their one owner)
+        self._gate = CallGate()
+        self._numbers = CallNumbers(tag_upper_bound(self._comm))
         # the started calls (the fast paths read it to know whether any is outstanding)
         self._active: list[Outstanding] = []
-        self._agreement = CallAgreement(self, self._sequence, mailbox, self._active,
+        self._agreement = CallAgreement(self, self._numbers, mailbox, self._active,
                                         AgreementHooks(self._control_channel,
                                                        self._abandon_calls, self._move_to))
         agreement = self._agreement
         self._levels = self._split_levels()
-        sequence = self._sequence
-        self._placement = Placement(self, lambda: agreement.interrupt(sequence.callno)())
+        numbers = self._numbers
+        self._placement = Placement(self, lambda: agreement.interrupt(numbers.callno)())
         self._links = self._placement.find_links()
         self.calibration = None
         if selection.calibration_wanted(self.algorithm):
@@ -294,7 +298,7 @@ class Communicator(FamilyCalls):
         self._cache = PlanCache(self, self._placement, self._compile)
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
-        self._calls_in_flight = Progress(self, self._sequence, self._active, ProgressHooks(
+        self._calls_in_flight = Progress(self, self._gate, self._active, ProgressHooks(
             self._call_done, self._call_failed, agreement.interrupt, agreement.gave_up,
             agreement.hold, agreement.held.append, self._progress_mark))
         # the blocking fast path (see the class docstring); not for a subclass with its own
@@ -316,17 +320,17 @@ class Communicator(FamilyCalls):
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
         self._fast_path = FastPath(
-            self, self._comm, self._sequence, self._cache, self._active, self._recorder,
+            self, self._comm, self._numbers, self._cache, self._active, self._recorder,
             self._watchdog, FastHooks(agreement.fast_open, self._begin, agreement.interrupt,
                                       self._call_failed, agreement.hold, agreement.held.append,
                                       agreement.gave_up), enabled=plain, native=native_fast)
         self._persistent_calls = PersistentCalls(
-            self, self._cache, self._sequence, PersistentHooks(
+            self, self._cache, self._gate, self._numbers, PersistentHooks(
                 agreement.begin_call, self._validate, self._failure_noted,
                 self._start_persistent, self._launch, self._record,
                 self._calls_in_flight.start), plain=plain)
         self.family = FamilyEngine(
-            self, self._cache, self._sequence,
+            self, self._cache, self._gate, self._numbers,
             FamilyLaunch(agreement.begin_call, agreement.notice, self._validate,
                          self._failure_noted, self._is_failure, self._refused, self._record,
                          self._call_done, self._call_failed, self._submit_recorded,
@@ -378,7 +382,7 @@ class Communicator(FamilyCalls):
     def tag_slots(self) -> int:
         """How many calls of one signature may be in flight with tags of their own; a call
         beyond that posts nothing until the call whose tags it reuses completes."""
-        return self._sequence.call_slots
+        return self._numbers.call_slots
 
     @property
     def plans(self) -> PlanCache:
@@ -469,21 +473,21 @@ class Communicator(FamilyCalls):
         ``…_init``, ``Start`` of a persistent request made before, ``explain``. A second
         ``Free()`` does nothing. Like any call, ``Free()`` from a second thread while
         another is inside a call raises ``RuntimeError`` and frees nothing."""
-        seq = self._sequence
-        if seq.freed:
+        gate = self._gate
+        if gate.freed:
             return
-        mine = seq.claim(self.rank)
+        mine = gate.claim(self.rank)
         try:
             self._free()
         finally:
-            seq.release(mine)
+            gate.release(mine)
 
     def _free(self) -> None:
         if self._active:
             raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} allreduce(s) "
                                f"started on it have not completed; Wait() on their requests "
                                f"first")
-        self._sequence.freed = True
+        self._gate.freed = True
         self._watchdog.stop()
         self._fast_path.close()
         self.family.forget()
@@ -527,15 +531,15 @@ class Communicator(FamilyCalls):
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request.
         ``algorithm`` and ``compression`` as for :meth:`Allreduce`."""
         if compression is not None:   # the compression layer wraps this same call path
-            seq = self._sequence
-            mine = seq.claim(self.rank)
+            gate = self._gate
+            mine = gate.claim(self.rank)
             try:
                 if algorithm is not None:
                     self._refuse(ValueError("algorithm= and compression= together: a "
                                             "compressed call chooses its own path"))
                 return self._compression.start(sendbuf, recvbuf, op, compression)
             finally:
-                seq.release(mine)
+                gate.release(mine)
         return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
 
     def algorithm_named(self, algorithm: str | None) -> str:
@@ -578,7 +582,7 @@ class Communicator(FamilyCalls):
     def choose(self, count: int, itemsize: int) -> str:
         """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
         bytes on this communicator (local; every rank picks the same)."""
-        self._sequence.refuse_freed(self.rank)
+        self._gate.refuse_freed(self.rank)
         return self._cache.auto(count, itemsize)
 
     def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
@@ -609,12 +613,12 @@ class Communicator(FamilyCalls):
     # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
     # what an MPI failure means (_failure_noted, _is_failure).
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        mine = self._sequence.claim(self.rank)
+        mine = self._gate.claim(self.rank)
         try:
             return self._begin(sendbuf, recvbuf, op, algorithm)[1]
         finally:
             if mine:
-                self._sequence.owner = None
+                self._gate.owner = None
 
     def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
                algorithm: str) -> tuple[PreparedCall, Request]:
@@ -695,8 +699,8 @@ class Communicator(FamilyCalls):
         """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
         ``Allreduce`` without compression, and the module-level drop-in's entry: the fast
         path when its signature may take it, else the checked path (:class:`FastPath`)."""
-        seq = self._sequence
-        mine = seq.claim(self.rank)
+        gate = self._gate
+        mine = gate.claim(self.rank)
         try:
             agreement = self._agreement
             if agreement.repair_after is not None:
@@ -704,7 +708,7 @@ class Communicator(FamilyCalls):
             self._fast_path.call(sendbuf, recvbuf, op, algorithm)
         finally:
             if mine:
-                seq.owner = None
+                gate.owner = None
 
     def _validate(self, call: PreparedCall | None, error: Exception | None,
                   always: bool = False) -> None:
@@ -714,7 +718,7 @@ class Communicator(FamilyCalls):
 
     def _submit(self, call: PreparedCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
-        seq = self._sequence.callno
+        seq = self._numbers.callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
         return Request(self._calls_in_flight.start(
             self._check_and_launch(call, label, lambda: call.finish(self.size)), seq,
@@ -739,7 +743,7 @@ class Communicator(FamilyCalls):
             return start_native(call, self._comm, finish, self.rank, self._is_failure)
         out = call.out
         plan = self._cache.plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = self._sequence.tag_base(sig=self._cache.sig_id((call.algorithm, out.size,
+        tag_base = self._numbers.take_tags(sig=self._cache.sig_id((call.algorithm, out.size,
                                                                out.dtype, call.op)))
         # a separate input is not copied into out up front: the run copies only the ranges
         # it must (bmlmpi.deferred), sending the rest from the input itself
@@ -760,12 +764,12 @@ class Communicator(FamilyCalls):
                        algorithm: str | None = None) -> PersistentRequest:
         """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
         ``algorithm`` None: the communicator's."""
-        seq = self._sequence
-        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        gate = self._gate
+        mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
             return self._allreduce_init(sendbuf, recvbuf, op, algorithm)
         finally:
-            seq.release(mine)
+            gate.release(mine)
 
     def _allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any,
                         algorithm: str | None) -> PersistentRequest:
@@ -811,13 +815,14 @@ class Communicator(FamilyCalls):
 
     @property
     def _tag_count(self) -> int:
-        """How many calls have taken tags (:attr:`CallSequence.launches`); a seam service
-        (:attr:`SEAM`): survivors of a failure set it to the largest among them."""
-        return self._sequence.launches
+        """How many launches have taken tag slots (:attr:`CallNumbers.launches`); a seam
+        service (:attr:`SEAM`): survivors of a failure set it to the largest among them
+        (:meth:`CallNumbers.agree_tags`)."""
+        return self._numbers.launches
 
     @_tag_count.setter
     def _tag_count(self, count: int) -> None:
-        self._sequence.launches = count
+        self._numbers.agree_tags(count)
 
     def _node_tier(self) -> NodeTier:
         """This rank's node of the current communicator (:meth:`Placement.node_tier`)."""
@@ -848,7 +853,7 @@ class Communicator(FamilyCalls):
         ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
         ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.selection.
         explain_collective`)."""
-        self._sequence.refuse_freed(self.rank)
+        self._gate.refuse_freed(self.rank)
         if collective not in ("allreduce", *COLLECTIVES):
             raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
                              f"{', '.join(COLLECTIVES)}")

@@ -20,10 +20,10 @@ import numpy as np
 from mpi4py import MPI
 
 from .agreement import DEADLINE, ERROR, MESSAGE_BYTES, TAG_ALARM, Mailbox, Message, decode
+from .call_numbers import CallNumbers
 from .calls import ArgumentMismatch, CommunicatorRevoked, PreparedCall, RemoteArgumentError
 from .execute import DeadlineExceeded, wait_request
 from .finalize import bound_finalize
-from .sequence import CallSequence
 from .topology.bcube import format_shape
 
 
@@ -96,10 +96,10 @@ class CallAgreement:
     """The agreement on one communicator's calls (``mailbox``: its control channel's
     posted receive, None where every call is agreed collectively)."""
 
-    def __init__(self, owner: Any, sequence: CallSequence, mailbox: Mailbox | None,
+    def __init__(self, owner: Any, numbers: CallNumbers, mailbox: Mailbox | None,
                  active: list, hooks: AgreementHooks):
         self.owner = owner
-        self.sequence = sequence
+        self.numbers = numbers      # the communicator's call numbers and tag slots
         self.mailbox = mailbox
         self.active = active        # the outstanding calls (a fast path waits for none)
         self.hooks = hooks
@@ -118,23 +118,23 @@ class CallAgreement:
         repaired (a fresh duplicate, every rank at its first call after learning of the
         error); a notice that this very call failed on another rank raises here, before
         any data moves."""
-        seq = self.sequence
+        numbers = self.numbers
         while True:
             if self.revoked is not None:
-                seq.callno += 1
+                numbers.take()  # a refused call takes its number, as every call does
                 raise CommunicatorRevoked(self.revoked)
             if self.repair_after is not None:
                 self.repair()
             # a notice about this very call is looked at after the local check (validate):
             # a rank whose own arguments are wrong too raises its own error
-            if self.notice(seq.callno) is None:
+            if self.notice(numbers.callno) is None:
                 break
-        seq.callno += 1
-        if seq.callno <= self.abandoned_upto:
+        n = numbers.take()
+        if n <= self.abandoned_upto:
             raise RemoteArgumentError(
-                f"call {seq.callno} was started on another rank before it learnt that call "
+                f"call {n} was started on another rank before it learnt that call "
                 f"{self.handled[0]} failed, so it is abandoned on every rank (docs/contracts.md)")
-        return seq.callno
+        return n
 
     def notice(self, upto: int) -> Message | None:
         """The first failure notice not yet handled about a call numbered ``upto`` or lower,
@@ -178,7 +178,7 @@ class CallAgreement:
         """Whether a blocking call may take a fast path now: nothing outstanding, the
         communicator neither revoked nor due for a repair, no call abandoned ahead."""
         return (not self.active and self.revoked is None and self.repair_after is None
-                and self.sequence.callno >= self.abandoned_upto)
+                and self.numbers.callno >= self.abandoned_upto)
 
     # -- failures -----------------------------------------------------------------------------
     def abandon_from(self, seq: int, exc: BaseException) -> None:
@@ -218,15 +218,15 @@ class CallAgreement:
         new, req = control.Idup()
         wait_request(req, timeout, f"bmlmpi: not every rank came back after call {failed}'s "
                                    f"argument error (the communicator's repair)")
-        seq = self.sequence
-        counts = np.array([seq.callno, seq.launches], dtype=np.int64)
+        numbers = self.numbers
+        counts = np.array([numbers.callno, numbers.launches], dtype=np.int64)
         agreed = np.empty_like(counts)
         wait_request(control.Iallreduce(counts, agreed, MPI.MAX), timeout,
                      "bmlmpi: not every rank joined the communicator's repair")
         new.Set_errhandler(MPI.ERRORS_RETURN)
         self.hooks.move_to(new)
         self.abandoned_upto = int(agreed[0])
-        seq.launches = int(agreed[1])
+        numbers.agree_tags(int(agreed[1]))
         self.repair_after = None
 
     # -- the argument check -------------------------------------------------------------------
@@ -242,7 +242,7 @@ class CallAgreement:
         if owner.check == "every-call":
             self.agree_collectively(call, error)
             return
-        seq = self.sequence.callno
+        seq = self.numbers.callno
         if error is not None:
             # no wait: the others learn of it from the notice, wherever they wait
             self.mailbox.announce(seq, ERROR, describe_error(error), also_tag=TAG_ALARM)
@@ -283,7 +283,7 @@ class CallAgreement:
         vec = np.array([h, -h, 1 if error else 0, owner.rank if error else -1], dtype=np.int64)
         res = np.empty_like(vec)
         control = self.hooks.control()
-        callno = self.sequence.callno
+        callno = self.numbers.callno
         try:
             wait_request(control.Iallreduce(vec, res, MPI.MAX), owner.timeout,
                          f"bmlmpi argument check of call {callno}: other ranks did not join")

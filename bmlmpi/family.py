@@ -839,11 +839,12 @@ class FamilyEngine:
     agreed and launched through the communicator's own path (:class:`FamilyLaunch`), and
     the fast path of each blocking signature after its first call (:class:`FastFamily`)."""
 
-    def __init__(self, owner: Any, plans: Any, seq: Any, launch: FamilyLaunch,
+    def __init__(self, owner: Any, plans: Any, gate: Any, numbers: Any, launch: FamilyLaunch,
                  recorder: Any, watchdog: Any, *, plain: bool, native_blocking: bool):
         self.owner = owner
         self.plans = plans          # the owner's PlanCache
-        self.seq = seq              # the owner's CallSequence (numbers, launches, thread)
+        self.gate = gate            # the owner's CallGate (the thread inside a call)
+        self.numbers = numbers      # the owner's CallNumbers (call numbers, tag slots)
         self.launch = launch
         self.recorder = recorder    # the owner's FlightRecorder (None when off)
         self.watchdog = watchdog
@@ -891,24 +892,24 @@ class FamilyEngine:
 
     def start(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A non-blocking call: its :class:`~bmlmpi.handles.Request`."""
-        seq = self.seq
-        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        gate = self.gate
+        mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
             owner = self.owner
             owner._usable_for_calls()
             return self.launch.submit_recorded(owner._family_prepared(collective, algorithm,
                                                                       build))
         finally:
-            seq.release(mine)
+            gate.release(mine)
 
     def init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A persistent call (host buffers only)."""
-        seq = self.seq
-        mine = seq.claim(self.rank)
+        gate = self.gate
+        mine = gate.claim(self.rank)
         try:
             return self.make_persistent(collective, algorithm, build)
         finally:
-            seq.release(mine)
+            gate.release(mine)
 
     def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """:meth:`init`, the communicator claimed."""
@@ -932,12 +933,12 @@ class FamilyEngine:
         the default: past ``timeout`` seconds it reports the call and aborts the job);
         otherwise the call is started and waited on under the deadline. Either way it opens
         the signature's fast path for the next call (:meth:`open`)."""
-        seq = self.seq
-        mine = seq.claim(self.rank)  # one call at a time: a second thread raises here
+        gate = self.gate
+        mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
             self.checked(collective, algorithm, build, key, args)
         finally:
-            seq.release(mine)
+            gate.release(mine)
 
     def checked(self, collective: str, algorithm: str | None, build: Any,
                 key: tuple | None, args: tuple) -> None:
@@ -947,8 +948,7 @@ class FamilyEngine:
         call = owner._family_prepared(collective, algorithm, build)
         if (call.algorithm == "native" and self.native_blocking and launch.idle()
                 and launch.agreed(call)):
-            self.seq.launches += 1  # as a started call would: the count names calls' tags
-            slot = launch.record(call)
+            slot = launch.record(call)  # (numbered in prepare; a native call takes no tags)
             watch = self.watchdog
             watch.start()
             watch.calls += 1
@@ -996,8 +996,8 @@ class FamilyEngine:
         inp, output = call.schedule_buffers()
         # the signature's number in the tags: calls of different signatures never match
         # (a rank that switches to another signature it already ran meets no partner)
-        tag_base = self.seq.tag_base(TAG_KIND[call.collective],
-                                     self.plans.sig_id(call.plan_key()))
+        tag_base = self.numbers.take_tags(TAG_KIND[call.collective],
+                                          self.plans.sig_id(call.plan_key()))
 
         def placed() -> None:
             call.place(output)
@@ -1018,16 +1018,16 @@ class FamilyEngine:
         entry = self.fast.get(key)
         if entry is None or not self.fast_open():
             return False
-        seq = self.seq
+        gate = self.gate
         # one call at a time, as Allreduce's (a second thread raises before anything moves)
-        mine = seq.claim(self.rank)
+        mine = gate.claim(self.rank)
         try:
             # A rank's part of a reduce or broadcast may complete without the rank that
             # rejected its arguments: it must look at the notices before its next call moves
             # data, as the checked path's numbering does (docs/contracts.md), or that call
             # pairs with the others' repaired next one. One poll of the control channel's
             # posted receive.
-            if self.notice(seq.callno) is not None:
+            if self.notice(self.numbers.callno) is not None:
                 return False
             a, b = args[0], args[1]
             if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
@@ -1038,16 +1038,13 @@ class FamilyEngine:
             return self.native(entry, key, args)
         finally:
             if mine:
-                seq.owner = None
+                gate.owner = None
 
     def native(self, entry: FastFamily, key: tuple, args: tuple) -> bool:
         """A native signature's later blocking call: mpi4py's own on the private
         communicator, under the watchdog."""
         rec = self.recorder
         slot = None if rec is None else rec.begin(entry.traced)
-        seq = self.seq
-        seq.launches += 1
-        seq.callno += 1
         watch = self.watchdog
         watch.calls += 1
         watch.current = entry.what
@@ -1055,22 +1052,24 @@ class FamilyEngine:
         try:
             getattr(self.comm, native.method)(*native.of(args))
         except MPI.Exception as exc:
+            self.numbers.take()  # the call started: it has its number
             self.launch.call_failed(slot, exc)
             raise
         except Exception:
             # mpi4py refused the arguments before anything was sent (a buffer whose flags
-            # changed since...): the checked path, which records the call itself and, where
-            # it refuses them too, tells the other ranks (never one rank raising alone)
-            if rec is not None:
-                rec.next -= 1
-            seq.launches -= 1
-            seq.callno -= 1
+            # changed since...): the checked path, which numbers and records the call itself
+            # and, where it refuses them too, tells the other ranks (never one rank raising
+            # alone)
+            if slot is not None:
+                rec.withdraw(slot)
             return False
         except BaseException as exc:
+            self.numbers.take()
             self.launch.call_failed(slot, exc)
             raise
         finally:
             watch.current = None
+        self.numbers.take()  # taken once the call ran: a native call takes no tag slot
         if slot is not None:
             rec.done(slot)
         return True
@@ -1078,9 +1077,7 @@ class FamilyEngine:
     def scheduled(self, entry: FastFamily, args: tuple) -> None:
         """A scheduled signature's later blocking call: its run built from the cached plan on
         the buffers carved out of ``args``."""
-        seq = self.seq
-        tag_base = seq.tag_base(entry.kind, entry.sig)
-        seq.callno = n = seq.callno + 1
+        n, tag_base = self.numbers.take_scheduled(entry.kind, entry.sig)
         entry.calls += 1
         what = entry.what
         run = start_collective(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),

@@ -15,12 +15,12 @@ import numpy as np
 from mpi4py import MPI
 
 from . import kernels
+from .call_numbers import CallNumbers
 from .calls import CommunicatorRevoked, PreparedCall, RemoteArgumentError
 from .execute import DeadlineExceeded, Plan, Run
 from .handles import Request
 from .recorder import FlightRecorder, Signature
 from .recorder import now as _now
-from .sequence import CallSequence
 from .shm import ShmRun, run_of
 from .watchdog import Watchdog
 
@@ -48,7 +48,7 @@ class FastCall:
         self.plan = plan
         self.name = name      # bmlmpi's op name (schedules)
         self.calls = 0        # schedules: calls that took this path
-        self.sig = sig        # schedules: the signature's number (its tags, CallSequence.tag_base)
+        self.sig = sig        # schedules: the signature's number (its tags, CallNumbers.take_tags)
         self.key = key        # schedules: the plan's key (algorithm, count, dtype, op)
         self.traced = traced  # the flight recorder's signature of these calls
 
@@ -105,12 +105,12 @@ class FastPath:
     signature may be ``MPI_Allreduce`` under the watchdog (``BMLMPI_BLOCKING=watchdog``).
     ``active``: the communicator's outstanding calls (a fast path waits for none)."""
 
-    def __init__(self, owner: Any, comm: MPI.Comm, sequence: CallSequence, plans: Any,
+    def __init__(self, owner: Any, comm: MPI.Comm, numbers: CallNumbers, plans: Any,
                  active: list, recorder: FlightRecorder | None, watchdog: Watchdog,
                  hooks: FastHooks, *, enabled: bool, native: bool):
         self.owner = owner
         self.comm = comm            # the communicator's data duplicate (rebind() after repair)
-        self.sequence = sequence
+        self.numbers = numbers      # the communicator's call numbers and tag slots
         self.plans = plans          # the communicator's PlanCache
         self.active = active
         self.recorder = recorder
@@ -171,12 +171,12 @@ class FastPath:
                     # between calls) before anything was sent: the slow path below gives
                     # the same error, and announces it to the others (and records the call)
                     if rec is not None:
-                        rec.next = n
+                        rec.withdraw(s)
                 except MPI.Exception as exc:
                     self.hooks.call_failed(s if rec is not None else None, exc)
                     raise
                 else:
-                    self.sequence.callno += 1
+                    self.numbers.take()  # a native call takes no tag slot
                     if rec is not None:
                         s.t1 = _now()
                         if rec.timeline is not None:
@@ -243,9 +243,7 @@ class FastPath:
         out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
         src = None if sendbuf is MPI.IN_PLACE else (
             sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        sequence = self.sequence
-        tag_base = sequence.tag_base(sig=entry.sig)
-        sequence.callno = seq = sequence.callno + 1
+        seq, tag_base = self.numbers.take_scheduled(0, entry.sig)
         entry.calls += 1
         what = entry.what
         finish = None

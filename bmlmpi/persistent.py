@@ -27,11 +27,12 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
+from .call_gate import CallGate
+from .call_numbers import CallNumbers
 from .execute import Plan
 from .family import then
 from .handles import NativePersistent, NativeRun
 from .ops import mpi_op
-from .sequence import CallSequence
 from .shm import ShmPlan, run_of
 
 
@@ -154,11 +155,12 @@ class PersistentCalls:
     made persistent and started; ``plain``: the plain communicator, which compiles once
     (a variant that tracks every call itself compiles per attempt)."""
 
-    def __init__(self, owner: Any, plans: Any, sequence: CallSequence, hooks: PersistentHooks,
-                 *, plain: bool):
+    def __init__(self, owner: Any, plans: Any, gate: CallGate, numbers: CallNumbers,
+                 hooks: PersistentHooks, *, plain: bool):
         self.owner = owner
         self.plans = plans          # the owner's PlanCache
-        self.sequence = sequence
+        self.gate = gate
+        self.numbers = numbers      # the owner's call numbers and tag slots
         self.hooks = hooks
         self.plain = plain
 
@@ -184,12 +186,12 @@ class PersistentCalls:
         """One start (the communicator's own, a variant's included) as one call: the
         communicator claimed, so a second thread inside a call, or a freed communicator,
         raises before anything starts."""
-        sequence = self.sequence
-        mine = sequence.claim(self.owner.rank)
+        gate = self.gate
+        mine = gate.claim(self.owner.rank)
         try:
             return self.hooks.start(call, compiled)
         finally:
-            sequence.release(mine)
+            gate.release(mine)
 
     def start(self, call: Any, compiled: Any) -> Any:
         """One start of a persistent call: no argument check, the compiled plan or the MPI
@@ -211,7 +213,8 @@ class PersistentCalls:
         elif isinstance(compiled, Plan | ShmPlan) and call.collective == "allreduce":
             sig = self.plans.sig_id((call.algorithm, call.out.size, call.out.dtype, call.op))
             run = run_of(compiled)(compiled, call.out, call.op,
-                                   self.sequence.tag_base(sig=sig), label, finish, src=call.src)
+                                   self.numbers.take_tags(sig=sig), label, finish,
+                                   src=call.src)
         else:  # a family call's plan (cached) or a call with nothing compiled
             run = hooks.launch(call, label, finish)
         return hooks.outstanding(run, seq, hooks.record(call))

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from .call_gate import CallGate
 from .execute import DeadlineExceeded, Run, wait_for
 from .handles import NativeRun
 from .recorder import Slot
-from .sequence import CallSequence
 from .shm import ShmRun
 
 
@@ -69,10 +69,10 @@ class Progress:
     in start order (:attr:`active`: the communicator reads it too, to know whether any call
     is outstanding)."""
 
-    def __init__(self, owner: Any, sequence: CallSequence, active: list[Outstanding],
+    def __init__(self, owner: Any, gate: CallGate, active: list[Outstanding],
                  hooks: ProgressHooks):
         self.owner = owner
-        self.sequence = sequence
+        self.gate = gate
         self.hooks = hooks
         self.active = active
 
@@ -91,13 +91,13 @@ class Progress:
 
     def owning(self, fn: Callable[[Outstanding], Any], entry: Outstanding) -> Any:
         """``fn(entry)`` as the thread that owns the communicator's progress."""
-        sequence = self.sequence
-        mine = sequence.claim(self.owner.rank)
+        gate = self.gate
+        mine = gate.claim(self.owner.rank)
         try:
             return fn(entry)
         finally:
             if mine:
-                sequence.owner = None
+                gate.owner = None
 
     def test(self, entry: Outstanding) -> bool:
         if entry.failed is not None:

@@ -150,6 +150,13 @@ class FlightRecorder:
         s.t0 = now()
         return s
 
+    def withdraw(self, s: Slot) -> None:
+        """Take back ``s``, the newest entry: its call never started (mpi4py refused the
+        arguments of a fast path's call before anything was sent), and the checked path that
+        takes the call over enters it again, so every rank's recorder numbers the same calls
+        alike."""
+        self.next = s.seq
+
     def done(self, s: Slot) -> None:
         if s.t1 == 0.0:
             s.t1 = now()

@@ -1,36 +1,34 @@
-"""Which algorithm ``auto`` runs.
+"""Which algorithm ``auto`` runs, read from the algorithm records alone.
 
-The rule: ``BMLMPI_ALGORITHM`` (when set and not ``auto``) wins; an empty buffer has nothing to
-exchange (``bml``, which has no steps); one rank runs ``native`` (a copy, through the blocking
-fast path); otherwise the cost model
-(:func:`bmlmpi.model.estimate`) prices every candidate's schedule on one shared-memory node with
-this machine's calibration (α, β, the Python executor's per-step and per-message overheads,
-the reduction cost and measured timings of the MPI library's blocking ``MPI_Allreduce`` as
+Every rule below is a field of a record (:class:`bmlmpi.schedules.algorithms.Algorithm`); this
+module names no algorithm, so a record changes what ``auto`` does without a line here.
+
+The rule: ``BMLMPI_ALGORITHM`` (when set and not ``auto``) wins; an empty buffer has nothing
+to exchange (the record whose ``empty`` claims the collective: a schedule with no steps, else
+the ``default`` record); one rank runs the ``default`` record (the MPI library's own call: a
+copy, through the blocking fast path); otherwise the cost model (:func:`bmlmpi.model.estimate`)
+prices every candidate — each record that opts in with ``auto=True``, serves the collective,
+allows the rank count (``max_ranks``) and applies (``applies(ctx)``) — on one shared-memory
+node with this machine's calibration (α, β, the Python executor's per-step and per-message
+overheads, the reduction cost and measured timings of the MPI library's own blocking call as
 user code calls it — :mod:`bmlmpi.calibrate`, measured once per host, MPI library and rank
-count, cached on disk) and takes the cheapest, except that native stays unless a schedule is
-predicted ``NATIVE_MARGIN`` (5 %) faster: the most ``auto`` may then give away against the
-better of native and the best schedule is that margin, the issue's target for ``auto``.
+count, cached on disk) and takes the cheapest, except that a candidate whose record carries a
+``margin`` above 1 stays unless another is predicted that many times faster (the default
+record's time is measured, a schedule's is a model scaled by a few noisy runs).
 Every rank holds the same calibration, so every rank reaches the same choice without talking.
-``hierarchical`` is a candidate where more than one node holds more than one rank (real
-nodes from MPI placement, or ``BMLMPI_RANKS_PER_NODE``), priced like the others, its node
-tier by the shared-memory model where the calibration measured shared memory (it runs there
-in shared memory), else by the message model. ``shm`` is a candidate where all ranks are on
-one node and the calibration measured its constants (σ per step, β_copy, γ_shm), for every
-collective of the family.
-The tree candidates are offered up to ``AUTO_TREE_MAX_RANKS`` ranks (generating the multi-tree
-set costs seconds beyond that), and between the two trees the size bound
-``BMLMPI_TREE_ARRAY_BOUND`` (elements) decides when it is set: single tree at or below it,
-multi-tree above, as in the MXNet proposal.
+A record marked ``shared_memory`` is a candidate only where the calibration measured shared
+memory (σ per step, β_copy, γ_shm), and there the tiered records' node tier is priced as it
+(:func:`bmlmpi.schedules.algorithms.node_tier`), else by the message model.
+Records with ``max_ranks`` are offered up to that many ranks (``AUTO_TREE_MAX_RANKS`` for
+those whose schedules cost seconds to build beyond it), and the records' ``applies`` read the
+size bounds (``BMLMPI_TREE_ARRAY_BOUND``).
 
-Without a calibration (``BMLMPI_CALIBRATE=0``), a fixed rule measured on the development
-machine stands in: native below 64 KiB, bml from there (``BMLMPI_AUTO_BML_BYTES``).
-
-The other collectives (``collective=``: reduce_scatter, allgather, reduce, bcast) follow the
-same rule over their own algorithms (:func:`algorithms`); the calibration's native points for
-that collective price the native call, and where it has none the fixed rule stands in (bml,
-or the collective's first algorithm where bml does not serve it). The candidates, the size
-bounds and which algorithm serves which collective all come from the algorithm records
-(:mod:`bmlmpi.schedules.algorithms`).
+Without a calibration (``BMLMPI_CALIBRATE=0``), or without the calibration's timings of the
+MPI library's own call of the collective, a fixed rule measured on the development machine
+stands in: the ``default`` record below ``BMLMPI_AUTO_BML_BYTES`` (64 KiB), from there the
+record whose ``fixed`` claims the collective (:func:`bmlmpi.schedules.algorithms.fixed_choice`).
+:func:`explain_collective` (the rest of the family) runs the ``default`` record where there is
+no calibration at all.
 """
 
 from __future__ import annotations
@@ -41,19 +39,16 @@ from . import config
 from .schedules import algorithms as records
 from .schedules.algorithms import AUTO_TREE_MAX_RANKS, Context, tree_array_bound
 
-#: ``auto`` leaves native only for a schedule predicted at least this much faster: a near-tie
-#: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
-NATIVE_MARGIN = 1.05
-
-__all__ = ["AUTO_TREE_MAX_RANKS", "NATIVE_MARGIN", "Candidate", "Explanation", "algorithms",
+__all__ = ["AUTO_TREE_MAX_RANKS", "Candidate", "Explanation", "algorithms",
            "calibration_wanted", "candidates", "check_algorithm", "choose",
            "choose_collective", "env_algorithm", "explain", "explain_collective",
-           "prefer_native", "tree_array_bound"]
+           "prefer_kept", "tree_array_bound"]
 
 
 def algorithms(collective: str = "allreduce") -> list[str]:
     """The algorithms implemented for ``collective`` (the allreduce by default), ``auto``
-    first and ``native`` last (:func:`bmlmpi.schedules.algorithms.algorithms`)."""
+    first and the MPI library's own call last
+    (:func:`bmlmpi.schedules.algorithms.algorithms`)."""
     return records.algorithms(collective)
 
 
@@ -86,8 +81,8 @@ def env_algorithm() -> str | None:
 
 def candidates(count: int, size: int, nodes=None, collective: str = "allreduce",
                root: int = 0, counts=None) -> list[str]:
-    """What ``auto`` prices: every algorithm of ``collective`` whose record applies, then
-    ``native``."""
+    """What ``auto`` prices (:func:`bmlmpi.schedules.algorithms.candidates`): every record
+    that opts in to ``auto`` and applies, in registration order."""
     return records.candidates(Context(size, count, collective=collective, root=root,
                                       counts=counts, nodes=nodes))
 
@@ -96,7 +91,8 @@ def candidates(count: int, size: int, nodes=None, collective: str = "allreduce",
 class Candidate:
     """One algorithm ``auto`` priced: ``predicted`` seconds (what the choice compares),
     ``model`` seconds (the α-β model with the calibration's overheads, before its measured
-    correction; None for native, which is measured) and the ``correction`` factor between."""
+    correction; None for a record without a schedule, whose time is measured) and the
+    ``correction`` factor between."""
 
     name: str
     predicted: float
@@ -148,55 +144,62 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
         return decided(env, "BMLMPI_ALGORITHM", f"BMLMPI_ALGORITHM={env} overrides auto")
+    default = records.default().name
     if count == 0:
-        # nothing to exchange: a schedule with no steps (bml's allreduce), else native
-        chosen = "bml" if collective == "allreduce" else records.NATIVE
+        chosen = records.for_empty(collective)
         return decided(chosen, "empty", f"an empty buffer has nothing to exchange ({chosen})")
     if size == 1:
-        # nothing to exchange: the collective on one rank is a copy, and native is the
-        # blocking fast path (a schedule's empty run costs ~10 µs of Python per call)
-        return decided(records.NATIVE, "one rank", "nothing to exchange: native is a copy "
-                                                   "through the blocking fast path")
+        # nothing to exchange: the collective on one rank is a copy, and the default record's
+        # call is the blocking fast path (a schedule's empty run costs ~10 µs of Python)
+        return decided(default, "one rank", f"nothing to exchange: {default} is a copy "
+                                            "through the blocking fast path")
     threshold = config.get("BMLMPI_AUTO_BML_BYTES")
-    fixed = "bml" if collective == "allreduce" else _fixed_choice(collective)
+    fixed = records.fixed_choice(collective)
     if calib is None or (collective != "allreduce"
                          and calib.native_seconds(count * itemsize, collective) is None):
-        # no calibration, or none of this collective's native call: the fixed rule
-        chosen = fixed if count * itemsize >= threshold else records.NATIVE
+        # no calibration, or none of this collective's own call: the fixed rule
+        chosen = fixed if count * itemsize >= threshold else default
         what = ("no calibration (BMLMPI_CALIBRATE=0)" if calib is None
-                else f"the calibration has no native {collective} timings")
+                else f"the calibration has no {default} {collective} timings")
         return decided(chosen, "fixed rule",
-                       f"{what}: native below BMLMPI_AUTO_BML_BYTES={threshold} B, {fixed} "
+                       f"{what}: {default} below BMLMPI_AUTO_BML_BYTES={threshold} B, {fixed} "
                        f"from it; this call is {count * itemsize} B")
     from .model import estimate
 
     names = candidates(count, size, nodes, collective, root, counts)
     if not calib.has_shm:  # shared memory not measured here (several nodes, or one rank)
-        names = [n for n in names if n != "shm"]
-    # hierarchical's node tier runs in shared memory where the nodes' ranks share it; it is
-    # priced so where the calibration measured shared memory (σ, β_copy, γ_shm)
-    intra = "shm" if calib.has_shm else "ring"
+        names = [n for n in names if not records.get(n).shared_memory]
+    # the tiered records' node tier runs in shared memory where the nodes' ranks share it;
+    # it is priced so where the calibration measured shared memory (σ, β_copy, γ_shm)
     kw = dict(calib=calib, shape=shape, nodes=nodes, collective=collective, root=root,
-              counts=counts, intra=intra)
+              counts=counts, intra=records.node_tier(calib.has_shm))
     times = estimate(names, count, itemsize, size, **kw)
-    raw = estimate([n for n in times if n != records.NATIVE], count, itemsize, size,
+    raw = estimate([n for n in times if records.get(n).scheduled], count, itemsize, size,
                    corrected=False, **kw)
-    chosen = prefer_native(times)
+    chosen = prefer_kept(times)
     cands = sorted((Candidate(n, t, raw.get(n), t / raw[n] if raw.get(n) else 1.0)
                     for n, t in times.items()), key=lambda c: c.predicted)
     best = cands[0]
-    if chosen == records.NATIVE and best.name != records.NATIVE:
-        why = (f"native kept: {best.name} is predicted {best.predicted * 1e6:.1f} us against "
-               f"native's measured {times['native'] * 1e6:.1f} us, less than the "
-               f"{NATIVE_MARGIN:g}x margin a schedule must win by")
-    elif chosen == records.NATIVE:
-        why = "native is the cheapest (its time measured by the calibration)"
-    elif records.NATIVE in times:
+    margins = _margins(times)
+    if chosen != best.name:
+        why = (f"{chosen} kept: {best.name} is predicted {best.predicted * 1e6:.1f} us against "
+               f"{chosen}'s {_how(chosen)} {times[chosen] * 1e6:.1f} us, less than the "
+               f"{margins[chosen]:g}x margin a schedule must win by")
+    elif not records.get(chosen).scheduled:
+        why = f"{chosen} is the cheapest (its time measured by the calibration)"
+    elif margins:
+        kept = min(margins, key=times.__getitem__)
         why = (f"{chosen} is predicted {times[chosen] * 1e6:.1f} us, at least "
-               f"{NATIVE_MARGIN:g}x faster than native's measured {times['native'] * 1e6:.1f} us")
+               f"{margins[kept]:g}x faster than {kept}'s {_how(kept)} "
+               f"{times[kept] * 1e6:.1f} us")
     else:
         why = f"{chosen} is predicted the cheapest"
     return decided(chosen, "cost model", why, cands)
+
+
+def _how(name: str) -> str:
+    """How ``auto`` knows ``name``'s time: measured (no schedule to price) or predicted."""
+    return "predicted" if records.get(name).scheduled else "measured"
 
 
 def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=None, *,
@@ -210,17 +213,18 @@ def explain_collective(collective: str, count: int, itemsize: int, size: int, ca
                        shape=None, nodes=None, root: int = 0, counts=None) -> Explanation:
     """What ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of ``count``
     elements in all, and why: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
-    collective; with a calibration, :func:`explain`'s priced choice; without one, native (the
-    family's fixed rule: no schedule of these collectives was measured against native on an
-    uncalibrated machine)."""
+    collective; with a calibration, :func:`explain`'s priced choice; without one, the
+    ``default`` record (the family's fixed rule: no schedule of these collectives was
+    measured against the MPI library's own call on an uncalibrated machine)."""
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
         return Explanation(collective, count, itemsize, size, env, "BMLMPI_ALGORITHM",
                            f"BMLMPI_ALGORITHM={env} overrides auto")
     if calib is None:
-        return Explanation(collective, count, itemsize, size, records.NATIVE, "fixed rule",
-                           "no calibration: the family runs native (no schedule of these "
-                           "collectives was measured against native here)")
+        default = records.default().name
+        return Explanation(collective, count, itemsize, size, default, "fixed rule",
+                           f"no calibration: the family runs {default} (no schedule of these "
+                           f"collectives was measured against {default} here)")
     return explain(count, itemsize, size, calib, shape, nodes, collective=collective,
                    root=root, counts=counts)
 
@@ -233,25 +237,26 @@ def choose_collective(collective: str, count: int, itemsize: int, size: int, cal
                               counts).chosen
 
 
-def _fixed_choice(collective: str) -> str:
-    """The schedule the fixed rule runs for large messages of ``collective``: bml where it
-    serves it, else the first that does."""
-    names = records.algorithms(collective)[1:-1]
-    return "bml" if "bml" in names else (names[0] if names else records.NATIVE)
+def _margins(times: dict[str, float]) -> dict[str, float]:
+    """The margins the records of ``times``' candidates carry (those above 1)."""
+    return {n: records.get(n).margin for n in times if records.get(n).margin > 1.0}
 
 
-def prefer_native(times: dict[str, float], margin: float = NATIVE_MARGIN) -> str:
-    """The cheapest of the predicted ``times``, except that native is kept unless a schedule
-    is predicted at least ``margin`` times faster: native's time is measured directly, a
-    schedule's is a model scaled by a few noisy runs, and a near-tie is not worth the risk."""
+def prefer_kept(times: dict[str, float], margins: dict[str, float] | None = None) -> str:
+    """The cheapest of the predicted ``times``, except that a candidate with a margin
+    (``margins``, else its record's :attr:`~bmlmpi.schedules.algorithms.Algorithm.margin`
+    where above 1) is kept unless the cheapest is predicted at least that many times faster:
+    the default record's time is measured directly, a schedule's is a model scaled by a few
+    noisy runs, and a near-tie is not worth the risk."""
     best = min(times, key=times.__getitem__)  # ties: the earlier candidate
-    if best != "native" and "native" in times and times["native"] <= margin * times[best]:
-        return "native"
-    return best
+    margins = _margins(times) if margins is None else margins
+    kept = [n for n in times if n != best and n in margins
+            and times[n] <= margins[n] * times[best]]
+    return min(kept, key=times.__getitem__) if kept else best
 
 
 def calibration_wanted(algorithm: str) -> bool:
     env = env_algorithm()
-    if algorithm != "auto" or (env and env != "auto"):
+    if algorithm != records.AUTO or (env and env != records.AUTO):
         return False
     return config.get("BMLMPI_CALIBRATE")

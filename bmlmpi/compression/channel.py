@@ -8,12 +8,13 @@ It holds:
   bmlmpi's own schedules), made on the first compressed call (which every rank makes in the
   same order) and again after the communicator's own MPI communicator changed (a
   fault-tolerant communicator that shrank);
-* the per-channel call counter that gives each compressed call its own block of
-  :data:`.engine.TAG_SPAN` tags (a Run uses tags ``base + [0, TAG_STEPS)``; the sparse
-  exchanges fold theirs into the same span), :data:`TAG_CALLS` blocks in turn, as many as the
-  MPI's tag upper bound holds (at most 32): two calls in flight never share a tag as long as
-  fewer than that many are outstanding, which :class:`.engine.StagedRequest` guarantees by
-  running one channel's calls one after another (:attr:`CompressionChannel.queue`);
+* the tag blocks (:class:`bmlmpi.call_numbers.TagBlocks`) that give each compressed call
+  its own block of :data:`.engine.TAG_SPAN` tags (a Run uses tags ``base + [0,
+  TAG_STEPS)``; the sparse exchanges fold theirs into the same span), :data:`TAG_CALLS`
+  blocks in turn, as many as the MPI's tag upper bound holds (at most 32): two calls in
+  flight never share a tag as long as fewer than that many are outstanding, which
+  :class:`.engine.StagedRequest` guarantees by running one channel's calls one after another
+  (:attr:`CompressionChannel.queue`);
 * the plans compiled on the duplicate (per algorithm, count, item size and kernel op), the
   BCube level groups as ranks of the duplicate, and the α-β price of the network measured by
   the first compressed call that asked (:mod:`.network_price`).
@@ -35,6 +36,7 @@ from mpi4py import MPI
 
 from .. import kernels
 from ..agreement import drain
+from ..call_numbers import TagBlocks
 from ..execute import Plan, tag_upper_bound, wait_request
 from .engine import TAG_SPAN, CallQueue
 from .layer import start as start_compressed
@@ -52,8 +54,7 @@ class CompressionChannel:
         self.owner = owner
         self._dup: MPI.Comm | None = None
         self._base: MPI.Comm | None = None
-        self._calls = 0
-        self._blocks = 1
+        self._tags = TagBlocks(TAG_SPAN - 1, TAG_SPAN, TAG_CALLS)  # one block until comm
         self._plans: dict[tuple, Plan] = {}
         self._levels: list[list[int]] | None = None
         #: (α, β) measured by the first compressed call that asked (:mod:`.network_price`); None
@@ -76,23 +77,20 @@ class CompressionChannel:
                                                   "its first compressed call")
             dup.Set_errhandler(MPI.ERRORS_RETURN)
             self._dup, self._base = dup, base
-            self._calls = 0
+            self._tags = TagBlocks(tag_upper_bound(dup), TAG_SPAN, TAG_CALLS)
             self._plans = {}
             self._levels = None
-            tag_ub = tag_upper_bound(dup)
-            self._blocks = max(1, min(TAG_CALLS, (tag_ub + 1) // TAG_SPAN))
         return self._dup
 
     @property
     def blocks(self) -> int:
         """How many tag blocks the calls cycle through."""
-        return self._blocks
+        return self._tags.blocks
 
     def next_tag_base(self) -> int:
-        """The tag block of the next compressed call (after :attr:`comm`)."""
-        n = self._calls
-        self._calls = n + 1
-        return (n % self._blocks) * TAG_SPAN
+        """The tag block of the next compressed call (after :attr:`comm`), taken
+        (:class:`bmlmpi.call_numbers.TagBlocks`)."""
+        return self._tags.take()
 
     def revoke(self) -> None:
         """Revoke the duplicate (ULFM), so that no survivor waits on it; nothing where there is

@@ -3,10 +3,12 @@ algorithms exist, which collectives each serves, how it builds its schedule and 
 
 Everything that needs an algorithm by name derives from :data:`REGISTRY`: the communicators
 (:func:`build` through :mod:`bmlmpi.binding`, which binds a schedule to MPI communicators),
-``auto`` (:mod:`bmlmpi.selection`: the names a collective offers and :meth:`Algorithm.applies`),
-the cost model (:mod:`bmlmpi.model.estimate`: :attr:`Algorithm.symmetric`), calibration
+``auto`` (:mod:`bmlmpi.selection`: which records it may price, opt-in through
+:attr:`Algorithm.auto`, and its fixed rules, which the records carry), the cost model
+(:mod:`bmlmpi.model.estimate`: :attr:`Algorithm.symmetric`), calibration
 (:attr:`Algorithm.calibrated`), compression (:attr:`Algorithm.wire_format`), the sweep and the
-public :func:`bmlmpi.algorithms`. Adding an algorithm is one module and one :func:`register`.
+public :func:`bmlmpi.algorithms`. Adding an algorithm is one module and one :func:`register`;
+``auto`` prices it only if its record sets ``auto=True``.
 
 An algorithm's :attr:`~Algorithm.build` takes one :class:`Context` — which collective, which
 rank of how many, the element count of the work buffer and the item size, the root, the block
@@ -38,6 +40,13 @@ from .types import Schedule, balanced_bounds
 #: costs seconds of CPU beyond it.
 AUTO_TREE_MAX_RANKS = 16
 
+#: ``auto`` leaves native only for a schedule predicted at least this much faster: a near-tie
+#: is not worth a schedule's noisier estimate, and keeping native costs at most this factor.
+NATIVE_MARGIN = 1.05
+
+#: The node tier the tiered algorithms run in messages (``Context.intra``'s default).
+MESSAGE_TIER = "ring"
+
 
 @dataclass(frozen=True)
 class Context:
@@ -66,7 +75,7 @@ class Context:
     nodes: Any = None
     pipeline: int | None = None
     segments: int | None = None
-    intra: str = "ring"
+    intra: str = MESSAGE_TIER
 
     def __post_init__(self) -> None:
         coll = collective(self.collective)
@@ -119,17 +128,37 @@ class Algorithm:
     """One algorithm.
 
     ``builders``: collective → ``build(ctx) -> Schedule`` (empty for ``native``, which runs
-    the MPI library's own call). ``applies(ctx)``: whether ``auto`` considers it for ``ctx``
-    (a name asked for explicitly runs wherever it builds). ``tiered``: its transfer levels name
-    network tiers (intra-node 0, inter-node 1 + l), not the BCube levels of the communicator's
-    shape, so it runs with every transfer on the flat communicator. ``wire_format``: a
-    compressed allreduce may run its schedule on 16-bit codes. ``calibrated``: calibration
-    measures it and corrects its modelled time. ``symmetric``: the network kinds (``"ports"``:
-    one port per rank, shared memory or a Fat-Tree; ``"bcube"``) on which its allreduce
-    schedules are equivariant, so the model prices rank 0's alone. ``offered``: listed by
-    :func:`algorithms` and runnable (``ps`` is priced only). ``max_ranks``: ``auto`` and
-    calibration consider it only up to this many ranks (its schedules cost too much to build
-    beyond).
+    the MPI library's own call). ``tiered``: its transfer levels name network tiers
+    (intra-node 0, inter-node 1 + l), not the BCube levels of the communicator's shape, so it
+    runs with every transfer on the flat communicator. ``wire_format``: a compressed allreduce
+    may run its schedule on 16-bit codes. ``calibrated``: calibration measures it and corrects
+    its modelled time. ``symmetric``: the network kinds (``"ports"``: one port per rank, shared
+    memory or a Fat-Tree; ``"bcube"``) on which its allreduce schedules are equivariant, so the
+    model prices rank 0's alone. ``offered``: listed by :func:`algorithms` and runnable
+    (``ps`` is priced only). ``max_ranks``: ``auto`` and calibration consider it only up to
+    this many ranks (its schedules cost too much to build beyond).
+
+    What ``auto`` (:mod:`bmlmpi.selection`) may do with it, read from these fields alone:
+
+    - ``auto``: ``auto`` prices it, for every collective it serves, where ``applies(ctx)``
+      holds (opt-in: a record without it runs only where a call names it).
+    - ``applies(ctx)``: whether ``auto`` considers it for ``ctx`` (a name asked for
+      explicitly runs wherever it builds).
+    - ``default``: what ``auto`` runs where it prices nothing — one rank, an empty buffer no
+      record's ``empty`` claims, below ``BMLMPI_AUTO_BML_BYTES`` under the fixed rule, the
+      family without a calibration; its time is the calibration's measurement, not a model.
+      One record has it (``native``).
+    - ``margin``: priced against a cheaper candidate, it is kept unless that one is predicted
+      at least this many times faster (``native``: :data:`NATIVE_MARGIN`; 1 for the others).
+    - ``empty``: the collectives whose empty call ``auto`` runs on it (a schedule with no
+      steps: ``bml``'s allreduce); the first record that claims a collective wins.
+    - ``fixed``: the collectives the fixed rule (no calibration, or none of the collective's
+      native call) runs on it from ``BMLMPI_AUTO_BML_BYTES`` up (``bml``: all five); the first
+      record that claims a collective wins, else the first with a schedule for it that opts in
+      to ``auto`` (:func:`fixed_choice`).
+    - ``shared_memory``: it runs through one node's shared memory, so ``auto`` prices it only
+      where the calibration measured shared memory, and there the tiered algorithms' node tier
+      is priced as this one (:func:`node_tier`).
     """
 
     name: str
@@ -141,6 +170,12 @@ class Algorithm:
     symmetric: frozenset[str] = frozenset()
     offered: bool = True
     max_ranks: int | None = None
+    auto: bool = False
+    default: bool = False
+    margin: float = 1.0
+    empty: frozenset[str] = frozenset()
+    fixed: frozenset[str] = frozenset()
+    shared_memory: bool = False
     doc: str = ""
 
     @property
@@ -392,47 +427,49 @@ def _hierarchical_applies(ctx: Context) -> bool:
 
 PORTS, BCUBE = "ports", "bcube"
 
+_BML_BUILDERS = {"allreduce": _bml_allreduce, "reduce_scatter": _bml_reduce_scatter,
+        "allgather": _bml_allgather, "reduce": _bml_rooted, "bcast": _bml_rooted}
 register(Algorithm(
-    "bml", {"allreduce": _bml_allreduce, "reduce_scatter": _bml_reduce_scatter,
-            "allgather": _bml_allgather, "reduce": _bml_rooted, "bcast": _bml_rooted},
-    wire_format=True, calibrated=True,
-    symmetric=frozenset({PORTS, BCUBE}),
+    "bml", _BML_BUILDERS, wire_format=True, calibrated=True, symmetric=frozenset({PORTS, BCUBE}),
+    auto=True, empty=frozenset({"allreduce"}), fixed=frozenset(_BML_BUILDERS),
     doc="BML on the BCube of the communicator's shape (Wang et al., NeurIPS 2018)"))
 register(Algorithm(
     "ring", {"allreduce": _ring_allreduce, "reduce_scatter": _ring_reduce_scatter,
              "allgather": _ring_allgather},
-    wire_format=True, calibrated=True, symmetric=frozenset({PORTS}),
+    wire_format=True, calibrated=True, symmetric=frozenset({PORTS}), auto=True,
     doc="ring reduce-scatter and allgather (Patarasuk & Yuan)"))
 register(Algorithm(
     "tree", {"allreduce": _tree_allreduce, "reduce": _tree_rooted, "bcast": _tree_rooted},
     applies=_tree_applies, wire_format=True,
-    calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
+    calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS, auto=True,
     doc="single topology-aware binary tree (the MXNet tree-reduce proposal)"))
 register(Algorithm(
     "multitree", {"allreduce": _multitree_allreduce, "reduce": _multitree_rooted,
                   "bcast": _multitree_rooted}, applies=_multitree_applies,
-    wire_format=True, calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS,
+    wire_format=True, calibrated=True, max_ranks=AUTO_TREE_MAX_RANKS, auto=True,
     doc="one topology-aware tree per root (the MXNet tree-reduce proposal)"))
 register(Algorithm(
     "hierarchical", {"allreduce": _hierarchical_allreduce,
                      "reduce_scatter": _hierarchical_blocks, "allgather": _hierarchical_blocks,
                      "reduce": _hierarchical_rooted, "bcast": _hierarchical_rooted},
-    applies=_hierarchical_applies,
-    tiered=True, doc="inside each node, then BML or ring across nodes"))
+    applies=_hierarchical_applies, tiered=True, auto=True,
+    doc="inside each node, then BML or ring across nodes"))
 register(Algorithm(
     "shm", {"allreduce": _shm_allreduce, "reduce_scatter": _shm_collective,
             "allgather": _shm_collective, "reduce": _shm_collective, "bcast": _shm_collective},
-    applies=_shm_applies, calibrated=True,
+    applies=_shm_applies, calibrated=True, auto=True, shared_memory=True,
     doc="one node's ranks through a shared MPI-3 window: copy in, reduce each slice from "
         "every peer's segment, copy out (IJHPCA 2025; Open MPI's XHC)"))
 register(Algorithm(
-    "rabenseifner", {"reduce": _rabenseifner, "bcast": _rabenseifner},
+    "rabenseifner", {"reduce": _rabenseifner, "bcast": _rabenseifner}, auto=True,
     doc="reduce: ring reduce-scatter then gather to the root (Rabenseifner); bcast: scatter "
         "from the root then ring allgather (van de Geijn)"))
 register(Algorithm(
     "ps", {"allreduce": _ps_allreduce}, symmetric=frozenset({PORTS, BCUBE}), offered=False,
     doc="P2P parameter server (the BML paper's baseline; priced, never run)"))
-register(Algorithm(NATIVE, doc="the MPI library's own call through mpi4py"))
+register(Algorithm(
+    NATIVE, auto=True, default=True, margin=NATIVE_MARGIN,
+    doc="the MPI library's own call through mpi4py"))
 
 
 def calibrated(size: int) -> list[str]:
@@ -454,16 +491,58 @@ def with_wire_format() -> tuple[str, ...]:
 
 
 def candidates(ctx: Context) -> list[str]:
-    """What ``auto`` prices for ``ctx``: every offered algorithm serving the collective that
-    applies, ``native`` last."""
+    """What ``auto`` prices for ``ctx``: every offered record that opts in to ``auto``, serves
+    the collective, allows this many ranks and applies, in registration order (``native``
+    last)."""
     return [a.name for a in REGISTRY.values()
-            if a.offered and a.scheduled and a.serves(ctx.collective)
-            and (a.max_ranks is None or ctx.size <= a.max_ranks) and a.applies(ctx)] \
-        + [NATIVE]
+            if a.auto and a.offered and a.serves(ctx.collective)
+            and (a.max_ranks is None or ctx.size <= a.max_ranks) and a.applies(ctx)]
 
 
-__all__ = ["AUTO", "AUTO_TREE_MAX_RANKS", "Algorithm", "BCUBE", "Context", "NATIVE", "PORTS",
-           "REGISTRY", "algorithms", "build", "calibrated", "candidates", "corrected", "get",
-           "register", "schedules", "scheduled", "tree_array_bound", "unregister",
-           "with_wire_format"]
+def default() -> Algorithm:
+    """The record ``auto`` runs where it prices nothing (:attr:`Algorithm.default`)."""
+    for a in REGISTRY.values():
+        if a.default:
+            return a
+    raise LookupError("no algorithm record is marked default")
+
+
+def for_empty(coll: str) -> str:
+    """What ``auto`` runs for an empty call of ``coll``: the first record whose ``empty``
+    claims it, else the default."""
+    for a in REGISTRY.values():
+        if coll in a.empty and a.offered and a.serves(coll):
+            return a.name
+    return default().name
+
+
+def fixed_choice(coll: str) -> str:
+    """What the fixed rule runs for ``coll`` from ``BMLMPI_AUTO_BML_BYTES`` up: the first
+    record whose ``fixed`` claims it, else the first offered one that opts in to ``auto`` and
+    has a schedule for it, else the default."""
+    for a in REGISTRY.values():
+        if coll in a.fixed and a.offered and a.serves(coll):
+            return a.name
+    for a in REGISTRY.values():
+        if a.auto and a.offered and a.scheduled and a.serves(coll):
+            return a.name
+    return default().name
+
+
+def node_tier(shared_memory: bool) -> str:
+    """``Context.intra`` for pricing the tiered algorithms: where the calibration measured
+    shared memory, the first record that runs in it (:attr:`Algorithm.shared_memory`), else
+    messages (:data:`MESSAGE_TIER`)."""
+    if shared_memory:
+        for a in REGISTRY.values():
+            if a.shared_memory:
+                return a.name
+    return MESSAGE_TIER
+
+
+__all__ = ["AUTO", "AUTO_TREE_MAX_RANKS", "Algorithm", "BCUBE", "Context", "MESSAGE_TIER",
+           "NATIVE", "NATIVE_MARGIN", "PORTS", "REGISTRY", "algorithms", "build", "calibrated",
+           "candidates", "corrected", "default", "fixed_choice", "for_empty", "get",
+           "node_tier", "register", "schedules", "scheduled", "tree_array_bound",
+           "unregister", "with_wire_format"]
 

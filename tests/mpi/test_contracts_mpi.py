@@ -110,7 +110,7 @@ def test_a_second_thread_in_a_family_fast_call_is_refused(comm, algorithm):
                                   kwargs={"algorithm": algorithm})
         inside.start()  # waits inside its fast call: the others are at the barrier
         end = time.monotonic() + 30
-        while ctx.family.seq.owner is None and time.monotonic() < end:
+        while ctx.family.gate.owner is None and time.monotonic() < end:
             time.sleep(1e-3)
         other = np.zeros(4)
         try:

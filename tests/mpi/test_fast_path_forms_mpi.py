@@ -418,7 +418,7 @@ def test_a_second_thread_is_refused_by_every_form(comm, algorithm, inside):
         t = threading.Thread(target=first)
         t.start()
         end = time.monotonic() + 30
-        while c.family.seq.owner is None and time.monotonic() < end:
+        while c.family.gate.owner is None and time.monotonic() < end:
             time.sleep(1e-3)
         local = ("explain", "choose")   # no communication: no call to refuse
         for name, thunk in [*_every_call(c, [("Allgather_init", req)]), ("Free", c.Free)]:

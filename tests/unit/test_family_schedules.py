@@ -1,8 +1,8 @@
 """The collective family's schedules (reduce-scatter, allgather, reduce, broadcast), proven by
 the verifier against each collective's own contract, for every algorithm the records list;
 the verifier's new rules reject what they must; a toy algorithm registered here alone is
-built, verified, priced, calibrated, chosen by name, considered by ``auto`` and swept by
-``bmlmpi-bench``."""
+built, verified, priced, calibrated, chosen by name and swept by ``bmlmpi-bench``, and
+considered by ``auto`` only once its record opts in."""
 
 from __future__ import annotations
 
@@ -298,16 +298,12 @@ def test_a_toy_algorithm_is_one_registration(capsys):
                               collective="reduce_scatter", counts=(1, 2, 3, 4))
         assert cost.nsteps == 1                                         # priced
         assert "toy" in algorithms.calibrated(4)                        # calibrated
-        assert "toy" in selection.candidates(10, 4, collective="reduce_scatter",
-                                          counts=(1, 2, 3, 4))          # considered by auto
         calib = Calibration(alpha=1e-6, beta=1e-9,
                             natives=(("reduce_scatter", 8, 1.0), ("reduce_scatter", 1 << 20,
                                                                    1.0)))
         t = estimate(["toy", "ring", "native"], 10, 4, 4, calib=calib,
                      collective="reduce_scatter", counts=(1, 2, 3, 4))
         assert set(t) == {"toy", "ring", "native"} and t["native"] == 1.0
-        assert selection.choose(10, 4, 4, calib, collective="reduce_scatter",
-                             counts=(1, 2, 3, 4)) in ("toy", "ring")
         # calibration times its allreduce and its factors travel in the cache's vector
         verify([calibrate._schedule("toy", r, 4, 1 << 16) for r in range(4)])
         fixes = tuple(("toy", b, 2.0) for b in calibrate.CORRECTION_BYTES)
@@ -315,6 +311,22 @@ def test_a_toy_algorithm_is_one_registration(capsys):
         assert calibrate._unpack(calibrate._pack(fixed), {}).corrections == fixes
         plain = estimate(["toy"], 1 << 16, 8, 4, calib=calib)["toy"]
         assert estimate(["toy"], 1 << 16, 8, 4, calib=fixed)["toy"] == pytest.approx(2 * plain)
+        # auto: not offered until the record opts in, even where it is the cheapest by far
+        cheap = dataclasses.replace(calib, native=((8, 1.0), (1 << 24, 1.0)), corrections=tuple(
+            ("toy", b, 1e-3) for b in calibrate.CORRECTION_BYTES))
+        assert estimate(["toy", "bml"], 1 << 16, 8, 4, calib=cheap)["toy"] < \
+            estimate(["bml"], 1 << 16, 8, 4, calib=cheap)["bml"] / 10
+        _auto_never_runs("toy", cheap)
+        algorithms.register(dataclasses.replace(toy, auto=True))
+        assert "toy" in selection.candidates(10, 4, collective="reduce_scatter",
+                                          counts=(1, 2, 3, 4))          # considered by auto
+        why = selection.explain(1 << 16, 8, 4, cheap)
+        assert why.chosen == "toy" and why.rule == "cost model"         # priced and chosen
+        assert "toy" in [c.name for c in why.candidates]
+        assert selection.choose(10, 4, 4, calib, collective="reduce_scatter",
+                             counts=(1, 2, 3, 4)) in ("toy", "ring")
+        algorithms.register(toy)                                        # opted out again
+        _auto_never_runs("toy", cheap)
         # the sweep offers it and runs it (one rank here: the unit tests' MPI)
         assert "toy" in bench.sweep_names("reduce_scatter")
         capsys.readouterr()
@@ -326,6 +338,19 @@ def test_a_toy_algorithm_is_one_registration(capsys):
         algorithms.unregister("toy")
     assert "toy" not in selection.algorithms("reduce_scatter")
     assert "toy" not in algorithms.calibrated(4)
+
+
+def _auto_never_runs(name: str, calib: Calibration) -> None:
+    """``auto`` neither prices nor chooses ``name``, for any collective, size or rule."""
+    for coll in NAMES:
+        assert name not in selection.candidates(1 << 16, 4, collective=coll)
+        for count in (0, 10, 1 << 16):
+            for size in (1, 2, 4):
+                for c in (calib, None):
+                    for why in (selection.explain(count, 8, size, c, collective=coll),
+                                selection.explain_collective(coll, count, 8, size, c)):
+                        assert why.chosen != name, why
+                        assert name not in [k.name for k in why.candidates], why
 
 
 def test_auto_without_a_native_timing_for_the_collective_uses_the_fixed_rule():

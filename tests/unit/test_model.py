@@ -321,15 +321,15 @@ def test_cache_round_trip(tmp_path):
 
 def test_auto_keeps_native_unless_a_schedule_is_clearly_faster(monkeypatch):
     from bmlmpi import selection
-    assert selection.prefer_native({"bml": 1.0, "ring": 2.0, "native": 1.05}) == "native"
-    assert selection.prefer_native({"bml": 1.0, "ring": 2.0, "native": 1.2}) == "bml"
-    assert selection.prefer_native({"bml": 1.0, "native": 0.5}) == "native"
-    assert selection.prefer_native({"bml": 1.0, "ring": 0.9}) == "ring"  # no native measured
-    assert selection.prefer_native({"bml": 1.0, "native": 1.05}, margin=1.0) == "bml"
+    assert selection.prefer_kept({"bml": 1.0, "ring": 2.0, "native": 1.05}) == "native"
+    assert selection.prefer_kept({"bml": 1.0, "ring": 2.0, "native": 1.2}) == "bml"
+    assert selection.prefer_kept({"bml": 1.0, "native": 0.5}) == "native"
+    assert selection.prefer_kept({"bml": 1.0, "ring": 0.9}) == "ring"  # no native measured
+    assert selection.prefer_kept({"bml": 1.0, "native": 1.05}, margins={"native": 1.0}) == "bml"
     # selection.choose applies it to the calibrated model's prices
     monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
     monkeypatch.delenv("BMLMPI_TREE_ARRAY_BOUND", raising=False)
     calib = Calibration(alpha=10e-6, beta=1e-10, native=((8, 5e-6), (1 << 24, 1e-3)))
     for count in (1, 1 << 12, 1 << 18, 1 << 22):
         t = estimate(selection.candidates(count, 4), count, 4, 4, calib=calib)
-        assert selection.choose(count, 4, 4, calib) == selection.prefer_native(t)
+        assert selection.choose(count, 4, 4, calib) == selection.prefer_kept(t)
