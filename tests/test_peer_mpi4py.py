@@ -16,7 +16,7 @@ is checked to be there), or the test fails: a wrong result (an assertion of mpi4
 an unlisted error, an error on some ranks only, a listed refusal that no longer happens, or
 a launch that does not end within its timeout.
 
-The matrix, eleven launches: the default ``auto`` at N = 1 … 6 over every file, with every
+The matrix, ten launches: the default ``auto`` at N = 1 … 5 over every file, with every
 test class (``COMM_SELF``, ``COMM_WORLD``, their duplicates, in place) at N = 1 and 2 and the
 ``COMM_WORLD`` classes (not the duplicates) from N = 3 on, where a ``COMM_SELF`` class repeats
 what N = 1 ran and a launch costs most (the ranks outnumber two cores); each forced algorithm
@@ -55,7 +55,7 @@ HELPERS = ("mpiunittest", "arrayimpl", "mpitestutil", "dlpackimpl")
 CACHE = Path(os.environ.get("BMLMPI_PEER_CACHE")
              or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
              / "bmlmpi-tests")
-AUTO_RANKS = [int(n) for n in os.environ.get("BMLMPI_PEER_RANKS", "1,2,3,4,5,6").split(",")]
+AUTO_RANKS = [int(n) for n in os.environ.get("BMLMPI_PEER_RANKS", "1,2,3,4,5").split(",")]
 LAUNCH_TIMEOUT = int(os.environ.get("BMLMPI_TEST_LAUNCH_TIMEOUT", "900"))
 #: (algorithm, ranks, extra environment) of the forced runs (module docstring).
 FORCED = [("bml", 3, {}), ("ring", 3, {}), ("native", 3, {}), ("shm", 4, {}),

@@ -18,6 +18,26 @@ SHAPES = {4: ["2x2", "4"], 6: ["2x3", "3x2", "6"], 8: ["2x2x2", "4x2", "2x4"],
           9: ["3x3", "9"], 12: ["2x2x3", "3x2x2", "2x3x2", "4x3", "3x4", "12"]}
 
 
+#: Files sized for the test command: what they check does not change with the rank count
+#: beyond 6 (agreement on refused arguments, the watchdog and the communicators' contracts,
+#: the flight recorder, calibration's agreement and cache, buckets), while at 8, 9 and 12
+#: oversubscribed ranks each costs minutes; those rank counts run the schedules' files
+#: (allreduce, conformance, family, hierarchical, shared memory, fast paths, compression,
+#: recovery).
+SIZED_TO_6 = frozenset({"test_bad_input_mpi.py", "test_buckets_mpi.py", "test_calibrate_mpi.py",
+                        "test_contracts_mpi.py", "test_trace_mpi.py"})
+
+
+def pytest_collection_modifyitems(config, items):
+    if MPI.COMM_WORLD.size <= 6:
+        return
+    sized = pytest.mark.skip(reason="sized for the test command: runs at 1-6 ranks "
+                                    "(tests/mpi/conftest.py)")
+    for item in items:
+        if item.path.name in SIZED_TO_6:
+            item.add_marker(sized)
+
+
 def rank_input(n: int, rank: int, dtype, op) -> np.ndarray:
     """Position- and rank-dependent data whose exact reduction fits every dtype."""
     i = np.arange(n)

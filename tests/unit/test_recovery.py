@@ -28,9 +28,22 @@ from bmlmpi.topology.bcube import BCube
 REQUIRED = [(3, 3), (2, 2, 2), (4, 4)]
 
 
-def dead_sets(n: int, most: int = 2):
-    for x in range(most + 1):
-        yield from itertools.combinations(range(n), x)
+#: Up to this many servers every pair of dead servers is tried; on a larger cube, the pairs
+#: with server 0. BCube is vertex-transitive (permuting one digit's values maps the cube onto
+#: itself), so every pair is the image of a pair with server 0: every kind of double failure is
+#: still verified, and every single one, while the 4x4 cube's 120 pairs (each a recovery
+#: search of seconds) would cost the test command minutes.
+EXHAUSTIVE_SERVERS = 9
+
+
+def dead_sets(n: int):
+    """No failure, every single failure, and the double failures (see EXHAUSTIVE_SERVERS)."""
+    yield ()
+    yield from ((d,) for d in range(n))
+    if n <= EXHAUSTIVE_SERVERS:
+        yield from itertools.combinations(range(n), 2)
+    else:
+        yield from ((0, d) for d in range(1, n))
 
 
 def counts(n_live: int, k: int) -> list[int]:
@@ -43,7 +56,7 @@ def live_of(n: int, dead) -> list[int]:
 
 
 @pytest.mark.parametrize("shape", REQUIRED, ids=lambda s: "x".join(map(str, s)))
-def test_every_failure_set_of_up_to_two_servers_verifies(shape):
+def test_failure_sets_of_up_to_two_servers_verify(shape):
     n, k = math.prod(shape), len(shape)
     cube = BCube(shape)
     for dead in dead_sets(n):
