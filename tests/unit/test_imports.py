@@ -23,6 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("schedules (MPI-free)", ("bmlmpi.schedules",)),
     ("model (MPI-free)", ("bmlmpi.model",)),
     ("kernels", ("bmlmpi.kernels",)),
+    ("reproducible (MPI-free)", ("bmlmpi.reproducible",)),
     ("transport", ("bmlmpi.execute", "bmlmpi.deferred", "bmlmpi.shm", "bmlmpi.binding")),
     ("core", ("bmlmpi.agreement", "bmlmpi.selection", "bmlmpi.calibrate", "bmlmpi.buffers",
               "bmlmpi.recorder", "bmlmpi.timeline", "bmlmpi.watchdog", "bmlmpi.handles",

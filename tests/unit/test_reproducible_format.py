@@ -1,0 +1,250 @@
+"""The reproducible format's kernels against the reference in tests/reproducible_reference.py
+(Python integers and Fractions), in the numba kernels' one-thread and parallel forms: block
+exponents and flags, encode (one and two words), the special bytes, decode's rounding
+(random integers and cuts; ties, subnormals, overflow), the errors."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import reproducible_reference as ref
+
+from bmlmpi.reproducible import format as rf
+
+FORMATS = ("float16", "bfloat16", "float32", "float64")
+FORMS = (False, True)  # one-thread, parallel
+
+
+def random_bits(fmt: rf.Format, n: int, rng: np.random.Generator, specials: bool = True
+                ) -> np.ndarray:
+    """Values of ``fmt`` (its storage dtype) with every kind of bit pattern: random patterns
+    (normal, subnormal, zero, inf, NaN, both signs), and runs of values of nearby exponents."""
+    raw = rng.integers(0, 1 << fmt.nbits, n, dtype=np.uint64).astype(fmt.bits)
+    # half the values from a narrow exponent range, so that blocks hold many comparable ones
+    e = rng.integers(fmt.bias - 3, fmt.bias + 3, n).astype(np.uint64)
+    near = ((e << np.uint64(fmt.mbits)) | (raw.astype(np.uint64) & np.uint64(
+        (1 << fmt.mbits) - 1)) | (raw.astype(np.uint64) & np.uint64(1 << (fmt.nbits - 1))))
+    raw = np.where(rng.random(n) < 0.5, near.astype(fmt.bits), raw)
+    small = rng.random(n) < 0.1   # subnormals and zeros
+    raw[small] &= fmt.bits.type((1 << fmt.mbits) - 1 | (1 << (fmt.nbits - 1)))
+    if not specials:
+        exp = (raw.astype(np.uint64) >> np.uint64(fmt.mbits)) & np.uint64(fmt.emask)
+        raw[exp == fmt.emask] = 0
+    return raw.view(fmt.storage)
+
+
+@pytest.mark.parametrize("parallel", FORMS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_block_exponents_and_flags_match_the_reference(name, parallel):
+    fmt = rf.get(name)
+    rng = np.random.default_rng(1)
+    for n in (1, 255, 256, 257, 1000):
+        x = random_bits(fmt, n, rng)
+        got = rf.block_exponents(x, fmt="bfloat16" if name == "bfloat16" else None,
+                                 parallel=parallel)
+        np.testing.assert_array_equal(got, ref.block_exponents(x, fmt))
+    # a block of zeros only: the sentinel; a -0: flagged
+    zeros = np.zeros(300, fmt.storage)
+    assert rf.block_exponents(zeros, fmt=name).tolist() == [[rf.SENTINEL, 0]] * 2
+    zeros.view(fmt.bits)[260] = 1 << (fmt.nbits - 1)   # -0
+    assert rf.block_exponents(zeros, fmt=name)[1].tolist() == [rf.SENTINEL, 1]
+
+
+def agreed_above(x: np.ndarray, fmt: rf.Format, rng: np.random.Generator) -> np.ndarray:
+    """An agreed array as the MAX with other ranks' exponents: some blocks raised."""
+    agreed = rf.block_exponents(x, fmt=fmt.name)
+    raise_by = rng.integers(0, 30, agreed.shape[0]) * (rng.random(agreed.shape[0]) < 0.5)
+    e = agreed[:, 0].astype(np.int64)
+    e = np.where(e == rf.SENTINEL, np.where(raise_by > 0, 1 + raise_by, rf.SENTINEL),
+                 e + raise_by)
+    agreed[:, 0] = np.minimum(e, fmt.emask - fmt.bias + 1 + 40)
+    agreed[:, 1] |= (rng.random(agreed.shape[0]) < 0.2).astype(np.int16)
+    return agreed
+
+
+@pytest.mark.parametrize("parallel", FORMS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_encode_truncates_at_the_agreed_cut_exactly(name, parallel):
+    fmt = rf.get(name)
+    rng = np.random.default_rng(2)
+    for n in (1, 256, 700):
+        x = random_bits(fmt, n, rng)
+        agreed = agreed_above(x, fmt, rng)
+        words = rf.encode(x, agreed, fmt=name, parallel=parallel)
+        t = ref.encode(x, agreed, fmt)
+        if fmt.words == 1:
+            assert words.shape == (n,)
+            assert [int(v) for v in words] == t
+        else:
+            assert words.shape == (n, 2)
+            assert [tuple(int(v) for v in row) for row in words] == [ref.split(v) for v in t]
+        assert all(abs(v) < 2 ** (fmt.P + fmt.W) for v in t)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_encode_and_decode_of_a_segment_use_its_global_blocks(name):
+    fmt = rf.get(name)
+    rng = np.random.default_rng(3)
+    x = random_bits(fmt, 1000, rng, specials=False)
+    agreed = agreed_above(x, fmt, rng)
+    agreed[:, 1] = 0
+    whole = rf.encode(x, agreed, fmt=name)
+    for lo, hi in ((0, 1), (100, 300), (256, 512), (511, 1000), (999, 1000), (300, 300)):
+        part = rf.encode(x[lo:hi], agreed, fmt=name, start=lo)
+        np.testing.assert_array_equal(part, whole[lo:hi])
+        back = rf.decode(part, agreed, fmt.storage, fmt=name, start=lo)
+        np.testing.assert_array_equal(back.view(fmt.bits),
+                                      rf.decode(whole, agreed, fmt.storage, fmt=name)
+                                      [lo:hi].view(fmt.bits))
+
+
+@pytest.mark.parametrize("parallel", FORMS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_special_bytes_match_the_reference(name, parallel):
+    fmt = rf.get(name)
+    rng = np.random.default_rng(4)
+    x = random_bits(fmt, 900, rng)
+    agreed = agreed_above(x, fmt, rng)
+    got = rf.specials(x, agreed, fmt=name, parallel=parallel)
+    assert got.tolist() == ref.specials(x, agreed, fmt)
+    pos = rf.flagged(agreed, 900, fmt)
+    assert pos.tolist() == [i for i in range(900) if agreed[i // fmt.block, 1]]
+
+
+def random_words(fmt: rf.Format, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Integer sums of every size a decode meets: up to 2^63 per word, with exact ties and
+    values just beside them."""
+    bits = rng.integers(0, 64 if fmt.words == 1 else 63, n)
+    mag = (rng.integers(0, 1 << 62, n, dtype=np.int64) >> np.maximum(62 - bits, 0))
+    tie_at = rng.integers(1, 40, n)
+    ties = (rng.integers(0, 1 << 20, n, dtype=np.int64) << tie_at) | (np.int64(1) << (
+        tie_at - 1))
+    mag = np.where(rng.random(n) < 0.3, ties + rng.integers(-1, 2, n), mag)
+    sign = np.where(rng.random(n) < 0.5, -1, 1)
+    if fmt.words == 1:
+        return (sign * mag).astype(np.int64)
+    return np.stack([sign * (mag >> np.int64(rng.integers(0, 40))),
+                     rng.integers(-(1 << 40), 1 << 40, n)], axis=1).astype(np.int64)
+
+
+def cut_range(fmt: rf.Format) -> tuple[int, int]:
+    """Exponents E from below the subnormals to past the largest value."""
+    return fmt.quantum - 8, fmt.emask - fmt.bias + 2
+
+
+@pytest.mark.parametrize("parallel", FORMS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_rounds_as_fractions_do(name, parallel):
+    fmt = rf.get(name)
+    rng = np.random.default_rng(5)
+    lo, hi = cut_range(fmt)
+    for trial in range(4):
+        n = 4 * fmt.block
+        words = random_words(fmt, n, rng)
+        agreed = np.zeros((4, 2), np.int16)
+        # cuts across the range, and some placing the sums at the subnormals and at overflow
+        agreed[:, 0] = rng.integers(lo, hi, 4)
+        agreed[0, 0] = fmt.quantum + fmt.P - 20 - 8 * trial
+        agreed[1, 0] = fmt.emask - fmt.bias + 1 - 20 * trial
+        out = rf.decode(words, agreed, fmt.storage, fmt=name, parallel=parallel)
+        values = ref.value_of(words)
+        got = ref.reals(out, fmt)
+        for i in range(n):
+            c = ref.cut(int(agreed[i // fmt.block, 0]), fmt)
+            want = ref.decode_one(values[i], c, 0, False, fmt)
+            assert ref.same(got[i], want), (name, i, values[i], c, got[i], want)
+
+
+def test_decode_ties_go_to_even_and_overflow_to_infinity():
+    fmt = rf.FLOAT32
+    agreed = np.array([[24 + 32, 0]], np.int16)   # E = 56: cut 24, so V * 2^24
+    c = ref.cut(56, fmt)
+    assert c == 24
+    # float32 keeps 24 bits: V = 2^24 + 1 and 2^25 + 2 are ties (to the even neighbour), 2^25 + 6
+    # a tie to the odd side's upper neighbour, 2^25 + 1 and 2^25 + 3 below and above half
+    words = np.array([(1 << 24) + 1, (1 << 25) + 1, (1 << 25) + 3, (1 << 25) + 2, 0,
+                      -((1 << 25) + 1), (1 << 25) + 6], np.int64)
+    out = rf.decode(words, agreed, np.float32)
+    scale = 2.0 ** c
+    assert out.tolist() == [(1 << 24) * scale, (1 << 25) * scale, ((1 << 25) + 4) * scale,
+                            (1 << 25) * scale, 0.0, -(1 << 25) * scale, ((1 << 25) + 8) * scale]
+    assert math.copysign(1, out[4]) == 1
+    # float32's largest value is (2^24 - 1) * 2^104; half an ulp above it rounds to inf
+    big = np.array([[128, 0]], np.int16)
+    cb = ref.cut(int(big[0, 0]), fmt)
+    top = (2 ** 24 - 1) * 2 ** 104
+    half = 2 ** 103
+    words = np.array([top >> cb, (top + half) >> cb, (top + half - 2 ** cb) >> cb], np.int64)
+    out = rf.decode(words, big, np.float32)
+    assert out[0] == np.finfo(np.float32).max
+    assert out[1] == np.inf
+    assert out[2] == np.finfo(np.float32).max
+
+
+def test_decode_reaches_the_subnormals_exactly():
+    for fmt in (rf.FLOAT16, rf.FLOAT32, rf.FLOAT64):
+        q = fmt.quantum
+        # every multiple of the quantum below the normals decodes to itself
+        e = q + fmt.mbits + 1          # |x| < 2^e covers the subnormals
+        agreed = np.array([[e, 0]], np.int16)
+        c = ref.cut(e, fmt)
+        assert c < q
+        k = np.arange(-(1 << fmt.mbits) + 1, 1 << fmt.mbits, max(1, (1 << fmt.mbits) // 100))
+        v = [int(i) << (q - c) for i in k]
+        words = np.array(v, np.int64) if fmt.words == 1 else np.array(
+            [ref.split(t) for t in v], np.int64)
+        out = rf.decode(words, agreed, fmt.storage)
+        assert [Fraction(float(o)) for o in out] == [Fraction(int(i)) * Fraction(2) ** q
+                                                     for i in k]
+
+
+def test_errors_are_clear():
+    x = np.ones(300, np.float32)
+    agreed = rf.block_exponents(x)
+    with pytest.raises(ValueError, match="agreed exponent"):
+        low = agreed.copy()
+        low[1, 0] -= 1
+        rf.encode(x, low)
+    with pytest.raises(ValueError, match="int16 of shape"):
+        rf.encode(x, agreed.astype(np.int32))
+    with pytest.raises(ValueError, match="blocks"):
+        rf.encode(x, agreed[:1])
+    with pytest.raises(TypeError, match="integer sums are reproducible"):
+        rf.block_exponents(np.ones(3, np.int32))
+    with pytest.raises(TypeError, match="bfloat16"):
+        rf.block_exponents(np.ones(3, np.uint16))
+    with pytest.raises(TypeError, match="takes uint16"):
+        rf.block_exponents(x, fmt="bfloat16")
+    with pytest.raises(ValueError, match="unknown reproducible format"):
+        rf.get("float8")
+    flagged = agreed.copy()
+    flagged[0, 1] = 1
+    with pytest.raises(ValueError, match="special bytes"):
+        rf.decode(rf.encode(x, flagged), flagged, np.float32)
+    with pytest.raises(ValueError, match="words must be int64"):
+        rf.decode(np.zeros((300, 2), np.int64), agreed, np.float32)
+    with pytest.raises(ValueError, match="already registered"):
+        rf.register(rf.FLOAT32)
+    with pytest.raises(ValueError, match="must fit its words"):
+        rf.register(rf.Format("wide", np.dtype(np.float32), np.dtype(np.uint32), 24, 8, 127,
+                              P=40, W=8, H=23, words=1))
+
+
+def test_the_parameters_fit_their_words():
+    for name in FORMATS:
+        fmt = rf.get(name)
+        if fmt.words == 1:
+            assert fmt.P + fmt.W + fmt.H <= 63
+        else:
+            assert fmt.P + fmt.W <= 2 * rf.SPLIT and rf.SPLIT + fmt.H <= 63
+        assert fmt.P >= fmt.precision + 8
+    assert (rf.FLOAT32.bins, rf.FLOAT64.bins) == (5, 9)
+    assert rf.FLOAT16.largest == 65504.0
+    assert rf.FLOAT32.largest == float(np.finfo(np.float32).max)
+    assert rf.FLOAT64.largest == float(np.finfo(np.float64).max)
+    from bmlmpi.kernels import reproducible as rk
+    assert (rk.SENTINEL, rk.SPLIT, rk.NAN, rk.POS_INF, rk.NEG_INF, rk.NOT_NEG_ZERO) == (
+        rf.SENTINEL, rf.SPLIT, rf.NAN, rf.POS_INF, rf.NEG_INF, rf.NOT_NEG_ZERO)
