@@ -95,7 +95,7 @@ class Accumulator:
         bad = np.zeros(self._top.size, np.int64)
         from ..kernels import reproducible as rk
         rk.run("acc_export", out.nbytes, self._bins, self._top, agreed,
-               out.reshape(self.positions, f.words), bad, f.block, f.P, f.W, f.words == 2,
+               out.reshape(-1), bad, f.block, f.P, f.W, f.words == 2,
                parallel=parallel)
         if bad.any():
             raise ValueError(f"{int(bad.sum())} blocks' agreed exponents lie below this "

@@ -234,6 +234,18 @@ def _bits(x: Any, fmt: str | None) -> tuple[Format, np.ndarray]:
     return f, flat.view(f.storage).view(f.bits)
 
 
+#: the kernels' load of 16-bit patterns: 1 float16, 2 bfloat16 (wider formats load floats)
+_SIXTEEN = {"float16": 1, "bfloat16": 2}
+#: the lowest cut at which decode's float64 path rounds once (float64: its results are normal
+#: there; float32 is rounded once by the float64 -> float32 store at any cut)
+_FAST_CUT = {"float32": -(1 << 20), "float64": -1022}
+
+
+def _kernel_values(f: Format, bits: np.ndarray) -> np.ndarray:
+    """What the kernels read values from: float arrays as floats, 16-bit patterns as they are."""
+    return bits if f.nbits == 16 else bits.view(f.storage)
+
+
 def blocks(count: int, fmt: Format) -> int:
     """The number of blocks covering ``count`` real positions."""
     return -(-count // fmt.block)
@@ -248,8 +260,9 @@ def block_exponents(x: Any, fmt: str | None = None, *, parallel: bool | None = N
     f, bits = _bits(x, fmt)
     out = np.empty((blocks(bits.size, f), 2), np.int16)
     from ..kernels import reproducible as rk
-    rk.run("exponents", bits.nbytes, bits, out, f.block, f.nbits, f.mbits, f.bias, f.emask,
-           parallel=parallel)
+    t = f.bits.type
+    rk.run("exponents", bits.nbytes, bits, out, f.block, t((1 << (f.nbits - 1)) - 1),
+           t(f.emask << f.mbits), t(1 << (f.nbits - 1)), f.mbits, f.bias, parallel=parallel)
     return out
 
 
@@ -294,9 +307,9 @@ def encode(x: Any, agreed: np.ndarray, fmt: str | None = None, *, start: int = 0
         raise ValueError(f"out must be a contiguous int64 array of shape {shape}")
     bad = np.zeros(max(last - first, 0), np.int64)
     from ..kernels import reproducible as rk
-    rk.run("encode", out.nbytes, bits, agreed, out.reshape(bits.size, f.words), bad, start,
-           first, last, f.block, f.nbits, f.mbits, f.bias, f.emask, f.P, f.W, f.words == 2,
-           parallel=parallel)
+    rk.run("encode", out.nbytes, _kernel_values(f, bits), agreed,
+           out.reshape(-1), bad, start, first, last, f.block,
+           _SIXTEEN.get(f.name, 0), f.P, f.W, f.words == 2, parallel=parallel)
     if bad.any():
         raise ValueError(f"{int(bad.sum())} values lie above their block's agreed exponent: "
                          f"the agreed array must be the MAX over every rank's block_exponents")
@@ -364,9 +377,9 @@ def decode(words: np.ndarray, agreed: np.ndarray, dtype: Any, special: np.ndarra
         raise ValueError(f"out must be a contiguous {dt} array of {n} real positions")
     target = out.reshape(-1).view(f.storage).view(f.bits)
     from ..kernels import reproducible as rk
-    rk.run("decode", w.nbytes, w.reshape(n, f.words), agreed, sp, target, start, first, last,
-           f.block, f.nbits, f.mbits, f.bias, f.emask, f.P, f.W, f.words == 2,
-           parallel=parallel)
+    rk.run("decode", w.nbytes, w.reshape(-1), agreed, sp, _kernel_values(f, target),
+           target, start, first, last, f.block, f.nbits, f.mbits, f.bias, f.emask, f.P, f.W,
+           f.words == 2, f.nbits > 16, _FAST_CUT.get(f.name, 0), parallel=parallel)
     return out
 
 
