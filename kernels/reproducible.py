@@ -1,29 +1,41 @@
-"""numba kernels of the reproducible format (:mod:`bmlmpi.reproducible`, whose docstring states
-the method, its parameters and its bounds): block exponents and flags, encode to one or two
-int64 words, decode with correct rounding, special-value bits, and the exact accumulator's
-rebase, add and export.
+"""numba kernels of the reproducible format (:mod:`bmlmpi.reproducible.format`, whose docstring
+states the method, its parameters and its bounds): block exponents and flags, encode to one
+or two int64 words, decode with correct rounding, special-value bytes, and the exact
+accumulator's add and export.
 
-Every kernel works on the values' IEEE bit patterns, read as int64 from an unsigned view of
-the storage (uint16 for float16 and bfloat16, uint32, uint64), so one compilation serves every
-format of a width and nothing is converted through another floating-point type: an addend is
-``(-1)^sign * m * 2^e`` with an integer mantissa ``m`` (hidden bit included) and ``e`` from
-the exponent field; truncation at a cut is an integer shift, and rounding is done on integers
-(round half to even, the subnormal quantum, overflow to infinity) before the result's bits are
-assembled. A format is described to the kernels by plain integers (``nbits``: the storage
-width; ``mbits``: stored mantissa bits; ``bias``; ``emask``: the all-ones exponent field; the
-block size ``block``; the format's precision ``P`` and bin width ``W``), so this module knows
-no format by name.
+A format is described to the kernels by plain integers (storage width, mantissa bits, bias,
+the all-ones exponent field, the block size, the format's ``P`` and ``W``), so this module
+knows no format by name. How each pass stays exact and fast:
 
-Words are one-dimensional int64 arrays (constant strides, so that the loops vectorise): one
-word per value, or two per value, ``hi`` then ``lo``. Two-word values: an integer ``V`` is held as ``hi * 2^S + lo`` (``S`` = :data:`SPLIT`, 36);
-the encoder splits each addend toward zero (``hi`` and ``lo`` carry the addend's sign), the
-decoder and the accumulator's export normalise any pair to ``0 <= lo < 2^S`` first. Sums of
-pairs are exact as long as neither word overflows, which the format's addend count bounds.
+* block exponents: the largest finite magnitude of a block is its largest sign-less bit
+  pattern below infinity's, so one vectorised max over the patterns (and a min that finds
+  a ``-0``) gives it; its exponent is decoded once per block, and a block holding an inf or
+  NaN pattern is searched a second time without them;
+* encode: ``x * 2^-c`` is exact in float64 (a power-of-two scaling whose result lies below
+  ``2^(P + W)``; a value that underflows on the way is below 1 and truncates to 0 anyway),
+  so the truncation is float64's conversion to int64; float16 and bfloat16 patterns are
+  widened exactly first;
+* decode: where the integer has at most 53 bits (one word) the float64 product ``V * 2^c``
+  is exact and the store to float32 rounds once; for two words ``hi * 2^36 + lo`` rounds once
+  in float64's addition and the scaling is exact while the result is normal. Everything else
+  (16-bit formats, larger integers, float64's subnormal results) is rounded on integers:
+  round half to even at the precision or the subnormal quantum, overflow to infinity, the
+  result's bits assembled directly;
+* the accumulator's bins are W-bit slices of the integer significand, added as int32.
 
-Every kernel has a one-thread form and a parallel (``prange`` over blocks) form, chosen as
-:mod:`.numba_backend` chooses (:func:`.numba_backend.uses_parallel`); both give the same bits,
-since every block is worked on by one thread and nothing is reassociated. Kernels release the
-GIL and are cached on disk (:mod:`.numba_cache`). Importing this module imports numba.
+Words are one-dimensional int64 arrays: one word per value, or two per value, ``hi`` then
+``lo``, the integer being ``hi * 2^S + lo`` (``S`` = :data:`SPLIT`, 36). The encoder splits
+each addend toward zero (``hi`` and ``lo`` carry its sign); the decoder and the export
+normalise any pair to ``0 <= lo < 2^S`` first. Sums of pairs are exact while neither word
+overflows, which the format's addend count bounds.
+
+Loops run over per-block slices with a loop-invariant count where a block is whole: LLVM
+vectorises those (indexing the whole arrays from a per-block offset, or a count that changes
+per block, kept the loops scalar: 4-8x slower, measured). Every kernel has a one-thread form
+and a parallel form (``prange`` over blocks), chosen as :mod:`.numba_backend` chooses
+(:func:`.numba_backend.uses_parallel`); both give the same bits, since one thread works on a
+block and nothing is reassociated. Kernels release the GIL and are cached on disk
+(:mod:`.numba_cache`). Importing this module imports numba.
 """
 
 from __future__ import annotations

@@ -48,30 +48,35 @@ def main(argv: list[str] | None = None) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     rng = np.random.default_rng(0)
     for dtype in ("float32", "float64"):
-        fmt = rf.get(dtype)
         for nbytes in (size(s) for s in args.sizes.split(",")):
-            n = nbytes // np.dtype(dtype).itemsize
-            x = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(dtype)
-            agreed = rf.block_exponents(x, parallel=False)
-            words = rf.encode(x, agreed, parallel=False)
-            out = np.empty_like(x)
-            acc = Accumulator(x.shape, dtype)
-            acc.add(x, parallel=False)
-            wb = words.nbytes
-            bins = n * fmt.bins * 4
-            rows = [
-                (x.nbytes, timed(lambda: rf.block_exponents(x, parallel=False), args.repeats)),
-                (x.nbytes + wb, timed(lambda: rf.encode(x, agreed, out=words, parallel=False),
-                                      args.repeats)),
-                (wb + x.nbytes, timed(lambda: rf.decode(words, agreed, dtype, out=out,
-                                                        parallel=False), args.repeats)),
-                (x.nbytes + 2 * bins, timed(lambda: acc.add(x, parallel=False),
-                                            args.repeats)),
-                (bins + wb, timed(lambda: acc.export(agreed, parallel=False), args.repeats)),
-                (3 * x.nbytes, timed(lambda: np.add(x, x, out=out), args.repeats)),
-            ]
-            cells = " | ".join(f"{b / t / 1e9:.2f}" for b, t in rows)
+            cells = " | ".join(f"{b / t / 1e9:.2f}"
+                               for b, t in measure(dtype, nbytes, args.repeats, rng))
             print(f"| {dtype} | {nbytes >> 20} MiB | {cells} |")
+
+
+def measure(dtype: str, nbytes: int, repeats: int, rng: np.random.Generator
+            ) -> list[tuple[int, float]]:
+    """(bytes moved, median seconds) of each pass, in the table's order."""
+    fmt = rf.get(dtype)
+    n = nbytes // np.dtype(dtype).itemsize
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(dtype)
+    agreed = rf.block_exponents(x, parallel=False)
+    words = rf.encode(x, agreed, parallel=False)
+    out = np.empty_like(x)
+    acc = Accumulator(x.shape, dtype)
+    acc.add(x, parallel=False)
+    wb = words.nbytes
+    bins = n * fmt.bins * 4
+    return [
+        (x.nbytes, timed(lambda: rf.block_exponents(x, parallel=False), repeats)),
+        (x.nbytes + wb, timed(lambda: rf.encode(x, agreed, out=words, parallel=False),
+                              repeats)),
+        (wb + x.nbytes, timed(lambda: rf.decode(words, agreed, dtype, out=out,
+                                                parallel=False), repeats)),
+        (x.nbytes + 2 * bins, timed(lambda: acc.add(x, parallel=False), repeats)),
+        (bins + wb, timed(lambda: acc.export(agreed, parallel=False), repeats)),
+        (3 * x.nbytes, timed(lambda: np.add(x, x, out=out), repeats)),
+    ]
 
 
 if __name__ == "__main__":
