@@ -188,7 +188,9 @@ def _load_impl(values, i, kind):
 
     def sixteen(values, i, kind):
         # kind 1: float16 bit patterns, else bfloat16's
-        return _half_to_double(values[i]) if kind == 1 else _bf16_to_double(values[i])
+        if kind == 1:
+            return _half_to_double(values[i])
+        return _bf16_to_double(values[i])
 
     return sixteen
 
@@ -464,19 +466,12 @@ def _decode_n(words, agreed, sp, out, bits, start, first, last, block, nbits, mb
 
 
 # -- the exact accumulator -------------------------------------------------------------------
-# Per element ``nb`` bins of W bits (int32) at fixed boundaries: bin j of block b holds the sum
-# of the addends' slices at bit k*W, k = low(top[b]) + j, low(E) = floor((E - P) / W); a slice
-# is bits [k*W, k*W + W) of |x| with x's sign, so the bins from k = K upwards sum to the
-# addends truncated at K*W. ``top[b]``: the block's largest exponent so far (SENTINEL before
-# any finite non-zero addend); ``spec``: per element the OR of the addends' special bits.
-
-@njit(inline="always")
-def _mantissa(eb, mant, mbits, bias):
-    """An addend's integer significand (hidden bit included) and its exponent."""
-    if eb == 0:
-        return mant, np.int64(1 - bias - mbits)
-    return mant | (np.int64(1) << mbits), eb - bias - mbits
-
+# ``bins``: int32 of shape (nb, values), one row per bin: bin j of block b holds the sum of the
+# addends' slices at bit k*W, k = low(top[b]) + j, low(E) = floor((E - P) / W); a slice is
+# bits [k*W, k*W + W) of |x| with x's sign, so the bins from k = K upwards sum to the addends
+# truncated at K*W. Rows keep each bin's loop over values contiguous (vectorised).
+# ``top[b]``: the block's largest exponent so far (SENTINEL before any finite non-zero
+# addend); ``spec``: per value the OR of the addends' special bits.
 
 @njit(inline="always")
 def _low(e, P, W):
@@ -484,42 +479,62 @@ def _low(e, P, W):
 
 
 @njit(inline="always")
+def _add_range(bits, bins, lo, count, base, nbits, mbits, bias, emask, W):
+    us = bits[lo:lo + count]
+    mmask = (np.int64(1) << mbits) - 1
+    wmask = (np.int64(1) << W) - 1
+    for j in range(bins.shape[0]):
+        row = bins[j, lo:lo + count]
+        at = base + j * W
+        for k in range(count):
+            u = np.int64(us[k])
+            sign = (u >> (nbits - 1)) & 1
+            eb = (u >> mbits) & emask
+            m = (u & mmask) | (np.int64(eb != 0) << mbits)
+            m = np.int64(0) if eb == emask else m           # inf and NaN add nothing
+            sh = at - (max(eb, 1) - bias - mbits)           # slice bit 0 in m's bits
+            down = min(max(sh, 0), 63)
+            up = min(max(-sh, 0), 63)
+            piece = ((m >> down) if sh >= 0 else (m << up)) & wmask
+            row[k] += np.int32(piece - 2 * sign * piece)
+
+
+@njit(inline="always")
 def _add_block(bits, bins, top, flags, spec, newtop, b, block, nbits, mbits, bias, emask, P,
                W):
     lo = b * block
     hi = min(lo + block, bits.size)
-    nb = bins.shape[1]
+    nb = bins.shape[0]
     old = np.int64(top[b])
     new = max(old, np.int64(newtop[b, 0]))
     if newtop[b, 1] != 0:
         flags[b] = 1
+        for i in range(lo, hi):
+            u = np.int64(bits[i])
+            eb = (u >> mbits) & emask
+            if eb == emask:
+                if u & ((np.int64(1) << mbits) - 1) != 0:
+                    spec[i] |= NAN
+                elif (u >> (nbits - 1)) & 1 == 1:
+                    spec[i] |= NEG_INF
+                else:
+                    spec[i] |= POS_INF
     if old != SENTINEL and new > old:
         # the bins below the new lowest one can never lie above a later cut: dropped
         shift = _low(new, P, W) - _low(old, P, W)
-        for i in range(lo, hi):
-            for j in range(nb):
-                bins[i, j] = bins[i, j + shift] if j + shift < nb else 0
-    top[b] = new
-    base = _low(new, P, W) * W
-    wmask = (np.int64(1) << W) - 1
-    for i in range(lo, hi):
-        sign, eb, mant = _fields(bits, i, nbits, mbits, emask)
-        if eb == emask:
-            spec[i] |= NAN if mant != 0 else (NEG_INF if sign == 1 else POS_INF)
-            continue
-        if eb == 0 and mant == 0:
-            continue
-        m, e = _mantissa(eb, mant, mbits, bias)
         for j in range(nb):
-            sh = base + j * W - e
-            if sh >= 0:
-                piece = (m >> sh) & wmask if sh < 64 else np.int64(0)
+            if j + shift < nb:
+                bins[j, lo:hi] = bins[j + shift, lo:hi]
             else:
-                piece = (m << (-sh)) & wmask if -sh < W else np.int64(0)
-            if sign == 1:
-                bins[i, j] -= piece
-            else:
-                bins[i, j] += piece
+                bins[j, lo:hi] = 0
+    top[b] = new
+    if new == SENTINEL:
+        return
+    base = _low(new, P, W) * W
+    if hi - lo == block:   # a loop-invariant count: vectorised
+        _add_range(bits, bins, lo, block, base, nbits, mbits, bias, emask, W)
+    else:
+        _add_range(bits, bins, lo, hi - lo, base, nbits, mbits, bias, emask, W)
 
 
 @kernel()
@@ -537,45 +552,58 @@ def _acc_add_n(bits, bins, top, flags, spec, newtop, block, nbits, mbits, bias, 
 
 
 @njit(inline="always")
+def _export_range(bins, out, lo, count, base, first, W, two):
+    if two:
+        os = out[2 * lo:2 * (lo + count)]
+        os[:] = 0
+        for j in range(bins.shape[0]):
+            if base + j < first:
+                continue
+            off = (base + j - first) * W
+            row = bins[j, lo:lo + count]
+            if off >= SPLIT:
+                for k in range(count):
+                    os[2 * k] += np.int64(row[k]) << (off - SPLIT)
+            else:
+                for k in range(count):
+                    v = np.int64(row[k])
+                    os[2 * k] += v >> (SPLIT - off)
+                    os[2 * k + 1] += (v << off) & _MASK
+        for k in range(count):
+            os[2 * k] += os[2 * k + 1] >> SPLIT
+            os[2 * k + 1] &= _MASK
+    else:
+        os = out[lo:lo + count]
+        os[:] = 0
+        for j in range(bins.shape[0]):
+            if base + j < first:
+                continue
+            off = (base + j - first) * W
+            row = bins[j, lo:lo + count]
+            for k in range(count):
+                os[k] += np.int64(row[k]) << off
+
+
+@njit(inline="always")
 def _export_block(bins, top, agreed, out, bad, b, block, P, W, two):
-    n = bins.shape[0]
-    nb = bins.shape[1]
+    n = bins.shape[1]
     lo = b * block
     hi = min(lo + block, n)
     t = np.int64(top[b])
     e_agreed = np.int64(agreed[b, 0])
     bad[b] = 1 if t != SENTINEL and t > e_agreed else 0
     if t == SENTINEL or t > e_agreed:
-        for i in range(lo, hi):
-            if two:
-                out[2 * i] = 0
-                out[2 * i + 1] = 0
-            else:
-                out[i] = 0
+        if two:
+            out[2 * lo:2 * hi] = 0
+        else:
+            out[lo:hi] = 0
         return
     first = _low(e_agreed, P, W)
     base = _low(t, P, W)
-    for i in range(lo, hi):
-        hw = np.int64(0)
-        lw = np.int64(0)
-        for j in range(nb):
-            k = base + j
-            if k < first:
-                continue
-            off = (k - first) * W
-            v = np.int64(bins[i, j])
-            if not two:
-                lw += v << off
-            elif off >= SPLIT:
-                hw += v << (off - SPLIT)
-            else:
-                hw += v >> (SPLIT - off)
-                lw += (v << off) & _MASK
-        if two:
-            out[2 * i] = hw + (lw >> SPLIT)
-            out[2 * i + 1] = lw & _MASK
-        else:
-            out[i] = lw
+    if hi - lo == block:   # a loop-invariant count: vectorised
+        _export_range(bins, out, lo, block, base, first, W, two)
+    else:
+        _export_range(bins, out, lo, hi - lo, base, first, W, two)
 
 
 @kernel()

@@ -53,7 +53,7 @@ class Accumulator:
         per = self.dtype.itemsize // self.format.storage.itemsize
         self.positions = int(np.prod(self.shape, dtype=np.int64)) * per
         nblocks = layout.blocks(self.positions, self.format)
-        self._bins = np.zeros((self.positions, self.format.bins), np.int32)
+        self._bins = np.zeros((self.format.bins, self.positions), np.int32)
         self._top = np.full(nblocks, layout.SENTINEL, np.int32)
         self._flags = np.zeros(nblocks, np.int16)
         self._spec = np.full(self.positions, layout.NOT_NEG_ZERO, np.uint8)
