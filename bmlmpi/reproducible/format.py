@@ -43,15 +43,16 @@ Accuracy: every addend loses less than ``2^c`` to truncation, and the decode rou
 ``|result - exact| <= ulp(result) / 2 + n * 2^c <= ulp(result) / 2 + n * 2^(E - P)`` for
 ``n`` addends (:func:`bound`). A plain float sum errs by up to about ``n * u * sum|x|`` with
 ``u`` = 2^-11, 2^-8, 2^-24, 2^-53: this format's term is ``2^(P - p)`` times smaller on the same
-addends (float32: 2^8; float64: 2^11). Where a block's values are all within ``P - p`` bits of
-its top (float16 always holds this for normal values; subnormal blocks are exact), the sum is
-the correctly rounded exact sum.
+addends (float16: 2^21; bfloat16: 2^24; float32: 2^8; float64: 2^11). Where every value of a
+block lies within ``2^(P - p)`` of the block's largest (or is a multiple of ``2^c``, as the
+subnormals of a block of small values are), nothing is truncated and the sum is the exactly
+rounded one.
 
 Cost: the wire carries 8 (float64: 16) bytes per value plus 4 bytes per block for the
 pre-exchange (0.4 % of float32's words at 256 values a block) and, only where a block holds a
 special value, one byte per value of that block. Memory: the words (one int64 per value, two
 for float64). Compute: two passes over the input (exponents, encode) and one over the words
-(decode).
+(decode), numba kernels in :mod:`bmlmpi.kernels.reproducible`.
 
 Special values (the rules; IEEE 754 round-to-nearest addition applied to the multiset):
 
