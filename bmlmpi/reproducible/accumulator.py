@@ -87,10 +87,10 @@ class Accumulator:
         and summing (two-word formats: the same ``hi * 2^36 + lo``, with ``0 <= lo < 2^36``).
         ValueError if a block's agreed exponent is below this accumulator's."""
         f = self.format
-        agreed = np.ascontiguousarray(agreed)
-        if agreed.dtype != np.int16 or agreed.shape != (self._top.size, 2):
+        agreed = layout.check_agreed(agreed, f)
+        if agreed.shape != (self._top.size, 2):
             raise ValueError(f"the agreed block exponents must be int16 of shape "
-                             f"({self._top.size}, 2), got {agreed.dtype} {agreed.shape}")
+                             f"({self._top.size}, 2), got {agreed.shape}")
         out = np.empty((self.positions,) if f.words == 1 else (self.positions, 2), np.int64)
         bad = np.zeros(self._top.size, np.int64)
         from ..kernels import reproducible as rk

@@ -270,15 +270,24 @@ def block_exponents(x: Any, fmt: str | None = None, *, parallel: bool | None = N
 def cuts(agreed: np.ndarray, fmt: str | Format) -> np.ndarray:
     """Per block the cut ``c`` (int64): ``W * floor((E - P) / W)``, 0 for a sentinel block."""
     f = fmt if isinstance(fmt, Format) else get(fmt)
-    e = _checked_agreed(agreed)[:, 0].astype(np.int64)
+    e = check_agreed(agreed, f)[:, 0].astype(np.int64)
     return np.where(e == SENTINEL, 0, f.W * ((e - f.P) // f.W))
 
 
-def _checked_agreed(agreed: Any) -> np.ndarray:
+def check_agreed(agreed: Any, f: Format) -> np.ndarray:
+    """``agreed`` as the kernels take it; ValueError unless it has the pre-exchange's form
+    and every exponent is one ``f``'s values can have (or the sentinel)."""
     a = np.asarray(agreed)
     if a.dtype != np.int16 or a.ndim != 2 or a.shape[1] != 2:
         raise ValueError(f"the agreed block exponents must be int16 of shape (blocks, 2), "
                          f"got {a.dtype} {a.shape}")
+    e = a[:, 0]
+    # |x| < 2^E: from the smallest subnormal (E = quantum + 1) to the largest value's 2^emax+1
+    bad = (e != SENTINEL) & ((e < f.quantum + 1) | (e > f.emask - f.bias))
+    if bad.any() or ((a[:, 1] != 0) & (a[:, 1] != 1)).any():
+        raise ValueError(f"the agreed block exponents hold values no {f.name} array gives "
+                         f"(exponents {f.quantum + 1}..{f.emask - f.bias} or {SENTINEL}, "
+                         f"flags 0 or 1): MAX-reduce the ranks' block_exponents")
     return np.ascontiguousarray(a)
 
 
@@ -299,7 +308,7 @@ def encode(x: Any, agreed: np.ndarray, fmt: str | None = None, *, start: int = 0
     positions). NaN, inf and zeros encode as 0. ValueError if a value of ``x`` lies above its
     block's agreed exponent (the agreement did not include this rank's values)."""
     f, bits = _bits(x, fmt)
-    agreed = _checked_agreed(agreed)
+    agreed = check_agreed(agreed, f)
     first, last = _range(start, bits.size, agreed, f)
     shape = (bits.size,) if f.words == 1 else (bits.size, 2)
     if out is None:
@@ -323,7 +332,7 @@ def specials(x: Any, agreed: np.ndarray, fmt: str | None = None, *, start: int =
     and :data:`NOT_NEG_ZERO` (set for every value but -0), 0 outside flagged blocks;
     OR-reduce it over the ranks for the elements of flagged blocks (:func:`flagged`)."""
     f, bits = _bits(x, fmt)
-    agreed = _checked_agreed(agreed)
+    agreed = check_agreed(agreed, f)
     first, last = _range(start, bits.size, agreed, f)
     out = np.empty(bits.size, np.uint8)
     from ..kernels import reproducible as rk
@@ -337,7 +346,7 @@ def flagged(agreed: np.ndarray, count: int, fmt: str | Format, *, start: int = 0
     """The positions (relative to ``start``) of ``count`` real positions that lie in flagged
     blocks: the elements whose special bytes are exchanged."""
     f = fmt if isinstance(fmt, Format) else get(fmt)
-    agreed = _checked_agreed(agreed)
+    agreed = check_agreed(agreed, f)
     pos = np.arange(start, start + count)
     return np.flatnonzero(agreed[pos // f.block, 1] != 0) if count else pos
 
@@ -351,7 +360,7 @@ def decode(words: np.ndarray, agreed: np.ndarray, dtype: Any, special: np.ndarra
     None where no block is flagged. ``start``: the global real position of ``words[0]``."""
     f = format_for(dtype, fmt)
     dt = np.dtype(dtype)
-    agreed = _checked_agreed(agreed)
+    agreed = check_agreed(agreed, f)
     w = np.asarray(words)
     n = w.shape[0] if w.ndim else 0
     want = (n,) if f.words == 1 else (n, 2)
@@ -409,6 +418,6 @@ def bound(count: int, agreed: np.ndarray, fmt: str | Format) -> np.ndarray:
 
 
 __all__ = ["BFLOAT16", "BLOCK", "FLOAT16", "FLOAT32", "FLOAT64", "Format", "NAN", "NEG_INF",
-           "NOT_NEG_ZERO", "POS_INF", "SENTINEL", "SPLIT", "average", "block_exponents",
-           "blocks", "bound", "cuts", "decode", "encode", "flagged", "format_for", "get",
+           "NOT_NEG_ZERO", "POS_INF", "SENTINEL", "SPLIT", "average", "block_exponents", "blocks",
+           "bound", "check_agreed", "cuts", "decode", "encode", "flagged", "format_for", "get",
            "names", "register", "specials"]

@@ -60,7 +60,7 @@ def agreed_above(x: np.ndarray, fmt: rf.Format, rng: np.random.Generator) -> np.
     e = agreed[:, 0].astype(np.int64)
     e = np.where(e == rf.SENTINEL, np.where(raise_by > 0, 1 + raise_by, rf.SENTINEL),
                  e + raise_by)
-    agreed[:, 0] = np.minimum(e, fmt.emask - fmt.bias + 1 + 40)
+    agreed[:, 0] = np.minimum(e, fmt.emask - fmt.bias)   # the largest exponent there is
     agreed[:, 1] |= (rng.random(agreed.shape[0]) < 0.2).astype(np.int16)
     return agreed
 
@@ -131,8 +131,8 @@ def random_words(fmt: rf.Format, n: int, rng: np.random.Generator) -> np.ndarray
 
 
 def cut_range(fmt: rf.Format) -> tuple[int, int]:
-    """Exponents E from below the subnormals to past the largest value."""
-    return fmt.quantum - 8, fmt.emask - fmt.bias + 2
+    """Exponents E from the smallest subnormal's to the largest value's (end excluded)."""
+    return fmt.quantum + 1, fmt.emask - fmt.bias + 1
 
 
 @pytest.mark.parametrize("parallel", FORMS)
@@ -147,8 +147,8 @@ def test_decode_rounds_as_fractions_do(name, parallel):
         agreed = np.zeros((4, 2), np.int16)
         # cuts across the range, and some placing the sums at the subnormals and at overflow
         agreed[:, 0] = rng.integers(lo, hi, 4)
-        agreed[0, 0] = fmt.quantum + fmt.P - 20 - 8 * trial
-        agreed[1, 0] = fmt.emask - fmt.bias + 1 - 20 * trial
+        agreed[0, 0] = fmt.quantum + 1 + 5 * trial
+        agreed[1, 0] = max(fmt.emask - fmt.bias - 20 * trial, fmt.quantum + 1)
         out = rf.decode(words, agreed, fmt.storage, fmt=name, parallel=parallel)
         values = ref.value_of(words)
         got = ref.reals(out, fmt)
@@ -210,6 +210,11 @@ def test_errors_are_clear():
         rf.encode(x, low)
     with pytest.raises(ValueError, match="int16 of shape"):
         rf.encode(x, agreed.astype(np.int32))
+    for e, flag in ((129, 0), (-149, 0), (rf.SENTINEL + 1, 0), (3, 2)):
+        wrong = agreed.copy()
+        wrong[0] = e, flag
+        with pytest.raises(ValueError, match="no float32 array gives"):
+            rf.decode(np.zeros(300, np.int64), wrong, np.float32)
     with pytest.raises(ValueError, match="blocks"):
         rf.encode(x, agreed[:1])
     with pytest.raises(TypeError, match="integer sums are reproducible"):
@@ -231,6 +236,13 @@ def test_errors_are_clear():
     with pytest.raises(ValueError, match="must fit its words"):
         rf.register(rf.Format("wide", np.dtype(np.float32), np.dtype(np.uint32), 24, 8, 127,
                               P=40, W=8, H=23, words=1))
+
+
+def test_warmup_compiles_every_kernel_of_a_format():
+    from bmlmpi.reproducible import warmup
+    warmup(["float32", "bfloat16"])
+    with pytest.raises(ValueError, match="unknown reproducible format"):
+        warmup(["float8"])
 
 
 def test_the_parameters_fit_their_words():
