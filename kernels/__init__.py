@@ -22,7 +22,9 @@ does).
 
 Importing this package is cheap: numba and cupy are imported, and kernels compiled, on first
 use. :func:`warmup` compiles ahead of time, e.g. before a training loop's first step.
-:mod:`.gpu` helps the executor move device buffers through MPI.
+:mod:`.gpu` helps the executor move device buffers through MPI. :mod:`.reproducible` holds
+the reproducible format's kernels (block exponents, encode, decode, the exact accumulator),
+called by :mod:`bmlmpi.reproducible`, which states the method.
 """
 
 from __future__ import annotations

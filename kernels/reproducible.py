@@ -263,10 +263,10 @@ def _encode_n(values, agreed, out, bad, start, first, last, block, kind, P, W, t
 def _specials_block(bits, agreed, out, b, start, block, nbits, mbits, emask):
     lo = max(b * block - start, 0)
     hi = min((b + 1) * block - start, bits.size)
+    if agreed[b, 1] == 0:
+        out[lo:hi] = 0
+        return
     for i in range(lo, hi):
-        if agreed[b, 1] == 0:
-            out[i] = 0
-            continue
         sign, eb, mant = _fields(bits, i, nbits, mbits, emask)
         if eb == emask:
             if mant != 0:
