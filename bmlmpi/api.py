@@ -38,12 +38,11 @@ from .call_agreement import AgreementHooks, CallAgreement, agree_construction
 from .call_gate import CallGate
 from .call_numbers import CallNumbers
 from .calls import (
+    CollectiveCall,
     CompressedCall,
     IntercommunicatorError,
-    PreparedCall,
     earns_dump,
     prepare_allreduce,
-    start_native,
 )
 from .compression.channel import CompressionChannel
 from .execute import (
@@ -56,7 +55,6 @@ from .execute import (
 from .family import (
     COLLECTIVES,
     REDUCING,
-    FamilyCall,
     FamilyCalls,
     FamilyEngine,
     FamilyLaunch,
@@ -72,7 +70,7 @@ from .progress import Outstanding, Progress, ProgressHooks
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
-from .shm import NodeTier, ShmPlan, run_of
+from .shm import NodeTier, ShmPlan
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
@@ -621,7 +619,7 @@ class Communicator(FamilyCalls):
                 self._gate.owner = None
 
     def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
-               algorithm: str) -> tuple[PreparedCall, Request]:
+               algorithm: str) -> tuple[CollectiveCall, Request]:
         """Prepare, record and submit one call (the checked path)."""
         try:
             call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
@@ -630,13 +628,13 @@ class Communicator(FamilyCalls):
             raise
         return call, self._submit_recorded(call)
 
-    def _record(self, call: PreparedCall | FamilyCall) -> Slot | None:
+    def _record(self, call: CollectiveCall) -> Slot | None:
         """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``)."""
         rec = self._recorder
         call.slot = None if rec is None else rec.begin(call.traced())
         return call.slot
 
-    def _submit_recorded(self, call: PreparedCall | FamilyCall) -> Request:
+    def _submit_recorded(self, call: CollectiveCall) -> Request:
         """:meth:`_submit`, the call entered in the flight recorder first."""
         self._record(call)
         try:
@@ -663,10 +661,11 @@ class Communicator(FamilyCalls):
         raise exc
 
     def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
-                        algorithm: str) -> PreparedCall:
+                        algorithm: str) -> CollectiveCall:
         self._agreement.begin_call()
         try:
-            return prepare_allreduce(sendbuf, recvbuf, op, algorithm, self._cache.auto_for)
+            return prepare_allreduce(self.rank, self.size, sendbuf, recvbuf, op, algorithm,
+                                     self._cache.auto_for)
         except (ValueError, TypeError, BufferError, LookupError, AttributeError,
                 ImportError) as exc:
             # the others learn of it in their argument check (RemoteArgumentError); the
@@ -710,13 +709,13 @@ class Communicator(FamilyCalls):
             if mine:
                 gate.owner = None
 
-    def _validate(self, call: PreparedCall | None, error: Exception | None,
+    def _validate(self, call: CollectiveCall | None, error: Exception | None,
                   always: bool = False) -> None:
         """Agree across ranks that the call is well-formed; raise on every rank if not
         (:meth:`CallAgreement.validate`)."""
         self._agreement.validate(call, error, always)
 
-    def _submit(self, call: PreparedCall) -> Request:
+    def _submit(self, call: CollectiveCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
         seq = self._numbers.callno
         label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
@@ -724,7 +723,7 @@ class Communicator(FamilyCalls):
             self._check_and_launch(call, label, lambda: call.finish(self.size)), seq,
             call.slot))
 
-    def _check_and_launch(self, call: PreparedCall | FamilyCall, label: str,
+    def _check_and_launch(self, call: CollectiveCall, label: str,
                           finish: Callable[[], None] | None = None, *,
                           launch: bool = True) -> Run | NativeRun | None:
         """Agree on ``call`` across ranks (raising on every rank when it differs), then start
@@ -733,31 +732,28 @@ class Communicator(FamilyCalls):
         self._agreement.validate(call, None)
         return self._launch(call, label, finish) if launch else None
 
-    def _launch(self, call: PreparedCall, label: str,
+    def _launch(self, call: CollectiveCall, label: str,
                 finish: Callable[[], None] | None) -> Run | NativeRun:
-        """Start ``call``'s exchange (native, or its schedule's plan) on this communicator;
-        ``finish`` runs when the exchange completes."""
-        if call.collective != "allreduce":
-            return self.family.launch_call(call, label, finish)
+        """Start ``call``'s exchange on this communicator: natively, or its schedule's plan
+        (bound here, cached per signature) with the tags of its call and signature (calls of
+        different signatures never match: a rank that switches to another signature it
+        already ran meets no partner); ``finish`` runs when the exchange completes."""
         if call.algorithm == "native":
-            return start_native(call, self._comm, finish, self.rank, self._is_failure)
-        out = call.out
-        plan = self._cache.plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = self._numbers.take_tags(sig=self._cache.sig_id((call.algorithm, out.size,
-                                                               out.dtype, call.op)))
-        # a separate input is not copied into out up front: the run copies only the ranges
-        # it must (bmlmpi.deferred), sending the rest from the input itself
-        return run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
+            return call.start_native(self._comm, self.rank, finish, label, self._is_failure)
+        cache = self._cache
+        plan = call.compiled(cache)
+        tag_base = self._numbers.take_tags(call.tag_kind, cache.sig_id(call.plan_key()))
+        # a separate allreduce input is not copied into out up front: the run copies only
+        # the ranges it must (bmlmpi.deferred), sending the rest from the input itself
+        return call.start_plan(plan, tag_base, label, finish)
 
     def _idle(self) -> bool:
         """Whether no started call is outstanding."""
         return not self._active
 
-    def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
+    def _resolve_auto(self, call: CollectiveCall) -> str:
         """``auto``'s choice for ``call`` over the current members."""
-        if call.collective != "allreduce":
-            return self._cache.family_auto(call)
-        return self._cache.auto_for(call.out.size, call.out.dtype, call.op)
+        return call.auto(self._cache)
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
@@ -782,7 +778,7 @@ class Communicator(FamilyCalls):
         return self._persistent_calls.make(self._prepare_agreed(sendbuf, recvbuf, op,
                                                                 algorithm))
 
-    def _start_persistent(self, call: PreparedCall | FamilyCall, compiled: Any) -> Any:
+    def _start_persistent(self, call: CollectiveCall, compiled: Any) -> Any:
         """One start of a persistent call (:meth:`PersistentCalls.start`)."""
         return self._persistent_calls.start(call, compiled)
 

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from .agreement import DEADLINE, ERROR, MESSAGE_BYTES, TAG_ALARM, Mailbox, Message, decode
 from .call_numbers import CallNumbers
-from .calls import ArgumentMismatch, CommunicatorRevoked, PreparedCall, RemoteArgumentError
+from .calls import ArgumentMismatch, CollectiveCall, CommunicatorRevoked, RemoteArgumentError
 from .execute import DeadlineExceeded, wait_request
 from .finalize import bound_finalize
 from .topology.bcube import format_shape
@@ -298,7 +298,7 @@ class CallAgreement:
                                       f"on all ranks")
         if res[0] != -res[1]:
             everyone = control.allgather(sig)
-            lines = "; ".join(f"rank {r}: {PreparedCall.describe_signature(s)}"
+            lines = "; ".join(f"rank {r}: {CollectiveCall.describe_signature(s)}"
                               for r, s in enumerate(everyone))
             raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
 

@@ -1,8 +1,8 @@
 """The rest of the collective family: reduce-scatter, allgather, reduce and broadcast.
 
-Each call is checked and resolved here into a :class:`FamilyCall` — the analogue of the
-allreduce's :class:`~bmlmpi.api.PreparedCall` — which the communicator's one launch path
-(argument agreement, progress engine, fault-tolerant ledger) consumes like an allreduce.
+Each call is checked and resolved here into a :class:`~bmlmpi.calls.CollectiveCall`, the
+record an allreduce is too, which the communicator's one launch path (argument agreement,
+progress engine, fault-tolerant ledger) consumes.
 :class:`FamilyCalls` holds the public methods that :class:`bmlmpi.Communicator` inherits.
 
 Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
@@ -46,30 +46,28 @@ call's tags lie in its collective's own block of the tag space (``TAG_KINDS``), 
 signature's own part of that block, so a rank that switches to another signature it already
 ran meets no partner either (docs/contracts.md). A native non-blocking or persistent call
 gives MPI buffers of its own, copied to the caller's once it completed
-(:meth:`FamilyCall.native_private`).
+(:meth:`CollectiveCall.native_private`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, kernels
+from . import buffers
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
-from .handles import NativeRun
-from .ops import check_dtype_op, mpi_op, op_name
+from .calls import TAG_KIND, CollectiveCall, offsets
+from .ops import check_dtype_op, op_name
 from .recorder import Signature
 from .shm import start_collective
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
-TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "bcast": 4}
 REDUCING = frozenset({"reduce_scatter", "reduce"})
 
 
@@ -100,234 +98,6 @@ def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM
     return tuple(key)
 
 
-def _method(comm: MPI.Comm, name: str, form: str) -> Any:
-    if form == "I":
-        return getattr(comm, "I" + name.lower())
-    return getattr(comm, name + form)
-
-
-def _digest(values: tuple[int, ...]) -> str:
-    return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
-
-
-def then(first: Any, second: Any) -> Any:
-    """``first()`` then ``second()`` (either may be None)."""
-    if first is None or second is None:
-        return second if first is None else first
-
-    def both() -> None:
-        first()
-        second()
-    return both
-
-
-def offsets(counts: tuple[int, ...]) -> tuple[int, ...]:
-    """Where each rank's block starts when the blocks lie one after another in rank order."""
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += c
-    return tuple(out)
-
-
-@dataclass(slots=True, eq=False)
-class FamilyCall:
-    """One reduce-scatter, allgather, reduce or broadcast after its arguments were checked.
-
-    The exchange runs over one flat buffer of ``total`` elements (``total`` = the sum of
-    ``counts``, in rank order, for reduce-scatter and allgather; the count for reduce and
-    broadcast): ``out`` and ``src`` follow the allreduce's convention that the fault-tolerant
-    ledger relies on — ``src`` is this rank's input when it is not already in ``out`` (None:
-    it is, and a re-run restores ``out`` first).
-    """
-
-    collective: str             # reduce_scatter | allgather | reduce | bcast
-    mpi_name: str               # the mpi4py method this call stands for
-    algorithm: str              # resolved ("auto" already decided)
-    requested: str              # as asked ("auto" stays "auto")
-    op: str                     # bmlmpi op name; "sum" (unused) for allgather and bcast
-    counts: tuple[int, ...]     # elements per rank (reduce_scatter, allgather); (count,) else
-    root: int                   # reduce, bcast; 0 otherwise
-    rank: int
-    size: int
-    src: np.ndarray | None      # the input when it is not in ``out``
-    out: np.ndarray             # reduce_scatter in place: the whole input; see the methods
-    result: np.ndarray | None   # reduce_scatter: this rank's block of recvbuf (else None)
-    displs: tuple[int, ...] | None = None  # allgather: slot starts in ``out`` (None: packed)
-    staging: Any = None         # DeviceStaging of device buffers (copied back at finish)
-    native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
-    extra: dict = field(default_factory=dict)
-    slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
-
-    # -- what the launch path and the ledger read ------------------------------------------
-    @property
-    def total(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.out.dtype
-
-    def signature(self, shape: Any) -> tuple:
-        """What every rank must agree on (its hash is checked across ranks)."""
-        return (self.collective, self.size, len(self.counts), self.total,
-                _digest(self.counts), self.dtype.str, self.op, self.root, self.algorithm,
-                tuple(shape))
-
-    def traced(self) -> Signature:
-        """The flight recorder's description of this call."""
-        return Signature(self.collective, int(self.total), self.dtype.name,
-                         self.op if self.collective in REDUCING else None,
-                         self.root if self.collective in ("reduce", "bcast") else None,
-                         self.requested, self.algorithm)
-
-    @staticmethod
-    def describe_signature(sig: tuple) -> str:
-        if sig is None or sig[0] not in TAG_KIND:
-            return repr(sig)
-        what, _, nblocks, total, _, dtype, op, root, algorithm, _ = sig
-        return (f"{what} of {total} x {np.dtype(dtype)} ({nblocks} block(s)) op={op} "
-                f"root={root} algorithm={algorithm}")
-
-    @property
-    def is_in_place(self) -> bool:
-        return self.src is None
-
-    def plan_key(self) -> tuple:
-        """What its compiled plan and its signature's number (in the tags) are kept by."""
-        return (self.collective, self.algorithm, self.counts, self.root, self.dtype, self.op)
-
-    def outcome(self) -> Exception | None:
-        """What the call raises on every survivor once committed after a failure (the
-        fault-tolerant contracts, :mod:`bmlmpi.ft.family`), else None."""
-        return self.extra.get("error")
-
-    def finish(self, size: int) -> None:
-        """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
-        that contributed (reduce-scatter: this rank's block; reduce: the root's result), and
-        staged device buffers get the result (:class:`DeviceStaging`)."""
-        if self.op == "avg":
-            if self.collective == "reduce_scatter":
-                kernels.scale_avg(self.result, size)
-            elif self.collective == "reduce" and self.rank == self.root:
-                kernels.scale_avg(self.out, size)
-        if self.staging is not None:
-            self.staging.finish()
-
-    # -- the native launch: mpi4py's own call on the private communicator -------------------
-    def native(self, comm: MPI.Comm, form: str = "") -> Any:
-        """mpi4py's own call for this one on ``comm`` with the user's buffers (the blocking
-        call, ``form`` ""; what the watchdog bounds). Reduce-scatter is
-        ``Reduce_scatter_block`` or ``Reduce_scatter`` as called; an allgather is
-        ``Allgatherv`` over bytes (any layout, any datatype)."""
-        name, args, _ = self._native_args(False)
-        return _method(comm, name, form)(*args)
-
-    def native_private(self, comm: MPI.Comm, form: str = "I") -> tuple[Any, Any]:
-        """(request, deliver): mpi4py's non-blocking (``form`` "I") or persistent
-        (``"_init"``) call for this one on ``comm``, writing into buffers of its own;
-        ``deliver()`` copies them into the caller's once the request completed. A call given
-        up at its deadline may still complete inside MPI when a late rank joins it: it then
-        writes memory bmlmpi holds (the request's run keeps it), never the caller's
-        (docs/contracts.md, "After a deadline"). ``deliver`` is None where MPI writes
-        nothing on this rank (a broadcast's root, a reduce's other ranks)."""
-        name, args, deliver = self._native_args(True)
-        return _method(comm, name, form)(*args), deliver
-
-    def _native_args(self, private: bool) -> tuple[str, tuple, Any]:
-        """(mpi4py method, its arguments, the copy from the private buffers or None)."""
-        what = self.collective
-        deliver = None
-        if what == "reduce_scatter":
-            op = mpi_op(self.op)
-            if private:
-                # in place, MPI reads the whole input from ``out`` and writes this rank's
-                # block to its start: the same call with the input as sendbuf
-                sbuf = self.out if self.src is None else self.src
-                rbuf = np.empty_like(self.result)
-                dst = self.result
-
-                def deliver() -> None:
-                    np.copyto(dst, rbuf)
-            else:
-                sbuf = MPI.IN_PLACE if self.src is None else self.src
-                rbuf = self.out if self.src is None else self.result
-            if self.native_block:
-                return "Reduce_scatter_block", (sbuf, rbuf, op), deliver
-            return "Reduce_scatter", (sbuf, rbuf, list(self.counts), op), deliver
-        if what == "allgather":
-            displs = self.displs or offsets(self.counts)
-            rbuf = np.empty_like(self.out) if private else self.out
-            rspec = [rbuf, list(self.counts), list(displs), MPI.BYTE]
-            if self.src is not None:
-                sbuf = [self.src, MPI.BYTE]
-            elif private:
-                at, n = displs[self.rank], self.counts[self.rank]
-                sbuf = [self.out[at:at + n], MPI.BYTE]
-            else:
-                sbuf = MPI.IN_PLACE
-            if private:
-                out, counts = self.out, self.counts
-
-                def deliver() -> None:
-                    if self.displs is None:
-                        np.copyto(out[:self.total], rbuf[:self.total])
-                        return
-                    for at, n in zip(displs, counts, strict=True):
-                        np.copyto(out[at:at + n], rbuf[at:at + n])
-            return "Allgatherv", (sbuf, rspec), deliver
-        if what == "reduce":
-            op = mpi_op(self.op)
-            if self.rank != self.root:
-                return "Reduce", (self.src, None, op, self.root), None
-            if private:
-                sbuf = self.out if self.src is None else self.src
-                rbuf, dst = np.empty_like(self.out), self.out
-
-                def deliver() -> None:
-                    np.copyto(dst, rbuf)
-            else:
-                sbuf = MPI.IN_PLACE if self.src is None else self.src
-                rbuf = self.out
-            return "Reduce", (sbuf, rbuf, op, self.root), deliver
-        if not private or self.rank == self.root:
-            return "Bcast", ([self.out, MPI.BYTE], self.root), None
-        rbuf, dst = np.empty_like(self.out), self.out
-
-        def deliver() -> None:
-            np.copyto(dst, rbuf)
-        return "Bcast", ([rbuf, MPI.BYTE], self.root), deliver
-
-    # -- the scheduled launch: the schedule's input and output buffers ----------------------
-    def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(this rank's input, its output) as a schedule of the collective names them
-        (:mod:`bmlmpi.schedules.collectives`): the executor copies between them and its work
-        buffer (:func:`bmlmpi.execute.collective_run`). An allgather with displacements of
-        its own gathers into a packed buffer that :meth:`place` spreads out."""
-        what = self.collective
-        if what == "reduce_scatter":
-            return (self.out if self.src is None else self.src), self.result
-        if what == "allgather":
-            lo, n = offsets(self.counts)[self.rank], self.counts[self.rank]
-            if self.displs is None:
-                packed = self.out[:self.total]
-                return (packed[lo:lo + n] if self.src is None else self.src), packed
-            d = self.displs[self.rank]
-            mine = self.out[d:d + n] if self.src is None else self.src
-            return mine, np.empty(self.total, self.dtype)
-        if what == "reduce":
-            if self.rank == self.root:
-                return (self.out if self.src is None else self.src), self.out
-            return self.src, None
-        return (self.out if self.rank == self.root else None), self.out
-
-    def place(self, output: np.ndarray | None) -> None:
-        """After a scheduled allgather into a packed buffer: every slot to its displacement."""
-        if self.collective == "allgather" and self.displs is not None:
-            for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
-                np.copyto(self.out[d:d + c], output[lo:lo + c])
-
-
 # -- argument checks and buffer resolution, one function per mpi4py call --------------------
 def _recv_spec(recvbuf: Any, what: str = "recvbuf", reducing: bool = True,
                blocks: int = 0) -> buffers.Spec:
@@ -347,7 +117,7 @@ class DeviceStaging:
     ``Allreduce`` stages its own (:func:`bmlmpi.kernels.gpu.to_host_staging`): each device
     buffer is copied to the host before the call (the receive buffer too: an in-place input,
     a slot or the part past an explicit count must survive) and the receive buffer back when
-    the call finishes (:meth:`FamilyCall.finish`). A call refused after staging never copies
+    the call finishes (:meth:`CollectiveCall.finish`). A call refused after staging never copies
     back, so the device buffers stay as they were."""
 
     def __init__(self) -> None:
@@ -363,7 +133,7 @@ class DeviceStaging:
         self.finishers.append(finish)
         return host if obj is spec else [host, *spec[1:]]
 
-    def attach(self, call: FamilyCall) -> FamilyCall:
+    def attach(self, call: CollectiveCall) -> CollectiveCall:
         if self.finishers:
             call.staging = self
         return call
@@ -430,7 +200,7 @@ def _as_bytes(a: np.ndarray) -> np.ndarray:
 
 
 def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-                           op: Any, block: bool, algorithm: str) -> FamilyCall:
+                           op: Any, block: bool, algorithm: str) -> CollectiveCall:
     """``Reduce_scatter_block`` (``block``) or ``Reduce_scatter``."""
     staged = DeviceStaging()
     return staged.attach(_reduce_scatter(rank, size, staged.host(sendbuf, copy_out=False),
@@ -439,7 +209,7 @@ def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, rec
 
 
 def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-                    op: Any, block: bool, algorithm: str) -> FamilyCall:
+                    op: Any, block: bool, algorithm: str) -> CollectiveCall:
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
     # mpi4py reads an explicit count of a block reduce-scatter's whole buffer (the send
     # buffer, or the receive buffer in place) as the count of one block
@@ -462,7 +232,7 @@ def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts
             raise BufferSpecError(f"{name} in place: recvbuf holds {recv.count} elements, "
                                   f"fewer than the {total} of all blocks")
         out = recv.flat[:total]
-        return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0,
+        return CollectiveCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0,
                           rank, size, None, out, out[:counts[rank]], native_block=block)
     send = _send_spec(sendbuf, dtype, blocks=size if block else 0)
     if block:
@@ -483,7 +253,7 @@ def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts
     src = _apart(send.flat, result)
     if src is None:
         raise BufferSpecError(f"{name}: sendbuf and recvbuf overlap; use MPI.IN_PLACE")
-    return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0, rank,
+    return CollectiveCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0, rank,
                       size, src, result, result, native_block=block)
 
 
@@ -596,7 +366,7 @@ def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ..
 
 
 def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
-                      algorithm: str) -> FamilyCall:
+                      algorithm: str) -> CollectiveCall:
     """``Allgather`` or (``vector``) ``Allgatherv``; the exchange moves bytes."""
     staged = DeviceStaging()
     return staged.attach(_allgather(rank, size, staged.host(sendbuf, copy_out=False),
@@ -604,7 +374,7 @@ def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: 
 
 
 def _allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
-               algorithm: str) -> FamilyCall:
+               algorithm: str) -> CollectiveCall:
     name = "Allgatherv" if vector else "Allgather"
     if vector:
         flat, counts, displs = _allgatherv_recv(recvbuf, size)
@@ -629,13 +399,13 @@ def _allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
     bcounts = tuple(c * item for c in counts)
     bdispls = None if displs is None else tuple(x * item for x in displs)
     out = _as_bytes(flat[:sum(counts)] if displs is None else flat)
-    return FamilyCall("allgather", name, algorithm, algorithm, "sum", bcounts, 0, rank, size,
+    return CollectiveCall("allgather", name, algorithm, algorithm, "sum", bcounts, 0, rank, size,
                       None if src is None else _as_bytes(src), out, None, bdispls,
                       native_block=not vector)
 
 
 def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any,
-                   algorithm: str) -> FamilyCall:
+                   algorithm: str) -> CollectiveCall:
     """``Reduce``: the root's ``recvbuf`` alone is read (and staged, when on a device)."""
     root = _check_root(root, size)
     staged = DeviceStaging()
@@ -645,31 +415,31 @@ def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, ro
 
 
 def _reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: int,
-            algorithm: str) -> FamilyCall:
+            algorithm: str) -> CollectiveCall:
     if rank == root:
         recv = _recv_spec(recvbuf)
         dtype = recv.flat.dtype
         opname = _check_reduction(dtype, op)
         if sendbuf is MPI.IN_PLACE or sendbuf is None:
-            return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (recv.count,),
+            return CollectiveCall("reduce", "Reduce", algorithm, algorithm, opname, (recv.count,),
                               root, rank, size, None, recv.flat, None)
         send = _send_spec(sendbuf, dtype)
         if recv.count < send.count:
             raise BufferSpecError(f"Reduce: the root's recvbuf holds {recv.count} elements, "
                                   f"fewer than the {send.count} sent")
         out = recv.flat[:send.count]
-        return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,),
+        return CollectiveCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,),
                           root, rank, size, _apart(send.flat, out), out, None)
     if sendbuf is MPI.IN_PLACE or sendbuf is None:
         raise BufferSpecError("Reduce: MPI.IN_PLACE is the root's alone (MPI); pass the "
                               "input as sendbuf on the other ranks")
     send = buffers.resolve(sendbuf, "sendbuf")
     opname = _check_reduction(send.flat.dtype, op)
-    return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,), root,
+    return CollectiveCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,), root,
                       rank, size, send.flat, np.empty(0, send.flat.dtype), None)
 
 
-def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> FamilyCall:
+def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> CollectiveCall:
     """``Bcast``: a device ``buf`` is staged, copied back on the receiving ranks."""
     root = _check_root(root, size)
     if buf is None or buf is MPI.IN_PLACE:
@@ -679,12 +449,12 @@ def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> 
                                 algorithm))
 
 
-def _bcast(rank: int, size: int, buf: Any, root: int, algorithm: str) -> FamilyCall:
+def _bcast(rank: int, size: int, buf: Any, root: int, algorithm: str) -> CollectiveCall:
     spec = buffers.resolve(buf, "buf", reducing=False)
     if rank != root and not spec.flat.flags.writeable:
         raise BufferSpecError("Bcast: buf is read-only on a receiving rank")
     out = _as_bytes(spec.flat)
-    return FamilyCall("bcast", "Bcast", algorithm, algorithm, "sum", (out.size,), root, rank,
+    return CollectiveCall("bcast", "Bcast", algorithm, algorithm, "sum", (out.size,), root, rank,
                       size, None, out, None)
 
 
@@ -742,7 +512,7 @@ def _carve(where: tuple | None, args: tuple) -> np.ndarray | None:
 
 
 class NativeArgs:
-    """mpi4py's blocking call of a checked native family call (:meth:`FamilyCall.native`'s
+    """mpi4py's blocking call of a checked native family call (:meth:`CollectiveCall.native`'s
     method and arguments), with every array in it replaced by where it lies in the call's
     arguments (:func:`_locate`): a later call of the signature hands MPI the same views of
     its own arrays (the agreed count's part of a larger receive buffer, the bytes of a
@@ -874,7 +644,7 @@ class FamilyEngine:
                              f"implemented: {', '.join(implemented)}")
         return name
 
-    def prepare(self, collective: str, algorithm: str | None, build: Any) -> FamilyCall:
+    def prepare(self, collective: str, algorithm: str | None, build: Any) -> CollectiveCall:
         """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
         launch = self.launch
         launch.begin_call()
@@ -916,7 +686,7 @@ class FamilyEngine:
         owner = self.owner
         owner._usable_for_calls()
 
-        def host_only(alg: str) -> FamilyCall:
+        def host_only(alg: str) -> CollectiveCall:
             call = build(alg)
             if call.staging is not None:  # refused: nothing is copied back to the device
                 raise BufferSpecError(f"{call.mpi_name}_init takes host buffers (a "
@@ -978,33 +748,6 @@ class FamilyEngine:
         launch.submit_recorded(call).Wait()
         if call.algorithm != "native":
             self.open(key, call, args, native=False)
-
-    def launch_call(self, call: FamilyCall, label: str, finish: Any) -> Any:
-        """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
-        schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
-        gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
-        owner = self.owner
-        if call.algorithm == "native":
-            try:
-                req, deliver = call.native_private(owner.comm)
-            except (KeyError, ValueError, MPI.Exception) as exc:
-                if isinstance(exc, MPI.Exception) and self.launch.is_failure(exc):
-                    raise
-                raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
-            return NativeRun(req, then(deliver, finish), owner.rank, label)
-        plan = self.plans.family_plan(call)
-        inp, output = call.schedule_buffers()
-        # the signature's number in the tags: calls of different signatures never match
-        # (a rank that switches to another signature it already ran meets no partner)
-        tag_base = self.numbers.take_tags(TAG_KIND[call.collective],
-                                          self.plans.sig_id(call.plan_key()))
-
-        def placed() -> None:
-            call.place(output)
-            if finish is not None:
-                finish()
-
-        return start_collective(plan, inp, output, call.op, tag_base, label, placed, call.dtype)
 
     # -- the fast path ----------------------------------------------------------------------
     def repeat(self, key: tuple, args: tuple) -> bool:
@@ -1097,7 +840,7 @@ class FamilyEngine:
         for key in [k for k, e in fast.items() if e.plan is not None]:
             del fast[key]
 
-    def open(self, key: tuple | None, call: FamilyCall, args: tuple, native: bool) -> None:
+    def open(self, key: tuple | None, call: CollectiveCall, args: tuple, native: bool) -> None:
         """After the checked first call of a blocking signature: open its fast path
         (:class:`FastFamily`) where one applies: numpy arrays (``key``), an MPI op (AVG
         divides afterwards), no device staging, no allgather displacements to place; a
@@ -1109,7 +852,7 @@ class FamilyEngine:
         owner = self.owner
         traced = call.slot.sig if call.slot is not None else call.traced()
         if native:
-            method, native_args, _ = call._native_args(False)
+            method, native_args, _ = call.native_args(False)
             try:
                 located = NativeArgs(method, native_args, args)
             except ValueError:
@@ -1138,7 +881,7 @@ class _RefusedCounts:
 
     ranks: list[int]
 
-    def refuse(self, _algorithm: str) -> FamilyCall:
+    def refuse(self, _algorithm: str) -> CollectiveCall:
         raise RemoteArgumentError(f"Reduce_scatter: rank(s) {self.ranks} refused their "
                                   f"recvbuf while the recvcounts were gathered")
 
@@ -1215,7 +958,7 @@ class FamilyCalls:
         return tuple(int(c) for c in counts)
 
     def _reduce_scatter_build(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-                              op: Any) -> Callable[[str], FamilyCall]:
+                              op: Any) -> Callable[[str], CollectiveCall]:
         if isinstance(recvcounts, _RefusedCounts):
             return recvcounts.refuse
         # rank and size are read when the call is prepared, as every family build does: a

@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from . import kernels
 from .call_numbers import CallNumbers
-from .calls import CommunicatorRevoked, PreparedCall, RemoteArgumentError
+from .calls import CollectiveCall, CommunicatorRevoked, RemoteArgumentError
 from .execute import DeadlineExceeded, Plan, Run
 from .handles import Request
 from .recorder import FlightRecorder, Signature
@@ -90,7 +90,7 @@ class FastHooks(NamedTuple):
     recorder's failure entry, and what a call given up or abandoned leaves behind."""
 
     fast_open: Callable[[], bool]
-    begin: Callable[[Any, Any, Any, str], tuple[PreparedCall, Request]]
+    begin: Callable[[Any, Any, Any, str], tuple[CollectiveCall, Request]]
     interrupt: Callable[[int], Callable[[], None]]
     call_failed: Callable[..., None]
     hold: Callable[[Any], None]    # a run given up: cancelled, kept while MPI may use it
@@ -188,7 +188,7 @@ class FastPath:
         req.Wait()
         self.open(call, sendbuf, recvbuf, op, algorithm)
 
-    def open(self, call: PreparedCall, sendbuf: Any, recvbuf: Any, op: Any,
+    def open(self, call: CollectiveCall, sendbuf: Any, recvbuf: Any, op: Any,
              algorithm: str) -> None:
         """After the checked first call of a signature (argument check and deadline
         included): open its fast path where one applies."""
@@ -237,7 +237,7 @@ class FastPath:
 
     def scheduled(self, entry: FastCall, sendbuf: Any, recvbuf: np.ndarray) -> None:
         """A checked scheduled signature's later blocking call: the Run straight from the
-        cached plan, driven here with the executor's deadline (no PreparedCall, Request or
+        cached plan, driven here with the executor's deadline (no CollectiveCall, Request or
         resolve). Tags advance as on the checked path, so ranks that take different paths for
         the same call still match."""
         out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)

@@ -24,16 +24,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import numpy as np
 from mpi4py import MPI
 
 from .call_gate import CallGate
 from .call_numbers import CallNumbers
-from .execute import Plan
-from .family import then
+from .calls import then
 from .handles import NativePersistent, NativeRun
-from .ops import mpi_op
-from .shm import ShmPlan, run_of
 
 
 class PersistentRequest:
@@ -121,14 +117,7 @@ def native_init(call: Any, comm: MPI.Comm) -> NativePersistent | None:
     NativePersistent`); None where the library has none (each start then posts the
     non-blocking call)."""
     try:
-        if call.collective != "allreduce":
-            return NativePersistent(*call.native_private(comm, "_init"))
-        sbuf = call.out if call.src is None else call.src
-        private, out = np.empty_like(call.out), call.out
-
-        def deliver() -> None:
-            np.copyto(out, private)
-        return NativePersistent(comm.Allreduce_init(sbuf, private, mpi_op(call.op)), deliver)
+        return NativePersistent(*call.native_private(comm, "_init"))
     except (NotImplementedError, AttributeError):
         return None
     except MPI.Exception as exc:
@@ -175,11 +164,8 @@ class PersistentCalls:
         if self.plain:
             if call.algorithm == "native":
                 compiled = native_init(call, self.owner.comm)
-            elif call.collective == "allreduce":
-                compiled = self.plans.plan(call.algorithm, call.out.size, call.out.dtype,
-                                           call.op)
             else:
-                compiled = self.plans.family_plan(call)
+                compiled = call.compiled(self.plans)
         return PersistentRequest(self.claimed_start, call, compiled)
 
     def claimed_start(self, call: Any, compiled: Any) -> Any:
@@ -210,11 +196,6 @@ class PersistentCalls:
         if isinstance(compiled, NativePersistent):
             compiled.req.Start()
             run: Any = NativeRun(compiled.req, then(compiled.deliver, finish), owner.rank, label)
-        elif isinstance(compiled, Plan | ShmPlan) and call.collective == "allreduce":
-            sig = self.plans.sig_id((call.algorithm, call.out.size, call.out.dtype, call.op))
-            run = run_of(compiled)(compiled, call.out, call.op,
-                                   self.numbers.take_tags(sig=sig), label, finish,
-                                   src=call.src)
-        else:  # a family call's plan (cached) or a call with nothing compiled
+        else:  # the plan cached at init (bound again after a repair) or nothing compiled
             run = hooks.launch(call, label, finish)
         return hooks.outstanding(run, seq, hooks.record(call))

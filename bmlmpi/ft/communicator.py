@@ -29,7 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import config
-from ..api import Communicator, PreparedCall, Request
+from ..api import Communicator, Request
+from ..calls import CollectiveCall
 from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
 from .compressed import settle
 from .errors import (
@@ -423,12 +424,12 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
             return call
         return framed
 
-    def _submit(self, prepared: PreparedCall) -> Request:
+    def _submit(self, prepared: CollectiveCall) -> Request:
         """Enter the call in the ledger and start its first attempt."""
         self._frame_now()  # a call started with nothing outstanding opens a new frame
         return Request(self._ledger.enter(prepared))
 
-    def _start_persistent(self, prepared: PreparedCall, compiled: Any) -> Call:
+    def _start_persistent(self, prepared: CollectiveCall, compiled: Any) -> Call:
         """A persistent call's start is one call of the ledger (compiled per attempt); it
         runs over the members at each start by the contract for the members it was made for
         (its ``_init``'s frame)."""

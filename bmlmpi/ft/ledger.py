@@ -29,8 +29,8 @@ from typing import Any, NamedTuple
 import numpy as np
 from mpi4py import MPI
 
-from ..api import NativeRun, PreparedCall
-from ..calls import ArgumentMismatch, RemoteArgumentError
+from ..api import NativeRun
+from ..calls import ArgumentMismatch, CollectiveCall, RemoteArgumentError
 from ..execute import Run, poll_until, request_done, wait_for
 from .errors import is_failure
 
@@ -40,7 +40,7 @@ class Call:
     :class:`bmlmpi.Request` a fault-tolerant call returns (:class:`bmlmpi.handles.CallRecord`).
     """
 
-    def __init__(self, ledger: Ledger, seq: int, prepared: PreparedCall):
+    def __init__(self, ledger: Ledger, seq: int, prepared: CollectiveCall):
         self.ledger = ledger
         self.seq = seq
         self.algorithm = prepared.requested  # "auto" is resolved again for each attempt
@@ -129,7 +129,7 @@ class Ledger:
         # ``call_members``), whatever recoveries happen meanwhile
         self.outstanding: set[int] = set()
 
-    def enter(self, prepared: PreparedCall) -> Call:
+    def enter(self, prepared: CollectiveCall) -> Call:
         """Keep ``prepared`` as the next call and start its first attempt; the agreement
         refusing its arguments raises here with the call taken out again."""
         self.seq += 1
