@@ -55,9 +55,14 @@ from .execute import (
 from .family import (
     COLLECTIVES,
     REDUCING,
-    FamilyCalls,
     FamilyEngine,
     FamilyLaunch,
+    broadcast,
+    fast_key,
+    gather,
+    reduce_to,
+    scatter,
+    scatter_blocks,
 )
 from .fast_path import FAST_OPS, FastHooks, FastPath
 from .finalize import remove_singleton_leftovers
@@ -70,7 +75,7 @@ from .progress import Outstanding, Progress, ProgressHooks
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .schedules import algorithms, catalog
 from .schedules.types import Schedule
-from .shm import NodeTier, ShmPlan
+from .shm import ShmPlan
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
@@ -134,10 +139,11 @@ def _still_posted(run: Any) -> bool:
     return False
 
 
-class Communicator(FamilyCalls):
-    """bmlmpi's collectives over an MPI communicator: the allreduce here, the rest of the
-    family (reduce-scatter, allgather, reduce, broadcast) from :class:`bmlmpi.family.
-    FamilyCalls`, persistent forms (``…_init``) from :mod:`bmlmpi.persistent`.
+class Communicator:
+    """bmlmpi's collectives over an MPI communicator: the allreduce and the rest of the family
+    (reduce-scatter, allgather, reduce, broadcast; run by :class:`bmlmpi.family.
+    FamilyEngine`), blocking, non-blocking (``I…``) and persistent (``…_init``,
+    :mod:`bmlmpi.persistent`).
 
     ``algorithm``: one of :func:`bmlmpi.algorithms` (``auto`` by default; ``BMLMPI_ALGORITHM``
     overrides auto). ``topology``: the BCube shape for bml (``"3x3"``, ``(2, 2, 3)``); default
@@ -177,9 +183,8 @@ class Communicator(FamilyCalls):
     _variants: dict[str, type[Communicator]] = {}
 
     #: The seam a variant plugs into: the private methods a subclass in another module may
-    #: override or call (tests/unit/test_shared_state.py holds every module to it; the family's
-    #: own hooks are in :attr:`bmlmpi.family.FamilyCalls.SEAM`). Hooks the base calls at one
-    #: point of a call's life, which a variant may override:
+    #: override or call (tests/unit/test_shared_state.py holds every module to it). Hooks the
+    #: base calls at one point of a call's life, which a variant may override:
     #:
     #: * ``_agrees_every_call`` -- agree on every call, not only a signature's first.
     #: * ``_make_control`` -- the communicator agreements travel on.
@@ -190,6 +195,9 @@ class Communicator(FamilyCalls):
     #: * ``_compile`` -- a schedule bound to communicators (a plan).
     #: * ``_failure_noted``/``_is_failure`` -- what an MPI error means (noted or raised).
     #: * ``_progress_mark`` -- what changes when outstanding work advances.
+    #: * ``_usable_for_calls`` -- refuse a call before anything starts (a masked rank's).
+    #: * ``_family_prepared(collective, algorithm, build)`` -- a family call checked (which
+    #:   a variant may annotate in ``call.extra`` before it is submitted).
     #:
     #: Services of the base a variant calls (not overridden):
     #:
@@ -213,7 +221,8 @@ class Communicator(FamilyCalls):
     SEAM = frozenset({"_agrees_every_call", "_make_control", "_split_levels", "_start",
                       "_submit", "_start_persistent", "_compile", "_failure_noted",
                       "_is_failure", "_progress_mark", "_check_and_launch", "_resolve_auto",
-                      "_adopt_comm", "_tag_count", "_record", "_call_done", "_call_failed"})
+                      "_adopt_comm", "_tag_count", "_record", "_call_done", "_call_failed",
+                      "_usable_for_calls", "_family_prepared"})
 
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -324,16 +333,17 @@ class Communicator(FamilyCalls):
                                       agreement.gave_up), enabled=plain, native=native_fast)
         self._persistent_calls = PersistentCalls(
             self, self._cache, self._gate, self._numbers, PersistentHooks(
-                agreement.begin_call, self._validate, self._failure_noted,
+                agreement.begin_call, agreement.validate, self._failure_noted,
                 self._start_persistent, self._launch, self._record,
                 self._calls_in_flight.start), plain=plain)
         self.family = FamilyEngine(
             self, self._cache, self._gate, self._numbers,
-            FamilyLaunch(agreement.begin_call, agreement.notice, self._validate,
+            FamilyLaunch(agreement.begin_call, agreement.notice, agreement.validate,
                          self._failure_noted, self._is_failure, self._refused, self._record,
                          self._call_done, self._call_failed, self._submit_recorded,
-                         self._persistent_calls.make, agreement.agreed, self._idle,
-                         agreement.fast_open, self._fast_path.drive),
+                         self._persistent_calls.make, agreement.agreed, self._calls_in_flight.idle,
+                         agreement.fast_open, self._fast_path.drive,
+                         self._usable_for_calls, self._family_prepared),
             self._recorder, self._watchdog, plain=plain, native_blocking=plain and native_fast)
 
     # -- construction and the control channel -----------------------------------------------
@@ -522,7 +532,7 @@ class Communicator(FamilyCalls):
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
                             compression=compression).Wait()
             return
-        self.blocking_allreduce(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
+        self.blocking_allreduce(sendbuf, recvbuf, op, self.algorithm_named(algorithm))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                    algorithm: str | None = None, compression: Any = None) -> Request:
@@ -538,7 +548,7 @@ class Communicator(FamilyCalls):
                 return self._compression.start(sendbuf, recvbuf, op, compression)
             finally:
                 gate.release(mine)
-        return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
+        return self._start(sendbuf, recvbuf, op, self.algorithm_named(algorithm))
 
     def algorithm_named(self, algorithm: str | None) -> str:
         """The checked name of a call's ``algorithm`` (None: the communicator's); an unknown
@@ -554,8 +564,6 @@ class Communicator(FamilyCalls):
                 self._refuse(exc)
             _CHECKED[algorithm] = name
             return name
-
-    _algorithm_named = algorithm_named
 
     # -- the compression seam (bmlmpi.compression) ---------------------------------------------
     @property
@@ -574,8 +582,6 @@ class Communicator(FamilyCalls):
         Not refused after ``Free()``: a compressed call started before it still builds its
         plans while its ``Wait`` runs it to the end."""
         return self._cache.schedule(algorithm, count, itemsize)
-
-    _schedule = schedule
 
     def choose(self, count: int, itemsize: int) -> str:
         """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
@@ -657,7 +663,7 @@ class Communicator(FamilyCalls):
         rank's error, announced to the others like any other argument error."""
         self._agreement.begin_call()
         with self._failure_noted():
-            self._validate(None, exc)
+            self._agreement.validate(None, exc)
         raise exc
 
     def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
@@ -673,7 +679,7 @@ class Communicator(FamilyCalls):
             # exporter's own code trips on, an ImportError from a device buffer with no cupy
             # to stage it: still this rank's argument error, not a hang.
             with self._failure_noted():
-                self._validate(None, exc)
+                self._agreement.validate(None, exc)
             raise
 
     def agree_compressed(self, recvbuf: Any, op: Any, compression: str) -> None:
@@ -692,7 +698,8 @@ class Communicator(FamilyCalls):
             count, dtype = int(recvbuf.size), recvbuf.dtype.str
         with contextlib.suppress(Exception):
             name = op_name(op)
-        self._validate(CompressedCall(count, dtype, name, self.algorithm, compression), None)
+        self._agreement.validate(CompressedCall(count, dtype, name, self.algorithm, compression),
+                                 None)
 
     def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
@@ -708,12 +715,6 @@ class Communicator(FamilyCalls):
         finally:
             if mine:
                 gate.owner = None
-
-    def _validate(self, call: CollectiveCall | None, error: Exception | None,
-                  always: bool = False) -> None:
-        """Agree across ranks that the call is well-formed; raise on every rank if not
-        (:meth:`CallAgreement.validate`)."""
-        self._agreement.validate(call, error, always)
 
     def _submit(self, call: CollectiveCall) -> Request:
         """Check the call across ranks, start it and hand back its request."""
@@ -747,10 +748,6 @@ class Communicator(FamilyCalls):
         # the ranges it must (bmlmpi.deferred), sending the rest from the input itself
         return call.start_plan(plan, tag_base, label, finish)
 
-    def _idle(self) -> bool:
-        """Whether no started call is outstanding."""
-        return not self._active
-
     def _resolve_auto(self, call: CollectiveCall) -> str:
         """``auto``'s choice for ``call`` over the current members."""
         return call.auto(self._cache)
@@ -763,20 +760,138 @@ class Communicator(FamilyCalls):
         gate = self._gate
         mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
-            return self._allreduce_init(sendbuf, recvbuf, op, algorithm)
+            self._usable_for_calls()
+            algorithm = (self.algorithm if algorithm is None
+                         else selection.check_algorithm(algorithm))
+            if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
+                                       else recvbuf[0] if recvbuf else None):
+                raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
+                                      "cannot stage device memory at every start)")
+            return self._persistent_calls.make(self._prepare_agreed(sendbuf, recvbuf, op,
+                                                                    algorithm))
         finally:
             gate.release(mine)
 
-    def _allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any,
-                        algorithm: str | None) -> PersistentRequest:
-        self._usable_for_calls()
-        algorithm = self.algorithm if algorithm is None else selection.check_algorithm(algorithm)
-        if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
-                                   else recvbuf[0] if recvbuf else None):
-            raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
-                                  "cannot stage device memory at every start)")
-        return self._persistent_calls.make(self._prepare_agreed(sendbuf, recvbuf, op,
-                                                                algorithm))
+    # -- the rest of the family (bmlmpi.family): reduce-scatter, allgather, reduce, bcast ----
+    # Blocking, non-blocking (I…: a Request) and persistent (…_init: a PersistentRequest)
+    # forms with mpi4py's positional arguments; ``algorithm`` (keyword-only): one of
+    # ``bmlmpi.algorithms(collective)``, None the communicator's own when it serves the
+    # collective, else ``auto``. Each hands its call's builder to the family's engine; a
+    # blocking call whose signature ran before takes its fast path (FamilyEngine.repeat).
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                             algorithm: str | None = None) -> None:
+        """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
+        args = (sendbuf, recvbuf, op)
+        key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
+        if key is None or not self.family.repeat(key, args):
+            self.family.blocking("reduce_scatter", algorithm,
+                                 scatter_blocks(self, sendbuf, recvbuf, op), key, args)
+
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                              algorithm: str | None = None) -> Request:
+        return self.family.start("reduce_scatter", algorithm,
+                                 scatter_blocks(self, sendbuf, recvbuf, op))
+
+    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                                  algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("reduce_scatter", algorithm,
+                                scatter_blocks(self, sendbuf, recvbuf, op))
+
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                       op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+        """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
+        block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
+        family, key = self.family, None
+        if isinstance(recvcounts, (list, tuple)):
+            key = fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
+                           tuple(recvcounts))
+            if key is not None and family.repeat(key, (sendbuf, recvbuf, recvcounts, op)):
+                return
+        recvcounts = family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        family.blocking("reduce_scatter", algorithm,
+                        scatter(self, sendbuf, recvbuf, recvcounts, op), key,
+                        (sendbuf, recvbuf, recvcounts, op))
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+        recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self.family.start("reduce_scatter", algorithm,
+                                 scatter(self, sendbuf, recvbuf, recvcounts, op))
+
+    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                            op: Any = MPI.SUM, *,
+                            algorithm: str | None = None) -> PersistentRequest:
+        recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self.family.init("reduce_scatter", algorithm,
+                                scatter(self, sendbuf, recvbuf, recvcounts, op))
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
+        args = (sendbuf, recvbuf)
+        key = fast_key("Allgather", algorithm, args)
+        if key is None or not self.family.repeat(key, args):
+            self.family.blocking("allgather", algorithm, gather(self, sendbuf, recvbuf, False),
+                                 key, args)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, *,
+                   algorithm: str | None = None) -> Request:
+        return self.family.start("allgather", algorithm, gather(self, sendbuf, recvbuf, False))
+
+    def Allgather_init(self, sendbuf: Any, recvbuf: Any, *,
+                       algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("allgather", algorithm, gather(self, sendbuf, recvbuf, False))
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
+        self.family.blocking("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *,
+                    algorithm: str | None = None) -> Request:
+        return self.family.start("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
+
+    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, *,
+                        algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+               algorithm: str | None = None) -> None:
+        """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
+        args = (sendbuf, recvbuf, op, root)
+        key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
+        if key is None or not self.family.repeat(key, args):
+            self.family.blocking("reduce", algorithm,
+                                 reduce_to(self, sendbuf, recvbuf, op, root), key, args)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                algorithm: str | None = None) -> Request:
+        return self.family.start("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+
+    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                    algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+
+    def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Copy the root's ``buf`` into every rank's ``buf``."""
+        args = (buf, root)
+        key = fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
+        if key is None or not self.family.repeat(key, args):
+            self.family.blocking("bcast", algorithm, broadcast(self, buf, root), key, args)
+
+    def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
+        return self.family.start("bcast", algorithm, broadcast(self, buf, root))
+
+    def Bcast_init(self, buf: Any, root: int = 0, *,
+                   algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("bcast", algorithm, broadcast(self, buf, root))
+
+    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
+        """The checked family call, or its error raised on every rank (as ``Allreduce``'s);
+        a seam hook (:attr:`SEAM`)."""
+        return self.family.prepare(collective, algorithm, build)
+
+    def _usable_for_calls(self) -> None:
+        """Where a fault-tolerant communicator refuses a masked rank's calls; a seam hook
+        (:attr:`SEAM`)."""
 
     def _start_persistent(self, call: CollectiveCall, compiled: Any) -> Any:
         """One start of a persistent call (:meth:`PersistentCalls.start`)."""
@@ -819,10 +934,6 @@ class Communicator(FamilyCalls):
     @_tag_count.setter
     def _tag_count(self, count: int) -> None:
         self._numbers.agree_tags(count)
-
-    def _node_tier(self) -> NodeTier:
-        """This rank's node of the current communicator (:meth:`Placement.node_tier`)."""
-        return self._placement.node_tier()
 
     @contextmanager
     def _failure_noted(self) -> Iterator[None]:
@@ -873,9 +984,6 @@ class Communicator(FamilyCalls):
         ``BMLMPI_RANKS_PER_NODE`` consecutive ranks when set at construction, else MPI
         placement."""
         return self._placement.nodes()
-
-    def _nodes_for_auto(self):
-        return self._placement.nodes_for_auto()
 
     @property
     def links(self) -> np.ndarray:

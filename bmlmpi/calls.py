@@ -142,10 +142,12 @@ class CollectiveCall:
         return self.out.dtype
 
     def signature(self, shape: Any) -> tuple:
-        """What every rank must agree on (its hash is checked across ranks)."""
-        return (self.collective, self.size, len(self.counts), self.total,
-                _digest(self.counts), self.dtype.str, self.op, self.root, self.algorithm,
-                tuple(shape))
+        """What every rank must agree on (its hash is checked across ranks). One count needs
+        no digest of the counts: the total is it."""
+        counts = self.counts
+        return (self.collective, self.size, len(counts), self.total,
+                _digest(counts) if len(counts) > 1 else "", self.dtype.str, self.op, self.root,
+                self.algorithm, tuple(shape))
 
     def traced(self) -> Signature:
         """The flight recorder's description of this call."""
@@ -162,6 +164,9 @@ class CollectiveCall:
         if sig is None or sig[0] not in TAG_KIND:
             return repr(sig)
         what, _, nblocks, total, _, dtype, op, root, algorithm, _ = sig
+        if what == "allreduce":
+            return (f"allreduce count={total} dtype={np.dtype(dtype)} op={op} "
+                    f"algorithm={algorithm}")
         return (f"{what} of {total} x {np.dtype(dtype)} ({nblocks} block(s)) op={op} "
                 f"root={root} algorithm={algorithm}")
 

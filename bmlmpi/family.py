@@ -3,7 +3,9 @@
 Each call is checked and resolved here into a :class:`~bmlmpi.calls.CollectiveCall`, the
 record an allreduce is too, which the communicator's one launch path (argument agreement,
 progress engine, fault-tolerant ledger) consumes.
-:class:`FamilyCalls` holds the public methods that :class:`bmlmpi.Communicator` inherits.
+:class:`FamilyEngine` runs them for the public methods of :class:`bmlmpi.Communicator`,
+which hand it their call's builder (:func:`scatter_blocks`, :func:`scatter`, :func:`gather`,
+:func:`reduce_to`, :func:`broadcast`).
 
 Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
 
@@ -77,7 +79,7 @@ _FAST_OP_IDS = frozenset(id(o) for o in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX))
 _IN_PLACE = MPI.IN_PLACE
 
 
-def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
+def fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
               *rest: Any) -> tuple | None:
     """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
     op: what :meth:`FamilyEngine.repeat` looks up; None for any other call. (On the
@@ -464,16 +466,6 @@ def family_algorithms(collective: str) -> tuple[str, ...]:
     return tuple(selection.algorithms(collective))
 
 
-def _gathering(kind: str, vector: bool) -> Callable[..., Any]:
-    """The non-blocking (``kind`` "start": a Request) or persistent ("init") allgather method
-    (``vector``: Allgatherv, counts and displacements in ``recvbuf`` as mpi4py's)."""
-    def method(self: Any, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
-        family = self.family
-        family_call = family.start if kind == "start" else family.init
-        return family_call("allgather", algorithm, self._gathers(sendbuf, recvbuf, vector))
-    return method
-
-
 def _locate(buf: np.ndarray | None, args: tuple) -> tuple | None:
     """Where ``buf`` (a schedule buffer a call's arguments resolved to) lies in ``args``:
     (argument index, element offset, count, None) when it is a slice of that argument's
@@ -555,7 +547,7 @@ class NativeArgs:
 
 
 class FastFamily:
-    """A blocking family signature (:func:`_fast_key`) whose first call ran the checked path,
+    """A blocking family signature (:func:`fast_key`) whose first call ran the checked path,
     argument agreement included: what its later calls need to skip it. Native (``plan``
     None): mpi4py's blocking call under the watchdog. A schedule: the cached plan, and where
     the schedule's input and output lie in the call's arguments (:func:`_locate`), so a
@@ -602,6 +594,8 @@ class FamilyLaunch(NamedTuple):
     idle: Callable[[], bool]                  # whether no started call is outstanding
     fast_open: Callable[[], bool]             # whether a fast path may be taken now
     drive_fast: Callable[[Any, int, Any], None]  # a fast path's run driven to completion
+    usable: Callable[[], None]                # refuse a call before anything starts
+    prepared: Callable[[str, Any, Any], Any]  # the checked call (a variant may annotate it)
 
 
 class FamilyEngine:
@@ -620,7 +614,7 @@ class FamilyEngine:
         self.watchdog = watchdog
         self.plain = plain          # no variant tracking every call itself: fast paths open
         self.native_blocking = native_blocking  # a checked native call may be MPI's blocking
-        #: The fast paths of the blocking signatures, by :func:`_fast_key`. Only the plain
+        #: The fast paths of the blocking signatures, by :func:`fast_key`. Only the plain
         #: communicator opens them; its rank never changes and its data communicator only
         #: at a repair (:meth:`rebind`), so the fast path keeps both.
         self.fast: dict[tuple, FastFamily] = {}
@@ -665,10 +659,9 @@ class FamilyEngine:
         gate = self.gate
         mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
-            owner = self.owner
-            owner._usable_for_calls()
-            return self.launch.submit_recorded(owner._family_prepared(collective, algorithm,
-                                                                      build))
+            launch = self.launch
+            launch.usable()
+            return launch.submit_recorded(launch.prepared(collective, algorithm, build))
         finally:
             gate.release(mine)
 
@@ -683,8 +676,7 @@ class FamilyEngine:
 
     def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """:meth:`init`, the communicator claimed."""
-        owner = self.owner
-        owner._usable_for_calls()
+        self.launch.usable()
 
         def host_only(alg: str) -> CollectiveCall:
             call = build(alg)
@@ -693,7 +685,7 @@ class FamilyEngine:
                                       f"persistent request cannot stage device memory at "
                                       f"every start)")
             return call
-        return self.launch.persistent(owner._family_prepared(collective, algorithm, host_only))
+        return self.launch.persistent(self.launch.prepared(collective, algorithm, host_only))
 
     def blocking(self, collective: str, algorithm: str | None, build: Any,
                  key: tuple | None = None, args: tuple = ()) -> None:
@@ -714,8 +706,8 @@ class FamilyEngine:
                 key: tuple | None, args: tuple) -> None:
         """:meth:`blocking`, the communicator claimed."""
         owner, launch = self.owner, self.launch
-        owner._usable_for_calls()
-        call = owner._family_prepared(collective, algorithm, build)
+        launch.usable()
+        call = launch.prepared(collective, algorithm, build)
         if (call.algorithm == "native" and self.native_blocking and launch.idle()
                 and launch.agreed(call)):
             slot = launch.record(call)  # (numbered in prepare; a native call takes no tags)
@@ -751,7 +743,7 @@ class FamilyEngine:
 
     # -- the fast path ----------------------------------------------------------------------
     def repeat(self, key: tuple, args: tuple) -> bool:
-        """A blocking call whose signature (:func:`_fast_key`) already ran through
+        """A blocking call whose signature (:func:`fast_key`) already ran through
         :meth:`blocking`, argument check included, takes its fast path (:class:`FastFamily`;
         no resolution, no agreement): mpi4py's blocking call on the private communicator
         under the watchdog (native), or the cached plan's run driven in the calling thread
@@ -828,6 +820,28 @@ class FamilyEngine:
                                entry.dtype)
         self.drive_fast(run, n, entry.traced)
 
+    def reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
+        """``recvcounts`` as mpi4py takes them: as given, or, omitted on a call that is not in
+        place, every rank's ``recvbuf`` count, gathered with the communicator's own
+        ``Allgather`` of one int64 per rank (mpi4py gathers them with ``MPI_Allgather``). A
+        rank whose ``recvbuf`` cannot be read sends -1 and gets None back (its own check
+        then raises its error); the others get :class:`_RefusedCounts` naming it."""
+        if recvcounts is not None or sendbuf is None or sendbuf is MPI.IN_PLACE:
+            return recvcounts
+        try:
+            mine = _recv_spec(DeviceStaging().host(recvbuf, copy_out=False)).count
+        except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
+            mine = -1
+        owner = self.owner
+        counts = np.empty(owner.size, dtype=np.int64)
+        owner.Allgather(np.array([mine], dtype=np.int64), counts)
+        if mine < 0:
+            return None
+        refused = [r for r, c in enumerate(counts) if c < 0]
+        if refused:
+            return _RefusedCounts(refused)
+        return tuple(int(c) for c in counts)
+
     def forget(self) -> None:
         """Close the fast paths of the family's signatures (the communicator is freed)."""
         self.fast.clear()
@@ -886,172 +900,36 @@ class _RefusedCounts:
                                   f"recvbuf while the recvcounts were gathered")
 
 
-class FamilyCalls:
-    """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them; each
-    hands its call to the communicator's :class:`FamilyEngine` (``self.family``).
+# -- how each public method's call prepares, given the algorithm (the facade's builders) ------
+# The communicator's rank and size are read when the call is prepared, not when the builder
+# is made: a fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family).
+def scatter_blocks(comm: Any, sendbuf: Any, recvbuf: Any, op: Any) -> Callable[[str], Any]:
+    """How ``Reduce_scatter_block`` prepares on ``comm``."""
+    return lambda alg: prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf, None, op,
+                                              True, alg)
 
-    Blocking, non-blocking (``I…``: a :class:`~bmlmpi.api.Request` that progresses inside
-    ``Test``/``Wait`` of any of the communicator's requests) and persistent (``…_init``: a
-    :class:`~bmlmpi.persistent.PersistentRequest`, MPI 4's ``Prequest``) forms, with
-    mpi4py's positional arguments. ``algorithm`` (keyword-only): one of
-    ``bmlmpi.algorithms(collective)``; None takes the communicator's own when that one
-    serves the collective, else ``auto``.
-    """
 
-    #: The family's hooks a variant may override (with :attr:`bmlmpi.api.Communicator.SEAM`):
-    #: ``_usable_for_calls`` (refuse a call before anything starts: a masked rank's) and
-    #: ``_family_prepared(collective, algorithm, build)`` (the checked call, which a variant
-    #: may annotate in ``call.extra`` before it is submitted).
-    SEAM = frozenset({"_usable_for_calls", "_family_prepared"})
+def scatter(comm: Any, sendbuf: Any, recvbuf: Any, recvcounts: Any,
+            op: Any) -> Callable[[str], Any]:
+    """How ``Reduce_scatter`` prepares on ``comm``, ``recvcounts`` as
+    :meth:`FamilyEngine.reduce_scatter_counts` gave them."""
+    if isinstance(recvcounts, _RefusedCounts):
+        return recvcounts.refuse
+    return lambda alg: prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf,
+                                              recvcounts, op, False, alg)
 
-    family: FamilyEngine
 
-    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
-        return self.family.prepare(collective, algorithm, build)
+def gather(comm: Any, sendbuf: Any, recvbuf: Any, vector: bool) -> Callable[[str], Any]:
+    """How ``Allgather`` (``vector``: ``Allgatherv``, counts and displacements in ``recvbuf``
+    as mpi4py's) prepares on ``comm``."""
+    return lambda alg: prepare_allgather(comm.rank, comm.size, sendbuf, recvbuf, vector, alg)
 
-    def _usable_for_calls(self) -> None:
-        """Where a fault-tolerant communicator refuses a masked rank's calls."""
 
-    # -- reduce-scatter ---------------------------------------------------------------------
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                             algorithm: str | None = None) -> None:
-        """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
-        key = _fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
-        if key is not None and self.family.repeat(key, (sendbuf, recvbuf, op)):
-            return
-        self.family.blocking("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)), key, (sendbuf, recvbuf, op))
+def reduce_to(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> Callable[[str], Any]:
+    """How ``Reduce`` prepares on ``comm``."""
+    return lambda alg: prepare_reduce(comm.rank, comm.size, sendbuf, recvbuf, op, root, alg)
 
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                              algorithm: str | None = None) -> Any:
-        return self.family.start("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)))
 
-    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                                  algorithm: str | None = None) -> Any:
-        return self.family.init("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)))
-
-    def _reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
-        """``recvcounts`` as mpi4py takes them: as given, or, omitted on a call that is not in
-        place, every rank's ``recvbuf`` count, gathered with this communicator's own
-        ``Allgather`` of one int64 per rank (mpi4py gathers them with ``MPI_Allgather``). A
-        rank whose ``recvbuf`` cannot be read sends -1 and gets None back (its own check
-        then raises its error); the others get :class:`_RefusedCounts` naming it."""
-        if recvcounts is not None or sendbuf is None or sendbuf is MPI.IN_PLACE:
-            return recvcounts
-        try:
-            mine = _recv_spec(DeviceStaging().host(recvbuf, copy_out=False)).count
-        except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
-            mine = -1
-        counts = np.empty(self.size, dtype=np.int64)
-        self.Allgather(np.array([mine], dtype=np.int64), counts)
-        if mine < 0:
-            return None
-        refused = [r for r, c in enumerate(counts) if c < 0]
-        if refused:
-            return _RefusedCounts(refused)
-        return tuple(int(c) for c in counts)
-
-    def _reduce_scatter_build(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-                              op: Any) -> Callable[[str], CollectiveCall]:
-        if isinstance(recvcounts, _RefusedCounts):
-            return recvcounts.refuse
-        # rank and size are read when the call is prepared, as every family build does: a
-        # fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family)
-        return lambda alg: prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf,
-                                                  recvcounts, op, False, alg)
-
-    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                       op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
-        """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
-        block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
-        key = None
-        if isinstance(recvcounts, (list, tuple)):
-            key = _fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
-                            tuple(recvcounts))
-            if key is not None and self.family.repeat(key, (sendbuf, recvbuf, recvcounts,
-                                                             op)):
-                return
-        elif recvcounts is None:
-            recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        self.family.blocking("reduce_scatter", algorithm,
-                             self._reduce_scatter_build(sendbuf, recvbuf, recvcounts, op),
-                             key, (sendbuf, recvbuf, recvcounts, op))
-
-    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        return self.family.start("reduce_scatter", algorithm, self._reduce_scatter_build(
-            sendbuf, recvbuf, recvcounts, op))
-
-    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                            op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        return self.family.init("reduce_scatter", algorithm, self._reduce_scatter_build(
-            sendbuf, recvbuf, recvcounts, op))
-
-    # -- allgather --------------------------------------------------------------------------
-    def _gathers(self, sendbuf: Any, recvbuf: Any, v: bool) -> Callable[[str], Any]:
-        """How an allgather (``v``: Allgatherv's counts and displacements) prepares, given
-        the algorithm."""
-        return lambda alg: prepare_allgather(self.rank, self.size, sendbuf, recvbuf, v, alg)
-
-    def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
-        """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
-        key = _fast_key("Allgather", algorithm, (sendbuf, recvbuf))
-        if key is not None and self.family.repeat(key, (sendbuf, recvbuf)):
-            return
-        self.family.blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, False),
-                              key, (sendbuf, recvbuf))
-
-    Iallgather = _gathering("start", False)
-    Allgather_init = _gathering("init", False)
-
-    def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
-        """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
-        self.family.blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, True))
-
-    Iallgatherv = _gathering("start", True)
-    Allgatherv_init = _gathering("init", True)
-
-    # -- reduce and broadcast ---------------------------------------------------------------
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-               algorithm: str | None = None) -> None:
-        """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
-        key = _fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
-        if key is not None and self.family.repeat(key, (sendbuf, recvbuf, op, root)):
-            return
-        self.family.blocking("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key,
-            (sendbuf, recvbuf, op, root))
-
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                algorithm: str | None = None) -> Any:
-        return self.family.start("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
-
-    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                    algorithm: str | None = None) -> Any:
-        return self.family.init("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
-
-    def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
-        """Copy the root's ``buf`` into every rank's ``buf``."""
-        key = _fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
-        if key is not None and self.family.repeat(key, (buf, root)):
-            return
-        self.family.blocking("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)), key, (buf, root))
-
-    def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
-        return self.family.start("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)))
-
-    def Bcast_init(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
-        return self.family.init("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)))
+def broadcast(comm: Any, buf: Any, root: Any) -> Callable[[str], Any]:
+    """How ``Bcast`` prepares on ``comm``."""
+    return lambda alg: prepare_bcast(comm.rank, comm.size, buf, root, alg)

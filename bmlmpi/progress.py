@@ -76,6 +76,10 @@ class Progress:
         self.hooks = hooks
         self.active = active
 
+    def idle(self) -> bool:
+        """Whether no started call is outstanding."""
+        return not self.active
+
     def start(self, run: Run | ShmRun | NativeRun, seq: int, slot: Slot | None) -> Outstanding:
         """The record of call ``seq``, started as ``run``: polled once, then kept in
         :attr:`active` until it completes. A scheduled run whose tags a call still in flight

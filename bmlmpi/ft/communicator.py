@@ -8,7 +8,7 @@ lost, masking) and a :class:`~.grow.Growth` (spawned replacements), plus this ra
 :class:`~.heartbeat.Heartbeat`. They read its public side (``comm``, ``heartbeat``,
 ``rank``, ``size``, ``timeout``, ``recorder``) and reach back through the hooks it hands the
 ledger; it plugs into :class:`bmlmpi.Communicator` only through the base's declared seam
-(``Communicator.SEAM``, ``FamilyCalls.SEAM``): schedules bind to one communicator (no level
+(``Communicator.SEAM``): schedules bind to one communicator (no level
 communicators, so revoking and shrinking touch exactly one object), recovery picks the
 BCube-preserving schedule where asked, an MPI failure is noted for the agreement instead of
 raised, every call is entered in the ledger and returns a plain :class:`bmlmpi.Request` over
