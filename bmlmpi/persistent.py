@@ -39,7 +39,7 @@ class PersistentRequest:
 
     def __init__(self, start: Callable[[Any, Any], Any], call: Any, compiled: Any):
         self._start = start        # the communicator's: (call, compiled) -> the outstanding start
-        self._call = call          # PreparedCall or FamilyCall, checked
+        self._call = call          # the checked CollectiveCall
         self._compiled = compiled  # a Plan, an MPI Prequest (native), or None
         self._entry: Any = None    # the outstanding start, None while inactive
         self._freed = False

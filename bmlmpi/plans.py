@@ -51,8 +51,8 @@ class PlanCache:
         return plan
 
     def family_plan(self, call: Any) -> Plan | ShmPlan:
-        """The compiled plan of a scheduled family call (a :class:`~bmlmpi.family.
-        FamilyCall`; cached per signature)."""
+        """The compiled plan of a scheduled reduce-scatter, allgather, reduce or broadcast
+        (a :class:`~bmlmpi.calls.CollectiveCall`; cached per signature)."""
         key = call.plan_key()
         plan = self.plans.get(key)
         if plan is not None:
