@@ -895,10 +895,10 @@ class FamilyEngine:
         gate = self.gate
         mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
-            owner = self.owner
-            owner._usable_for_calls()
-            return self.launch.submit_recorded(owner._family_prepared(collective, algorithm,
-                                                                      build))
+            policy = self.owner.policy
+            policy.check_usable()
+            return self.launch.submit_recorded(policy.prepare_family(collective, algorithm,
+                                                                     build, self))
         finally:
             gate.release(mine)
 
@@ -913,8 +913,8 @@ class FamilyEngine:
 
     def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """:meth:`init`, the communicator claimed."""
-        owner = self.owner
-        owner._usable_for_calls()
+        policy = self.owner.policy
+        policy.check_usable()
 
         def host_only(alg: str) -> FamilyCall:
             call = build(alg)
@@ -923,7 +923,8 @@ class FamilyEngine:
                                       f"persistent request cannot stage device memory at "
                                       f"every start)")
             return call
-        return self.launch.persistent(owner._family_prepared(collective, algorithm, host_only))
+        return self.launch.persistent(policy.prepare_family(collective, algorithm, host_only,
+                                                            self))
 
     def blocking(self, collective: str, algorithm: str | None, build: Any,
                  key: tuple | None = None, args: tuple = ()) -> None:
@@ -944,8 +945,8 @@ class FamilyEngine:
                 key: tuple | None, args: tuple) -> None:
         """:meth:`blocking`, the communicator claimed."""
         owner, launch = self.owner, self.launch
-        owner._usable_for_calls()
-        call = owner._family_prepared(collective, algorithm, build)
+        owner.policy.check_usable()
+        call = owner.policy.prepare_family(collective, algorithm, build, self)
         if (call.algorithm == "native" and self.native_blocking and launch.idle()
                 and launch.agreed(call)):
             slot = launch.record(call)  # (numbered in prepare; a native call takes no tags)
@@ -1155,20 +1156,7 @@ class FamilyCalls:
     serves the collective, else ``auto``.
     """
 
-    #: The family's hooks a variant may override (with :attr:`bmlmpi.api.Communicator.SEAM`):
-    #: ``_usable_for_calls`` (refuse a call before anything starts: a masked rank's) and
-    #: ``_family_prepared(collective, algorithm, build)`` (the checked call, which a variant
-    #: may annotate in ``call.extra`` before it is submitted).
-    SEAM = frozenset({"_usable_for_calls", "_family_prepared"})
-
     family: FamilyEngine
-
-    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
-        return self.family.prepare(collective, algorithm, build)
-
-    def _usable_for_calls(self) -> None:
-        """Where a fault-tolerant communicator refuses a masked rank's calls."""
 
     # -- reduce-scatter ---------------------------------------------------------------------
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
