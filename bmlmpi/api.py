@@ -146,6 +146,10 @@ class Communicator(FamilyCalls):
     ``BMLMPI_BCUBE`` or the prime factorisation of the size. ``timeout``: seconds a wait may go
     without progress before it raises (``BMLMPI_TIMEOUT``, default 120). ``validate``: check on
     the first call of each signature that all ranks agree (``BMLMPI_VALIDATE``, default on).
+    ``policy``: what differs under failures (:class:`bmlmpi.call_policy.CallPolicy`), for a
+    variant to build the base with its own (``fault_tolerant=True`` builds the fault-tolerant
+    communicator, whose policy is :class:`bmlmpi.ft.policy.FaultTolerantPolicy`); None: the
+    plain policy.
 
     Blocking calls and deadlines: the first ``Allreduce`` of each signature (count, dtype,
     op, algorithm) is started non-blocking and waited on with the deadline, argument check
@@ -179,7 +183,6 @@ class Communicator(FamilyCalls):
     #: variant differs in the policy it builds the base with (``policy=``,
     #: :class:`bmlmpi.call_policy.CallPolicy`) and the public methods it adds.
     _variants: dict[str, type[Communicator]] = {}
-
 
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -603,7 +606,7 @@ class Communicator(FamilyCalls):
         if rec is not None:
             name = op_name(op) if id(op) in FAST_OPS else None
             self.call_failed(rec.begin(Signature(collective, None, None, name, None,
-                                                  algorithm, None)), exc)
+                                                 algorithm, None)), exc)
 
     def _refuse(self, exc: Exception) -> None:
         """A call refused before it had arguments to check (an unknown algorithm name): this

@@ -77,8 +77,7 @@ class CallPolicy:
         seq = pipeline.call_numbers.callno
         label = (f"bmlmpi {call.algorithm} {call.collective} (rank {pipeline.rank}, "
                  f"call {seq})")
-        size = pipeline.size
-        run = pipeline.check_and_launch(call, label, lambda: call.finish(size))
+        run = pipeline.check_and_launch(call, label, lambda: call.finish(pipeline.size))
         return pipeline.calls_in_flight.start(run, seq, call.slot)
 
     def start_persistent(self, call: Any, compiled: Any) -> Any:
