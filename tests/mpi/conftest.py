@@ -20,12 +20,21 @@ SHAPES = {4: ["2x2", "4"], 6: ["2x3", "3x2", "6"], 8: ["2x2x2", "4x2", "2x4"],
 
 #: Files sized for the test command: what they check does not change with the rank count
 #: beyond 6 (agreement on refused arguments, the watchdog and the communicators' contracts,
-#: the flight recorder, calibration's agreement and cache, buckets), while at 8, 9 and 12
-#: oversubscribed ranks each costs minutes; those rank counts run the schedules' files
-#: (allreduce, conformance, family, hierarchical, shared memory, fast paths, compression,
-#: recovery).
+#: the flight recorder, calibration's agreement and cache, buckets, and conformance: the
+#: datatypes, ops, buffer specifications and communicators mpi4py accepts, which the
+#: argument layer handles alike at every size), while at 8, 9 and 12 oversubscribed ranks
+#: each costs minutes; those rank counts run the schedules' files (allreduce with every op,
+#: family, hierarchical, shared memory, fast paths, compression, recovery).
 SIZED_TO_6 = frozenset({"test_bad_input_mpi.py", "test_buckets_mpi.py", "test_calibrate_mpi.py",
-                        "test_contracts_mpi.py", "test_trace_mpi.py"})
+                        "test_conformance_mpi.py", "test_contracts_mpi.py", "test_trace_mpi.py"})
+
+#: The hierarchical allreduce's every-datatype test costs ~4 s per datatype at 12 oversubscribed
+#: ranks; beyond 6 ranks it takes one datatype of each kind (integer, both float widths the
+#: kernels specialise, complex), the rest of ALL_DTYPES at 1-6 ranks, where the same kernels
+#: and both tiers run. (The flat allreduce keeps every datatype at every size.)
+FEW_DTYPES_BEYOND_6 = frozenset({"test_hierarchical_mpi.py"})
+DTYPES_BEYOND_6 = frozenset({np.dtype(np.int64), np.dtype(np.float32), np.dtype(np.float64),
+                             np.dtype(np.complex128)})
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,9 +42,15 @@ def pytest_collection_modifyitems(config, items):
         return
     sized = pytest.mark.skip(reason="sized for the test command: runs at 1-6 ranks "
                                     "(tests/mpi/conftest.py)")
+    few = pytest.mark.skip(reason="sized for the test command: this datatype runs at 1-6 "
+                                  "ranks (tests/mpi/conftest.py DTYPES_BEYOND_6)")
     for item in items:
         if item.path.name in SIZED_TO_6:
             item.add_marker(sized)
+        if item.path.name in FEW_DTYPES_BEYOND_6 and hasattr(item, "callspec"):
+            dtype = item.callspec.params.get("dtype")
+            if dtype is not None and np.dtype(dtype) not in DTYPES_BEYOND_6:
+                item.add_marker(few)
 
 
 def rank_input(n: int, rank: int, dtype, op) -> np.ndarray:

@@ -58,9 +58,10 @@ def test_fast_path_gives_the_exact_reduction(comm, ctx, dtype, op):
 
 @pytest.mark.mpi
 def test_ring_segments_and_large_counts(comm):
-    """Two ring segments per chunk (a chunk over 1 MiB): several lanes on the fast path."""
+    """Several ring segments per chunk (a chunk over 2 MiB, segments of 1 MiB): several lanes
+    on the fast path."""
     ctx = bmlmpi.Communicator(comm, algorithm="ring", timeout=60)
-    n = (1 << 19) * comm.size + 3
+    n = (1 << 18) * comm.size + 3
     send = rank_input(n, comm.rank, np.float64, MPI.SUM)
     want = reference(n, comm.size, np.float64, MPI.SUM)
     failures = []
