@@ -12,8 +12,9 @@ cache and ``auto`` (:mod:`bmlmpi.plans`), call numbers and tag slots
 (:mod:`bmlmpi.call_gate`), agreement on its calls (:mod:`bmlmpi.call_agreement`),
 outstanding calls (:mod:`bmlmpi.progress`), blocking fast path (:mod:`bmlmpi.fast_path`), the
 family's engine (:mod:`bmlmpi.family`) and compression channel
-(:mod:`bmlmpi.compression.channel`). Here: construction, the public methods, the variant
-registry and the hooks a variant overrides (``SEAM``).
+(:mod:`bmlmpi.compression.channel`), and the policy for what differs under failures
+(:mod:`bmlmpi.call_policy`), which it calls at a few named points of a call's life. Here:
+construction, the public methods, the variant registry and the services a policy calls.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,9 +34,10 @@ from .agreement import (
     drain,
 )
 from .buffers import BufferSpecError
-from .call_agreement import AgreementHooks, CallAgreement, agree_construction
+from .call_agreement import CallAgreement, agree_construction
 from .call_gate import CallGate
 from .call_numbers import CallNumbers
+from .call_policy import CallPolicy
 from .calls import (
     CollectiveCall,
     CompressedCall,
@@ -46,7 +47,6 @@ from .calls import (
 )
 from .compression.channel import CompressionChannel
 from .execute import (
-    Plan,
     Run,
     tag_upper_bound,
     timeout_from_env,
@@ -69,13 +69,12 @@ from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
 from .persistent import PersistentCalls, PersistentHooks, PersistentRequest
-from .placement import Placement, split_levels
+from .placement import Placement
 from .plans import PlanCache
 from .progress import Outstanding, Progress, ProgressHooks
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
-from .schedules import algorithms, catalog
+from .schedules import catalog
 from .schedules.types import Schedule
-from .shm import ShmPlan
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
@@ -150,6 +149,10 @@ class Communicator:
     ``BMLMPI_BCUBE`` or the prime factorisation of the size. ``timeout``: seconds a wait may go
     without progress before it raises (``BMLMPI_TIMEOUT``, default 120). ``validate``: check on
     the first call of each signature that all ranks agree (``BMLMPI_VALIDATE``, default on).
+    ``policy``: what differs under failures (:class:`bmlmpi.call_policy.CallPolicy`), for a
+    variant to build the base with its own (``fault_tolerant=True`` builds the fault-tolerant
+    communicator, whose policy is :class:`bmlmpi.ft.policy.FaultTolerantPolicy`); None: the
+    plain policy.
 
     Blocking calls and deadlines: the first ``Allreduce`` of each signature (count, dtype,
     op, algorithm) is started non-blocking and waited on with the deadline, argument check
@@ -179,50 +182,10 @@ class Communicator:
     #: The variants, by name: a subclass registers itself when its module is imported
     #: (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``), and
     #: ``fault_tolerant=True`` builds the one named ``fault_tolerant``. This module names no
-    #: variant's module: :mod:`bmlmpi.variants` (``bmlmpi.Communicator``) loads them.
+    #: variant's module: :mod:`bmlmpi.variants` (``bmlmpi.Communicator``) loads them. A
+    #: variant differs in the policy it builds the base with (``policy=``,
+    #: :class:`bmlmpi.call_policy.CallPolicy`) and the public methods it adds.
     _variants: dict[str, type[Communicator]] = {}
-
-    #: The seam a variant plugs into: the private methods a subclass in another module may
-    #: override or call (tests/unit/test_shared_state.py holds every module to it). Hooks the
-    #: base calls at one point of a call's life, which a variant may override:
-    #:
-    #: * ``_agrees_every_call`` -- agree on every call, not only a signature's first.
-    #: * ``_make_control`` -- the communicator agreements travel on.
-    #: * ``_split_levels`` -- the BCube level communicators (a variant may make none).
-    #: * ``_start`` -- a non-blocking allreduce's entry, its algorithm checked.
-    #: * ``_submit`` -- a checked call's launch: returns its :class:`Request`.
-    #: * ``_start_persistent`` -- one start of a persistent call: returns the record polled.
-    #: * ``_compile`` -- a schedule bound to communicators (a plan).
-    #: * ``_failure_noted``/``_is_failure`` -- what an MPI error means (noted or raised).
-    #: * ``_progress_mark`` -- what changes when outstanding work advances.
-    #: * ``_usable_for_calls`` -- refuse a call before anything starts (a masked rank's).
-    #: * ``_family_prepared(collective, algorithm, build)`` -- a family call checked (which
-    #:   a variant may annotate in ``call.extra`` before it is submitted).
-    #:
-    #: Services of the base a variant calls (not overridden):
-    #:
-    #: * ``_check_and_launch(call, label, finish, launch=)`` -- agree on a prepared call across
-    #:   ranks (raising on every rank when it differs), then start its exchange (a
-    #:   :class:`~bmlmpi.execute.Run` or :class:`NativeRun`; None with ``launch=False``, a
-    #:   rank the call skips but which must still agree).
-    #: * ``_resolve_auto(call)`` -- the algorithm ``auto`` picks for a call over the current
-    #:   members.
-    #: * ``_adopt_comm(comm, keep, shape)`` -- after the members changed (a shrink or a mask):
-    #:   ``comm`` becomes the data communicator (the old one is freed), ``keep`` the old ranks
-    #:   of its members in their new order, ``shape`` its BCube shape; the link weights keep
-    #:   those rows and columns (placement did not change), a control channel that was the
-    #:   data communicator (``_make_control``) is ``comm`` too, and every cached plan, ``auto``
-    #:   choice and agreed signature is forgotten. Only a variant without level
-    #:   communicators adopts (none are made for ``comm``).
-    #: * ``_tag_count`` -- how many calls have taken tags (settable: survivors of a failure
-    #:   continue from the largest count among them, so their next calls use the same tags).
-    #: * ``_record(call)``, ``_call_done(slot)``, ``_call_failed(slot, exc, run)`` -- the
-    #:   flight recorder's record of a call the variant tracks itself.
-    SEAM = frozenset({"_agrees_every_call", "_make_control", "_split_levels", "_start",
-                      "_submit", "_start_persistent", "_compile", "_failure_noted",
-                      "_is_failure", "_progress_mark", "_check_and_launch", "_resolve_auto",
-                      "_adopt_comm", "_tag_count", "_record", "_call_done", "_call_failed",
-                      "_usable_for_calls", "_family_prepared"})
 
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -249,10 +212,14 @@ class Communicator:
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
                  *, timeout: float | None = None, validate: bool | None = None,
-                 check: str | None = None):
+                 check: str | None = None, policy: CallPolicy | None = None):
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
         remove_singleton_leftovers()
+        #: What differs under failures (:mod:`bmlmpi.call_policy`): the plain policy unless a
+        #: variant builds the base with its own.
+        self.policy = policy = CallPolicy() if policy is None else policy
+        policy.attach(self)
         # Arguments are checked locally, then agreed: a rank whose arguments fail still
         # joins the construction's collectives, so every rank raises at once (the others
         # RemoteArgumentError naming it) instead of waiting out a deadline, and ranks that
@@ -264,7 +231,7 @@ class Communicator:
             self.timeout = timeout_from_env(timeout)
             self.algorithm = selection.check_algorithm(algorithm)
             self.validate = _validation_enabled(validate)
-            self.check = "every-call" if self._agrees_every_call() else _check_mode(check)
+            self.check = "every-call" if policy.agrees_every_call else _check_mode(check)
             self.shape = resolve_shape(comm.Get_size(), topology)
         except (ValueError, TypeError) as exc:
             error = exc
@@ -282,7 +249,7 @@ class Communicator:
             () if error else (self.shape, self.algorithm, self.check, self.validate),
             self.timeout)
         # the control channel (bmlmpi.agreement): agreements and notices, never data
-        self._control = self._make_control()
+        self._control = policy.control_channel(self._comm)
         mailbox = (Mailbox(self._control, self._token) if self._control is not self._comm
                    else None)
         # the thread inside a call; call numbers and tag slots (their one owner)
@@ -290,11 +257,9 @@ class Communicator:
         self._numbers = CallNumbers(tag_upper_bound(self._comm))
         # the started calls (the fast paths read it to know whether any is outstanding)
         self._active: list[Outstanding] = []
-        self._agreement = CallAgreement(self, self._numbers, mailbox, self._active,
-                                        AgreementHooks(self._control_channel,
-                                                       self._abandon_calls, self._move_to))
+        self._agreement = CallAgreement(self, self._numbers, mailbox, self._active)
         agreement = self._agreement
-        self._levels = self._split_levels()
+        self._levels = policy.levels(self._comm, self.shape, self.rank)
         numbers = self._numbers
         self._placement = Placement(self, lambda: agreement.interrupt(numbers.callno)())
         self._links = self._placement.find_links()
@@ -302,15 +267,15 @@ class Communicator:
         if selection.calibration_wanted(self.algorithm):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
-        self._cache = PlanCache(self, self._placement, self._compile)
+        self._cache = PlanCache(self, self._placement, policy)
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
         self._calls_in_flight = Progress(self, self._gate, self._active, ProgressHooks(
-            self._call_done, self._call_failed, agreement.interrupt, agreement.gave_up,
-            agreement.hold, agreement.held.append, self._progress_mark))
-        # the blocking fast path (see the class docstring); not for a subclass with its own
-        # launch path (the fault-tolerant communicator tracks every call itself)
-        self._plain = plain = type(self)._submit is Communicator._submit
+            self.call_done, self.call_failed, agreement.interrupt, agreement.gave_up,
+            agreement.hold, agreement.held.append, policy.progress_mark))
+        # the blocking fast path (see the class docstring); not for a policy that keeps every
+        # call itself (the fault-tolerant one)
+        plain = not policy.keeps_calls
         native_fast = config.get("BMLMPI_BLOCKING") == "watchdog" and self.check == "first-call"
         capacity = recorder_capacity()
         self._recorder = (FlightRecorder(capacity, self.rank, self.size, type(self).__name__,
@@ -329,53 +294,44 @@ class Communicator:
         self._fast_path = FastPath(
             self, self._comm, self._numbers, self._cache, self._active, self._recorder,
             self._watchdog, FastHooks(agreement.fast_open, self._begin, agreement.interrupt,
-                                      self._call_failed, agreement.hold, agreement.held.append,
+                                      self.call_failed, agreement.hold, agreement.held.append,
                                       agreement.gave_up), enabled=plain, native=native_fast)
         self._persistent_calls = PersistentCalls(
             self, self._cache, self._gate, self._numbers, PersistentHooks(
-                agreement.begin_call, agreement.validate, self._failure_noted,
-                self._start_persistent, self._launch, self._record,
+                agreement.begin_call, agreement.validate, policy.failure_noted,
+                policy.start_persistent, self._launch, self.record,
                 self._calls_in_flight.start), plain=plain)
         self.family = FamilyEngine(
             self, self._cache, self._gate, self._numbers,
             FamilyLaunch(agreement.begin_call, agreement.notice, agreement.validate,
-                         self._failure_noted, self._is_failure, self._refused, self._record,
-                         self._call_done, self._call_failed, self._submit_recorded,
-                         self._persistent_calls.make, agreement.agreed, self._calls_in_flight.idle,
-                         agreement.fast_open, self._fast_path.drive,
-                         self._usable_for_calls, self._family_prepared),
+                         policy.failure_noted, policy.is_failure, self._refused, self.record,
+                         self.call_done, self.call_failed, self._submit_recorded,
+                         self._persistent_calls.make, agreement.agreed,
+                         self._calls_in_flight.idle, agreement.fast_open,
+                         self._fast_path.drive),
             self._recorder, self._watchdog, plain=plain, native_blocking=plain and native_fast)
 
-    # -- construction and the control channel -----------------------------------------------
-    def _agrees_every_call(self) -> bool:
-        """Whether every call is agreed whatever ``check`` says (the fault-tolerant
-        communicator agrees on each call anyway)."""
-        return False
-
-    def _make_control(self) -> MPI.Comm:
-        """The communicator agreements and notices travel on: a duplicate of the data
-        communicator, so that no agreement can ever match a data message."""
-        control = self._comm.Dup()
-        control.Set_errhandler(MPI.ERRORS_RETURN)
-        return control
-
-    def _control_channel(self) -> MPI.Comm:
-        """The communicator agreements travel on now (a variant's changes with its
-        members)."""
+    # -- the control channel and its repair (bmlmpi.call_agreement calls these) --------------
+    @property
+    def control(self) -> MPI.Comm:
+        """The communicator agreements and notices travel on now (the policy's
+        :meth:`~bmlmpi.call_policy.CallPolicy.control_channel`; a fault-tolerant one's changes
+        with its members)."""
         return self._control
 
-    def _abandon_calls(self, seq: int, exc: BaseException) -> None:
+    def abandon_calls(self, seq: int, exc: BaseException) -> None:
         """Calls numbered ``seq`` or later fail with ``exc``; the fast paths stay shut until
-        the repair."""
+        the repair (:meth:`bmlmpi.call_agreement.CallAgreement.abandon_from`)."""
         self._fast_path.repeat = None
         self._calls_in_flight.abandon_from(seq, exc)
 
-    def _move_to(self, new: MPI.Comm) -> None:
-        """A repair's fresh duplicate becomes the data communicator; the old one and its
-        levels are held (MPI may still hold abandoned calls' messages on them)."""
+    def move_to(self, new: MPI.Comm) -> None:
+        """A repair's fresh duplicate becomes the data communicator
+        (:meth:`bmlmpi.call_agreement.CallAgreement.repair`); the old one and its levels are
+        held (MPI may still hold abandoned calls' messages on them)."""
         self._agreement.held.append((self._comm, self._levels))
         self._comm = new
-        self._levels = self._split_levels()
+        self._levels = self.policy.levels(new, self.shape, self.rank)
         self._cache.clear()
         self.family.rebind(new)
         self._fast_path.rebind(new)  # plans bound to the old communicator: bound again
@@ -430,11 +386,12 @@ class Communicator:
         return str(self._recorder.dump("dump_trace()", None if directory is None
                                        else Path(directory), announce=False, counted=False))
 
-    def _call_done(self, slot: Slot | None) -> None:
+    def call_done(self, slot: Slot | None) -> None:
+        """Record that ``slot``'s call completed (None: the recorder is off)."""
         if slot is not None:
             self._recorder.done(slot)
 
-    def _call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
+    def call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
         """Record that ``slot``'s call raised ``exc``; dump the recorder where the failure
         earns it (:func:`bmlmpi.calls.earns_dump`: a hang or a failure between ranks, not a
         refused argument)."""
@@ -589,16 +546,6 @@ class Communicator:
         self._gate.refuse_freed(self.rank)
         return self._cache.auto(count, itemsize)
 
-    def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
-                          what: str, abandon: Callable[[], None]
-                          ) -> Generator[list, None, Any]:
-        """Run the exchange ``stages`` of one compressed call (``what``) on ``channel``, its
-        result returned. The seam a fault-tolerant communicator overrides to settle the call
-        among the survivors, calling ``abandon()`` (which takes the call out of the
-        compressor's memory and drops the channel's duplicate) where it cannot; here the
-        stages run as they are."""
-        return (yield from stages)
-
     def allreduce(self, array: Any, op: Any = MPI.SUM) -> np.ndarray:
         """Return a new array holding the reduction of ``array`` over all ranks."""
         if buffers.is_device_array(array):
@@ -613,10 +560,11 @@ class Communicator:
 
     # -- internals ------------------------------------------------------------------------
     # -- the launch path: prepare, agree, launch, progress --------------------------------
-    # One engine for both communicators. A subclass overrides only what differs: how a
-    # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
-    # what an MPI failure means (_failure_noted, _is_failure).
+    # One engine for both communicators. What differs under failures is the policy's
+    # (bmlmpi.call_policy): how a started call is tracked, how a schedule is bound, what an
+    # MPI error means.
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
+        self.policy.check_usable()
         mine = self._gate.claim(self.rank)
         try:
             return self._begin(sendbuf, recvbuf, op, algorithm)[1]
@@ -634,19 +582,21 @@ class Communicator:
             raise
         return call, self._submit_recorded(call)
 
-    def _record(self, call: CollectiveCall) -> Slot | None:
-        """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``)."""
+    def record(self, call: CollectiveCall) -> Slot | None:
+        """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``; None
+        when the recorder is off)."""
         rec = self._recorder
         call.slot = None if rec is None else rec.begin(call.traced())
         return call.slot
 
     def _submit_recorded(self, call: CollectiveCall) -> Request:
-        """:meth:`_submit`, the call entered in the flight recorder first."""
-        self._record(call)
+        """The call entered in the flight recorder, then started and tracked by the policy
+        (:meth:`~bmlmpi.call_policy.CallPolicy.track`): its request."""
+        self.record(call)
         try:
-            return self._submit(call)
+            return Request(self.policy.track(call))
         except BaseException as exc:
-            self._call_failed(call.slot, exc)
+            self.call_failed(call.slot, exc)
             raise
 
     def _refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
@@ -655,14 +605,14 @@ class Communicator:
         rec = self._recorder
         if rec is not None:
             name = op_name(op) if id(op) in FAST_OPS else None
-            self._call_failed(rec.begin(Signature(collective, None, None, name, None,
-                                                  algorithm, None)), exc)
+            self.call_failed(rec.begin(Signature(collective, None, None, name, None,
+                                                 algorithm, None)), exc)
 
     def _refuse(self, exc: Exception) -> None:
         """A call refused before it had arguments to check (an unknown algorithm name): this
         rank's error, announced to the others like any other argument error."""
         self._agreement.begin_call()
-        with self._failure_noted():
+        with self.policy.failure_noted():
             self._agreement.validate(None, exc)
         raise exc
 
@@ -678,7 +628,7 @@ class Communicator:
             # check raises it here. Lookup and attribute errors come from malformed specs an
             # exporter's own code trips on, an ImportError from a device buffer with no cupy
             # to stage it: still this rank's argument error, not a hang.
-            with self._failure_noted():
+            with self.policy.failure_noted():
                 self._agreement.validate(None, exc)
             raise
 
@@ -716,20 +666,13 @@ class Communicator:
             if mine:
                 gate.owner = None
 
-    def _submit(self, call: CollectiveCall) -> Request:
-        """Check the call across ranks, start it and hand back its request."""
-        seq = self._numbers.callno
-        label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
-        return Request(self._calls_in_flight.start(
-            self._check_and_launch(call, label, lambda: call.finish(self.size)), seq,
-            call.slot))
-
-    def _check_and_launch(self, call: CollectiveCall, label: str,
-                          finish: Callable[[], None] | None = None, *,
-                          launch: bool = True) -> Run | NativeRun | None:
+    def check_and_launch(self, call: CollectiveCall, label: str,
+                         finish: Callable[[], None] | None = None, *,
+                         launch: bool = True) -> Run | NativeRun | None:
         """Agree on ``call`` across ranks (raising on every rank when it differs), then start
         its exchange (None with ``launch`` False: a rank the call skips agrees all the
-        same). A seam service (:attr:`SEAM`)."""
+        same). What a policy's :meth:`~bmlmpi.call_policy.CallPolicy.track` starts a call
+        with."""
         self._agreement.validate(call, None)
         return self._launch(call, label, finish) if launch else None
 
@@ -740,7 +683,8 @@ class Communicator:
         different signatures never match: a rank that switches to another signature it
         already ran meets no partner); ``finish`` runs when the exchange completes."""
         if call.algorithm == "native":
-            return call.start_native(self._comm, self.rank, finish, label, self._is_failure)
+            return call.start_native(self._comm, self.rank, finish, label,
+                                     self.policy.is_failure)
         cache = self._cache
         plan = call.compiled(cache)
         tag_base = self._numbers.take_tags(call.tag_kind, cache.sig_id(call.plan_key()))
@@ -748,8 +692,9 @@ class Communicator:
         # the ranges it must (bmlmpi.deferred), sending the rest from the input itself
         return call.start_plan(plan, tag_base, label, finish)
 
-    def _resolve_auto(self, call: CollectiveCall) -> str:
-        """``auto``'s choice for ``call`` over the current members."""
+    def resolve_auto(self, call: CollectiveCall) -> str:
+        """``auto``'s choice for ``call`` over the current members (a policy that runs a call
+        again over other members chooses again)."""
         return call.auto(self._cache)
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
@@ -760,7 +705,7 @@ class Communicator:
         gate = self._gate
         mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
-            self._usable_for_calls()
+            self.policy.check_usable()
             algorithm = (self.algorithm if algorithm is None
                          else selection.check_algorithm(algorithm))
             if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
@@ -884,32 +829,13 @@ class Communicator:
                    algorithm: str | None = None) -> PersistentRequest:
         return self.family.init("bcast", algorithm, broadcast(self, buf, root))
 
-    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """The checked family call, or its error raised on every rank (as ``Allreduce``'s);
-        a seam hook (:attr:`SEAM`)."""
-        return self.family.prepare(collective, algorithm, build)
-
-    def _usable_for_calls(self) -> None:
-        """Where a fault-tolerant communicator refuses a masked rank's calls; a seam hook
-        (:attr:`SEAM`)."""
-
-    def _start_persistent(self, call: CollectiveCall, compiled: Any) -> Any:
-        """One start of a persistent call (:meth:`PersistentCalls.start`)."""
-        return self._persistent_calls.start(call, compiled)
-
-    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
-        """The schedule bound to this communicator (BCube levels on their own communicators,
-        shared-memory steps on the node's window)."""
-        return self._cache.bind(self._cache.schedule(algorithm, count, itemsize), itemsize,
-                                algorithms.get(algorithm).tiered)
-
-    def _adopt_comm(self, comm: MPI.Comm, keep: Sequence[int], shape: Shape) -> None:
+    def adopt_comm(self, comm: MPI.Comm, keep: Sequence[int], shape: Shape) -> None:
         """After the members changed (a fault-tolerant shrink or mask): ``comm`` becomes the
         data communicator, ``keep`` the old ranks of its members in their new order, ``shape``
         its BCube shape. The link weights keep those rows and columns (placement did not
         change); a control channel that was the data communicator follows it; cached plans,
-        ``auto`` choices and agreed signatures are forgotten. A seam
-        service (:attr:`SEAM`) for a variant without level communicators."""
+        ``auto`` choices and agreed signatures are forgotten. How a policy without level
+        communicators replaces the communicator (:mod:`bmlmpi.ft.policy`)."""
         old = self._comm
         with contextlib.suppress(MPI.Exception):
             old.Free()
@@ -925,28 +851,25 @@ class Communicator:
         self._agreement.validated.clear()
 
     @property
-    def _tag_count(self) -> int:
-        """How many launches have taken tag slots (:attr:`CallNumbers.launches`); a seam
-        service (:attr:`SEAM`): survivors of a failure set it to the largest among them
-        (:meth:`CallNumbers.agree_tags`)."""
-        return self._numbers.launches
+    def call_numbers(self) -> CallNumbers:
+        """This communicator's call numbers and tag slots (:class:`bmlmpi.call_numbers.
+        CallNumbers`, their one owner): the survivors of a failure continue from the largest
+        launch count among them (:meth:`~bmlmpi.call_numbers.CallNumbers.agree_tags`)."""
+        return self._numbers
 
-    @_tag_count.setter
-    def _tag_count(self, count: int) -> None:
-        self._numbers.agree_tags(count)
+    @property
+    def calls_in_flight(self) -> Progress:
+        """The started calls the plain policy tracks (:class:`bmlmpi.progress.Progress`),
+        polled inside any request's ``Test``/``Wait``."""
+        return self._calls_in_flight
 
-    @contextmanager
-    def _failure_noted(self) -> Iterator[None]:
-        """Where a fault-tolerant communicator notes an MPI failure instead of raising it."""
-        yield
+    @property
+    def persistent_calls(self) -> PersistentCalls:
+        """This communicator's persistent calls (:class:`bmlmpi.persistent.PersistentCalls`):
+        made, agreed and compiled at ``…_init``, started at each ``Start``."""
+        return self._persistent_calls
 
-    def _is_failure(self, exc: MPI.Exception) -> bool:
-        """Whether ``exc`` reports a failed process (only ever so with fault tolerance)."""
-        return False
 
-    def _progress_mark(self) -> tuple[int, ...]:
-        """Changes whenever any outstanding call completes a step of any lane."""
-        return self._calls_in_flight.mark()
 
     def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
                 collective: str = "allreduce") -> selection.Explanation:
@@ -997,7 +920,3 @@ class Communicator:
     def trees(self):
         """One tree per root for the multi-tree allreduce, with the link-usage penalty."""
         return catalog.multi_trees_for(self.size, self._links)
-
-    def _split_levels(self) -> list[MPI.Comm]:
-        """One communicator per BCube level: the ranks sharing all digits but that level's."""
-        return split_levels(self._comm, self.shape, self.rank)

@@ -5,8 +5,9 @@ leaves: calls abandoned on every rank after another rank's argument error (then 
 fresh duplicate and agreed call numbers) or a communicator revoked after a deadline.
 
 :class:`CallAgreement` belongs to one :class:`~bmlmpi.api.Communicator` (its ``owner``,
-whose public ``rank``, ``size``, ``shape``, ``check``, ``validate`` and ``timeout`` it
-reads); what it changes elsewhere goes through :class:`AgreementHooks`.
+whose public ``rank``, ``size``, ``shape``, ``check``, ``validate``, ``timeout`` and
+``control`` it reads); what it changes elsewhere it changes through the owner's public
+methods (``abandon_calls``, ``move_to``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -83,26 +84,16 @@ def agree_construction(comm: MPI.Comm, error: Exception | None, settings: tuple,
     return int(res[4])
 
 
-class AgreementHooks(NamedTuple):
-    """What the agreement changes or asks of its communicator (bound methods, a variant's
-    overrides included)."""
-
-    control: Callable[[], MPI.Comm]          # the communicator agreements travel on now
-    abandon: Callable[[int, BaseException], None]  # outstanding calls from n on fail
-    move_to: Callable[[MPI.Comm], None]      # a repair's fresh duplicate becomes the data comm
-
-
 class CallAgreement:
     """The agreement on one communicator's calls (``mailbox``: its control channel's
     posted receive, None where every call is agreed collectively)."""
 
     def __init__(self, owner: Any, numbers: CallNumbers, mailbox: Mailbox | None,
-                 active: list, hooks: AgreementHooks):
+                 active: list):
         self.owner = owner
         self.numbers = numbers      # the communicator's call numbers and tag slots
         self.mailbox = mailbox
         self.active = active        # the outstanding calls (a fast path waits for none)
-        self.hooks = hooks
         self.revoked: str | None = None  # why every later call raises CommunicatorRevoked
         self.repair_after: int | None = None  # an argument error at this call: re-dup first
         self.held: list[Any] = []   # runs given up while MPI may still use their buffers
@@ -185,7 +176,7 @@ class CallAgreement:
         """Calls numbered ``seq`` or later that this rank started are given up: each raises
         ``exc`` when waited on; MPI keeps what it may still use (:attr:`held`)."""
         self.handled[0] = max(self.handled[0], seq)
-        self.hooks.abandon(seq, exc)
+        self.owner.abandon_calls(seq, exc)
 
     def hold(self, run: Any) -> None:
         """A run given up: cancelled, and kept while MPI may still use its buffers."""
@@ -214,7 +205,7 @@ class CallAgreement:
         call another rank had already started before it learnt of the error is abandoned on
         every rank instead of pairing with a different call."""
         failed, timeout = self.repair_after, self.owner.timeout
-        control = self.hooks.control()
+        control = self.owner.control
         new, req = control.Idup()
         wait_request(req, timeout, f"bmlmpi: not every rank came back after call {failed}'s "
                                    f"argument error (the communicator's repair)")
@@ -224,7 +215,7 @@ class CallAgreement:
         wait_request(control.Iallreduce(counts, agreed, MPI.MAX), timeout,
                      "bmlmpi: not every rank joined the communicator's repair")
         new.Set_errhandler(MPI.ERRORS_RETURN)
-        self.hooks.move_to(new)
+        self.owner.move_to(new)
         self.abandoned_upto = int(agreed[0])
         numbers.agree_tags(int(agreed[1]))
         self.repair_after = None
@@ -282,7 +273,7 @@ class CallAgreement:
             h = signature_hash(sig)
         vec = np.array([h, -h, 1 if error else 0, owner.rank if error else -1], dtype=np.int64)
         res = np.empty_like(vec)
-        control = self.hooks.control()
+        control = self.owner.control
         callno = self.numbers.callno
         try:
             wait_request(control.Iallreduce(vec, res, MPI.MAX), owner.timeout,

@@ -594,8 +594,6 @@ class FamilyLaunch(NamedTuple):
     idle: Callable[[], bool]                  # whether no started call is outstanding
     fast_open: Callable[[], bool]             # whether a fast path may be taken now
     drive_fast: Callable[[Any, int, Any], None]  # a fast path's run driven to completion
-    usable: Callable[[], None]                # refuse a call before anything starts
-    prepared: Callable[[str, Any, Any], Any]  # the checked call (a variant may annotate it)
 
 
 class FamilyEngine:
@@ -659,9 +657,10 @@ class FamilyEngine:
         gate = self.gate
         mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
-            launch = self.launch
-            launch.usable()
-            return launch.submit_recorded(launch.prepared(collective, algorithm, build))
+            policy = self.owner.policy
+            policy.check_usable()
+            return self.launch.submit_recorded(policy.prepare_family(collective, algorithm,
+                                                                     build, self))
         finally:
             gate.release(mine)
 
@@ -676,7 +675,8 @@ class FamilyEngine:
 
     def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """:meth:`init`, the communicator claimed."""
-        self.launch.usable()
+        policy = self.owner.policy
+        policy.check_usable()
 
         def host_only(alg: str) -> CollectiveCall:
             call = build(alg)
@@ -685,7 +685,8 @@ class FamilyEngine:
                                       f"persistent request cannot stage device memory at "
                                       f"every start)")
             return call
-        return self.launch.persistent(self.launch.prepared(collective, algorithm, host_only))
+        return self.launch.persistent(policy.prepare_family(collective, algorithm, host_only,
+                                                            self))
 
     def blocking(self, collective: str, algorithm: str | None, build: Any,
                  key: tuple | None = None, args: tuple = ()) -> None:
@@ -706,8 +707,8 @@ class FamilyEngine:
                 key: tuple | None, args: tuple) -> None:
         """:meth:`blocking`, the communicator claimed."""
         owner, launch = self.owner, self.launch
-        launch.usable()
-        call = launch.prepared(collective, algorithm, build)
+        owner.policy.check_usable()
+        call = owner.policy.prepare_family(collective, algorithm, build, self)
         if (call.algorithm == "native" and self.native_blocking and launch.idle()
                 and launch.agreed(call)):
             slot = launch.record(call)  # (numbered in prepare; a native call takes no tags)

@@ -5,19 +5,19 @@ signature's number (the order this communicator first ran it, which the tags car
 
 :class:`PlanCache` belongs to one :class:`~bmlmpi.api.Communicator` (its ``owner``) and reads
 only the owner's public state (``comm``, ``rank``, ``size``, ``shape``, ``links``,
-``level_comms``, ``calibration``, ``nodes()``); the owner's ``_compile`` hook (which a
-variant overrides) is handed in as ``compile``.
+``level_comms``, ``calibration``, ``nodes()``); an allreduce's schedule is bound by the
+owner's policy (:meth:`bmlmpi.call_policy.CallPolicy.compile`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import binding, kernels, selection
+from .call_policy import CallPolicy
 from .execute import Plan
 from .ops import kernel_op
 from .placement import Placement
@@ -32,10 +32,10 @@ class PlanCache:
     """Plans, schedules and ``auto``'s choices of one communicator, per signature."""
 
     def __init__(self, owner: Any, placement: Placement,
-                 compile: Callable[[str, int, int], Plan | ShmPlan]):
+                 policy: CallPolicy):
         self.owner = owner
         self.placement = placement
-        self.compile = compile
+        self.policy = policy
         self.plans: dict[tuple, Plan | ShmPlan] = {}
         self.choices: dict[tuple, str] = {}
         self.sig_ids: dict[tuple, int] = {}
@@ -46,8 +46,8 @@ class PlanCache:
         key = (algorithm, count, dtype, op)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = self.warm(self.compile(algorithm, count, dtype.itemsize),
-                                               dtype, op)
+            compiled = self.policy.compile(algorithm, count, dtype.itemsize)
+            plan = self.plans[key] = self.warm(compiled, dtype, op)
         return plan
 
     def family_plan(self, call: Any) -> Plan | ShmPlan:

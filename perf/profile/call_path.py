@@ -56,7 +56,7 @@ _BY_NAME = {
     "mpi_op": "post", "kernel_op": "post",
     "Wait": "wait/progress", "Test": "wait/progress", "progress": "wait/progress",
     "_poll": "wait/progress", "test": "wait/progress", "wait_for": "wait/progress",
-    "_progress_mark": "wait/progress", "spin_seconds": "wait/progress",
+    "progress_mark": "wait/progress", "spin_seconds": "wait/progress",
     "finish": "finish", "_finalise": "finish", "scale_avg": "finish",
     "give_scratch": "finish", "take_scratch": "post",
     "reduce_into": "reduction", "reduce_many_into": "reduction",

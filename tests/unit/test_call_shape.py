@@ -19,10 +19,10 @@ FACADE = {"bmlmpi/api.py", "bmlmpi/dropin.py"}
 
 #: Modules that still branch on ``"allreduce"``, with how many comparisons: a ceiling that
 #: may only go down (the selection, the cost model, the shared-memory schedule builder, the
-#: sweep and the fault-tolerant communicator were not yet given the records' answers).
+#: sweep and the fault-tolerant policy were not yet given the records' answers).
 STILL_BRANCHING = {
     "bmlmpi/cli/bench.py": 5,
-    "bmlmpi/ft/communicator.py": 2,
+    "bmlmpi/ft/policy.py": 2,
     "bmlmpi/model/estimate.py": 4,
     "bmlmpi/plans.py": 1,
     "bmlmpi/schedules/shm.py": 4,

@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("core", ("bmlmpi.agreement", "bmlmpi.selection", "bmlmpi.calibrate", "bmlmpi.buffers",
               "bmlmpi.recorder", "bmlmpi.timeline", "bmlmpi.watchdog", "bmlmpi.handles",
               "bmlmpi.finalize", "bmlmpi.placement", "bmlmpi.plans", "bmlmpi.call_gate",
-              "bmlmpi.call_numbers", "bmlmpi.progress")),
+              "bmlmpi.call_numbers", "bmlmpi.call_policy", "bmlmpi.progress")),
     ("api", ("bmlmpi.api", "bmlmpi.dropin", "bmlmpi.calls", "bmlmpi.fast_path", "bmlmpi.family",
              "bmlmpi.collectives", "bmlmpi.persistent", "bmlmpi.call_agreement",
              "bmlmpi.ft", "bmlmpi.compression", "bmlmpi.training", "bmlmpi.variants")),
@@ -130,7 +130,7 @@ def test_the_module_reader_sees_lazy_and_relative_imports():
     assert "bmlmpi.execute" in graph["bmlmpi.api"]              # from .execute import ...
     assert "bmlmpi.kernels" in graph["bmlmpi.calls"]            # from . import kernels
     assert "bmlmpi.calibrate" in graph["bmlmpi.api"]            # inside a method
-    assert "bmlmpi.ft.recovery" in graph["bmlmpi.ft.communicator"]
+    assert "bmlmpi.ft.recovery" in graph["bmlmpi.ft.policy"]
     assert "bmlmpi.kernels.cupy_backend" in graph["bmlmpi.kernels.dispatch"]
     # python -m bmlmpi.calibrate starts bmlmpi.cli.calibrate: a program's start, no dependency
     assert "bmlmpi.cli.calibrate" not in graph["bmlmpi.calibrate"]
