@@ -69,6 +69,12 @@ TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "b
 #: The collectives that reduce (an op applies), and those with a root.
 _REDUCES = frozenset({"allreduce", "reduce_scatter", "reduce"})
 _ROOTED = frozenset({"reduce", "bcast"})
+#: Collectives whose arguments do not depend on the communicator's size: their signature
+#: leaves the size out. The fault-tolerant communicator runs an allreduce prepared before a
+#: failure among the survivors as it was prepared, so a survivor that prepared it after the
+#: shrink (a lagging rank) must agree with those that prepared it before; the family's calls
+#: are prepared again for the survivors (their counts are per member), so their size stays.
+_SIZE_FREE = frozenset({"allreduce"})
 
 
 def _method(comm: MPI.Comm, name: str, form: str) -> Any:
@@ -145,7 +151,8 @@ class CollectiveCall:
         """What every rank must agree on (its hash is checked across ranks). One count needs
         no digest of the counts: the total is it."""
         counts = self.counts
-        return (self.collective, self.size, len(counts), self.total,
+        size = None if self.collective in _SIZE_FREE else self.size
+        return (self.collective, size, len(counts), self.total,
                 _digest(counts) if len(counts) > 1 else "", self.dtype.str, self.op, self.root,
                 self.algorithm, tuple(shape))
 
@@ -163,12 +170,12 @@ class CollectiveCall:
             return CompressedCall.describe_signature(sig)
         if sig is None or sig[0] not in TAG_KIND:
             return repr(sig)
-        what, _, nblocks, total, _, dtype, op, root, algorithm, _ = sig
+        what, size, nblocks, total, _, dtype, op, root, algorithm, shape = sig
         if what == "allreduce":
             return (f"allreduce count={total} dtype={np.dtype(dtype)} op={op} "
-                    f"algorithm={algorithm}")
+                    f"algorithm={algorithm} bcube={shape}")
         return (f"{what} of {total} x {np.dtype(dtype)} ({nblocks} block(s)) op={op} "
-                f"root={root} algorithm={algorithm}")
+                f"root={root} algorithm={algorithm} of {size} ranks bcube={shape}")
 
     @property
     def is_in_place(self) -> bool:
