@@ -303,7 +303,7 @@ class Communicator:
                 self._calls_in_flight.start), plain=plain)
         self.family = FamilyEngine(
             self, self._cache, self._gate, self._numbers,
-            FamilyLaunch(agreement.begin_call, agreement.notice, agreement.validate,
+            FamilyLaunch(agreement.begin_call, agreement.notice_waiting, agreement.validate,
                          policy.failure_noted, policy.is_failure, self._refused, self.record,
                          self.call_done, self.call_failed, self._submit_recorded,
                          self._persistent_calls.make, agreement.agreed,
