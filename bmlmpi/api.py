@@ -10,8 +10,9 @@ methods: its placement (:mod:`bmlmpi.placement`: level communicators, links, nod
 cache and ``auto`` (:mod:`bmlmpi.plans`), call numbers and tag slots
 (:mod:`bmlmpi.call_numbers`, their one owner), the thread inside a call
 (:mod:`bmlmpi.call_gate`), agreement on its calls (:mod:`bmlmpi.call_agreement`),
-outstanding calls (:mod:`bmlmpi.progress`), blocking fast path (:mod:`bmlmpi.fast_path`), the
-family's engine (:mod:`bmlmpi.family`) and compression channel
+outstanding calls (:mod:`bmlmpi.progress`), the blocking fast path of every collective
+(:mod:`bmlmpi.fast_path`), the family's checked calls (:mod:`bmlmpi.family`) and compression
+channel
 (:mod:`bmlmpi.compression.channel`), and the policy for what differs under failures
 (:mod:`bmlmpi.call_policy`), which it calls at a few named points of a call's life. Here:
 construction, the public methods, the variant registry and the services a policy calls.
@@ -56,15 +57,13 @@ from .family import (
     COLLECTIVES,
     REDUCING,
     FamilyEngine,
-    FamilyLaunch,
     broadcast,
-    fast_key,
     gather,
     reduce_to,
     scatter,
     scatter_blocks,
 )
-from .fast_path import FAST_OPS, FastHooks, FastPath
+from .fast_path import FAST_OPS, FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
@@ -292,24 +291,15 @@ class Communicator:
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
         self._fast_path = FastPath(
-            self, self._comm, self._numbers, self._cache, self._active, self._recorder,
-            self._watchdog, FastHooks(agreement.fast_open, self._begin, agreement.interrupt,
-                                      self.call_failed, agreement.hold, agreement.held.append,
-                                      agreement.gave_up), enabled=plain, native=native_fast)
+            self, self._comm, agreement, self._numbers, self._gate, self._cache, self._active,
+            self._recorder, self._watchdog, enabled=plain, native=native_fast)
         self._persistent_calls = PersistentCalls(
             self, self._cache, self._gate, self._numbers, PersistentHooks(
                 agreement.begin_call, agreement.validate, policy.failure_noted,
                 policy.start_persistent, self._launch, self.record,
                 self._calls_in_flight.start), plain=plain)
-        self.family = FamilyEngine(
-            self, self._cache, self._gate, self._numbers,
-            FamilyLaunch(agreement.begin_call, agreement.notice_waiting, agreement.validate,
-                         policy.failure_noted, policy.is_failure, self._refused, self.record,
-                         self.call_done, self.call_failed, self._submit_recorded,
-                         self._persistent_calls.make, agreement.agreed,
-                         self._calls_in_flight.idle, agreement.fast_open,
-                         self._fast_path.drive),
-            self._recorder, self._watchdog, plain=plain, native_blocking=plain and native_fast)
+        self.family = FamilyEngine(self, agreement, self._gate, self._numbers, self._fast_path,
+                                   self._watchdog, native_blocking=plain and native_fast)
 
     # -- the control channel and its repair (bmlmpi.call_agreement calls these) --------------
     @property
@@ -322,7 +312,7 @@ class Communicator:
     def abandon_calls(self, seq: int, exc: BaseException) -> None:
         """Calls numbered ``seq`` or later fail with ``exc``; the fast paths stay shut until
         the repair (:meth:`bmlmpi.call_agreement.CallAgreement.abandon_from`)."""
-        self._fast_path.repeat = None
+        self._fast_path.forget_last()
         self._calls_in_flight.abandon_from(seq, exc)
 
     def move_to(self, new: MPI.Comm) -> None:
@@ -333,8 +323,7 @@ class Communicator:
         self._comm = new
         self._levels = self.policy.levels(new, self.shape, self.rank)
         self._cache.clear()
-        self.family.rebind(new)
-        self._fast_path.rebind(new)  # plans bound to the old communicator: bound again
+        self._fast_path.rebind(new)
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -455,7 +444,6 @@ class Communicator:
         self._gate.freed = True
         self._watchdog.stop()
         self._fast_path.close()
-        self.family.forget()
         self._placement.free(collective=self._agreement.revoked is None)
         mailbox, held_runs = self._agreement.mailbox, self._agreement.held
         if mailbox is not None:
@@ -578,9 +566,9 @@ class Communicator:
         try:
             call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
         except BaseException as exc:
-            self._refused("allreduce", algorithm, op, exc)
+            self.refused("allreduce", algorithm, op, exc)
             raise
-        return call, self._submit_recorded(call)
+        return call, self.submit_recorded(call)
 
     def record(self, call: CollectiveCall) -> Slot | None:
         """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``; None
@@ -589,7 +577,7 @@ class Communicator:
         call.slot = None if rec is None else rec.begin(call.traced())
         return call.slot
 
-    def _submit_recorded(self, call: CollectiveCall) -> Request:
+    def submit_recorded(self, call: CollectiveCall) -> Request:
         """The call entered in the flight recorder, then started and tracked by the policy
         (:meth:`~bmlmpi.call_policy.CallPolicy.track`): its request."""
         self.record(call)
@@ -599,7 +587,7 @@ class Communicator:
             self.call_failed(call.slot, exc)
             raise
 
-    def _refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
+    def refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
         """A call this rank refused before it was prepared: recorded (failed) all the same,
         so that the sequence numbers of every rank's recorder stay in step."""
         rec = self._recorder
@@ -654,14 +642,22 @@ class Communicator:
     def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
         ``Allreduce`` without compression, and the module-level drop-in's entry: the fast
-        path when its signature may take it, else the checked path (:class:`FastPath`)."""
+        path when its signature may take it (:meth:`bmlmpi.fast_path.FastPath.allreduce`),
+        else the checked path, started and waited on, which then opens the signature's
+        entry in the fast path."""
         gate = self._gate
         mine = gate.claim(self.rank)
         try:
             agreement = self._agreement
             if agreement.repair_after is not None:
                 agreement.repair()  # (collective: every rank's first call after the error)
-            self._fast_path.call(sendbuf, recvbuf, op, algorithm)
+            fast = self._fast_path
+            if fast.allreduce(sendbuf, recvbuf, op, algorithm):
+                return
+            call, req = self._begin(sendbuf, recvbuf, op, algorithm)
+            req.Wait()
+            fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), call,
+                      (sendbuf, recvbuf, op))
         finally:
             if mine:
                 gate.owner = None
@@ -722,13 +718,13 @@ class Communicator:
     # forms with mpi4py's positional arguments; ``algorithm`` (keyword-only): one of
     # ``bmlmpi.algorithms(collective)``, None the communicator's own when it serves the
     # collective, else ``auto``. Each hands its call's builder to the family's engine; a
-    # blocking call whose signature ran before takes its fast path (FamilyEngine.repeat).
+    # blocking call whose signature ran before takes its fast path (FastPath.repeat).
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None) -> None:
         """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
         args = (sendbuf, recvbuf, op)
         key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
-        if key is None or not self.family.repeat(key, args):
+        if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("reduce_scatter", algorithm,
                                  scatter_blocks(self, sendbuf, recvbuf, op), key, args)
 
@@ -750,7 +746,7 @@ class Communicator:
         if isinstance(recvcounts, (list, tuple)):
             key = fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
                            tuple(recvcounts))
-            if key is not None and family.repeat(key, (sendbuf, recvbuf, recvcounts, op)):
+            if key is not None and self._fast_path.repeat(key, (sendbuf, recvbuf, recvcounts, op)):
                 return
         recvcounts = family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         family.blocking("reduce_scatter", algorithm,
@@ -774,7 +770,7 @@ class Communicator:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
         args = (sendbuf, recvbuf)
         key = fast_key("Allgather", algorithm, args)
-        if key is None or not self.family.repeat(key, args):
+        if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("allgather", algorithm, gather(self, sendbuf, recvbuf, False),
                                  key, args)
 
@@ -803,7 +799,7 @@ class Communicator:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
         args = (sendbuf, recvbuf, op, root)
         key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
-        if key is None or not self.family.repeat(key, args):
+        if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("reduce", algorithm,
                                  reduce_to(self, sendbuf, recvbuf, op, root), key, args)
 
@@ -819,7 +815,7 @@ class Communicator:
         """Copy the root's ``buf`` into every rank's ``buf``."""
         args = (buf, root)
         key = fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
-        if key is None or not self.family.repeat(key, args):
+        if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("bcast", algorithm, broadcast(self, buf, root), key, args)
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:

@@ -194,6 +194,16 @@ class CollectiveCall:
             return (self.algorithm, self.out.size, self.out.dtype, self.op)
         return (self.collective, self.algorithm, self.counts, self.root, self.dtype, self.op)
 
+    def plan_again(self) -> Callable[[Any], Any] | None:
+        """How the fast path compiles this call's plan again on a :class:`~bmlmpi.plans.
+        PlanCache` whose communicator moved (a repair), holding none of its buffers: an
+        allreduce's from its plan key; None for the others, whose entries close then (their
+        next call takes the checked path, which compiles the plan and opens them again)."""
+        if self.collective != "allreduce":
+            return None
+        algorithm, count, dtype, op = self.plan_key()
+        return lambda plans: plans.plan(algorithm, count, dtype, op)
+
     def auto(self, plans: Any) -> str:
         """``auto``'s choice for this call on ``plans``' communicator
         (:class:`bmlmpi.plans.PlanCache`)."""
@@ -212,14 +222,21 @@ class CollectiveCall:
         that contributed (allreduce: the result; reduce-scatter: this rank's block; reduce:
         the root's result), and staged device buffers get the result."""
         if self.op == "avg":
-            if self.collective == "allreduce":
-                kernels.scale_avg(self.out, size)
-            elif self.collective == "reduce_scatter":
-                kernels.scale_avg(self.result, size)
-            elif self.collective == "reduce" and self.rank == self.root:
-                kernels.scale_avg(self.out, size)
+            averaged = self.averaged()
+            if averaged is not None:
+                kernels.scale_avg(averaged, size)
         if self.staging is not None:
             self.staging.finish()
+
+    def averaged(self) -> np.ndarray | None:
+        """The result AVG divides on this rank (allreduce: the result; reduce-scatter: this
+        rank's block; reduce: the root's result); None where this rank receives none."""
+        if self.collective == "reduce_scatter":
+            return self.result
+        if self.collective == "allreduce" or (self.collective == "reduce"
+                                              and self.rank == self.root):
+            return self.out
+        return None
 
     # -- the native launch: mpi4py's own call on the private communicator -------------------
     def native(self, comm: MPI.Comm, form: str = "") -> Any:
@@ -320,9 +337,12 @@ class CollectiveCall:
     def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(this rank's input, its output) as a schedule of the collective names them
         (:mod:`bmlmpi.schedules.collectives`): the executor copies between them and its work
-        buffer (:func:`bmlmpi.execute.collective_run`). An allgather with displacements of
+        buffer (:func:`bmlmpi.execute.collective_run`); an allreduce's input is None when it
+        is in ``out`` already. An allgather with displacements of
         its own gathers into a packed buffer that :meth:`place` spreads out."""
         what = self.collective
+        if what == "allreduce":
+            return self.src, self.out
         if what == "reduce_scatter":
             return (self.out if self.src is None else self.src), self.result
         if what == "allgather":
@@ -360,16 +380,16 @@ class CollectiveCall:
         where it must (:mod:`bmlmpi.deferred`); the others run on the buffers
         :meth:`schedule_buffers` names, the result placed (:meth:`place`) before
         ``finish``."""
-        if self.collective == "allreduce":
-            return run_of(plan)(plan, self.out, self.op, tag_base, label, finish, src=self.src)
         inp, output = self.schedule_buffers()
-
-        def placed() -> None:
-            self.place(output)
-            if finish is not None:
-                finish()
-        return start_collective(plan, inp, output, self.op, tag_base, label, placed,
-                                self.dtype)
+        if self.displs is not None:
+            def placed() -> None:
+                self.place(output)
+                if finish is not None:
+                    finish()
+            return start_schedule(self.collective, plan, inp, output, self.op, tag_base,
+                                  label, placed, self.dtype)
+        return start_schedule(self.collective, plan, inp, output, self.op, tag_base, label,
+                              finish, self.dtype)
 
     def start_native(self, comm: MPI.Comm, rank: int, finish: Callable[[], None] | None,
                      label: str, is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:
@@ -412,6 +432,20 @@ class CompressedCall:
         _, count, dtype, op, algorithm, compression, _ = sig
         return (f"allreduce count={count} dtype={dtype} op={op} algorithm={algorithm} "
                 f"compressed ({compression})")
+
+
+def start_schedule(collective: str, plan: Any, inp: np.ndarray | None,
+                   out: np.ndarray | None, op: str, tag_base: int, label: Any,
+                   finish: Callable[[], None] | None = None,
+                   dtype: np.dtype | None = None) -> Any:
+    """The run of ``collective``'s compiled ``plan`` on this rank's input and output (as
+    :meth:`CollectiveCall.schedule_buffers` names them), on the message or the shared-memory
+    executor the plan was bound to: an allreduce runs in place on ``out``, reading a separate
+    input only where it must (:mod:`bmlmpi.deferred`); the others through
+    :func:`bmlmpi.shm.start_collective`. What the checked launch and the fast path start."""
+    if collective == "allreduce":
+        return run_of(plan)(plan, out, op, tag_base, label, finish, src=inp)
+    return start_collective(plan, inp, out, op, tag_base, label, finish, dtype)
 
 
 def prepare_allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any,

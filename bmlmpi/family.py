@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -63,41 +63,17 @@ from mpi4py import MPI
 from . import buffers
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
-from .calls import TAG_KIND, CollectiveCall, offsets
+from .call_agreement import CallAgreement
+from .call_gate import CallGate
+from .call_numbers import CallNumbers
+from .calls import CollectiveCall, offsets
+from .fast_path import FastPath
 from .ops import check_dtype_op, op_name
-from .recorder import Signature
-from .shm import start_collective
+from .watchdog import Watchdog
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
 REDUCING = frozenset({"reduce_scatter", "reduce"})
-
-
-#: The ops of the fast paths, by identity (an ``MPI.Op`` is unhashable; these live as long as
-#: the module, so their ids are never reused).
-_FAST_OP_IDS = frozenset(id(o) for o in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX))
-_IN_PLACE = MPI.IN_PLACE
-
-
-def fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
-              *rest: Any) -> tuple | None:
-    """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
-    op: what :meth:`FamilyEngine.repeat` looks up; None for any other call. (On the
-    path of every repeated call: a set lookup and one flags object per array.)"""
-    if id(op) not in _FAST_OP_IDS:
-        return None
-    key: list = [method, algorithm, id(op), *rest]
-    for b in bufs:
-        if b is _IN_PLACE or b is None:
-            key.append(b is None)
-            continue
-        if type(b) is not np.ndarray:
-            return None
-        flags = b.flags
-        if not (flags.c_contiguous and flags.writeable):
-            return None
-        key.append((b.shape, b.dtype))
-    return tuple(key)
 
 
 # -- argument checks and buffer resolution, one function per mpi4py call --------------------
@@ -466,164 +442,27 @@ def family_algorithms(collective: str) -> tuple[str, ...]:
     return tuple(selection.algorithms(collective))
 
 
-def _locate(buf: np.ndarray | None, args: tuple) -> tuple | None:
-    """Where ``buf`` (a schedule buffer a call's arguments resolved to) lies in ``args``:
-    (argument index, element offset, count, None) when it is a slice of that argument's
-    elements, (argument index, byte offset, byte count, dtype) for another view of its
-    bytes, (-1, 0, 0, dtype) when empty; None when there is no buffer. ValueError when no
-    argument holds it."""
-    if buf is None:
-        return None
-    if not buf.size:
-        return (-1, 0, 0, buf.dtype)
-    at = buf.__array_interface__["data"][0]
-    for i, a in enumerate(args):
-        if type(a) is not np.ndarray:
-            continue
-        lo = a.__array_interface__["data"][0]
-        off = at - lo
-        if 0 <= off and off + buf.nbytes <= a.nbytes:
-            if buf.dtype == a.dtype and off % a.itemsize == 0:
-                return (i, off // a.itemsize, buf.size, None)
-            return (i, off, buf.nbytes, buf.dtype)
-    raise ValueError("a schedule buffer outside the call's arguments")
-
-
-def _carve(where: tuple | None, args: tuple) -> np.ndarray | None:
-    """The buffer :func:`_locate` described, in this call's ``args`` (arrays of the same
-    shapes and dtypes, C-contiguous: the fast path's key says so)."""
-    if where is None:
-        return None
-    i, lo, n, dtype = where
-    if i < 0:
-        return np.empty(0, dtype)
-    flat = args[i].reshape(-1)
-    if dtype is None:
-        return flat[lo:lo + n]
-    return flat.view(np.uint8)[lo:lo + n].view(dtype)
-
-
-class NativeArgs:
-    """mpi4py's blocking call of a checked native family call (:meth:`CollectiveCall.native`'s
-    method and arguments), with every array in it replaced by where it lies in the call's
-    arguments (:func:`_locate`): a later call of the signature hands MPI the same views of
-    its own arrays (the agreed count's part of a larger receive buffer, the bytes of a
-    structured array), never the caller's arrays as they are, which mpi4py may read
-    otherwise or refuse on one rank alone. ValueError when an array of the call lies
-    outside the arguments."""
-
-    __slots__ = ("method", "fixed", "holes")
-
-    def __init__(self, method: str, native: tuple, args: tuple):
-        self.method = method
-        self.fixed = list(native)
-        # (argument, item of a buffer spec or -1 for the argument itself, where it lies)
-        self.holes: list[tuple[int, int, tuple]] = []
-        for i, a in enumerate(native):
-            if type(a) is np.ndarray:
-                self.holes.append((i, -1, _locate(a, args)))
-            elif type(a) is list:
-                self.holes.extend((i, j, _locate(b, args)) for j, b in enumerate(a)
-                                  if type(b) is np.ndarray)
-        for i, j, _ in self.holes:  # no reference to the caller's arrays (resizable)
-            if j < 0:
-                self.fixed[i] = None
-            else:
-                self.fixed[i] = [None if k == j or type(b) is np.ndarray else b
-                                 for k, b in enumerate(self.fixed[i])]
-
-    def of(self, args: tuple) -> list:
-        """The native call's arguments carved out of a later call's ``args`` (arrays of the
-        same shapes and dtypes, C-contiguous: the fast path's key says so)."""
-        out = list(self.fixed)
-        for i, j, where in self.holes:
-            buf = _carve(where, args)
-            if j < 0:
-                out[i] = buf
-            else:
-                spec = out[i] = list(out[i])
-                spec[j] = buf
-        return out
-
-
-class FastFamily:
-    """A blocking family signature (:func:`fast_key`) whose first call ran the checked path,
-    argument agreement included: what its later calls need to skip it. Native (``plan``
-    None): mpi4py's blocking call under the watchdog. A schedule: the cached plan, and where
-    the schedule's input and output lie in the call's arguments (:func:`_locate`), so a
-    later call carves them out of its own arrays instead of resolving buffer specs."""
-
-    __slots__ = ("what", "traced", "plan", "kind", "sig", "op", "dtype", "inp", "output",
-                 "calls", "native")
-
-    def __init__(self, what: str, traced: Signature, plan: Any = None, kind: int = 0,
-                 sig: int = 0, op: str = "sum", dtype: np.dtype | None = None,
-                 inp: tuple | None = None, output: tuple | None = None,
-                 native: NativeArgs | None = None):
-        self.what = what
-        self.traced = traced
-        self.plan = plan
-        self.native = native    # native: mpi4py's call as the checked path made it
-        self.kind = kind        # the collective's block of the tag space (TAG_KIND)
-        self.sig = sig          # the signature's number (PlanCache.sig_id)
-        self.op = op
-        self.dtype = dtype
-        self.inp = inp
-        self.output = output
-        self.calls = 0          # schedules: later calls that took this path
-
-
-class FamilyLaunch(NamedTuple):
-    """What the family's calls use of their communicator's launch path (bound methods of the
-    :class:`~bmlmpi.api.Communicator`, whose hooks a variant may override): call numbering
-    and notices (:mod:`bmlmpi.agreement`), the argument check, the flight recorder's entries,
-    the checked launch and the fast path's driver."""
-
-    begin_call: Callable[[], int]             # number the next call (raises on a notice)
-    notice: Callable[[int], bool]             # whether a failure notice about a call up to
-    #                                           n waits (looked at, not handled)
-    validate: Callable[..., None]             # the argument check (agreement)
-    failure_noted: Callable[[], Any]          # where a variant notes an MPI failure
-    is_failure: Callable[[Any], bool]         # whether an MPI error is a failed process
-    refused: Callable[..., None]              # a call refused before it was prepared
-    record: Callable[[Any], Any]              # the call entered in the flight recorder
-    call_done: Callable[[Any], None]          # ... and completed there
-    call_failed: Callable[..., None]          # ... or failed there
-    submit_recorded: Callable[[Any], Any]     # the checked launch: a Request
-    persistent: Callable[[Any], Any]          # a checked call made persistent
-    agreed: Callable[[Any], bool]             # whether a signature was agreed on before
-    idle: Callable[[], bool]                  # whether no started call is outstanding
-    fast_open: Callable[[], bool]             # whether a fast path may be taken now
-    drive_fast: Callable[[Any, int, Any], None]  # a fast path's run driven to completion
-
-
 class FamilyEngine:
-    """The family's launch path on one communicator (``owner``): checked calls prepared,
-    agreed and launched through the communicator's own path (:class:`FamilyLaunch`), and
-    the fast path of each blocking signature after its first call (:class:`FastFamily`)."""
+    """The family's checked calls on one communicator (``owner``, the
+    :class:`~bmlmpi.api.Communicator`: its services, ``policy`` and ``persistent_calls``):
+    each prepared (its arguments checked, an error raised on every rank), numbered and agreed
+    (``agreement``: :class:`~bmlmpi.call_agreement.CallAgreement`) and launched through the
+    communicator's one launch path; a blocking signature's first call opens its entry in the
+    communicator's fast path (``fast``: :class:`~bmlmpi.fast_path.FastPath`), which runs its
+    later calls. ``native_blocking``: a checked native blocking call may be MPI's blocking
+    call under the watchdog."""
 
-    def __init__(self, owner: Any, plans: Any, gate: Any, numbers: Any, launch: FamilyLaunch,
-                 recorder: Any, watchdog: Any, *, plain: bool, native_blocking: bool):
+    def __init__(self, owner: Any, agreement: CallAgreement, gate: CallGate,
+                 numbers: CallNumbers, fast: FastPath, watchdog: Watchdog, *,
+                 native_blocking: bool):
         self.owner = owner
-        self.plans = plans          # the owner's PlanCache
+        self.agreement = agreement
         self.gate = gate            # the owner's CallGate (the thread inside a call)
         self.numbers = numbers      # the owner's CallNumbers (call numbers, tag slots)
-        self.launch = launch
-        self.recorder = recorder    # the owner's FlightRecorder (None when off)
+        self.fast = fast
         self.watchdog = watchdog
-        self.plain = plain          # no variant tracking every call itself: fast paths open
-        self.native_blocking = native_blocking  # a checked native call may be MPI's blocking
-        #: The fast paths of the blocking signatures, by :func:`fast_key`. Only the plain
-        #: communicator opens them; its rank never changes and its data communicator only
-        #: at a repair (:meth:`rebind`), so the fast path keeps both.
-        self.fast: dict[tuple, FastFamily] = {}
-        self.rank, self.comm = owner.rank, owner.comm
-        # the fast path's own (one attribute each on the path of every repeated call)
-        self.fast_open = launch.fast_open
-        self.notice = launch.notice
-        self.drive_fast = launch.drive_fast
+        self.native_blocking = native_blocking
 
-    # -- checked calls ----------------------------------------------------------------------
     def algorithm_for(self, collective: str, algorithm: str | None) -> str:
         """The algorithm a call asks for (None: the communicator's own when that one serves
         ``collective``, else ``auto``); one that does not implement it is refused."""
@@ -639,36 +478,37 @@ class FamilyEngine:
 
     def prepare(self, collective: str, algorithm: str | None, build: Any) -> CollectiveCall:
         """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
-        launch = self.launch
-        launch.begin_call()
+        owner, agreement = self.owner, self.agreement
+        agreement.begin_call()
         try:
             call = build(self.algorithm_for(collective, algorithm))
             if call.algorithm == "auto":
-                call.algorithm = self.plans.family_auto(call)
+                call.algorithm = owner.plans.family_auto(call)
             return call
         except (ValueError, TypeError, BufferError, LookupError, AttributeError,
                 ImportError) as exc:  # ImportError: a device buffer and no cupy to stage it
-            launch.refused(collective, algorithm or self.owner.algorithm, None, exc)
-            with launch.failure_noted():
-                launch.validate(None, exc)
+            owner.refused(collective, algorithm or owner.algorithm, None, exc)
+            with owner.policy.failure_noted():
+                agreement.validate(None, exc)
             raise
 
     def start(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A non-blocking call: its :class:`~bmlmpi.handles.Request`."""
         gate = self.gate
-        mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
+        mine = gate.claim(self.owner.rank)  # one call at a time: a second thread raises here
         try:
-            policy = self.owner.policy
+            owner = self.owner
+            policy = owner.policy
             policy.check_usable()
-            return self.launch.submit_recorded(policy.prepare_family(collective, algorithm,
-                                                                     build, self))
+            return owner.submit_recorded(policy.prepare_family(collective, algorithm, build,
+                                                               self))
         finally:
             gate.release(mine)
 
     def init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A persistent call (host buffers only)."""
         gate = self.gate
-        mine = gate.claim(self.rank)
+        mine = gate.claim(self.owner.rank)
         try:
             return self.make_persistent(collective, algorithm, build)
         finally:
@@ -676,7 +516,8 @@ class FamilyEngine:
 
     def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """:meth:`init`, the communicator claimed."""
-        policy = self.owner.policy
+        owner = self.owner
+        policy = owner.policy
         policy.check_usable()
 
         def host_only(alg: str) -> CollectiveCall:
@@ -686,19 +527,21 @@ class FamilyEngine:
                                       f"persistent request cannot stage device memory at "
                                       f"every start)")
             return call
-        return self.launch.persistent(policy.prepare_family(collective, algorithm, host_only,
-                                                            self))
+        return owner.persistent_calls.make(policy.prepare_family(collective, algorithm,
+                                                                 host_only, self))
 
     def blocking(self, collective: str, algorithm: str | None, build: Any,
                  key: tuple | None = None, args: tuple = ()) -> None:
-        """A blocking call, checked. Once its signature has been agreed on, a native call on
-        the plain communicator with nothing outstanding is mpi4py's blocking call itself,
-        bounded by the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``,
-        the default: past ``timeout`` seconds it reports the call and aborts the job);
-        otherwise the call is started and waited on under the deadline. Either way it opens
-        the signature's fast path for the next call (:meth:`open`)."""
+        """A blocking call, checked (its signature's later calls take the fast path:
+        :meth:`bmlmpi.fast_path.FastPath.repeat`). Once its signature has been agreed on, a
+        native call on the plain communicator with nothing outstanding is mpi4py's blocking
+        call itself, bounded by the watchdog as ``Allreduce``'s fast path is
+        (``BMLMPI_BLOCKING=watchdog``, the default: past ``timeout`` seconds it reports the
+        call and aborts the job); otherwise the call is started and waited on under the
+        deadline. Either way it opens the signature's entry in the fast path (``key``:
+        :func:`bmlmpi.fast_path.fast_key`; ``args``: the public method's arguments)."""
         gate = self.gate
-        mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
+        mine = gate.claim(self.owner.rank)  # one call at a time: a second thread raises here
         try:
             self.checked(collective, algorithm, build, key, args)
         finally:
@@ -707,14 +550,15 @@ class FamilyEngine:
     def checked(self, collective: str, algorithm: str | None, build: Any,
                 key: tuple | None, args: tuple) -> None:
         """:meth:`blocking`, the communicator claimed."""
-        owner, launch = self.owner, self.launch
+        owner, agreement = self.owner, self.agreement
         owner.policy.check_usable()
         call = owner.policy.prepare_family(collective, algorithm, build, self)
         # (a notice about this call already here: the launch below raises it before any
         # data moves, where MPI's blocking call could not be interrupted)
-        if (call.algorithm == "native" and self.native_blocking and launch.idle()
-                and launch.agreed(call) and not launch.notice(self.numbers.callno)):
-            slot = launch.record(call)  # (numbered in prepare; a native call takes no tags)
+        if (call.algorithm == "native" and self.native_blocking
+                and owner.calls_in_flight.idle() and agreement.agreed(call)
+                and not agreement.notice_waiting(self.numbers.callno)):
+            slot = owner.record(call)  # (numbered in prepare; a native call takes no tags)
             watch = self.watchdog
             watch.start()
             watch.calls += 1
@@ -723,107 +567,27 @@ class FamilyEngine:
             try:
                 call.native(owner.comm, "")
             except Exception as exc:
-                launch.call_failed(slot, exc)
+                owner.call_failed(slot, exc)
                 if isinstance(exc, MPI.Exception):
                     raise
                 # mpi4py refused the agreed call before anything was sent: the others, in
                 # the call already, learn of it from the notice (the watchdog's alarm, or
                 # their next call), as of any argument error
-                with launch.failure_noted():
-                    launch.validate(None, exc)
+                with owner.policy.failure_noted():
+                    agreement.validate(None, exc)
                 raise
             except BaseException as exc:
-                launch.call_failed(slot, exc)
+                owner.call_failed(slot, exc)
                 raise
             finally:
                 watch.current = None
             call.finish(owner.size)
-            self.open(key, call, args, native=True)
-            launch.call_done(slot)
+            self.fast.open(key, call, args)
+            owner.call_done(slot)
             return
-        launch.submit_recorded(call).Wait()
+        owner.submit_recorded(call).Wait()
         if call.algorithm != "native":
-            self.open(key, call, args, native=False)
-
-    # -- the fast path ----------------------------------------------------------------------
-    def repeat(self, key: tuple, args: tuple) -> bool:
-        """A blocking call whose signature (:func:`fast_key`) already ran through
-        :meth:`blocking`, argument check included, takes its fast path (:class:`FastFamily`;
-        no resolution, no agreement): mpi4py's blocking call on the private communicator
-        under the watchdog (native), or the cached plan's run driven in the calling thread
-        under the executor's deadline (a schedule, as ``Allreduce``'s). Tags and call
-        numbers advance as on the checked path, so ranks that take different paths for the
-        same call still match. False: take the checked path."""
-        entry = self.fast.get(key)
-        if entry is None or not self.fast_open():
-            return False
-        gate = self.gate
-        # one call at a time, as Allreduce's (a second thread raises before anything moves)
-        mine = gate.claim(self.rank)
-        try:
-            # A rank's part of a reduce or broadcast may complete without the rank that
-            # rejected its arguments: it must look at the notices before its next call moves
-            # data, as the checked path's numbering does (docs/contracts.md), or that call
-            # pairs with the others' repaired next one; a notice about this very call (the
-            # other rank went ahead) means a call that rank will never join. Either way the
-            # checked path handles it. One poll of the control channel's posted receive.
-            if self.notice(self.numbers.callno + 1):
-                return False
-            a, b = args[0], args[1]
-            if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
-                return False  # the checked path says what is wrong
-            if entry.plan is not None:
-                self.scheduled(entry, args)
-                return True
-            return self.native(entry, key, args)
-        finally:
-            if mine:
-                gate.owner = None
-
-    def native(self, entry: FastFamily, key: tuple, args: tuple) -> bool:
-        """A native signature's later blocking call: mpi4py's own on the private
-        communicator, under the watchdog."""
-        rec = self.recorder
-        slot = None if rec is None else rec.begin(entry.traced)
-        watch = self.watchdog
-        numbers = self.numbers
-        numbers.take()  # a native call takes no tag slot
-        watch.calls += 1
-        watch.current = entry.what
-        native = entry.native
-        try:
-            getattr(self.comm, native.method)(*native.of(args))
-        except MPI.Exception as exc:
-            self.launch.call_failed(slot, exc)
-            raise
-        except Exception:
-            # mpi4py refused the arguments before anything was sent (a buffer whose flags
-            # changed since...): the checked path, which numbers and records the call itself
-            # and, where it refuses them too, tells the other ranks (never one rank raising
-            # alone)
-            numbers.give_back()
-            if slot is not None:
-                rec.withdraw(slot)
-            return False
-        except BaseException as exc:
-            self.launch.call_failed(slot, exc)
-            raise
-        finally:
-            watch.current = None
-        if slot is not None:
-            rec.done(slot)
-        return True
-
-    def scheduled(self, entry: FastFamily, args: tuple) -> None:
-        """A scheduled signature's later blocking call: its run built from the cached plan on
-        the buffers carved out of ``args``."""
-        n, tag_base = self.numbers.take_scheduled(entry.kind, entry.sig)
-        entry.calls += 1
-        what = entry.what
-        run = start_collective(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),
-                               entry.op, tag_base, lambda: f"{what}, call {n})", None,
-                               entry.dtype)
-        self.drive_fast(run, n, entry.traced)
+            self.fast.open(key, call, args)
 
     def reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
         """``recvcounts`` as mpi4py takes them: as given, or, omitted on a call that is not in
@@ -846,52 +610,6 @@ class FamilyEngine:
         if refused:
             return _RefusedCounts(refused)
         return tuple(int(c) for c in counts)
-
-    def forget(self) -> None:
-        """Close the fast paths of the family's signatures (the communicator is freed)."""
-        self.fast.clear()
-
-    def rebind(self, comm: MPI.Comm) -> None:
-        """The communicator moved to ``comm`` (a repair): native calls go there; the
-        scheduled signatures' fast paths close (their plans were bound to the old one)."""
-        self.comm = comm
-        fast = self.fast
-        for key in [k for k, e in fast.items() if e.plan is not None]:
-            del fast[key]
-
-    def open(self, key: tuple | None, call: CollectiveCall, args: tuple, native: bool) -> None:
-        """After the checked first call of a blocking signature: open its fast path
-        (:class:`FastFamily`) where one applies: numpy arrays (``key``), an MPI op (AVG
-        divides afterwards), no device staging, no allgather displacements to place; a
-        native call only where the blocking native path is allowed, a schedule on the plain
-        communicator (the fault-tolerant one tracks every call itself)."""
-        if (key is None or not self.plain or call.op == "avg" or call.staging is not None
-                or call.displs is not None):
-            return
-        owner = self.owner
-        traced = call.slot.sig if call.slot is not None else call.traced()
-        if native:
-            method, native_args, _ = call.native_args(False)
-            try:
-                located = NativeArgs(method, native_args, args)
-            except ValueError:
-                return
-            self.fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
-                                        f"{owner.rank} of {owner.size})", traced,
-                                        native=located)
-            return
-        plan = self.plans.get(call.plan_key())
-        if plan is None:
-            return
-        inp, output = call.schedule_buffers()
-        try:
-            where = _locate(inp, args), _locate(output, args)
-        except ValueError:
-            return
-        self.fast[key] = FastFamily(f"bmlmpi {call.algorithm} {call.collective} (rank "
-                                    f"{owner.rank}", traced, plan, TAG_KIND[call.collective],
-                                    self.plans.sig_id(call.plan_key()), call.op, call.dtype,
-                                    *where)
 
 
 @dataclass(frozen=True)
