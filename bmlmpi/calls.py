@@ -163,6 +163,13 @@ class CollectiveCall:
                          self.root if self.collective in _ROOTED else None,
                          self.requested, self.algorithm)
 
+    def blocked_in_mpi(self, rank: int, size: int) -> str:
+        """What the watchdog says of this call while it is inside mpi4py's blocking call on
+        ``rank`` of ``size`` ranks."""
+        op = f" {self.op}" if self.collective in _REDUCES else ""
+        return (f"bmlmpi native {self.collective} (blocking MPI_{self.mpi_name} of "
+                f"{self.total} x {self.dtype}{op}, rank {rank} of {size})")
+
     @staticmethod
     def describe_signature(sig: tuple | None) -> str:
         """A signature (:meth:`signature`, or a compressed allreduce's) in words."""

@@ -562,8 +562,7 @@ class FamilyEngine:
             watch = self.watchdog
             watch.start()
             watch.calls += 1
-            watch.current = (f"bmlmpi native {call.mpi_name} (blocking, rank {owner.rank} of "
-                             f"{owner.size})")
+            watch.current = call.blocked_in_mpi(owner.rank, owner.size)
             try:
                 call.native(owner.comm, "")
             except Exception as exc:

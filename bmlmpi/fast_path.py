@@ -472,9 +472,9 @@ class FastPath:
                 if not self.allow_native or call.op == "avg":
                     return
                 method, native_args, _ = call.native_args(False)
-                self.entries[key] = FastEntry(
-                    f"bmlmpi native {call.mpi_name} (blocking, rank {self.rank} of "
-                    f"{self.size})", traced, native=NativeArgs(method, native_args, args))
+                self.entries[key] = FastEntry(call.blocked_in_mpi(self.rank, self.size),
+                                              traced, native=NativeArgs(method, native_args,
+                                                                        args))
                 self.watchdog.start()
                 return
             plan_key = call.plan_key()
