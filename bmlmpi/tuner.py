@@ -39,6 +39,16 @@ rank decides alike without a message of the Tuner's own:
    candidate's, the choice is contradicted and the key explores afresh from the next call.
    A table entry without medians of other candidates is never contradicted this way.
 
+Each commit, and each review that sends a key back to exploring, is logged once at DEBUG on
+the ``bmlmpi`` logger.
+
+Decided against the design sketch: a warm-up round before ``rounds`` counted ones (the sketch
+counted the warm-up among its rounds, leaving medians of two), so that each median is of
+three; "measured" also when the measurement confirms the prior (it is what decided); a
+missing time counts as ``inf`` while exploring and 0 in a review, so that it can neither win
+nor contradict. Without prices the candidates are the rule's pick and native only (the
+sketch added the model's best under default α and β: no such default calibration exists).
+
 A call that names its algorithm never reaches the Tuner; the pipeline asks it only for
 ``auto``. :meth:`Tuner.report` is what ``explain`` shows: each candidate's predicted time,
 measured median and sample count, and why the chosen one won.
@@ -46,6 +56,7 @@ measured median and sample count, and why the chosen one won.
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -53,6 +64,8 @@ from dataclasses import dataclass, field
 
 from .schedules import algorithms as records
 from .schedules.collectives import collective as contract
+
+_log = logging.getLogger("bmlmpi")
 
 __all__ = ["CONTRADICTED", "MARGIN", "TUNED_RULES", "WHYS", "CandidateTiming", "TuningKey",
            "TuningReport", "Tuner", "pick_candidates", "size_class"]
@@ -132,7 +145,8 @@ def pick_candidates(collective: str, priced: Sequence[tuple[str, float]], prior:
 class CandidateTiming:
     """One candidate as ``explain`` shows it: ``predicted`` seconds (the model's; None
     without a price), ``measured`` (the agreed median; None before a commit by
-    measurement) and ``samples`` (this rank's counted calls)."""
+    measurement) and ``samples`` (this rank's counted calls: so far while exploring, those
+    behind the commit once committed)."""
 
     name: str
     predicted: float | None
@@ -180,6 +194,7 @@ class _State:
     why: str | None = None
     committed_at: int = 0
     medians: tuple[float, ...] | None = None  # agreed, in candidate order
+    counted: tuple[int, ...] | None = None  # this rank's samples behind the commit
     last_index: int = -1
 
 
@@ -321,8 +336,13 @@ class Tuner:
                              f"{st.candidates} of {key}")
         if st.chosen is None:
             self._settle(st, agreed)
+            _log.debug("auto committed %s: %s (%s), agreed medians %s", key, st.chosen,
+                       st.why, dict(zip(st.candidates, agreed, strict=True)))
         else:
             self._review(st, agreed)
+            if st.chosen is None:
+                _log.debug("auto explores %s again from call %d: agreed medians %s", key,
+                           st.start, dict(zip(st.candidates, agreed, strict=True)))
         return self.report(key)
 
     def _settle(self, st: _State, agreed: tuple[float, ...]) -> None:
@@ -339,6 +359,7 @@ class Tuner:
             else:
                 st.chosen, st.why = st.candidates[best], "measured"
         st.medians = agreed
+        st.counted = tuple(len(st.samples.get(c, ())) for c in st.candidates)
         st.committed_at = st.last_index
         st.samples = {}
 
@@ -348,7 +369,7 @@ class Tuner:
         st.samples = {}
         if others and agreed[at] > self.contradicted * min(others):
             st.chosen = st.why = None
-            st.medians = None
+            st.medians = st.counted = None
             st.warmed = set()
             st.start = st.last_index + 1
 
@@ -369,8 +390,9 @@ class Tuner:
         for i, c in enumerate(st.candidates):
             measured = (st.medians[i] if st.medians is not None
                         and 0 < st.medians[i] < math.inf else None)
-            rows.append(CandidateTiming(c, st.predicted.get(c), measured,
-                                        len(st.samples.get(c, ()))))
+            samples = (st.counted[i] if st.counted is not None
+                       else len(st.samples.get(c, ())))
+            rows.append(CandidateTiming(c, st.predicted.get(c), measured, samples))
         return TuningReport(key, "exploring" if st.chosen is None else "committed",
                             st.chosen, st.why, st.prior, tuple(rows))
 

@@ -120,6 +120,15 @@ def test_every_rank_commits_alike_though_one_rank_alone_would_pick_another():
     assert measured == [5e-4, 9e-4, 6e-4, 7e-4]
 
 
+def test_each_commit_is_logged_once_at_debug(caplog):
+    t = Tuner()
+    t.begin(KEY, MODEL)
+    with caplog.at_level("DEBUG", logger="bmlmpi"):
+        explore([t], KEY, [{"bml": 1e-4, "ring": 3e-4, "tree": 6e-4, "native": 7e-4}])
+    commits = [r.getMessage() for r in caplog.records if "auto committed" in r.getMessage()]
+    assert len(commits) == 1 and "bml (measured)" in commits[0]
+
+
 def test_the_model_pick_stays_unless_beaten_by_more_than_the_margin():
     near = {"bml": 1e-3, "ring": 1e-3 / MARGIN * 1.001, "tree": 2e-3, "native": 2e-3}
     t = Tuner()
@@ -236,4 +245,4 @@ def test_the_report_renders_predicted_measured_and_why():
     explore([t], KEY, [{"bml": 1e-4, "ring": 3e-4, "tree": 6e-4, "native": 7e-4}])
     text = str(t.report(KEY))
     assert "bml (measured)" in text and "<- chosen" in text
-    assert "predicted     300.0 us  measured     100.0 us (0 samples)  <- chosen" in text
+    assert "predicted     300.0 us  measured     100.0 us (3 samples)  <- chosen" in text
