@@ -22,10 +22,10 @@ from . import buffers, kernels
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .execute import DeadlineExceeded
+from .executors import start_allreduce, start_collective
 from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
-from .shm import run_of, start_collective
 from .topology.bcube import Shape
 
 
@@ -361,7 +361,7 @@ class CollectiveCall:
         :meth:`schedule_buffers` names, the result placed (:meth:`place`) before
         ``finish``."""
         if self.collective == "allreduce":
-            return run_of(plan)(plan, self.out, self.op, tag_base, label, finish, src=self.src)
+            return start_allreduce(plan, self.out, self.op, tag_base, label, finish, self.src)
         inp, output = self.schedule_buffers()
 
         def placed() -> None:

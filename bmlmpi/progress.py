@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 
 from .call_gate import CallGate
 from .execute import DeadlineExceeded, Run, wait_for
+from .executors import busy_poll, defer_behind
 from .handles import NativeRun
 from .recorder import Slot
 from .shm import ShmRun
@@ -86,8 +87,8 @@ class Progress:
         holds (the same signature's call ``tag_slots`` calls earlier: tag slots cycle) posts
         nothing until that call completes, since the two would take each other's messages;
         ranks post their calls in one order, so the older call completes without it."""
-        if self.active and type(run) is Run:
-            run.defer_behind(e.run for e in self.active)
+        if self.active:
+            defer_behind(run, (e.run for e in self.active))
         entry = Outstanding(self, run, seq, slot)
         if not entry.poll():
             self.active.append(entry)
@@ -128,7 +129,7 @@ class Progress:
         try:
             wait_for(lambda: (self.progress(), entry.done)[1], self.owner.timeout,
                      entry.run.describe_timeout, progress=hooks.mark, interrupt=interrupt,
-                     busy=entry.run.busy if isinstance(entry.run, ShmRun) else 0.0)
+                     busy=busy_poll(entry.run))
         except DeadlineExceeded as exc:
             if entry in self.active:
                 self.active.remove(entry)
