@@ -371,6 +371,23 @@ class CollectiveCall:
         return start_collective(plan, inp, output, self.op, tag_base, label, placed,
                                 self.dtype)
 
+    def launch(self, pipeline: Any, label: str, finish: Callable[[], None] | None) -> Any:
+        """Start this call's exchange on ``pipeline`` (the
+        :class:`~bmlmpi.api.Communicator` it is a call of: its ``comm``, ``rank``, ``plans``,
+        ``call_numbers`` and ``policy``), the one launch of every checked call, blocking,
+        ``I…`` and persistent: natively (:meth:`start_native`), or its schedule's plan
+        (:meth:`compiled`: bound there, cached per signature) with the tags of its call and
+        signature (calls of different signatures never match: a rank that switches to
+        another signature it already ran meets no partner) (:meth:`start_plan`); ``finish``
+        runs when the exchange completes."""
+        if self.algorithm == "native":
+            return self.start_native(pipeline.comm, pipeline.rank, finish, label,
+                                     pipeline.policy.is_failure)
+        plans = pipeline.plans
+        plan = self.compiled(plans)
+        tag_base = pipeline.call_numbers.take_tags(self.tag_kind, plans.sig_id(self.plan_key()))
+        return self.start_plan(plan, tag_base, label, finish)
+
     def start_native(self, comm: MPI.Comm, rank: int, finish: Callable[[], None] | None,
                      label: str, is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:
         """This call started as mpi4py's own non-blocking call on ``comm`` (this process
