@@ -298,7 +298,7 @@ class Communicator:
                                                  agreement, plain=plain)
         self.family = FamilyEngine(
             self, self._cache, self._gate, self._numbers,
-            FamilyLaunch(agreement.begin_call, agreement.notice, agreement.validate,
+            FamilyLaunch(agreement.begin_call, agreement.notice_waiting, agreement.validate,
                          policy.failure_noted, policy.is_failure, self._refused, self.record,
                          self.call_done, self.call_failed, self._submit_recorded,
                          self._persistent_calls.make, agreement.agreed,

@@ -145,6 +145,17 @@ class CallAgreement:
             self.repair_after = msg.seq
         return msg
 
+    def notice_waiting(self, upto: int) -> bool:
+        """Whether a failure notice not yet handled about a call numbered ``upto`` or lower
+        has arrived: looked at, not handled (a fast path then hands the call to the checked
+        path, whose numbering and argument check handle it: a notice about the very call it
+        starts raises there, before any data moves)."""
+        mailbox = self.mailbox
+        if mailbox is None:
+            return False
+        msg = mailbox.failure(self.handled[0] + 1)
+        return msg is not None and msg.seq <= upto
+
     @staticmethod
     def remote_error(msg: Message) -> Exception:
         if msg.kind == DEADLINE:
@@ -301,14 +312,19 @@ class CallAgreement:
                 or signature_hash(call.signature(owner.shape)) in self.validated)
 
     def alarm_channel(self) -> Callable[[], str | None] | None:
-        """What the watchdog polls while a blocking ``MPI_Allreduce`` is in progress: a
-        posted receive of the notices' second copy (:data:`~bmlmpi.agreement.TAG_ALARM`),
-        only ever tested by the watchdog thread (needs MPI_THREAD_MULTIPLE)."""
+        """What the watchdog polls while a blocking MPI collective is in progress: a posted
+        receive of the notices' second copy (:data:`~bmlmpi.agreement.TAG_ALARM`), only ever
+        tested by the watchdog thread (needs MPI_THREAD_MULTIPLE). It answers only for a
+        notice about the call in progress or an earlier one: a rank whose part of a reduce
+        or broadcast needed nothing from the others may have gone on and rejected a *later*
+        call, while this rank's call (which that rank did its part of) is still completing;
+        that notice waits, and the calling thread raises it at its next call."""
         if self.mailbox is None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             return None
         control, handled, token = self.mailbox.control, self.handled, self.mailbox.token
+        numbers = self.numbers
         box = np.empty(MESSAGE_BYTES, dtype=np.uint8)
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {"waiting": None}
 
         def alarm() -> str | None:
             req = state.get("req")
@@ -317,10 +333,19 @@ class CallAgreement:
             while req.Test():
                 msg = decode(box)
                 req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
-                # not an earlier communicator's notice, nor one the calling thread raised
-                if msg.token == token and msg.seq > handled[0]:
-                    what = ("gave up call" if msg.kind == DEADLINE
-                            else "rejected its arguments at call")
-                    return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
-            return None
+                # not an earlier communicator's notice; the earliest one is the one to report
+                waiting = state["waiting"]
+                if msg.token == token and (waiting is None or msg.seq < waiting.seq):
+                    state["waiting"] = msg
+            msg = state["waiting"]
+            if msg is None:
+                return None
+            if msg.seq <= handled[0]:  # the calling thread raised it already
+                state["waiting"] = None
+                return None
+            # a blocking call takes its number before it enters MPI (bmlmpi.call_numbers)
+            if msg.seq > numbers.callno:
+                return None
+            what = "gave up call" if msg.kind == DEADLINE else "rejected its arguments at call"
+            return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
         return alarm

@@ -13,7 +13,10 @@ which is why no other module writes a counter or computes a slot.
 The rules:
 
 * every call takes a number (:meth:`CallNumbers.take`), a call refused before it launched
-  included: the refusal is agreed on every rank, so every rank has taken that number;
+  included: the refusal is agreed on every rank, so every rank has taken that number; a
+  blocking call takes it before it enters MPI, and gives it back
+  (:meth:`CallNumbers.give_back`) only when MPI refused its buffers before anything was sent
+  and the checked path takes over;
 * a scheduled call (a run of a schedule, on messages or shared memory) takes one tag slot per
   launch (:meth:`CallNumbers.take_tags`); a native call (MPI's own collective) takes none, on
   every path, blocking, non-blocking or persistent;
@@ -59,6 +62,13 @@ class CallNumbers:
         n = self.callno + 1
         self.callno = n
         return n
+
+    def give_back(self) -> None:
+        """Return the number of a blocking fast-path call that MPI refused before anything was
+        sent (mpi4py's buffer checks): the checked path that follows numbers that call. A
+        blocking call takes its number before it enters MPI, so that while it waits there
+        ``callno`` is its own (the watchdog compares another rank's notice against it)."""
+        self.callno -= 1
 
     def take_tags(self, kind: int = 0, sig: int = 0) -> int:
         """The tag base of the next scheduled launch, taken: its slot in its collective's

@@ -580,7 +580,8 @@ class FamilyLaunch(NamedTuple):
     the checked launch and the fast path's driver."""
 
     begin_call: Callable[[], int]             # number the next call (raises on a notice)
-    notice: Callable[[int], Any]              # a failure notice about a call up to n, or None
+    notice: Callable[[int], bool]             # whether a failure notice about a call up to
+    #                                           n waits (looked at, not handled)
     validate: Callable[..., None]             # the argument check (agreement)
     failure_noted: Callable[[], Any]          # where a variant notes an MPI failure
     is_failure: Callable[[Any], bool]         # whether an MPI error is a failed process
@@ -709,8 +710,10 @@ class FamilyEngine:
         owner, launch = self.owner, self.launch
         owner.policy.check_usable()
         call = owner.policy.prepare_family(collective, algorithm, build, self)
+        # (a notice about this call already here: the launch below raises it before any
+        # data moves, where MPI's blocking call could not be interrupted)
         if (call.algorithm == "native" and self.native_blocking and launch.idle()
-                and launch.agreed(call)):
+                and launch.agreed(call) and not launch.notice(self.numbers.callno)):
             slot = launch.record(call)  # (numbered in prepare; a native call takes no tags)
             watch = self.watchdog
             watch.start()
@@ -761,9 +764,10 @@ class FamilyEngine:
             # A rank's part of a reduce or broadcast may complete without the rank that
             # rejected its arguments: it must look at the notices before its next call moves
             # data, as the checked path's numbering does (docs/contracts.md), or that call
-            # pairs with the others' repaired next one. One poll of the control channel's
-            # posted receive.
-            if self.notice(self.numbers.callno) is not None:
+            # pairs with the others' repaired next one; a notice about this very call (the
+            # other rank went ahead) means a call that rank will never join. Either way the
+            # checked path handles it. One poll of the control channel's posted receive.
+            if self.notice(self.numbers.callno + 1):
                 return False
             a, b = args[0], args[1]
             if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
@@ -782,13 +786,14 @@ class FamilyEngine:
         rec = self.recorder
         slot = None if rec is None else rec.begin(entry.traced)
         watch = self.watchdog
+        numbers = self.numbers
+        numbers.take()  # a native call takes no tag slot
         watch.calls += 1
         watch.current = entry.what
         native = entry.native
         try:
             getattr(self.comm, native.method)(*native.of(args))
         except MPI.Exception as exc:
-            self.numbers.take()  # the call started: it has its number
             self.launch.call_failed(slot, exc)
             raise
         except Exception:
@@ -796,16 +801,15 @@ class FamilyEngine:
             # changed since...): the checked path, which numbers and records the call itself
             # and, where it refuses them too, tells the other ranks (never one rank raising
             # alone)
+            numbers.give_back()
             if slot is not None:
                 rec.withdraw(slot)
             return False
         except BaseException as exc:
-            self.numbers.take()
             self.launch.call_failed(slot, exc)
             raise
         finally:
             watch.current = None
-        self.numbers.take()  # taken once the call ran: a native call takes no tag slot
         if slot is not None:
             rec.done(slot)
         return True

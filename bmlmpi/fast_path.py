@@ -163,6 +163,8 @@ class FastPath:
                     s.t1 = 0.0
                     s.t0 = _now()
                 watch = self.watchdog
+                numbers = self.numbers
+                numbers.take()  # a native call takes no tag slot
                 watch.calls += 1
                 watch.current = entry.what
                 try:
@@ -171,13 +173,13 @@ class FastPath:
                     # mpi4py refused a buffer (not contiguous, read-only: flags can change
                     # between calls) before anything was sent: the slow path below gives
                     # the same error, and announces it to the others (and records the call)
+                    numbers.give_back()
                     if rec is not None:
                         rec.withdraw(s)
                 except MPI.Exception as exc:
                     self.hooks.call_failed(s if rec is not None else None, exc)
                     raise
                 else:
-                    self.numbers.take()  # a native call takes no tag slot
                     if rec is not None:
                         s.t1 = _now()
                         if rec.timeline is not None:
