@@ -68,10 +68,10 @@ from .fast_path import FAST_OPS, FastHooks, FastPath
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
-from .persistent import PersistentCalls, PersistentHooks, PersistentRequest
+from .persistent import PersistentCalls, PersistentRequest
 from .placement import Placement
 from .plans import PlanCache
-from .progress import Outstanding, Progress, ProgressHooks
+from .progress import Outstanding, Progress
 from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
 from .schedules import catalog
 from .schedules.types import Schedule
@@ -270,9 +270,7 @@ class Communicator:
         self._cache = PlanCache(self, self._placement, policy)
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
-        self._calls_in_flight = Progress(self, self._gate, self._active, ProgressHooks(
-            self.call_done, self.call_failed, agreement.interrupt, agreement.gave_up,
-            agreement.hold, agreement.held.append, policy.progress_mark))
+        self._calls_in_flight = Progress(self, self._gate, self._active, agreement)
         # the blocking fast path (see the class docstring); not for a policy that keeps every
         # call itself (the fault-tolerant one)
         plain = not policy.keeps_calls
@@ -296,11 +294,8 @@ class Communicator:
             self._watchdog, FastHooks(agreement.fast_open, self._begin, agreement.interrupt,
                                       self.call_failed, agreement.hold, agreement.held.append,
                                       agreement.gave_up), enabled=plain, native=native_fast)
-        self._persistent_calls = PersistentCalls(
-            self, self._cache, self._gate, self._numbers, PersistentHooks(
-                agreement.begin_call, agreement.validate, policy.failure_noted,
-                policy.start_persistent, self._launch, self.record,
-                self._calls_in_flight.start), plain=plain)
+        self._persistent_calls = PersistentCalls(self, self._cache, self._gate, self._numbers,
+                                                 agreement, plain=plain)
         self.family = FamilyEngine(
             self, self._cache, self._gate, self._numbers,
             FamilyLaunch(agreement.begin_call, agreement.notice_waiting, agreement.validate,
@@ -671,26 +666,10 @@ class Communicator:
                          launch: bool = True) -> Run | NativeRun | None:
         """Agree on ``call`` across ranks (raising on every rank when it differs), then start
         its exchange (None with ``launch`` False: a rank the call skips agrees all the
-        same). What a policy's :meth:`~bmlmpi.call_policy.CallPolicy.track` starts a call
-        with."""
+        same), through the one launch (:meth:`bmlmpi.calls.CollectiveCall.launch`). What a
+        policy's :meth:`~bmlmpi.call_policy.CallPolicy.track` starts a call with."""
         self._agreement.validate(call, None)
-        return self._launch(call, label, finish) if launch else None
-
-    def _launch(self, call: CollectiveCall, label: str,
-                finish: Callable[[], None] | None) -> Run | NativeRun:
-        """Start ``call``'s exchange on this communicator: natively, or its schedule's plan
-        (bound here, cached per signature) with the tags of its call and signature (calls of
-        different signatures never match: a rank that switches to another signature it
-        already ran meets no partner); ``finish`` runs when the exchange completes."""
-        if call.algorithm == "native":
-            return call.start_native(self._comm, self.rank, finish, label,
-                                     self.policy.is_failure)
-        cache = self._cache
-        plan = call.compiled(cache)
-        tag_base = self._numbers.take_tags(call.tag_kind, cache.sig_id(call.plan_key()))
-        # a separate allreduce input is not copied into out up front: the run copies only
-        # the ranges it must (bmlmpi.deferred), sending the rest from the input itself
-        return call.start_plan(plan, tag_base, label, finish)
+        return call.launch(self, label, finish) if launch else None
 
     def resolve_auto(self, call: CollectiveCall) -> str:
         """``auto``'s choice for ``call`` over the current members (a policy that runs a call

@@ -77,14 +77,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config
-from .execute import Plan, Run, timeout_from_env, wait_for
+from .execute import Plan, timeout_from_env, wait_for
+from .executors import start_allreduce, start_collective
 from .model.cost import price_symmetric
 from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
 from .schedules import algorithms as records
 from .schedules.shm import node_steps, slices
 from .schedules.types import Schedule
-from .shm import NodeTier, ShmRun, start_collective
+from .shm import NodeTier
 from .topology.nodes import Nodes, nodes_from_ids
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
@@ -170,7 +171,7 @@ def _run_schedule(comm: MPI.Comm, sched: Schedule, reps: int, timeout: float) ->
     buf = np.ones(sched.count, dtype=np.float64)
     times = []
     for i in range(reps + 1):
-        run = Run(plan, buf, "sum", (i % 4) * 4096, f"calibrate {sched.algorithm}")
+        run = start_allreduce(plan, buf, "sum", (i % 4) * 4096, f"calibrate {sched.algorithm}")
         start = time.perf_counter()
         wait_for(run.test, timeout, run.describe_timeout)
         if i:  # the first run pays for allocating
@@ -276,7 +277,7 @@ def shm_step_time(tier: NodeTier, reps: int, timeout: float) -> float:
     times = []
     for i in range(reps + 1):
         start = time.perf_counter()
-        ShmRun(plan, buf, "sum", 0, "calibrate shm").drive(timeout)
+        start_allreduce(plan, buf, "sum", 0, "calibrate shm").drive(timeout)
         if i:
             times.append(time.perf_counter() - start)
     return float(np.median(times)) / max(sched.nsteps, 1)
@@ -326,12 +327,11 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds
     calls = [0]
 
     def scheduled(i: int) -> Callable[[], None]:
-        kind = ShmRun if names[i] == "shm" else Run
-
         def run() -> None:
             calls[0] += 1
-            kind(plans[i], recv, "sum", (calls[0] % 4) * 4096, f"calibrate {names[i]}",
-                 src=send).drive(timeout)  # the blocking path a checked signature's calls take
+            # the blocking path a checked signature's calls take
+            start_allreduce(plans[i], recv, "sum", (calls[0] % 4) * 4096,
+                            f"calibrate {names[i]}", src=send).drive(timeout)
         return run
 
     return _in_turn(comm, [lambda: comm.Allreduce(send, recv, op=MPI.SUM),

@@ -22,10 +22,10 @@ from . import buffers, kernels
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .execute import DeadlineExceeded
+from .executors import start_allreduce, start_collective
 from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
-from .shm import run_of, start_collective
 from .topology.bcube import Shape
 
 
@@ -361,7 +361,7 @@ class CollectiveCall:
         :meth:`schedule_buffers` names, the result placed (:meth:`place`) before
         ``finish``."""
         if self.collective == "allreduce":
-            return run_of(plan)(plan, self.out, self.op, tag_base, label, finish, src=self.src)
+            return start_allreduce(plan, self.out, self.op, tag_base, label, finish, self.src)
         inp, output = self.schedule_buffers()
 
         def placed() -> None:
@@ -370,6 +370,23 @@ class CollectiveCall:
                 finish()
         return start_collective(plan, inp, output, self.op, tag_base, label, placed,
                                 self.dtype)
+
+    def launch(self, pipeline: Any, label: str, finish: Callable[[], None] | None) -> Any:
+        """Start this call's exchange on ``pipeline`` (the
+        :class:`~bmlmpi.api.Communicator` it is a call of: its ``comm``, ``rank``, ``plans``,
+        ``call_numbers`` and ``policy``), the one launch of every checked call, blocking,
+        ``I…`` and persistent: natively (:meth:`start_native`), or its schedule's plan
+        (:meth:`compiled`: bound there, cached per signature) with the tags of its call and
+        signature (calls of different signatures never match: a rank that switches to
+        another signature it already ran meets no partner) (:meth:`start_plan`); ``finish``
+        runs when the exchange completes."""
+        if self.algorithm == "native":
+            return self.start_native(pipeline.comm, pipeline.rank, finish, label,
+                                     pipeline.policy.is_failure)
+        plans = pipeline.plans
+        plan = self.compiled(plans)
+        tag_base = pipeline.call_numbers.take_tags(self.tag_kind, plans.sig_id(self.plan_key()))
+        return self.start_plan(plan, tag_base, label, finish)
 
     def start_native(self, comm: MPI.Comm, rank: int, finish: Callable[[], None] | None,
                      label: str, is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:

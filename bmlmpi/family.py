@@ -64,9 +64,9 @@ from . import buffers
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .calls import TAG_KIND, CollectiveCall, offsets
+from .executors import start_collective
 from .ops import check_dtype_op, op_name
 from .recorder import Signature
-from .shm import start_collective
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")

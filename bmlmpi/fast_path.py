@@ -18,10 +18,11 @@ from . import kernels
 from .call_numbers import CallNumbers
 from .calls import CollectiveCall, CommunicatorRevoked, RemoteArgumentError
 from .execute import DeadlineExceeded, Plan, Run
+from .executors import start_allreduce
 from .handles import Request
 from .recorder import FlightRecorder, Signature
 from .recorder import now as _now
-from .shm import ShmRun, run_of
+from .shm import ShmRun
 from .watchdog import Watchdog
 
 #: The ops the fast path hands MPI as they are, by identity (an ``MPI.Op`` is unhashable).
@@ -254,8 +255,8 @@ class FastPath:
 
             def finish() -> None:
                 kernels.scale_avg(out, size)
-        self.drive(run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
-                                      lambda: f"{what}, call {seq})", finish, src=src),
+        self.drive(start_allreduce(entry.plan, out, entry.name, tag_base,
+                                   lambda: f"{what}, call {seq})", finish, src),
                    seq, entry.traced)
 
     def drive(self, run: Run | ShmRun, seq: int, traced: Signature) -> None:

@@ -22,7 +22,7 @@ communicator every start is one call of its ledger, with that call's failure con
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from mpi4py import MPI
 
@@ -126,40 +126,30 @@ def native_init(call: Any, comm: MPI.Comm) -> NativePersistent | None:
         raise
 
 
-class PersistentHooks(NamedTuple):
-    """What persistent calls use of their communicator (bound methods, a variant's overrides
-    included)."""
-
-    begin_call: Callable[[], int]            # number a call (notices, repair first)
-    validate: Callable[..., None]            # the argument check across ranks
-    failure_noted: Callable[[], Any]         # where a variant notes an MPI failure
-    start: Callable[[Any, Any], Any]         # one start (the communicator's, a variant's own)
-    launch: Callable[[Any, str, Any], Any]   # a checked call's exchange started
-    record: Callable[[Any], Any]             # the call entered in the flight recorder
-    outstanding: Callable[[Any, int, Any], Any]  # a started run kept until it completes
-
-
 class PersistentCalls:
-    """Checked calls of one communicator (``owner``: its ``comm``, ``rank`` and ``size``)
-    made persistent and started; ``plain``: the plain communicator, which compiles once
-    (a variant that tracks every call itself compiles per attempt)."""
+    """Checked calls of one communicator made persistent and started. ``owner``: the
+    :class:`~bmlmpi.api.Communicator` (its ``comm``, ``rank``, ``size``, its ``policy``, which
+    starts each call and notes MPI failures, its flight recorder through ``record`` and its
+    outstanding calls, ``calls_in_flight``); ``agreement``: its
+    :class:`~bmlmpi.call_agreement.CallAgreement`, which numbers and checks each call;
+    ``plain``: the plain communicator, which compiles once (a policy that keeps every call
+    itself compiles per attempt)."""
 
     def __init__(self, owner: Any, plans: Any, gate: CallGate, numbers: CallNumbers,
-                 hooks: PersistentHooks, *, plain: bool):
+                 agreement: Any, *, plain: bool):
         self.owner = owner
         self.plans = plans          # the owner's PlanCache
         self.gate = gate
         self.numbers = numbers      # the owner's call numbers and tag slots
-        self.hooks = hooks
+        self.agreement = agreement
         self.plain = plain
 
     def make(self, call: Any) -> PersistentRequest:
         """Agree on ``call`` across ranks now and compile it once. The agreement is made at
         every ``_init``, even of a signature already agreed on: a rank whose arguments fail
         its local check makes every rank's ``_init`` raise."""
-        hooks = self.hooks
-        with hooks.failure_noted():
-            hooks.validate(call, None, always=True)
+        with self.owner.policy.failure_noted():
+            self.agreement.validate(call, None, always=True)
         compiled = None
         if self.plain:
             if call.algorithm == "native":
@@ -169,20 +159,21 @@ class PersistentCalls:
         return PersistentRequest(self.claimed_start, call, compiled)
 
     def claimed_start(self, call: Any, compiled: Any) -> Any:
-        """One start (the communicator's own, a variant's included) as one call: the
+        """One start, as the communicator's policy makes it
+        (:meth:`~bmlmpi.call_policy.CallPolicy.start_persistent`), as one call: the
         communicator claimed, so a second thread inside a call, or a freed communicator,
         raises before anything starts."""
-        gate = self.gate
-        mine = gate.claim(self.owner.rank)
+        owner, gate = self.owner, self.gate
+        mine = gate.claim(owner.rank)
         try:
-            return self.hooks.start(call, compiled)
+            return owner.policy.start_persistent(call, compiled)
         finally:
             gate.release(mine)
 
     def start(self, call: Any, compiled: Any) -> Any:
         """One start of a persistent call: no argument check, the compiled plan or the MPI
         library's persistent request; the returned record is polled like an Iallreduce."""
-        owner, hooks = self.owner, self.hooks
+        owner = self.owner
         size = owner.size
 
         def finish() -> None:
@@ -190,12 +181,12 @@ class PersistentCalls:
 
         # a start is a call: numbered alike on every rank; refused on a revoked
         # communicator, and after another rank's argument error as any call is
-        seq = hooks.begin_call()
+        seq = self.agreement.begin_call()
         label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {owner.rank}, "
                  f"call {seq})")
         if isinstance(compiled, NativePersistent):
             compiled.req.Start()
             run: Any = NativeRun(compiled.req, then(compiled.deliver, finish), owner.rank, label)
         else:  # the plan cached at init (bound again after a repair) or nothing compiled
-            run = hooks.launch(call, label, finish)
-        return hooks.outstanding(run, seq, hooks.record(call))
+            run = call.launch(owner, label, finish)
+        return owner.calls_in_flight.start(run, seq, owner.record(call))

@@ -74,7 +74,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..calls import earns_dump
-from ..execute import Run
+from ..executors import start_allreduce
 from ..handles import Request
 from ..ops import op_name
 from ..recorder import FlightRecorder, Signature, Slot
@@ -165,10 +165,11 @@ def choose_sparse(channel: Any, alg: str, kept: int, count: int, itemsize: int,
 def _exchange(channel: Any, tag: int, alg: str, buf: np.ndarray, op: str,
               what: str) -> Generator[list, None, int]:
     """The plain scheduled allreduce of ``buf`` (in place) with kernel op ``op``, through
-    :class:`bmlmpi.execute.Run`; returns the bytes this rank sent."""
+    :func:`bmlmpi.executors.start_allreduce` (a channel's plans are message plans: a
+    :class:`bmlmpi.execute.Run`); returns the bytes this rank sent."""
     plan = channel.plan(alg, buf.size, buf.itemsize, op)
-    run = Run(plan, buf, op, tag, f"compressed {alg} allreduce ({what}, rank "
-                                  f"{channel.owner.rank}, tags from {tag})")
+    run = start_allreduce(plan, buf, op, tag, f"compressed {alg} allreduce ({what}, rank "
+                                              f"{channel.owner.rank}, tags from {tag})")
     yield [RunRequest(run)]
     return plan.sched.sent_elements() * buf.itemsize
 

@@ -32,6 +32,7 @@ from mpi4py import MPI
 from ..api import NativeRun
 from ..calls import ArgumentMismatch, CollectiveCall, RemoteArgumentError
 from ..execute import Run, poll_until, request_done, wait_for
+from ..executors import defer_behind
 from .errors import is_failure
 
 
@@ -215,9 +216,8 @@ class Ledger:
         new run posts nothing while an earlier pending call's run on the same communicator
         holds its tags (tag slots cycle), or the two would take each other's messages. Runs
         of an earlier attempt are on another communicator and do not count."""
-        if type(call.run) is Run:
-            call.run.defer_behind(itertools.takewhile(
-                lambda run: run is not call.run, (c.run for c in self.pending)))
+        defer_behind(call.run, itertools.takewhile(
+            lambda run: run is not call.run, (c.run for c in self.pending)))
 
     def _commit(self, call: Call) -> None:
         self.pending.pop(0)

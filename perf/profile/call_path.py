@@ -52,7 +52,7 @@ _BY_NAME = {
     "validate": "signature check", "signature_hash": "signature check",
     "auto": "plan lookup", "auto_for": "plan lookup", "plan": "plan lookup",
     "choose": "plan lookup",
-    "_launch": "post", "start_native": "post", "_register": "post", "_post": "post",
+    "launch": "post", "start_native": "post", "_register": "post", "_post": "post",
     "mpi_op": "post", "kernel_op": "post",
     "Wait": "wait/progress", "Test": "wait/progress", "progress": "wait/progress",
     "_poll": "wait/progress", "test": "wait/progress", "wait_for": "wait/progress",

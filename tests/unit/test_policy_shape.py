@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: Hook tuples still in the package (``module.Class``): they are replaced by the object the
 #: part calls; the list only shrinks (a name no longer found fails the test too).
-PENDING = {"bmlmpi.family.FamilyLaunch", "bmlmpi.fast_path.FastHooks",
-           "bmlmpi.progress.ProgressHooks", "bmlmpi.persistent.PersistentHooks"}
+PENDING = {"bmlmpi.family.FamilyLaunch", "bmlmpi.fast_path.FastHooks"}
 
 
 def package_sources() -> dict[str, ast.Module]:
