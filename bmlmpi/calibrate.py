@@ -56,6 +56,8 @@ derived from it.
 Cache: ``$BMLMPI_CACHE_DIR`` or ``~/.cache/bmlmpi``, one JSON file per host and MPI library
 (``calib-<host>-<mpi>.json``), one entry per (ranks, nodes). Rank 0 reads and writes it and
 broadcasts what it read; ``BMLMPI_RECALIBRATE=1`` (or ``use_cache=False``) measures afresh.
+A measured entry's ``meta`` keeps the 1-minute load and the core count as it was measured
+(``loadavg``, ``cores``: :func:`bmlmpi.model.plausibility.overloaded` reads them).
 
 ``bmlmpi-calibrate`` (:mod:`bmlmpi.cli.calibrate`) prints the calibration and the algorithm the
 model picks at each message size.
@@ -552,7 +554,12 @@ def measure(comm: MPI.Comm, timeout: float | None = None,
                        corrections=tuple(fixes), natives=tuple(natives),
                        family_corrections=tuple(family_fixes), **shm,
                        meta={"size": size, "seconds": round(time.perf_counter() - started, 3),
-                             "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                             "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                             # the 1-minute load as the measurement ends, so that a
+                             # calibration taken on busy cores says so
+                             # (bmlmpi.model.plausibility.overloaded)
+                             "loadavg": round(os.getloadavg()[0], 2),
+                             "cores": os.cpu_count() or 1})
 
 
 def _corrected_algorithms(size: int, shm: bool = False) -> list[str]:
