@@ -13,6 +13,18 @@ rank j's block ``[off_j, off_j + counts[j])`` where ``off = block_offsets(counts
 * ``reduce``: the root's output ``[0, count)`` is the reduction; no other rank writes its
   output at all (MPI leaves a non-root recvbuf untouched).
 * ``bcast``: every rank's output ``[0, count)`` is the root's input.
+* ``alltoall``: ``counts`` is the ``size × size`` matrix, row-major: ``counts[i·size + j]``
+  elements go from rank i to rank j (MPI's ``Alltoall`` has every entry equal; ``Alltoallv``'s
+  per-pair counts may be uneven and hold zeros). Rank r's input is its row packed, block j
+  for rank j; its output is its column packed, block j from rank j: output
+  ``[Σ_{i<j} counts[i·size + r], …)`` is rank j's input from ``Σ_{i<r} counts[j·size + i]``.
+  Other displacements are copies of each block into place, as for the allgather. ``count``
+  is the work buffer, which the algorithm sizes (room for the blocks it relays). Its
+  blocks pass through other ranks, so its receives may land at another offset
+  (:attr:`~bmlmpi.schedules.types.Recv.target`, :attr:`Collective.relays`).
+
+All-to-all's schedules exist (verified and priced); no call of the pipeline runs them yet, so
+it is in :data:`EVERY` but not in :data:`NAMES`.
 
 Each record gives the sizes of a rank's input and output, the copies of the plain layout (the
 input straight into the work buffer where it belongs, the result straight out of it), and the
@@ -24,13 +36,18 @@ outside the regions must stay unwritten.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .types import Copy, block_offsets
 
-#: Every collective, allreduce first.
+#: The collectives the call pipeline runs, allreduce first (``native``, the MPI library's own
+#: call, serves exactly these).
 NAMES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
+#: Every collective with a contract: :data:`NAMES` and all-to-all, whose schedules exist but
+#: no call runs yet.
+EVERY = (*NAMES, "alltoall")
 
 Region = tuple[int, int, tuple[int, ...], int]
 
@@ -43,15 +60,33 @@ class Collective:
     reduces: bool  # the result combines several ranks' data with the op
     rooted: bool   # a root takes part differently (reduce, bcast)
     blocked: bool  # each rank owns a block (``counts``)
+    relays: bool = False  # blocks pass through other ranks (``counts``: the pair matrix)
+
+    def counts_problem(self, size: int, count: int,
+                       counts: Sequence[int] | None) -> str | None:
+        """What is wrong with ``counts`` for this collective on ``size`` ranks (None: nothing)."""
+        if self.relays:
+            if counts is None or len(counts) != size * size or min(counts, default=0) < 0:
+                return (f"{self.name}: pair counts {counts} must be {size}x{size} = "
+                        f"{size * size} counts >= 0")
+        elif self.blocked and (counts is None or len(counts) != size
+                               or min(counts, default=0) < 0 or sum(counts) != count):
+            return (f"{self.name}: block counts {counts} must be {size} counts >= 0 summing "
+                    f"to {count}")
+        return None
 
     def input_size(self, rank: int, count: int, root: int,
                    counts: Sequence[int] | None) -> int:
         """Elements of ``rank``'s input buffer."""
+        if self.relays:
+            return sum(row(counts, rank))
         return self._share(rank, count, root, counts, "allgather", "bcast")
 
     def output_size(self, rank: int, count: int, root: int,
                     counts: Sequence[int] | None) -> int:
         """Elements of ``rank``'s output buffer this collective writes."""
+        if self.relays:
+            return sum(column(counts, rank))
         return self._share(rank, count, root, counts, "reduce_scatter", "reduce")
 
     def _share(self, rank: int, count: int, root: int, counts: Sequence[int] | None,
@@ -66,7 +101,8 @@ class Collective:
 
     def plain_inputs(self, rank: int, count: int, root: int,
                      counts: Sequence[int] | None) -> tuple[Copy, ...]:
-        """The input copied to where it belongs in the work buffer (no permutation)."""
+        """The input copied to where it belongs in the work buffer (no permutation; an
+        all-to-all's row at the start of the work buffer, its column right after it)."""
         n = self.input_size(rank, count, root, counts)
         at = block_offsets(counts)[rank] if self.name == "allgather" else 0
         return (Copy(0, n, at),) if n else ()
@@ -75,7 +111,10 @@ class Collective:
                       counts: Sequence[int] | None) -> tuple[Copy, ...]:
         """The result copied out of where it lies in the work buffer (no permutation)."""
         n = self.output_size(rank, count, root, counts)
-        at = block_offsets(counts)[rank] if self.name == "reduce_scatter" else 0
+        if self.relays:
+            at = self.input_size(rank, count, root, counts)
+        else:
+            at = block_offsets(counts)[rank] if self.name == "reduce_scatter" else 0
         return (Copy(at, at + n, 0),) if n else ()
 
     def regions(self, rank: int, live: Sequence[int], count: int, root: int,
@@ -95,6 +134,10 @@ class Collective:
             return [(0, count, everyone, 0)] if rank == root and count else []
         if self.name == "bcast":
             return [(0, count, (root,), 0)] if count else []
+        if self.relays:
+            into = block_offsets(column(counts, rank))
+            return [(into[j], into[j + 1], (j,), sum(row(counts, j)[:rank]))
+                    for j in everyone if into[j + 1] > into[j]]
         raise ValueError(f"unknown collective {self.name!r}")
 
 
@@ -104,15 +147,37 @@ COLLECTIVES: dict[str, Collective] = {
     "allgather": Collective("allgather", reduces=False, rooted=False, blocked=True),
     "reduce": Collective("reduce", reduces=True, rooted=True, blocked=False),
     "bcast": Collective("bcast", reduces=False, rooted=True, blocked=False),
+    "alltoall": Collective("alltoall", reduces=False, rooted=False, blocked=False, relays=True),
 }
 
 
+def pair_size(counts: Sequence[int]) -> int:
+    """The rank count of a ``size × size`` pair matrix."""
+    size = math.isqrt(len(counts))
+    if size * size != len(counts):
+        raise ValueError(f"{len(counts)} pair counts are not a square matrix")
+    return size
+
+
+def row(counts: Sequence[int], rank: int) -> tuple[int, ...]:
+    """What ``rank`` sends each rank: row ``rank`` of the pair matrix ``counts``."""
+    size = pair_size(counts)
+    return tuple(counts[rank * size:(rank + 1) * size])
+
+
+def column(counts: Sequence[int], rank: int) -> tuple[int, ...]:
+    """What ``rank`` receives from each rank: column ``rank`` of the pair matrix ``counts``."""
+    size = pair_size(counts)
+    return tuple(counts[j * size + rank] for j in range(size))
+
+
 def collective(name: str) -> Collective:
-    """The record of collective ``name`` (one of :data:`NAMES`)."""
+    """The record of collective ``name`` (one of :data:`EVERY`)."""
     try:
         return COLLECTIVES[name]
     except KeyError:
-        raise ValueError(f"unknown collective {name!r}; known: {', '.join(NAMES)}") from None
+        raise ValueError(f"unknown collective {name!r}; known: {', '.join(EVERY)}") from None
 
 
-__all__ = ["COLLECTIVES", "NAMES", "Collective", "Region", "collective"]
+__all__ = ["COLLECTIVES", "EVERY", "NAMES", "Collective", "Region", "collective", "column",
+           "pair_size", "row"]
