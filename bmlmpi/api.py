@@ -293,8 +293,7 @@ class Communicator:
             self._recorder, self._watchdog, enabled=plain, native=native_fast)
         self._persistent_calls = PersistentCalls(self, self._cache, self._gate, self._numbers,
                                                  agreement, plain=plain)
-        self.family = FamilyEngine(self, agreement, self._gate, self._numbers, self._fast_path,
-                                   self._watchdog, native_blocking=plain and native_fast)
+        self.family = FamilyEngine(self, agreement, self._gate, self._numbers, self._fast_path)
 
     # -- the control channel and its repair (bmlmpi.call_agreement calls these) --------------
     @property
@@ -649,10 +648,17 @@ class Communicator:
             fast = self._fast_path
             if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
-            call, req = self._begin(sendbuf, recvbuf, op, algorithm)
-            req.Wait()
-            fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), call,
-                      (sendbuf, recvbuf, op))
+            try:
+                call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+            except BaseException as exc:
+                self.refused("allreduce", algorithm, op, exc)
+                raise
+            key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
+                                                                                 recvbuf, op)
+            if fast.blocking_native(call, key, args):
+                return
+            self.submit_recorded(call).Wait()
+            fast.open(key, call, args)
         finally:
             if mine:
                 gate.owner = None

@@ -69,7 +69,6 @@ from .call_numbers import CallNumbers
 from .calls import CollectiveCall, offsets
 from .fast_path import FastPath
 from .ops import check_dtype_op, op_name
-from .watchdog import Watchdog
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
@@ -449,19 +448,16 @@ class FamilyEngine:
     (``agreement``: :class:`~bmlmpi.call_agreement.CallAgreement`) and launched through the
     communicator's one launch path; a blocking signature's first call opens its entry in the
     communicator's fast path (``fast``: :class:`~bmlmpi.fast_path.FastPath`), which runs its
-    later calls. ``native_blocking``: a checked native blocking call may be MPI's blocking
-    call under the watchdog."""
+    later calls, and runs a native call of an agreed signature as MPI's blocking call on
+    every rank (:meth:`~bmlmpi.fast_path.FastPath.blocking_native`)."""
 
     def __init__(self, owner: Any, agreement: CallAgreement, gate: CallGate,
-                 numbers: CallNumbers, fast: FastPath, watchdog: Watchdog, *,
-                 native_blocking: bool):
+                 numbers: CallNumbers, fast: FastPath):
         self.owner = owner
         self.agreement = agreement
         self.gate = gate            # the owner's CallGate (the thread inside a call)
         self.numbers = numbers      # the owner's CallNumbers (call numbers, tag slots)
         self.fast = fast
-        self.watchdog = watchdog
-        self.native_blocking = native_blocking
 
     def algorithm_for(self, collective: str, algorithm: str | None) -> str:
         """The algorithm a call asks for (None: the communicator's own when that one serves
@@ -534,8 +530,9 @@ class FamilyEngine:
                  key: tuple | None = None, args: tuple = ()) -> None:
         """A blocking call, checked (its signature's later calls take the fast path:
         :meth:`bmlmpi.fast_path.FastPath.repeat`). Once its signature has been agreed on, a
-        native call on the plain communicator with nothing outstanding is mpi4py's blocking
-        call itself, bounded by the watchdog as ``Allreduce``'s fast path is
+        native call on the plain communicator is mpi4py's blocking call itself on every rank
+        (:meth:`bmlmpi.fast_path.FastPath.blocking_native`), bounded by the watchdog as
+        ``Allreduce``'s fast path is
         (``BMLMPI_BLOCKING=watchdog``, the default: past ``timeout`` seconds it reports the
         call and aborts the job); otherwise the call is started and waited on under the
         deadline. Either way it opens the signature's entry in the fast path (``key``:
@@ -550,39 +547,10 @@ class FamilyEngine:
     def checked(self, collective: str, algorithm: str | None, build: Any,
                 key: tuple | None, args: tuple) -> None:
         """:meth:`blocking`, the communicator claimed."""
-        owner, agreement = self.owner, self.agreement
+        owner = self.owner
         owner.policy.check_usable()
         call = owner.policy.prepare_family(collective, algorithm, build, self)
-        # (a notice about this call already here: the launch below raises it before any
-        # data moves, where MPI's blocking call could not be interrupted)
-        if (call.algorithm == "native" and self.native_blocking
-                and owner.calls_in_flight.idle() and agreement.agreed(call)
-                and not agreement.notice_waiting(self.numbers.callno)):
-            slot = owner.record(call)  # (numbered in prepare; a native call takes no tags)
-            watch = self.watchdog
-            watch.start()
-            watch.calls += 1
-            watch.current = call.blocked_in_mpi(owner.rank, owner.size)
-            try:
-                call.native(owner.comm, "")
-            except Exception as exc:
-                owner.call_failed(slot, exc)
-                if isinstance(exc, MPI.Exception):
-                    raise
-                # mpi4py refused the agreed call before anything was sent: the others, in
-                # the call already, learn of it from the notice (the watchdog's alarm, or
-                # their next call), as of any argument error
-                with owner.policy.failure_noted():
-                    agreement.validate(None, exc)
-                raise
-            except BaseException as exc:
-                owner.call_failed(slot, exc)
-                raise
-            finally:
-                watch.current = None
-            call.finish(owner.size)
-            self.fast.open(key, call, args)
-            owner.call_done(slot)
+        if self.fast.blocking_native(call, key, args):
             return
         owner.submit_recorded(call).Wait()
         if call.algorithm != "native":

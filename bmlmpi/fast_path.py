@@ -247,6 +247,8 @@ class FastPath:
         #: never changes and its data communicator only at a repair (:meth:`rebind`).
         self.entries: dict[tuple, FastEntry] = {}
         self.last: Repeat | None = None
+        #: Calls :meth:`blocking_native` made (the watchdog counts them with the entries').
+        self.checked_blocking = 0
         self.rank, self.size, self.timeout = pipeline.rank, pipeline.size, pipeline.timeout
         # (one attribute each on the path of every repeated call)
         self.fast_open = agreement.fast_open
@@ -358,6 +360,55 @@ class FastPath:
         finally:
             if mine:
                 gate.owner = None
+
+    def blocking_native(self, call: CollectiveCall, key: tuple | None, args: tuple) -> bool:
+        """A blocking native call of an agreed signature on the checked path (prepared and
+        numbered; ``key`` and ``args`` as for :meth:`open`): mpi4py's blocking call under the
+        watchdog, as every other rank's fast path makes it, then its entry opened; False
+        where the checked launch runs it instead (MPI's blocking call not allowed, the
+        signature not agreed yet, a notice about this call already here: the launch raises
+        it before any data moves).
+
+        Whether a rank can take its entry is its own affair (buffers spelled as
+        ``[array, MPI.DOUBLE]``, calls outstanding, an entry not opened), but MPI never
+        matches a blocking collective with a non-blocking one: a rank that cannot take its
+        entry still makes the same MPI call. Calls outstanding that only this process's
+        polling advances (schedules' runs) are completed first
+        (:meth:`~bmlmpi.progress.Progress.settle`); MPI's own non-blocking calls progress
+        inside the blocking one."""
+        pipeline, agreement = self.pipeline, self.agreement
+        if (call.algorithm != "native" or not (self.enabled and self.allow_native)
+                or not agreement.agreed(call)
+                or agreement.notice_waiting(self.numbers.callno)):
+            return False
+        pipeline.calls_in_flight.settle()
+        slot = pipeline.record(call)  # (numbered in prepare; a native call takes no tags)
+        self.checked_blocking += 1
+        watch = self.watchdog
+        watch.start()
+        watch.calls += 1
+        watch.current = call.blocked_in_mpi(self.rank, self.size)
+        try:
+            call.native(self.comm, "")
+        except Exception as exc:
+            pipeline.call_failed(slot, exc)
+            if isinstance(exc, MPI.Exception):
+                raise
+            # mpi4py refused the agreed call before anything was sent: the others, in the
+            # call already, learn of it from the notice (the watchdog's alarm, or their next
+            # call), as of any argument error
+            with pipeline.policy.failure_noted():
+                agreement.validate(None, exc)
+            raise
+        except BaseException as exc:
+            pipeline.call_failed(slot, exc)
+            raise
+        finally:
+            watch.current = None
+        call.finish(self.size)
+        self.open(key, call, args)
+        pipeline.call_done(slot)
+        return True
 
     # -- the two ways a later call runs ---------------------------------------------------------
     def native(self, entry: FastEntry, mpi_call: Any, args: tuple | list) -> bool:

@@ -138,6 +138,19 @@ class Progress:
                 agreement.hold(entry.run)
             raise
 
+    def settle(self) -> None:
+        """Complete the outstanding calls that only this process's polling advances (the runs
+        of schedules), oldest first, each under its deadline, before a blocking MPI call that
+        cannot poll them (:meth:`bmlmpi.fast_path.FastPath.blocking_native`); MPI's own
+        non-blocking calls progress inside that call. One that fails keeps its error for its
+        request's ``Wait`` and raises it here too: the blocking call is not made."""
+        for entry in [e for e in self.active if type(e.run) is not NativeRun]:
+            try:
+                self.wait(entry)
+            except BaseException as exc:
+                entry.failed = exc
+                raise
+
     def progress(self) -> None:
         """Advance every outstanding call, oldest first; drop the finished ones."""
         active = self.active
