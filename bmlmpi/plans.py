@@ -22,6 +22,7 @@ from .execute import Plan
 from .ops import kernel_op
 from .placement import Placement
 from .schedules import algorithms
+from .schedules.collectives import collective as collective_record
 from .schedules.types import Schedule
 from .shm import ShmPlan
 
@@ -161,7 +162,7 @@ class PlanCache:
         key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
         choice = self.choices.get(key)
         if choice is None:
-            blocked = call.collective in ("reduce_scatter", "allgather")
+            blocked = collective_record(call.collective).blocked
             why = self.explain(call.collective, call.total, call.dtype.itemsize, call.root,
                                call.counts if blocked else None)
             choice = self.choices[key] = why.chosen
@@ -174,9 +175,6 @@ class PlanCache:
         on the owner, and why (``counts``: a reduce-scatter's or allgather's blocks)."""
         owner = self.owner
         nodes = self.placement.nodes_for_auto()
-        if collective == "allreduce":
-            return selection.explain(count, itemsize, owner.size, owner.calibration,
-                                     owner.shape, nodes=nodes)
         return selection.explain_collective(collective, count, itemsize, owner.size,
                                             owner.calibration, owner.shape, nodes, root, counts)
 

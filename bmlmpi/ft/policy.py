@@ -27,6 +27,7 @@ from mpi4py import MPI
 
 from ..call_policy import CallPolicy
 from ..execute import Plan
+from ..schedules.collectives import collective as collective_record
 from .compressed import settle
 from .errors import RankMasked, is_failure
 from .exit import LIVE, started
@@ -199,9 +200,12 @@ class FaultTolerantPolicy(CallPolicy):
         if self.ledger.broken:
             return
         prepared = call.prepared
-        if prepared.collective != "allreduce":
+        skip = False
+        if not collective_record(prepared.collective).size_free:
+            # its counts are per member: prepared again for the survivors, which may leave
+            # this rank nothing to exchange
             prepared = retarget(prepared, self.membership.members, pipeline.rank)
-        skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
+            skip = prepared.extra.get("skip")
         algorithm = call.algorithm
         if algorithm == "auto" and not skip:  # chosen for the call as it runs now
             algorithm = pipeline.resolve_auto(prepared)

@@ -61,6 +61,23 @@ class Collective:
     rooted: bool   # a root takes part differently (reduce, bcast)
     blocked: bool  # each rank owns a block (``counts``)
     relays: bool = False  # blocks pass through other ranks (``counts``: the pair matrix)
+    #: Its call's arguments do not depend on the communicator's size, so a call prepared
+    #: before a failure runs among the survivors as it was prepared (the others' counts are
+    #: per member: they are prepared again for the survivors).
+    size_free: bool = False
+    #: Its schedules run in place on the output buffer, reading a separate input only where
+    #: they must; the others' run through their layout's input and output copies, which the
+    #: model prices.
+    in_place: bool = False
+    #: Every rank plays the same part (no root, no blocks of its own), so on a symmetric
+    #: network the model may price a schedule set from rank 0's schedule alone.
+    symmetric: bool = False
+    #: Every calibration is measured on its calls (the model's constants and the MPI
+    #: library's own call), and the fixed rule's size threshold was measured on it: ``auto``
+    #: prices it with any calibration and applies the fixed rule without one. The others are
+    #: priced only where the calibration timed their own call, and run the default record
+    #: where there is no calibration at all.
+    calibrated: bool = False
 
     def counts_problem(self, size: int, count: int,
                        counts: Sequence[int] | None) -> str | None:
@@ -142,7 +159,8 @@ class Collective:
 
 
 COLLECTIVES: dict[str, Collective] = {
-    "allreduce": Collective("allreduce", reduces=True, rooted=False, blocked=False),
+    "allreduce": Collective("allreduce", reduces=True, rooted=False, blocked=False,
+                            size_free=True, in_place=True, symmetric=True, calibrated=True),
     "reduce_scatter": Collective("reduce_scatter", reduces=True, rooted=False, blocked=True),
     "allgather": Collective("allgather", reduces=False, rooted=False, blocked=True),
     "reduce": Collective("reduce", reduces=True, rooted=True, blocked=False),

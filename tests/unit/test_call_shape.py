@@ -17,18 +17,6 @@ RECORDS = {"bmlmpi/calls.py", "bmlmpi/schedules/algorithms.py",
            "bmlmpi/schedules/collectives.py"}
 FACADE = {"bmlmpi/api.py", "bmlmpi/dropin.py"}
 
-#: Modules that still branch on ``"allreduce"``, with how many comparisons: a ceiling that
-#: may only go down (the selection, the cost model, the shared-memory schedule builder, the
-#: sweep and the fault-tolerant policy were not yet given the records' answers).
-STILL_BRANCHING = {
-    "bmlmpi/cli/bench.py": 5,
-    "bmlmpi/ft/policy.py": 2,
-    "bmlmpi/model/estimate.py": 4,
-    "bmlmpi/plans.py": 1,
-    "bmlmpi/schedules/shm.py": 4,
-    "bmlmpi/selection.py": 1,
-}
-
 #: The most methods :class:`bmlmpi.Communicator` may have, inherited ones included (dunder
 #: methods aside): a ceiling that may only go down, to 40.
 METHOD_CEILING = 50
@@ -111,13 +99,7 @@ def test_one_call_record_type():
 
 def test_no_allreduce_branch_outside_the_records_and_the_facade():
     found = misplaced_branches(sources())
-    over = {path: lines for path, lines in found.items()
-            if len(lines) > STILL_BRANCHING.get(path, 0)}
-    assert not over, f"branches on \"allreduce\" outside the records and the facade: {over}"
-    # a ceiling that went down is lowered here, so that it cannot creep back up
-    stale = {path: (n, len(found.get(path, ()))) for path, n in STILL_BRANCHING.items()
-             if len(found.get(path, ())) < n}
-    assert not stale, f"lower STILL_BRANCHING (ceiling, now): {stale}"
+    assert not found, f"branches on \"allreduce\" outside the records and the facade: {found}"
 
 
 def test_the_branch_finder_sees_every_spelling():
