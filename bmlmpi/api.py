@@ -37,13 +37,13 @@ from .agreement import (
 from .buffers import BufferSpecError
 from .call_agreement import CallAgreement, agree_construction
 from .call_gate import CallGate
+from .call_log import CallLog
 from .call_numbers import CallNumbers
 from .call_policy import CallPolicy
 from .calls import (
     CollectiveCall,
     CompressedCall,
     IntercommunicatorError,
-    earns_dump,
     prepare_allreduce,
 )
 from .compression.channel import CompressionChannel
@@ -63,7 +63,7 @@ from .family import (
     scatter,
     scatter_blocks,
 )
-from .fast_path import FAST_OPS, FastPath, fast_key
+from .fast_path import FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
@@ -71,7 +71,7 @@ from .persistent import PersistentCalls, PersistentRequest
 from .placement import Placement
 from .plans import PlanCache
 from .progress import Outstanding, Progress
-from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
+from .recorder import FlightRecorder, recorder_capacity
 from .schedules import catalog
 from .schedules.types import Schedule
 from .topology.bcube import Shape, format_shape, resolve_shape
@@ -115,14 +115,15 @@ def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
 
 
 def _weakly_number(comm: Communicator) -> Callable[[], int | None]:
-    """The number of ``comm``'s call in progress (:meth:`Communicator.call_in_progress`),
+    """The number of ``comm``'s call in progress (:meth:`bmlmpi.call_log.CallLog.
+    in_progress`),
     through a weak reference (a watchdog thread must not keep a dropped Communicator
     alive)."""
     ref = weakref.ref(comm)
 
     def number() -> int | None:
         c = ref()
-        return None if c is None else c.call_in_progress()
+        return None if c is None else c.call_log.in_progress()
     return number
 
 
@@ -280,10 +281,12 @@ class Communicator:
         if self._recorder is not None:
             from .timeline import attach
             attach(self._recorder)
+        #: What the pipeline's parts write to the flight recorder (:mod:`bmlmpi.call_log`).
+        self.call_log = CallLog(self._recorder)
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=agreement.alarm_channel(),
-                                  before_abort=_weakly(self._watchdog_fired),
+                                  before_abort=_weakly(self.call_log.watchdog_fired),
                                   number=_weakly_number(self))
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
@@ -369,44 +372,6 @@ class Communicator:
         return str(self._recorder.dump("dump_trace()", None if directory is None
                                        else Path(directory), announce=False, counted=False))
 
-    def call_done(self, slot: Slot | None) -> None:
-        """Record that ``slot``'s call completed (None: the recorder is off)."""
-        if slot is not None:
-            self._recorder.done(slot)
-
-    def call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
-        """Record that ``slot``'s call raised ``exc``; dump the recorder where the failure
-        earns it (:func:`bmlmpi.calls.earns_dump`: a hang or a failure between ranks, not a
-        refused argument)."""
-        rec = self._recorder
-        if rec is None or slot is None:
-            return
-        rec.failed_call(slot, exc, run, dump=earns_dump(exc))
-
-    def call_in_progress(self) -> int | None:
-        """The number of the newest call of this communicator that has not ended (as its
-        exceptions and the flight recorder number it); None when none is running or the
-        recorder is off."""
-        rec = self._recorder
-        if rec is None:
-            return None
-        running = [s.seq for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
-        return max(running) if running else None
-
-    def _watchdog_fired(self, report: str) -> None:
-        """The watchdog is about to abort the job (its thread): the blocked call is failed in
-        the recorder, which is dumped."""
-        rec = self._recorder
-        if rec is None:
-            return
-        running = [s for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
-        if running:
-            rec.fail(max(running, key=lambda s: s.seq), TimeoutError(report))
-        try:
-            rec.dump("watchdog abort")
-        except OSError:
-            pass
-
     def Free(self) -> None:
         """Free bmlmpi's communicators, the compression channel's duplicate included.
         Refused (RuntimeError, nothing freed) while a started allreduce of this communicator
@@ -482,8 +447,8 @@ class Communicator:
             mine = gate.claim(self.rank)
             try:
                 if algorithm is not None:
-                    self._refuse(ValueError("algorithm= and compression= together: a "
-                                            "compressed call chooses its own path"))
+                    self._agreement.refuse(ValueError("algorithm= and compression= together: "
+                                                      "a compressed call chooses its own path"))
                 return self._compression.start(sendbuf, recvbuf, op, compression)
             finally:
                 gate.release(mine)
@@ -500,7 +465,7 @@ class Communicator:
             try:
                 name = selection.check_algorithm(algorithm)
             except (ValueError, TypeError) as exc:
-                self._refuse(exc)
+                self._agreement.refuse(exc)
             _CHECKED[algorithm] = name
             return name
 
@@ -546,72 +511,31 @@ class Communicator:
     # (bmlmpi.call_policy): how a started call is tracked, how a schedule is bound, what an
     # MPI error means.
     def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
+        """Prepare, record and submit one allreduce (the checked path): its request."""
         self.policy.check_usable()
         mine = self._gate.claim(self.rank)
         try:
-            return self._begin(sendbuf, recvbuf, op, algorithm)[1]
+            try:
+                call = self._agreement.prepared(prepare_allreduce, self.rank, self.size,
+                                                sendbuf, recvbuf, op, algorithm,
+                                                self._cache.auto_for)
+            except BaseException as exc:
+                self.call_log.refused("allreduce", algorithm, op, exc)
+                raise
+            return self.submit_recorded(call)
         finally:
             if mine:
                 self._gate.owner = None
 
-    def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
-               algorithm: str) -> tuple[CollectiveCall, Request]:
-        """Prepare, record and submit one call (the checked path)."""
-        try:
-            call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
-        except BaseException as exc:
-            self.refused("allreduce", algorithm, op, exc)
-            raise
-        return call, self.submit_recorded(call)
-
-    def record(self, call: CollectiveCall) -> Slot | None:
-        """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``; None
-        when the recorder is off)."""
-        rec = self._recorder
-        call.slot = None if rec is None else rec.begin(call.traced())
-        return call.slot
-
     def submit_recorded(self, call: CollectiveCall) -> Request:
         """The call entered in the flight recorder, then started and tracked by the policy
         (:meth:`~bmlmpi.call_policy.CallPolicy.track`): its request."""
-        self.record(call)
+        log = self.call_log
+        log.record(call)
         try:
             return Request(self.policy.track(call))
         except BaseException as exc:
-            self.call_failed(call.slot, exc)
-            raise
-
-    def refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
-        """A call this rank refused before it was prepared: recorded (failed) all the same,
-        so that the sequence numbers of every rank's recorder stay in step."""
-        rec = self._recorder
-        if rec is not None:
-            name = op_name(op) if id(op) in FAST_OPS else None
-            self.call_failed(rec.begin(Signature(collective, None, None, name, None,
-                                                 algorithm, None)), exc)
-
-    def _refuse(self, exc: Exception) -> None:
-        """A call refused before it had arguments to check (an unknown algorithm name): this
-        rank's error, announced to the others like any other argument error."""
-        self._agreement.begin_call()
-        with self.policy.failure_noted():
-            self._agreement.validate(None, exc)
-        raise exc
-
-    def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
-                        algorithm: str) -> CollectiveCall:
-        self._agreement.begin_call()
-        try:
-            return prepare_allreduce(self.rank, self.size, sendbuf, recvbuf, op, algorithm,
-                                     self._cache.auto_for)
-        except (ValueError, TypeError, BufferError, LookupError, AttributeError,
-                ImportError) as exc:
-            # the others learn of it in their argument check (RemoteArgumentError); the
-            # check raises it here. Lookup and attribute errors come from malformed specs an
-            # exporter's own code trips on, an ImportError from a device buffer with no cupy
-            # to stage it: still this rank's argument error, not a hang.
-            with self.policy.failure_noted():
-                self._agreement.validate(None, exc)
+            log.failed(call.slot, exc)
             raise
 
     def agree_compressed(self, recvbuf: Any, op: Any, compression: str) -> None:
@@ -649,9 +573,11 @@ class Communicator:
             if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
             try:
-                call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+                call = self._agreement.prepared(prepare_allreduce, self.rank, self.size,
+                                                sendbuf, recvbuf, op, algorithm,
+                                                self._cache.auto_for)
             except BaseException as exc:
-                self.refused("allreduce", algorithm, op, exc)
+                self.call_log.refused("allreduce", algorithm, op, exc)
                 raise
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
                                                                                  recvbuf, op)
@@ -673,11 +599,6 @@ class Communicator:
         self._agreement.validate(call, None)
         return call.launch(self, label, finish) if launch else None
 
-    def resolve_auto(self, call: CollectiveCall) -> str:
-        """``auto``'s choice for ``call`` over the current members (a policy that runs a call
-        again over other members chooses again)."""
-        return call.auto(self._cache)
-
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                        algorithm: str | None = None) -> PersistentRequest:
@@ -693,8 +614,9 @@ class Communicator:
                                        else recvbuf[0] if recvbuf else None):
                 raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
                                       "cannot stage device memory at every start)")
-            return self._persistent_calls.make(self._prepare_agreed(sendbuf, recvbuf, op,
-                                                                    algorithm))
+            return self._persistent_calls.make(self._agreement.prepared(
+                prepare_allreduce, self.rank, self.size, sendbuf, recvbuf, op, algorithm,
+                self._cache.auto_for))
         finally:
             gate.release(mine)
 

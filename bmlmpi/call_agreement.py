@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
@@ -82,6 +82,14 @@ def agree_construction(comm: MPI.Comm, error: Exception | None, settings: tuple,
                                f"(topology/algorithm/check/validate: {lines}); the "
                                f"communicator was not built on any rank")
     return int(res[4])
+
+
+#: What reading a rank's own arguments raises when they are wrong: besides value and type
+#: errors, the lookup and attribute errors of malformed specs an exporter's own code trips
+#: on, and the ImportError of a device buffer with no cupy to stage it. This rank's argument
+#: error, announced to the others, never a hang.
+ARGUMENT_ERRORS = (ValueError, TypeError, BufferError, LookupError, AttributeError,
+                   ImportError)
 
 
 class CallAgreement:
@@ -232,6 +240,33 @@ class CallAgreement:
         self.repair_after = None
 
     # -- the argument check -------------------------------------------------------------------
+    def prepared(self, prepare: Callable[..., CollectiveCall], *args: Any) -> CollectiveCall:
+        """Number the call about to start (:meth:`begin_call`), then read its arguments:
+        ``prepare(*args)``, its record. Arguments it refuses (:data:`ARGUMENT_ERRORS`) are
+        this rank's error, announced to the others (who raise
+        :class:`~bmlmpi.calls.RemoteArgumentError` in their check) and raised here."""
+        self.begin_call()
+        try:
+            return prepare(*args)
+        except ARGUMENT_ERRORS as exc:
+            self.announce_refusal(exc)
+            raise
+
+    def refuse(self, exc: Exception) -> NoReturn:
+        """A call refused before it had arguments to read (an unknown algorithm name):
+        numbered as every call, and ``exc`` announced to the others like any other
+        argument error, then raised."""
+        self.begin_call()
+        self.announce_refusal(exc)
+        raise exc
+
+    def announce_refusal(self, exc: Exception) -> None:
+        """This rank's argument error ``exc`` for the call just numbered, told to the others
+        (under the policy's ``failure_noted``: a failure the notice meets is noted, not
+        raised); raises ``exc`` where nobody needs telling or the check is collective."""
+        with self.owner.policy.failure_noted():
+            self.validate(None, exc)
+
     def validate(self, call: Any, error: Exception | None, always: bool = False) -> None:
         """Agree across ranks that the call is well-formed; raise on every rank if not
         (:mod:`bmlmpi.agreement`: the first call of a signature, or every call; ``always``:

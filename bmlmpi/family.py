@@ -63,7 +63,7 @@ from mpi4py import MPI
 from . import buffers
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
-from .call_agreement import CallAgreement
+from .call_agreement import ARGUMENT_ERRORS, CallAgreement
 from .call_gate import CallGate
 from .call_numbers import CallNumbers
 from .calls import CollectiveCall, offsets
@@ -481,11 +481,9 @@ class FamilyEngine:
             if call.algorithm == "auto":
                 call.algorithm = owner.plans.family_auto(call)
             return call
-        except (ValueError, TypeError, BufferError, LookupError, AttributeError,
-                ImportError) as exc:  # ImportError: a device buffer and no cupy to stage it
-            owner.refused(collective, algorithm or owner.algorithm, None, exc)
-            with owner.policy.failure_noted():
-                agreement.validate(None, exc)
+        except ARGUMENT_ERRORS as exc:
+            owner.call_log.refused(collective, algorithm or owner.algorithm, None, exc)
+            agreement.announce_refusal(exc)
             raise
 
     def start(self, collective: str, algorithm: str | None, build: Any) -> Any:

@@ -220,13 +220,14 @@ class Repeat:
 
 class FastPath:
     """The blocking fast path of one communicator (``pipeline``: its ``rank``, ``size``,
-    ``timeout`` and the flight recorder's ``call_failed``) on ``comm``: the entries of its
-    signatures, by :func:`fast_key`. ``agreement``: its calls' agreement (whether a fast path
-    may be taken now, the notices, what a call given up leaves behind); ``numbers``: its call
-    numbers and tag slots; ``gate``: the thread inside a call; ``active``: its outstanding
-    calls. ``enabled`` only for the plain communicator (a policy that tracks every call
-    itself takes the checked path for all of them); ``native``: a native signature may be
-    MPI's blocking call under the watchdog (``BMLMPI_BLOCKING=watchdog``)."""
+    ``timeout`` and its ``call_log``, :class:`~bmlmpi.call_log.CallLog`) on ``comm``: the
+    entries of its signatures, by :func:`fast_key`. ``agreement``: its calls' agreement
+    (whether a fast path may be taken now, the notices, what a call given up leaves behind);
+    ``numbers``: its call numbers and tag slots; ``gate``: the thread inside a call;
+    ``active``: its outstanding calls. ``enabled`` only for the plain communicator (a
+    policy that tracks every call itself takes the checked path for all of them);
+    ``native``: a native signature may be MPI's blocking call under the watchdog
+    (``BMLMPI_BLOCKING=watchdog``)."""
 
     def __init__(self, pipeline: Any, comm: MPI.Comm, agreement: CallAgreement,
                  numbers: CallNumbers, gate: CallGate, plans: Any, active: list,
@@ -308,7 +309,7 @@ class FastPath:
         try:
             self.comm.Allreduce(sendbuf, recvbuf, op)
         except MPI.Exception as exc:
-            self.pipeline.call_failed(s if rec is not None else None, exc)
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
             raise
         except Exception:
             numbers.give_back()
@@ -316,7 +317,7 @@ class FastPath:
                 rec.withdraw(s)
             return False
         except BaseException as exc:
-            self.pipeline.call_failed(s if rec is not None else None, exc)
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
             raise
         finally:
             watch.current = None
@@ -382,7 +383,7 @@ class FastPath:
                 or agreement.notice_waiting(self.numbers.callno)):
             return False
         pipeline.calls_in_flight.settle()
-        slot = pipeline.record(call)  # (numbered in prepare; a native call takes no tags)
+        slot = pipeline.call_log.record(call)  # (numbered in prepare; a native call takes no tags)
         self.checked_blocking += 1
         watch = self.watchdog
         watch.start()
@@ -391,7 +392,7 @@ class FastPath:
         try:
             call.native(self.comm, "")
         except Exception as exc:
-            pipeline.call_failed(slot, exc)
+            pipeline.call_log.failed(slot, exc)
             if isinstance(exc, MPI.Exception):
                 raise
             # mpi4py refused the agreed call before anything was sent: the others, in the
@@ -401,13 +402,13 @@ class FastPath:
                 agreement.validate(None, exc)
             raise
         except BaseException as exc:
-            pipeline.call_failed(slot, exc)
+            pipeline.call_log.failed(slot, exc)
             raise
         finally:
             watch.current = None
         call.finish(self.size)
         self.open(key, call, args)
-        pipeline.call_done(slot)
+        pipeline.call_log.done(slot)
         return True
 
     # -- the two ways a later call runs ---------------------------------------------------------
@@ -437,7 +438,7 @@ class FastPath:
         try:
             mpi_call(*args)
         except MPI.Exception as exc:
-            self.pipeline.call_failed(s if rec is not None else None, exc)
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
             raise
         except Exception:
             numbers.give_back()
@@ -445,7 +446,7 @@ class FastPath:
                 rec.withdraw(s)
             return False
         except BaseException as exc:
-            self.pipeline.call_failed(s if rec is not None else None, exc)
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
             raise
         finally:
             watch.current = None
@@ -485,16 +486,16 @@ class FastPath:
         try:
             run.drive(self.timeout, agreement.interrupt(seq))
         except DeadlineExceeded as exc:
-            self.pipeline.call_failed(s, exc, run)
+            self.pipeline.call_log.failed(s, exc, run)
             agreement.held.append(run)  # MPI may still use it: kept, not cancelled
             agreement.gave_up(seq, exc)
             raise
         except (RemoteArgumentError, CommunicatorRevoked) as exc:
-            self.pipeline.call_failed(s, exc, run)
+            self.pipeline.call_log.failed(s, exc, run)
             agreement.hold(run)
             raise
         except BaseException as exc:
-            self.pipeline.call_failed(s, exc, run)
+            self.pipeline.call_log.failed(s, exc, run)
             raise
         if s is not None:
             s.run = None

@@ -189,4 +189,4 @@ class PersistentCalls:
             run: Any = NativeRun(compiled.req, then(compiled.deliver, finish), owner.rank, label)
         else:  # the plan cached at init (bound again after a repair) or nothing compiled
             run = call.launch(owner, label, finish)
-        return owner.calls_in_flight.start(run, seq, owner.record(call))
+        return owner.calls_in_flight.start(run, seq, owner.call_log.record(call))

@@ -4,8 +4,8 @@ advances them all, oldest first, inside any request's ``Test``/``Wait``, under t
 communicator's deadline (:class:`Progress`).
 
 The engine calls the objects it is handed: the communicator (``owner``: its ``rank``,
-``timeout``, its ``policy``'s progress mark, and its flight recorder through ``call_done``
-and ``call_failed``) and its call agreement (``agreement``, a
+``timeout``, its ``policy``'s progress mark, and its flight recorder through its
+``call_log``, :class:`~bmlmpi.call_log.CallLog`) and its call agreement (``agreement``, a
 :class:`~bmlmpi.call_agreement.CallAgreement`: the notices' check for a call, what a call
 given up at its deadline tells the others, the runs MPI may still use).
 """
@@ -44,10 +44,10 @@ class Outstanding:
             try:
                 self.done = self.run.test()
             except BaseException as exc:
-                self.engine.owner.call_failed(self.slot, exc, self.run)
+                self.engine.owner.call_log.failed(self.slot, exc, self.run)
                 raise
             if self.done:
-                self.engine.owner.call_done(self.slot)
+                self.engine.owner.call_log.done(self.slot)
         return self.done
 
     def test(self) -> bool:
@@ -126,13 +126,13 @@ class Progress:
         except DeadlineExceeded as exc:
             if entry in self.active:
                 self.active.remove(entry)
-            owner.call_failed(entry.slot, exc, entry.run)
+            owner.call_log.failed(entry.slot, exc, entry.run)
             agreement.held.append(entry.run)  # MPI may still use it: kept, not cancelled
             agreement.gave_up(entry.seq, exc)
             raise
         except BaseException as exc:
             # An abandoned call must not be polled by later calls.
-            owner.call_failed(entry.slot, exc, entry.run)
+            owner.call_log.failed(entry.slot, exc, entry.run)
             if entry in self.active:
                 self.active.remove(entry)
                 agreement.hold(entry.run)

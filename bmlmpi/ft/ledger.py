@@ -15,8 +15,9 @@ FaultTolerantPolicy`): it holds the pending calls, the count of calls started an
 whether the communicator is broken (a failure noted, not yet recovered) and since when, and a
 count of events that shows progress. It reads the communicator's public side (``comm``,
 ``heartbeat``, ``recorder``, ``timeout``) and records the end of a call through its public
-``call_done``/``call_failed``; starting an attempt, recovering and checking for vanished peers
-it asks of the policy (``attempt``, ``recover``, ``check_vanished``).
+``call_log`` (:class:`~bmlmpi.call_log.CallLog`); starting an attempt, recovering and
+checking for vanished peers it asks of the policy (``attempt``, ``recover``,
+``check_vanished``).
 """
 
 from __future__ import annotations
@@ -102,10 +103,9 @@ class Ledger:
     """Runs, votes on and commits the pending calls, in the order they were started.
 
     ``owner``: the fault-tolerant communicator (its public ``comm``, ``heartbeat``,
-    ``recorder``, ``timeout``, ``ulfm``, ``rank``, ``size``, ``call_done``,
-    ``call_failed``); ``policy``: the :class:`~bmlmpi.ft.policy.FaultTolerantPolicy` that
-    starts attempts and recovers. ``seq``/``committed``: the counts to continue from (a
-    replacement's, :mod:`.grow`)."""
+    ``recorder``, ``timeout``, ``ulfm``, ``rank``, ``size``, ``call_log``); ``policy``: the
+    :class:`~bmlmpi.ft.policy.FaultTolerantPolicy` that starts attempts and recovers.
+    ``seq``/``committed``: the counts to continue from (a replacement's, :mod:`.grow`)."""
 
     def __init__(self, owner: Any, policy: Any, seq: int = 0, committed: int = 0):
         self.owner = owner
@@ -224,7 +224,7 @@ class Ledger:
         self.committed += 1
         call.effective.finish(call.size)
         call.committed = True
-        self.owner.call_done(call.slot)
+        self.owner.call_log.done(call.slot)
 
     def drain(self) -> None:
         """Let the abandoned attempts' requests complete (with errors, once revoked) so that
@@ -253,7 +253,7 @@ class Ledger:
                 self._raise_outcome(call)
         except BaseException as exc:
             self.outstanding.discard(call.seq)
-            self.owner.call_failed(call.slot, exc, call.run)
+            self.owner.call_log.failed(call.slot, exc, call.run)
             raise
         return call.committed
 
@@ -290,5 +290,5 @@ class Ledger:
             self._raise_outcome(call)
         except BaseException as exc:
             self.outstanding.discard(call.seq)
-            self.owner.call_failed(call.slot, exc, call.run)
+            self.owner.call_log.failed(call.slot, exc, call.run)
             raise

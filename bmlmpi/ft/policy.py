@@ -147,7 +147,7 @@ class FaultTolerantPolicy(CallPolicy):
         """A persistent call's start is one call of the ledger (compiled per attempt); it
         runs over the members at each start by the contract for the members it was made for
         (its ``_init``'s frame)."""
-        self.pipeline.record(call)
+        self.pipeline.call_log.record(call)
         self.frame_now()
         return self.ledger.enter(call)
 
@@ -208,7 +208,7 @@ class FaultTolerantPolicy(CallPolicy):
             skip = prepared.extra.get("skip")
         algorithm = call.algorithm
         if algorithm == "auto" and not skip:  # chosen for the call as it runs now
-            algorithm = pipeline.resolve_auto(prepared)
+            algorithm = prepared.auto(pipeline.plans)
         prepared = dataclasses.replace(prepared, algorithm=algorithm)
         call.effective = prepared
         label = (f"bmlmpi fault-tolerant {algorithm} {prepared.collective} (rank "
