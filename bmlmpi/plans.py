@@ -60,7 +60,7 @@ class PlanCache:
             return plan
         owner = self.owner
         record = algorithms.get(call.algorithm)
-        blocked = call.collective in ("reduce_scatter", "allgather")
+        blocked = collective_record(call.collective).blocked
         itemsize = call.dtype.itemsize
         sched = record.build(algorithms.Context(
             owner.size, sum(call.counts), itemsize, owner.rank, collective=call.collective,
