@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from .execute import TAG_STEPS
 
-#: Blocks of the tag space: one per collective (:data:`bmlmpi.family.TAG_KIND`), so that
+#: Blocks of the tag space: one per collective (its record's ``tag_kind``), so that
 #: messages of different collectives never match.
 TAG_KINDS = 8
 #: Tag slots (of TAG_STEPS tags each) a signature's calls cycle through; the rest of the tag
@@ -72,7 +72,7 @@ class CallNumbers:
 
     def take_tags(self, kind: int = 0, sig: int = 0) -> int:
         """The tag base of the next scheduled launch, taken: its slot in its collective's
-        block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`). Inside the block,
+        block of the tag space (``kind``: its record's ``tag_kind``). Inside the block,
         the signature's number (``sig``: :meth:`bmlmpi.plans.PlanCache.sig_id`) picks a part
         and the launch count a slot in it, so messages of calls with different signatures
         never match (up to ``sig_slots`` signatures: 1024 with Open MPI's tag bound), even

@@ -26,6 +26,8 @@ from .executors import start_allreduce, start_collective
 from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
+from .schedules.collectives import COLLECTIVES
+from .schedules.collectives import collective as collective_record
 from .topology.bcube import Shape
 
 
@@ -64,17 +66,6 @@ class IntercommunicatorError(ValueError):
 __all__ = ["ArgumentMismatch", "CollectiveCall", "CommunicatorRevoked", "CompressedCall",
            "IntercommunicatorError", "RemoteArgumentError", "earns_dump"]
 
-#: The collectives, each with its block of the tag space (:mod:`bmlmpi.call_numbers`).
-TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "bcast": 4}
-#: The collectives that reduce (an op applies), and those with a root.
-_REDUCES = frozenset({"allreduce", "reduce_scatter", "reduce"})
-_ROOTED = frozenset({"reduce", "bcast"})
-#: Collectives whose arguments do not depend on the communicator's size: their signature
-#: leaves the size out. The fault-tolerant communicator runs an allreduce prepared before a
-#: failure among the survivors as it was prepared, so a survivor that prepared it after the
-#: shrink (a lagging rank) must agree with those that prepared it before; the family's calls
-#: are prepared again for the survivors (their counts are per member), so their size stays.
-_SIZE_FREE = frozenset({"allreduce"})
 
 
 def _method(comm: MPI.Comm, name: str, form: str) -> Any:
@@ -151,22 +142,27 @@ class CollectiveCall:
         """What every rank must agree on (its hash is checked across ranks). One count needs
         no digest of the counts: the total is it."""
         counts = self.counts
-        size = None if self.collective in _SIZE_FREE else self.size
+        # A size-free collective's call runs among a failure's survivors as it was prepared,
+        # so a survivor that prepared it after the shrink (a lagging rank) must agree with
+        # those that prepared it before: its signature leaves the size out. The others are
+        # prepared again for the survivors (their counts are per member): their size stays.
+        size = None if collective_record(self.collective).size_free else self.size
         return (self.collective, size, len(counts), self.total,
                 _digest(counts) if len(counts) > 1 else "", self.dtype.str, self.op, self.root,
                 self.algorithm, tuple(shape))
 
     def traced(self) -> Signature:
         """The flight recorder's description of this call."""
+        record = collective_record(self.collective)
         return Signature(self.collective, int(self.total), self.dtype.name,
-                         self.op if self.collective in _REDUCES else None,
-                         self.root if self.collective in _ROOTED else None,
+                         self.op if record.reduces else None,
+                         self.root if record.rooted else None,
                          self.requested, self.algorithm)
 
     def blocked_in_mpi(self, rank: int, size: int) -> str:
         """What the watchdog says of this call while it is inside mpi4py's blocking call on
         ``rank`` of ``size`` ranks."""
-        op = f" {self.op}" if self.collective in _REDUCES else ""
+        op = f" {self.op}" if collective_record(self.collective).reduces else ""
         return (f"bmlmpi native {self.collective} (blocking MPI_{self.mpi_name} of "
                 f"{self.total} x {self.dtype}{op}, rank {rank} of {size})")
 
@@ -175,7 +171,7 @@ class CollectiveCall:
         """A signature (:meth:`signature`, or a compressed allreduce's) in words."""
         if sig is not None and sig[0] == "compressed":
             return CompressedCall.describe_signature(sig)
-        if sig is None or sig[0] not in TAG_KIND:
+        if sig is None or sig[0] not in COLLECTIVES:
             return repr(sig)
         what, size, nblocks, total, _, dtype, op, root, algorithm, shape = sig
         if what == "allreduce":
@@ -190,8 +186,9 @@ class CollectiveCall:
 
     @property
     def tag_kind(self) -> int:
-        """The collective's block of the tag space (:data:`TAG_KIND`)."""
-        return TAG_KIND[self.collective]
+        """The collective's block of the tag space
+        (:attr:`~bmlmpi.schedules.collectives.Collective.tag_kind`)."""
+        return collective_record(self.collective).tag_kind
 
     def plan_key(self) -> tuple:
         """What its compiled plan and its signature's number (in the tags) are kept by: an
@@ -364,7 +361,11 @@ class CollectiveCall:
             if self.rank == self.root:
                 return (self.out if self.src is None else self.src), self.out
             return self.src, None
-        return (self.out if self.rank == self.root else None), self.out
+        if what == "bcast":
+            return (self.out if self.rank == self.root else None), self.out
+        # a registered collective (bmlmpi.schedules.collectives.register): its input and its
+        # output, the input read from the output where the call is in place
+        return (self.out if self.src is None else self.src), self.out
 
     def place(self, output: np.ndarray | None) -> None:
         """After a scheduled allgather into a packed buffer: every slot to its displacement."""

@@ -181,7 +181,7 @@ class FastEntry:
         self.plan = plan
         self.plan_again = plan_again  # the plan compiled again after a repair (None: closed)
         self.collective = collective
-        self.kind = kind        # the collective's block of the tag space (TAG_KIND)
+        self.kind = kind        # the collective's block of the tag space (its tag_kind)
         self.sig = sig          # the signature's number (PlanCache.sig_id)
         self.op = op            # bmlmpi's op name
         self.dtype = dtype

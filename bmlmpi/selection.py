@@ -147,7 +147,7 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
         return decided(env, "BMLMPI_ALGORITHM", f"BMLMPI_ALGORITHM={env} overrides auto")
-    default = records.default().name
+    default = records.default(collective).name
     if count == 0:
         chosen = records.for_empty(collective)
         return decided(chosen, "empty", f"an empty buffer has nothing to exchange ({chosen})")
@@ -172,6 +172,9 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     names = candidates(count, size, nodes, collective, root, counts)
     if not calib.has_shm:  # shared memory not measured here (several nodes, or one rank)
         names = [n for n in names if not records.get(n).shared_memory]
+    if not names:
+        return decided(default, "no candidate", f"no record that opts in to auto serves "
+                                                f"{collective}: {default}, the first that does")
     # the tiered records' node tier runs in shared memory where the nodes' ranks share it;
     # it is priced so where the calibration measured shared memory (σ, β_copy, γ_shm)
     kw = dict(calib=calib, shape=shape, nodes=nodes, collective=collective, root=root,
@@ -225,7 +228,7 @@ def explain_collective(collective: str, count: int, itemsize: int, size: int, ca
         return Explanation(collective, count, itemsize, size, env, "BMLMPI_ALGORITHM",
                            f"BMLMPI_ALGORITHM={env} overrides auto")
     if calib is None and not collective_record(collective).calibrated:
-        default = records.default().name
+        default = records.default(collective).name
         return Explanation(collective, count, itemsize, size, default, "fixed rule",
                            f"no calibration: the family runs {default} (no schedule of these "
                            f"collectives was measured against {default} here)")

@@ -34,7 +34,7 @@ import numpy as np
 from .. import config
 from ..topology.bcube import resolve_shape
 from .catalog import binary_tree_for, multi_trees_for
-from .collectives import EVERY, NAMES, collective
+from .collectives import NAMES, called, collective, every
 from .types import Schedule, balanced_bounds
 
 #: ``auto`` offers the tree algorithms up to this many ranks: generating the multi-tree set
@@ -197,7 +197,7 @@ class Algorithm:
         """The collectives it serves (``native``: every one the call pipeline runs)."""
         if self.name == NATIVE:
             return NAMES
-        return tuple(c for c in EVERY if c in self.builders)
+        return tuple(c for c in every() if c in self.builders)
 
     @property
     def scheduled(self) -> bool:
@@ -254,7 +254,7 @@ def algorithms(coll: str = "allreduce") -> list[str]:
     ValueError for a collective no call runs yet (all-to-all: :func:`scheduled` lists its
     schedules)."""
     collective(coll)
-    if coll not in NAMES:
+    if coll not in called():
         raise ValueError(f"{coll} is not callable yet: its schedules "
                          f"({', '.join(scheduled(coll))}) are verified and priced, but no "
                          f"call runs them")
@@ -548,12 +548,17 @@ def candidates(ctx: Context) -> list[str]:
             and (a.max_ranks is None or ctx.size <= a.max_ranks) and a.applies(ctx)]
 
 
-def default() -> Algorithm:
-    """The record ``auto`` runs where it prices nothing (:attr:`Algorithm.default`)."""
+def default(coll: str | None = None) -> Algorithm:
+    """The record ``auto`` runs where it prices nothing (:attr:`Algorithm.default`); for a
+    collective ``coll`` it does not serve (``native`` serves only MPI's own collectives, not a
+    registered one), the first offered record that does."""
     for a in REGISTRY.values():
-        if a.default:
+        if a.default and (coll is None or a.serves(coll)):
             return a
-    raise LookupError("no algorithm record is marked default")
+    for a in REGISTRY.values():
+        if a.offered and coll is not None and a.serves(coll):
+            return a
+    raise LookupError(f"no algorithm record is marked default or serves {coll}")
 
 
 def for_empty(coll: str) -> str:
@@ -562,7 +567,7 @@ def for_empty(coll: str) -> str:
     for a in REGISTRY.values():
         if coll in a.empty and a.offered and a.serves(coll):
             return a.name
-    return default().name
+    return default(coll).name
 
 
 def fixed_choice(coll: str) -> str:
@@ -575,7 +580,7 @@ def fixed_choice(coll: str) -> str:
     for a in REGISTRY.values():
         if a.auto and a.offered and a.scheduled and a.serves(coll):
             return a.name
-    return default().name
+    return default(coll).name
 
 
 def node_tier(shared_memory: bool) -> str:

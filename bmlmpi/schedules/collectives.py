@@ -26,6 +26,13 @@ rank j's block ``[off_j, off_j + counts[j])`` where ``off = block_offsets(counts
 All-to-all's schedules exist (verified and priced); no call of the pipeline runs them yet, so
 it is in :data:`EVERY` but not in :data:`NAMES`.
 
+A new collective is one record, registered (:func:`register`): a subclass of
+:class:`Collective` that states its contract (:meth:`~Collective.input_size`,
+:meth:`~Collective.output_size`, :meth:`~Collective.plain_inputs`,
+:meth:`~Collective.plain_outputs`, :meth:`~Collective.regions`) and names its block of the
+tag space (``tag_kind``). The call pipeline runs it (:func:`called`) through the algorithms
+whose records serve it; docs/architecture.md, "Adding a collective", says the rest.
+
 Each record gives the sizes of a rank's input and output, the copies of the plain layout (the
 input straight into the work buffer where it belongs, the result straight out of it), and the
 contract as *regions*: ``(out_lo, out_hi, contributors, in_at)`` — output ``[out_lo, out_hi)``
@@ -48,6 +55,9 @@ NAMES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
 #: Every collective with a contract: :data:`NAMES` and all-to-all, whose schedules exist but
 #: no call runs yet.
 EVERY = (*NAMES, "alltoall")
+#: The blocks of the tag space a registered collective may take (the tag space has eight,
+#: :mod:`bmlmpi.call_numbers`; the built-in collectives hold 0 to 5).
+FREE_TAG_KINDS = (6, 7)
 
 Region = tuple[int, int, tuple[int, ...], int]
 
@@ -61,6 +71,9 @@ class Collective:
     rooted: bool   # a root takes part differently (reduce, bcast)
     blocked: bool  # each rank owns a block (``counts``)
     relays: bool = False  # blocks pass through other ranks (``counts``: the pair matrix)
+    #: Its block of the tag space, one per collective, so that calls of different
+    #: collectives never match each other's messages (:mod:`bmlmpi.call_numbers`).
+    tag_kind: int = 0
     #: Its call's arguments do not depend on the communicator's size, so a call prepared
     #: before a failure runs among the survivors as it was prepared (the others' counts are
     #: per member: they are prepared again for the survivors).
@@ -161,12 +174,51 @@ class Collective:
 COLLECTIVES: dict[str, Collective] = {
     "allreduce": Collective("allreduce", reduces=True, rooted=False, blocked=False,
                             size_free=True, in_place=True, symmetric=True, calibrated=True),
-    "reduce_scatter": Collective("reduce_scatter", reduces=True, rooted=False, blocked=True),
-    "allgather": Collective("allgather", reduces=False, rooted=False, blocked=True),
-    "reduce": Collective("reduce", reduces=True, rooted=True, blocked=False),
-    "bcast": Collective("bcast", reduces=False, rooted=True, blocked=False),
-    "alltoall": Collective("alltoall", reduces=False, rooted=False, blocked=False, relays=True),
+    "reduce_scatter": Collective("reduce_scatter", reduces=True, rooted=False, blocked=True,
+                                 tag_kind=1),
+    "allgather": Collective("allgather", reduces=False, rooted=False, blocked=True,
+                            tag_kind=2),
+    "reduce": Collective("reduce", reduces=True, rooted=True, blocked=False, tag_kind=3),
+    "bcast": Collective("bcast", reduces=False, rooted=True, blocked=False, tag_kind=4),
+    "alltoall": Collective("alltoall", reduces=False, rooted=False, blocked=False, relays=True,
+                           tag_kind=5),
 }
+#: The collectives added by :func:`register`, which the call pipeline runs.
+REGISTERED: dict[str, Collective] = {}
+
+
+def register(record: Collective) -> Collective:
+    """Add the collective ``record`` (replacing one registered under its name): the verifier,
+    the model, the algorithm records and the call pipeline serve it from then on. Refused: a
+    built-in collective's name, and a tag block not in :data:`FREE_TAG_KINDS` or another
+    registered collective's."""
+    name = record.name
+    if name in EVERY or not name:
+        raise ValueError(f"{name!r} cannot name a new collective (built in: {', '.join(EVERY)})")
+    taken = {c.tag_kind for c in REGISTERED.values() if c.name != name}
+    if record.tag_kind not in FREE_TAG_KINDS or record.tag_kind in taken:
+        free = sorted(set(FREE_TAG_KINDS) - taken)
+        raise ValueError(f"collective {name!r}: tag_kind {record.tag_kind} is not free; free: "
+                         f"{free}")
+    COLLECTIVES[name] = REGISTERED[name] = record
+    return record
+
+
+def unregister(name: str) -> None:
+    """Remove a collective added by :func:`register` (a test's own toy)."""
+    if name in REGISTERED:
+        del REGISTERED[name]
+        del COLLECTIVES[name]
+
+
+def called() -> tuple[str, ...]:
+    """The collectives the call pipeline runs: :data:`NAMES` and the registered ones."""
+    return (*NAMES, *REGISTERED)
+
+
+def every() -> tuple[str, ...]:
+    """Every collective with a contract: :data:`EVERY` and the registered ones."""
+    return (*EVERY, *REGISTERED)
 
 
 def pair_size(counts: Sequence[int]) -> int:
@@ -190,12 +242,14 @@ def column(counts: Sequence[int], rank: int) -> tuple[int, ...]:
 
 
 def collective(name: str) -> Collective:
-    """The record of collective ``name`` (one of :data:`EVERY`)."""
+    """The record of collective ``name`` (one of :func:`every`)."""
     try:
         return COLLECTIVES[name]
     except KeyError:
-        raise ValueError(f"unknown collective {name!r}; known: {', '.join(EVERY)}") from None
+        raise ValueError(f"unknown collective {name!r}; known: {', '.join(every())}") from None
 
 
-__all__ = ["COLLECTIVES", "EVERY", "NAMES", "Collective", "Region", "collective", "column",
-           "pair_size", "row"]
+__all__ = ["COLLECTIVES", "EVERY", "FREE_TAG_KINDS", "NAMES", "REGISTERED", "Collective",
+           "Region",
+           "called", "collective", "column", "every", "pair_size", "register", "row",
+           "unregister"]
