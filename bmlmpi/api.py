@@ -549,20 +549,20 @@ class Communicator:
         self.policy.check_usable()
         mine = self._gate.claim(self.rank)
         try:
-            return self._begin(sendbuf, recvbuf, op, algorithm)[1]
+            return self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm))
         finally:
             if mine:
                 self._gate.owner = None
 
-    def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
-               algorithm: str) -> tuple[CollectiveCall, Request]:
-        """Prepare, record and submit one call (the checked path)."""
+    def _prepare_checked(self, sendbuf: Any, recvbuf: Any, op: Any,
+                         algorithm: str) -> CollectiveCall:
+        """One allreduce prepared and numbered on the checked path; a call this rank refuses
+        is recorded as refused before its error is raised."""
         try:
-            call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+            return self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
         except BaseException as exc:
             self.refused("allreduce", algorithm, op, exc)
             raise
-        return call, self.submit_recorded(call)
 
     def record(self, call: CollectiveCall) -> Slot | None:
         """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``; None
@@ -648,11 +648,7 @@ class Communicator:
             fast = self._fast_path
             if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
-            try:
-                call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
-            except BaseException as exc:
-                self.refused("allreduce", algorithm, op, exc)
-                raise
+            call = self._prepare_checked(sendbuf, recvbuf, op, algorithm)
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
                                                                                  recvbuf, op)
             if fast.blocking_native(call, key, args):
