@@ -452,7 +452,14 @@ class Communicator:
                 return self._compression.start(sendbuf, recvbuf, op, compression)
             finally:
                 gate.release(mine)
-        return self._start(sendbuf, recvbuf, op, self.algorithm_named(algorithm))
+        algorithm = self.algorithm_named(algorithm)
+        self.policy.check_usable()
+        mine = self._gate.claim(self.rank)
+        try:
+            return self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm))
+        finally:
+            if mine:
+                self._gate.owner = None
 
     def algorithm_named(self, algorithm: str | None) -> str:
         """The checked name of a call's ``algorithm`` (None: the communicator's); an unknown
@@ -510,22 +517,13 @@ class Communicator:
     # One engine for both communicators. What differs under failures is the policy's
     # (bmlmpi.call_policy): how a started call is tracked, how a schedule is bound, what an
     # MPI error means.
-    def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        """Prepare, record and submit one allreduce (the checked path): its request."""
-        self.policy.check_usable()
-        mine = self._gate.claim(self.rank)
-        try:
-            try:
-                call = self._agreement.prepared(prepare_allreduce, self.rank, self.size,
-                                                sendbuf, recvbuf, op, algorithm,
-                                                self._cache.auto_for)
-            except BaseException as exc:
-                self.call_log.refused("allreduce", algorithm, op, exc)
-                raise
-            return self.submit_recorded(call)
-        finally:
-            if mine:
-                self._gate.owner = None
+    def _prepare_checked(self, sendbuf: Any, recvbuf: Any, op: Any,
+                         algorithm: str) -> CollectiveCall:
+        """One allreduce numbered and prepared on the checked path (the caller holds the
+        gate); a call this rank refuses is recorded as refused before its error is raised."""
+        with self.call_log.refusing("allreduce", algorithm, op):
+            return self._agreement.prepared(prepare_allreduce, self.rank, self.size, sendbuf,
+                                            recvbuf, op, algorithm, self._cache.auto_for)
 
     def submit_recorded(self, call: CollectiveCall) -> Request:
         """The call entered in the flight recorder, then started and tracked by the policy
@@ -572,13 +570,7 @@ class Communicator:
             fast = self._fast_path
             if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
-            try:
-                call = self._agreement.prepared(prepare_allreduce, self.rank, self.size,
-                                                sendbuf, recvbuf, op, algorithm,
-                                                self._cache.auto_for)
-            except BaseException as exc:
-                self.call_log.refused("allreduce", algorithm, op, exc)
-                raise
+            call = self._prepare_checked(sendbuf, recvbuf, op, algorithm)
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
                                                                                  recvbuf, op)
             if fast.blocking_native(call, key, args):
