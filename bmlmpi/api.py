@@ -10,10 +10,12 @@ methods: its placement (:mod:`bmlmpi.placement`: level communicators, links, nod
 cache and ``auto`` (:mod:`bmlmpi.plans`), call numbers and tag slots
 (:mod:`bmlmpi.call_numbers`, their one owner), the thread inside a call
 (:mod:`bmlmpi.call_gate`), agreement on its calls (:mod:`bmlmpi.call_agreement`),
-outstanding calls (:mod:`bmlmpi.progress`), blocking fast path (:mod:`bmlmpi.fast_path`), the
-family's engine (:mod:`bmlmpi.family`) and compression channel
-(:mod:`bmlmpi.compression.channel`). Here: construction, the public methods, the variant
-registry and the hooks a variant overrides (``SEAM``).
+outstanding calls (:mod:`bmlmpi.progress`), the blocking fast path of every collective
+(:mod:`bmlmpi.fast_path`), the family's checked calls (:mod:`bmlmpi.family`) and compression
+channel
+(:mod:`bmlmpi.compression.channel`), and the policy for what differs under failures
+(:mod:`bmlmpi.call_policy`), which it calls at a few named points of a call's life. Here:
+construction, the public methods, the variant registry and the services a policy calls.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,20 +35,19 @@ from .agreement import (
     drain,
 )
 from .buffers import BufferSpecError
-from .call_agreement import AgreementHooks, CallAgreement, agree_construction
+from .call_agreement import CallAgreement, agree_construction
 from .call_gate import CallGate
+from .call_log import CallLog
 from .call_numbers import CallNumbers
+from .call_policy import CallPolicy
 from .calls import (
+    CollectiveCall,
     CompressedCall,
     IntercommunicatorError,
-    PreparedCall,
-    earns_dump,
     prepare_allreduce,
-    start_native,
 )
 from .compression.channel import CompressionChannel
 from .execute import (
-    Plan,
     Run,
     tag_upper_bound,
     timeout_from_env,
@@ -56,23 +56,24 @@ from .execute import (
 from .family import (
     COLLECTIVES,
     REDUCING,
-    FamilyCall,
-    FamilyCalls,
     FamilyEngine,
-    FamilyLaunch,
+    broadcast,
+    gather,
+    reduce_to,
+    scatter,
+    scatter_blocks,
 )
-from .fast_path import FAST_OPS, FastHooks, FastPath
+from .fast_path import FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .ops import check_dtype_op, op_name
-from .persistent import PersistentCalls, PersistentHooks, PersistentRequest
-from .placement import Placement, split_levels
+from .persistent import PersistentCalls, PersistentRequest
+from .placement import Placement
 from .plans import PlanCache
-from .progress import Outstanding, Progress, ProgressHooks
-from .recorder import FlightRecorder, Signature, Slot, recorder_capacity
-from .schedules import algorithms, catalog
+from .progress import Outstanding, Progress
+from .recorder import FlightRecorder, recorder_capacity
+from .schedules import catalog
 from .schedules.types import Schedule
-from .shm import NodeTier, ShmPlan, run_of
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
@@ -114,14 +115,15 @@ def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
 
 
 def _weakly_number(comm: Communicator) -> Callable[[], int | None]:
-    """The number of ``comm``'s call in progress (:meth:`Communicator.call_in_progress`),
+    """The number of ``comm``'s call in progress (:meth:`bmlmpi.call_log.CallLog.
+    in_progress`),
     through a weak reference (a watchdog thread must not keep a dropped Communicator
     alive)."""
     ref = weakref.ref(comm)
 
     def number() -> int | None:
         c = ref()
-        return None if c is None else c.call_in_progress()
+        return None if c is None else c.call_log.in_progress()
     return number
 
 
@@ -136,16 +138,21 @@ def _still_posted(run: Any) -> bool:
     return False
 
 
-class Communicator(FamilyCalls):
-    """bmlmpi's collectives over an MPI communicator: the allreduce here, the rest of the
-    family (reduce-scatter, allgather, reduce, broadcast) from :class:`bmlmpi.family.
-    FamilyCalls`, persistent forms (``…_init``) from :mod:`bmlmpi.persistent`.
+class Communicator:
+    """bmlmpi's collectives over an MPI communicator: the allreduce and the rest of the family
+    (reduce-scatter, allgather, reduce, broadcast; run by :class:`bmlmpi.family.
+    FamilyEngine`), blocking, non-blocking (``I…``) and persistent (``…_init``,
+    :mod:`bmlmpi.persistent`).
 
     ``algorithm``: one of :func:`bmlmpi.algorithms` (``auto`` by default; ``BMLMPI_ALGORITHM``
     overrides auto). ``topology``: the BCube shape for bml (``"3x3"``, ``(2, 2, 3)``); default
     ``BMLMPI_BCUBE`` or the prime factorisation of the size. ``timeout``: seconds a wait may go
     without progress before it raises (``BMLMPI_TIMEOUT``, default 120). ``validate``: check on
     the first call of each signature that all ranks agree (``BMLMPI_VALIDATE``, default on).
+    ``policy``: what differs under failures (:class:`bmlmpi.call_policy.CallPolicy`), for a
+    variant to build the base with its own (``fault_tolerant=True`` builds the fault-tolerant
+    communicator, whose policy is :class:`bmlmpi.ft.policy.FaultTolerantPolicy`); None: the
+    plain policy.
 
     Blocking calls and deadlines: the first ``Allreduce`` of each signature (count, dtype,
     op, algorithm) is started non-blocking and waited on with the deadline, argument check
@@ -175,47 +182,10 @@ class Communicator(FamilyCalls):
     #: The variants, by name: a subclass registers itself when its module is imported
     #: (``class FaultTolerantCommunicator(Communicator, variant="fault_tolerant")``), and
     #: ``fault_tolerant=True`` builds the one named ``fault_tolerant``. This module names no
-    #: variant's module: :mod:`bmlmpi.variants` (``bmlmpi.Communicator``) loads them.
+    #: variant's module: :mod:`bmlmpi.variants` (``bmlmpi.Communicator``) loads them. A
+    #: variant differs in the policy it builds the base with (``policy=``,
+    #: :class:`bmlmpi.call_policy.CallPolicy`) and the public methods it adds.
     _variants: dict[str, type[Communicator]] = {}
-
-    #: The seam a variant plugs into: the private methods a subclass in another module may
-    #: override or call (tests/unit/test_shared_state.py holds every module to it; the family's
-    #: own hooks are in :attr:`bmlmpi.family.FamilyCalls.SEAM`). Hooks the base calls at one
-    #: point of a call's life, which a variant may override:
-    #:
-    #: * ``_agrees_every_call`` -- agree on every call, not only a signature's first.
-    #: * ``_make_control`` -- the communicator agreements travel on.
-    #: * ``_split_levels`` -- the BCube level communicators (a variant may make none).
-    #: * ``_start`` -- a non-blocking allreduce's entry, its algorithm checked.
-    #: * ``_submit`` -- a checked call's launch: returns its :class:`Request`.
-    #: * ``_start_persistent`` -- one start of a persistent call: returns the record polled.
-    #: * ``_compile`` -- a schedule bound to communicators (a plan).
-    #: * ``_failure_noted``/``_is_failure`` -- what an MPI error means (noted or raised).
-    #: * ``_progress_mark`` -- what changes when outstanding work advances.
-    #:
-    #: Services of the base a variant calls (not overridden):
-    #:
-    #: * ``_check_and_launch(call, label, finish, launch=)`` -- agree on a prepared call across
-    #:   ranks (raising on every rank when it differs), then start its exchange (a
-    #:   :class:`~bmlmpi.execute.Run` or :class:`NativeRun`; None with ``launch=False``, a
-    #:   rank the call skips but which must still agree).
-    #: * ``_resolve_auto(call)`` -- the algorithm ``auto`` picks for a call over the current
-    #:   members.
-    #: * ``_adopt_comm(comm, keep, shape)`` -- after the members changed (a shrink or a mask):
-    #:   ``comm`` becomes the data communicator (the old one is freed), ``keep`` the old ranks
-    #:   of its members in their new order, ``shape`` its BCube shape; the link weights keep
-    #:   those rows and columns (placement did not change), a control channel that was the
-    #:   data communicator (``_make_control``) is ``comm`` too, and every cached plan, ``auto``
-    #:   choice and agreed signature is forgotten. Only a variant without level
-    #:   communicators adopts (none are made for ``comm``).
-    #: * ``_tag_count`` -- how many calls have taken tags (settable: survivors of a failure
-    #:   continue from the largest count among them, so their next calls use the same tags).
-    #: * ``_record(call)``, ``_call_done(slot)``, ``_call_failed(slot, exc, run)`` -- the
-    #:   flight recorder's record of a call the variant tracks itself.
-    SEAM = frozenset({"_agrees_every_call", "_make_control", "_split_levels", "_start",
-                      "_submit", "_start_persistent", "_compile", "_failure_noted",
-                      "_is_failure", "_progress_mark", "_check_and_launch", "_resolve_auto",
-                      "_adopt_comm", "_tag_count", "_record", "_call_done", "_call_failed"})
 
     def __init_subclass__(cls, variant: str | None = None, **kwargs: Any):
         super().__init_subclass__(**kwargs)
@@ -242,10 +212,14 @@ class Communicator(FamilyCalls):
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
                  *, timeout: float | None = None, validate: bool | None = None,
-                 check: str | None = None):
+                 check: str | None = None, policy: CallPolicy | None = None):
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
         remove_singleton_leftovers()
+        #: What differs under failures (:mod:`bmlmpi.call_policy`): the plain policy unless a
+        #: variant builds the base with its own.
+        self.policy = policy = CallPolicy() if policy is None else policy
+        policy.attach(self)
         # Arguments are checked locally, then agreed: a rank whose arguments fail still
         # joins the construction's collectives, so every rank raises at once (the others
         # RemoteArgumentError naming it) instead of waiting out a deadline, and ranks that
@@ -257,7 +231,7 @@ class Communicator(FamilyCalls):
             self.timeout = timeout_from_env(timeout)
             self.algorithm = selection.check_algorithm(algorithm)
             self.validate = _validation_enabled(validate)
-            self.check = "every-call" if self._agrees_every_call() else _check_mode(check)
+            self.check = "every-call" if policy.agrees_every_call else _check_mode(check)
             self.shape = resolve_shape(comm.Get_size(), topology)
         except (ValueError, TypeError) as exc:
             error = exc
@@ -275,7 +249,7 @@ class Communicator(FamilyCalls):
             () if error else (self.shape, self.algorithm, self.check, self.validate),
             self.timeout)
         # the control channel (bmlmpi.agreement): agreements and notices, never data
-        self._control = self._make_control()
+        self._control = policy.control_channel(self._comm)
         mailbox = (Mailbox(self._control, self._token) if self._control is not self._comm
                    else None)
         # the thread inside a call; call numbers and tag slots (their one owner)
@@ -283,11 +257,9 @@ class Communicator(FamilyCalls):
         self._numbers = CallNumbers(tag_upper_bound(self._comm))
         # the started calls (the fast paths read it to know whether any is outstanding)
         self._active: list[Outstanding] = []
-        self._agreement = CallAgreement(self, self._numbers, mailbox, self._active,
-                                        AgreementHooks(self._control_channel,
-                                                       self._abandon_calls, self._move_to))
+        self._agreement = CallAgreement(self, self._numbers, mailbox, self._active)
         agreement = self._agreement
-        self._levels = self._split_levels()
+        self._levels = policy.levels(self._comm, self.shape, self.rank)
         numbers = self._numbers
         self._placement = Placement(self, lambda: agreement.interrupt(numbers.callno)())
         self._links = self._placement.find_links()
@@ -295,15 +267,13 @@ class Communicator(FamilyCalls):
         if selection.calibration_wanted(self.algorithm):
             from .calibrate import calibrate
             self.calibration = calibrate(self._comm, timeout=self.timeout)
-        self._cache = PlanCache(self, self._placement, self._compile)
+        self._cache = PlanCache(self, self._placement, policy)
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
-        self._calls_in_flight = Progress(self, self._gate, self._active, ProgressHooks(
-            self._call_done, self._call_failed, agreement.interrupt, agreement.gave_up,
-            agreement.hold, agreement.held.append, self._progress_mark))
-        # the blocking fast path (see the class docstring); not for a subclass with its own
-        # launch path (the fault-tolerant communicator tracks every call itself)
-        self._plain = plain = type(self)._submit is Communicator._submit
+        self._calls_in_flight = Progress(self, self._gate, self._active, agreement)
+        # the blocking fast path (see the class docstring); not for a policy that keeps every
+        # call itself (the fault-tolerant one)
+        plain = not policy.keeps_calls
         native_fast = config.get("BMLMPI_BLOCKING") == "watchdog" and self.check == "first-call"
         capacity = recorder_capacity()
         self._recorder = (FlightRecorder(capacity, self.rank, self.size, type(self).__name__,
@@ -311,66 +281,46 @@ class Communicator(FamilyCalls):
         if self._recorder is not None:
             from .timeline import attach
             attach(self._recorder)
+        #: What the pipeline's parts write to the flight recorder (:mod:`bmlmpi.call_log`).
+        self.call_log = CallLog(self._recorder)
         self._watchdog = Watchdog(self.timeout, mpi_abort(self._comm),
                                   source=("timeout=" if timeout is not None else "BMLMPI_TIMEOUT="),
                                   alarm=agreement.alarm_channel(),
-                                  before_abort=_weakly(self._watchdog_fired),
+                                  before_abort=_weakly(self.call_log.watchdog_fired),
                                   number=_weakly_number(self))
         # a Communicator dropped without Free() is no longer watched (the watchdog holds it
         # only weakly, above; the process's watchdog thread ends with the last one watched)
         weakref.finalize(self, self._watchdog.close)
         self._fast_path = FastPath(
-            self, self._comm, self._numbers, self._cache, self._active, self._recorder,
-            self._watchdog, FastHooks(agreement.fast_open, self._begin, agreement.interrupt,
-                                      self._call_failed, agreement.hold, agreement.held.append,
-                                      agreement.gave_up), enabled=plain, native=native_fast)
-        self._persistent_calls = PersistentCalls(
-            self, self._cache, self._gate, self._numbers, PersistentHooks(
-                agreement.begin_call, self._validate, self._failure_noted,
-                self._start_persistent, self._launch, self._record,
-                self._calls_in_flight.start), plain=plain)
-        self.family = FamilyEngine(
-            self, self._cache, self._gate, self._numbers,
-            FamilyLaunch(agreement.begin_call, agreement.notice, self._validate,
-                         self._failure_noted, self._is_failure, self._refused, self._record,
-                         self._call_done, self._call_failed, self._submit_recorded,
-                         self._persistent_calls.make, agreement.agreed, self._idle,
-                         agreement.fast_open, self._fast_path.drive),
-            self._recorder, self._watchdog, plain=plain, native_blocking=plain and native_fast)
+            self, self._comm, agreement, self._numbers, self._gate, self._cache, self._active,
+            self._recorder, self._watchdog, enabled=plain, native=native_fast)
+        self._persistent_calls = PersistentCalls(self, self._cache, self._gate, self._numbers,
+                                                 agreement, plain=plain)
+        self.family = FamilyEngine(self, agreement, self._gate, self._numbers, self._fast_path)
 
-    # -- construction and the control channel -----------------------------------------------
-    def _agrees_every_call(self) -> bool:
-        """Whether every call is agreed whatever ``check`` says (the fault-tolerant
-        communicator agrees on each call anyway)."""
-        return False
-
-    def _make_control(self) -> MPI.Comm:
-        """The communicator agreements and notices travel on: a duplicate of the data
-        communicator, so that no agreement can ever match a data message."""
-        control = self._comm.Dup()
-        control.Set_errhandler(MPI.ERRORS_RETURN)
-        return control
-
-    def _control_channel(self) -> MPI.Comm:
-        """The communicator agreements travel on now (a variant's changes with its
-        members)."""
+    # -- the control channel and its repair (bmlmpi.call_agreement calls these) --------------
+    @property
+    def control(self) -> MPI.Comm:
+        """The communicator agreements and notices travel on now (the policy's
+        :meth:`~bmlmpi.call_policy.CallPolicy.control_channel`; a fault-tolerant one's changes
+        with its members)."""
         return self._control
 
-    def _abandon_calls(self, seq: int, exc: BaseException) -> None:
+    def abandon_calls(self, seq: int, exc: BaseException) -> None:
         """Calls numbered ``seq`` or later fail with ``exc``; the fast paths stay shut until
-        the repair."""
-        self._fast_path.repeat = None
+        the repair (:meth:`bmlmpi.call_agreement.CallAgreement.abandon_from`)."""
+        self._fast_path.forget_last()
         self._calls_in_flight.abandon_from(seq, exc)
 
-    def _move_to(self, new: MPI.Comm) -> None:
-        """A repair's fresh duplicate becomes the data communicator; the old one and its
-        levels are held (MPI may still hold abandoned calls' messages on them)."""
+    def move_to(self, new: MPI.Comm) -> None:
+        """A repair's fresh duplicate becomes the data communicator
+        (:meth:`bmlmpi.call_agreement.CallAgreement.repair`); the old one and its levels are
+        held (MPI may still hold abandoned calls' messages on them)."""
         self._agreement.held.append((self._comm, self._levels))
         self._comm = new
-        self._levels = self._split_levels()
+        self._levels = self.policy.levels(new, self.shape, self.rank)
         self._cache.clear()
-        self.family.rebind(new)
-        self._fast_path.rebind(new)  # plans bound to the old communicator: bound again
+        self._fast_path.rebind(new)
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -422,43 +372,6 @@ class Communicator(FamilyCalls):
         return str(self._recorder.dump("dump_trace()", None if directory is None
                                        else Path(directory), announce=False, counted=False))
 
-    def _call_done(self, slot: Slot | None) -> None:
-        if slot is not None:
-            self._recorder.done(slot)
-
-    def _call_failed(self, slot: Slot | None, exc: BaseException, run: Any = None) -> None:
-        """Record that ``slot``'s call raised ``exc``; dump the recorder where the failure
-        earns it (:func:`bmlmpi.calls.earns_dump`: a hang or a failure between ranks, not a
-        refused argument)."""
-        rec = self._recorder
-        if rec is None or slot is None:
-            return
-        rec.failed_call(slot, exc, run, dump=earns_dump(exc))
-
-    def call_in_progress(self) -> int | None:
-        """The number of the newest call of this communicator that has not ended (as its
-        exceptions and the flight recorder number it); None when none is running or the
-        recorder is off."""
-        rec = self._recorder
-        if rec is None:
-            return None
-        running = [s.seq for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
-        return max(running) if running else None
-
-    def _watchdog_fired(self, report: str) -> None:
-        """The watchdog is about to abort the job (its thread): the blocked call is failed in
-        the recorder, which is dumped."""
-        rec = self._recorder
-        if rec is None:
-            return
-        running = [s for s in rec.slots if s.seq > 0 and s.t1 == 0.0]
-        if running:
-            rec.fail(max(running, key=lambda s: s.seq), TimeoutError(report))
-        try:
-            rec.dump("watchdog abort")
-        except OSError:
-            pass
-
     def Free(self) -> None:
         """Free bmlmpi's communicators, the compression channel's duplicate included.
         Refused (RuntimeError, nothing freed) while a started allreduce of this communicator
@@ -490,7 +403,6 @@ class Communicator(FamilyCalls):
         self._gate.freed = True
         self._watchdog.stop()
         self._fast_path.close()
-        self.family.forget()
         self._placement.free(collective=self._agreement.revoked is None)
         mailbox, held_runs = self._agreement.mailbox, self._agreement.held
         if mailbox is not None:
@@ -524,7 +436,7 @@ class Communicator(FamilyCalls):
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
                             compression=compression).Wait()
             return
-        self.blocking_allreduce(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
+        self.blocking_allreduce(sendbuf, recvbuf, op, self.algorithm_named(algorithm))
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                    algorithm: str | None = None, compression: Any = None) -> Request:
@@ -535,12 +447,19 @@ class Communicator(FamilyCalls):
             mine = gate.claim(self.rank)
             try:
                 if algorithm is not None:
-                    self._refuse(ValueError("algorithm= and compression= together: a "
-                                            "compressed call chooses its own path"))
+                    self._agreement.refuse(ValueError("algorithm= and compression= together: "
+                                                      "a compressed call chooses its own path"))
                 return self._compression.start(sendbuf, recvbuf, op, compression)
             finally:
                 gate.release(mine)
-        return self._start(sendbuf, recvbuf, op, self._algorithm_named(algorithm))
+        algorithm = self.algorithm_named(algorithm)
+        self.policy.check_usable()
+        mine = self._gate.claim(self.rank)
+        try:
+            return self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm))
+        finally:
+            if mine:
+                self._gate.owner = None
 
     def algorithm_named(self, algorithm: str | None) -> str:
         """The checked name of a call's ``algorithm`` (None: the communicator's); an unknown
@@ -553,11 +472,9 @@ class Communicator(FamilyCalls):
             try:
                 name = selection.check_algorithm(algorithm)
             except (ValueError, TypeError) as exc:
-                self._refuse(exc)
+                self._agreement.refuse(exc)
             _CHECKED[algorithm] = name
             return name
-
-    _algorithm_named = algorithm_named
 
     # -- the compression seam (bmlmpi.compression) ---------------------------------------------
     @property
@@ -577,23 +494,11 @@ class Communicator(FamilyCalls):
         plans while its ``Wait`` runs it to the end."""
         return self._cache.schedule(algorithm, count, itemsize)
 
-    _schedule = schedule
-
     def choose(self, count: int, itemsize: int) -> str:
         """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
         bytes on this communicator (local; every rank picks the same)."""
         self._gate.refuse_freed(self.rank)
         return self._cache.auto(count, itemsize)
-
-    def settle_compressed(self, stages: Generator[list, None, Any], channel: CompressionChannel,
-                          what: str, abandon: Callable[[], None]
-                          ) -> Generator[list, None, Any]:
-        """Run the exchange ``stages`` of one compressed call (``what``) on ``channel``, its
-        result returned. The seam a fault-tolerant communicator overrides to settle the call
-        among the survivors, calling ``abandon()`` (which takes the call out of the
-        compressor's memory and drops the channel's duplicate) where it cannot; here the
-        stages run as they are."""
-        return (yield from stages)
 
     def allreduce(self, array: Any, op: Any = MPI.SUM) -> np.ndarray:
         """Return a new array holding the reduction of ``array`` over all ranks."""
@@ -609,72 +514,26 @@ class Communicator(FamilyCalls):
 
     # -- internals ------------------------------------------------------------------------
     # -- the launch path: prepare, agree, launch, progress --------------------------------
-    # One engine for both communicators. A subclass overrides only what differs: how a
-    # schedule is chosen and bound (_compile), how a started call is tracked (_submit), and
-    # what an MPI failure means (_failure_noted, _is_failure).
-    def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        mine = self._gate.claim(self.rank)
-        try:
-            return self._begin(sendbuf, recvbuf, op, algorithm)[1]
-        finally:
-            if mine:
-                self._gate.owner = None
+    # One engine for both communicators. What differs under failures is the policy's
+    # (bmlmpi.call_policy): how a started call is tracked, how a schedule is bound, what an
+    # MPI error means.
+    def _prepare_checked(self, sendbuf: Any, recvbuf: Any, op: Any,
+                         algorithm: str) -> CollectiveCall:
+        """One allreduce numbered and prepared on the checked path (the caller holds the
+        gate); a call this rank refuses is recorded as refused before its error is raised."""
+        with self.call_log.refusing("allreduce", algorithm, op):
+            return self._agreement.prepared(prepare_allreduce, self.rank, self.size, sendbuf,
+                                            recvbuf, op, algorithm, self._cache.auto_for)
 
-    def _begin(self, sendbuf: Any, recvbuf: Any, op: Any,
-               algorithm: str) -> tuple[PreparedCall, Request]:
-        """Prepare, record and submit one call (the checked path)."""
+    def submit_recorded(self, call: CollectiveCall) -> Request:
+        """The call entered in the flight recorder, then started and tracked by the policy
+        (:meth:`~bmlmpi.call_policy.CallPolicy.track`): its request."""
+        log = self.call_log
+        log.record(call)
         try:
-            call = self._prepare_agreed(sendbuf, recvbuf, op, algorithm)
+            return Request(self.policy.track(call))
         except BaseException as exc:
-            self._refused("allreduce", algorithm, op, exc)
-            raise
-        return call, self._submit_recorded(call)
-
-    def _record(self, call: PreparedCall | FamilyCall) -> Slot | None:
-        """Enter ``call`` in the flight recorder (its slot, also kept as ``call.slot``)."""
-        rec = self._recorder
-        call.slot = None if rec is None else rec.begin(call.traced())
-        return call.slot
-
-    def _submit_recorded(self, call: PreparedCall | FamilyCall) -> Request:
-        """:meth:`_submit`, the call entered in the flight recorder first."""
-        self._record(call)
-        try:
-            return self._submit(call)
-        except BaseException as exc:
-            self._call_failed(call.slot, exc)
-            raise
-
-    def _refused(self, collective: str, algorithm: str, op: Any, exc: BaseException) -> None:
-        """A call this rank refused before it was prepared: recorded (failed) all the same,
-        so that the sequence numbers of every rank's recorder stay in step."""
-        rec = self._recorder
-        if rec is not None:
-            name = op_name(op) if id(op) in FAST_OPS else None
-            self._call_failed(rec.begin(Signature(collective, None, None, name, None,
-                                                  algorithm, None)), exc)
-
-    def _refuse(self, exc: Exception) -> None:
-        """A call refused before it had arguments to check (an unknown algorithm name): this
-        rank's error, announced to the others like any other argument error."""
-        self._agreement.begin_call()
-        with self._failure_noted():
-            self._validate(None, exc)
-        raise exc
-
-    def _prepare_agreed(self, sendbuf: Any, recvbuf: Any, op: Any,
-                        algorithm: str) -> PreparedCall:
-        self._agreement.begin_call()
-        try:
-            return prepare_allreduce(sendbuf, recvbuf, op, algorithm, self._cache.auto_for)
-        except (ValueError, TypeError, BufferError, LookupError, AttributeError,
-                ImportError) as exc:
-            # the others learn of it in their argument check (RemoteArgumentError); the
-            # check raises it here. Lookup and attribute errors come from malformed specs an
-            # exporter's own code trips on, an ImportError from a device buffer with no cupy
-            # to stage it: still this rank's argument error, not a hang.
-            with self._failure_noted():
-                self._validate(None, exc)
+            log.failed(call.slot, exc)
             raise
 
     def agree_compressed(self, recvbuf: Any, op: Any, compression: str) -> None:
@@ -693,71 +552,44 @@ class Communicator(FamilyCalls):
             count, dtype = int(recvbuf.size), recvbuf.dtype.str
         with contextlib.suppress(Exception):
             name = op_name(op)
-        self._validate(CompressedCall(count, dtype, name, self.algorithm, compression), None)
+        self._agreement.validate(CompressedCall(count, dtype, name, self.algorithm, compression),
+                                 None)
 
     def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
         """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
         ``Allreduce`` without compression, and the module-level drop-in's entry: the fast
-        path when its signature may take it, else the checked path (:class:`FastPath`)."""
+        path when its signature may take it (:meth:`bmlmpi.fast_path.FastPath.allreduce`),
+        else the checked path, started and waited on, which then opens the signature's
+        entry in the fast path."""
         gate = self._gate
         mine = gate.claim(self.rank)
         try:
             agreement = self._agreement
             if agreement.repair_after is not None:
                 agreement.repair()  # (collective: every rank's first call after the error)
-            self._fast_path.call(sendbuf, recvbuf, op, algorithm)
+            fast = self._fast_path
+            if fast.allreduce(sendbuf, recvbuf, op, algorithm):
+                return
+            call = self._prepare_checked(sendbuf, recvbuf, op, algorithm)
+            key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
+                                                                                 recvbuf, op)
+            if fast.blocking_native(call, key, args):
+                return
+            self.submit_recorded(call).Wait()
+            fast.open(key, call, args)
         finally:
             if mine:
                 gate.owner = None
 
-    def _validate(self, call: PreparedCall | None, error: Exception | None,
-                  always: bool = False) -> None:
-        """Agree across ranks that the call is well-formed; raise on every rank if not
-        (:meth:`CallAgreement.validate`)."""
-        self._agreement.validate(call, error, always)
-
-    def _submit(self, call: PreparedCall) -> Request:
-        """Check the call across ranks, start it and hand back its request."""
-        seq = self._numbers.callno
-        label = f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}, call {seq})"
-        return Request(self._calls_in_flight.start(
-            self._check_and_launch(call, label, lambda: call.finish(self.size)), seq,
-            call.slot))
-
-    def _check_and_launch(self, call: PreparedCall | FamilyCall, label: str,
-                          finish: Callable[[], None] | None = None, *,
-                          launch: bool = True) -> Run | NativeRun | None:
+    def check_and_launch(self, call: CollectiveCall, label: str,
+                         finish: Callable[[], None] | None = None, *,
+                         launch: bool = True) -> Run | NativeRun | None:
         """Agree on ``call`` across ranks (raising on every rank when it differs), then start
         its exchange (None with ``launch`` False: a rank the call skips agrees all the
-        same). A seam service (:attr:`SEAM`)."""
+        same), through the one launch (:meth:`bmlmpi.calls.CollectiveCall.launch`). What a
+        policy's :meth:`~bmlmpi.call_policy.CallPolicy.track` starts a call with."""
         self._agreement.validate(call, None)
-        return self._launch(call, label, finish) if launch else None
-
-    def _launch(self, call: PreparedCall, label: str,
-                finish: Callable[[], None] | None) -> Run | NativeRun:
-        """Start ``call``'s exchange (native, or its schedule's plan) on this communicator;
-        ``finish`` runs when the exchange completes."""
-        if call.collective != "allreduce":
-            return self.family.launch_call(call, label, finish)
-        if call.algorithm == "native":
-            return start_native(call, self._comm, finish, self.rank, self._is_failure)
-        out = call.out
-        plan = self._cache.plan(call.algorithm, out.size, out.dtype, call.op)
-        tag_base = self._numbers.take_tags(sig=self._cache.sig_id((call.algorithm, out.size,
-                                                               out.dtype, call.op)))
-        # a separate input is not copied into out up front: the run copies only the ranges
-        # it must (bmlmpi.deferred), sending the rest from the input itself
-        return run_of(plan)(plan, out, call.op, tag_base, label, finish, src=call.src)
-
-    def _idle(self) -> bool:
-        """Whether no started call is outstanding."""
-        return not self._active
-
-    def _resolve_auto(self, call: PreparedCall | FamilyCall) -> str:
-        """``auto``'s choice for ``call`` over the current members."""
-        if call.collective != "allreduce":
-            return self._cache.family_auto(call)
-        return self._cache.auto_for(call.out.size, call.out.dtype, call.op)
+        return call.launch(self, label, finish) if launch else None
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
@@ -767,38 +599,138 @@ class Communicator(FamilyCalls):
         gate = self._gate
         mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
-            return self._allreduce_init(sendbuf, recvbuf, op, algorithm)
+            self.policy.check_usable()
+            algorithm = (self.algorithm if algorithm is None
+                         else selection.check_algorithm(algorithm))
+            if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
+                                       else recvbuf[0] if recvbuf else None):
+                raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
+                                      "cannot stage device memory at every start)")
+            return self._persistent_calls.make(self._agreement.prepared(
+                prepare_allreduce, self.rank, self.size, sendbuf, recvbuf, op, algorithm,
+                self._cache.auto_for))
         finally:
             gate.release(mine)
 
-    def _allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any,
-                        algorithm: str | None) -> PersistentRequest:
-        self._usable_for_calls()
-        algorithm = self.algorithm if algorithm is None else selection.check_algorithm(algorithm)
-        if buffers.is_device_array(recvbuf if not isinstance(recvbuf, (list, tuple))
-                                   else recvbuf[0] if recvbuf else None):
-            raise BufferSpecError("Allreduce_init takes host buffers (a persistent request "
-                                  "cannot stage device memory at every start)")
-        return self._persistent_calls.make(self._prepare_agreed(sendbuf, recvbuf, op,
-                                                                algorithm))
+    # -- the rest of the family (bmlmpi.family): reduce-scatter, allgather, reduce, bcast ----
+    # Blocking, non-blocking (I…: a Request) and persistent (…_init: a PersistentRequest)
+    # forms with mpi4py's positional arguments; ``algorithm`` (keyword-only): one of
+    # ``bmlmpi.algorithms(collective)``, None the communicator's own when it serves the
+    # collective, else ``auto``. Each hands its call's builder to the family's engine; a
+    # blocking call whose signature ran before takes its fast path (FastPath.repeat).
+    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                             algorithm: str | None = None) -> None:
+        """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
+        args = (sendbuf, recvbuf, op)
+        key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
+        if key is None or not self._fast_path.repeat(key, args):
+            self.family.blocking("reduce_scatter", algorithm,
+                                 scatter_blocks(self, sendbuf, recvbuf, op), key, args)
 
-    def _start_persistent(self, call: PreparedCall | FamilyCall, compiled: Any) -> Any:
-        """One start of a persistent call (:meth:`PersistentCalls.start`)."""
-        return self._persistent_calls.start(call, compiled)
+    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                              algorithm: str | None = None) -> Request:
+        return self.family.start("reduce_scatter", algorithm,
+                                 scatter_blocks(self, sendbuf, recvbuf, op))
 
-    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan | ShmPlan:
-        """The schedule bound to this communicator (BCube levels on their own communicators,
-        shared-memory steps on the node's window)."""
-        return self._cache.bind(self._cache.schedule(algorithm, count, itemsize), itemsize,
-                                algorithms.get(algorithm).tiered)
+    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
+                                  algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("reduce_scatter", algorithm,
+                                scatter_blocks(self, sendbuf, recvbuf, op))
 
-    def _adopt_comm(self, comm: MPI.Comm, keep: Sequence[int], shape: Shape) -> None:
+    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                       op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+        """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
+        block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
+        family, key = self.family, None
+        if isinstance(recvcounts, (list, tuple)):
+            key = fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
+                           tuple(recvcounts))
+            if key is not None and self._fast_path.repeat(key, (sendbuf, recvbuf, recvcounts, op)):
+                return
+        recvcounts = family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        family.blocking("reduce_scatter", algorithm,
+                        scatter(self, sendbuf, recvbuf, recvcounts, op), key,
+                        (sendbuf, recvbuf, recvcounts, op))
+
+    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+        recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self.family.start("reduce_scatter", algorithm,
+                                 scatter(self, sendbuf, recvbuf, recvcounts, op))
+
+    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
+                            op: Any = MPI.SUM, *,
+                            algorithm: str | None = None) -> PersistentRequest:
+        recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
+        return self.family.init("reduce_scatter", algorithm,
+                                scatter(self, sendbuf, recvbuf, recvcounts, op))
+
+    def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
+        args = (sendbuf, recvbuf)
+        key = fast_key("Allgather", algorithm, args)
+        if key is None or not self._fast_path.repeat(key, args):
+            self.family.blocking("allgather", algorithm, gather(self, sendbuf, recvbuf, False),
+                                 key, args)
+
+    def Iallgather(self, sendbuf: Any, recvbuf: Any, *,
+                   algorithm: str | None = None) -> Request:
+        return self.family.start("allgather", algorithm, gather(self, sendbuf, recvbuf, False))
+
+    def Allgather_init(self, sendbuf: Any, recvbuf: Any, *,
+                       algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("allgather", algorithm, gather(self, sendbuf, recvbuf, False))
+
+    def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
+        self.family.blocking("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
+
+    def Iallgatherv(self, sendbuf: Any, recvbuf: Any, *,
+                    algorithm: str | None = None) -> Request:
+        return self.family.start("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
+
+    def Allgatherv_init(self, sendbuf: Any, recvbuf: Any, *,
+                        algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
+
+    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+               algorithm: str | None = None) -> None:
+        """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
+        args = (sendbuf, recvbuf, op, root)
+        key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
+        if key is None or not self._fast_path.repeat(key, args):
+            self.family.blocking("reduce", algorithm,
+                                 reduce_to(self, sendbuf, recvbuf, op, root), key, args)
+
+    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                algorithm: str | None = None) -> Request:
+        return self.family.start("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+
+    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
+                    algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+
+    def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
+        """Copy the root's ``buf`` into every rank's ``buf``."""
+        args = (buf, root)
+        key = fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
+        if key is None or not self._fast_path.repeat(key, args):
+            self.family.blocking("bcast", algorithm, broadcast(self, buf, root), key, args)
+
+    def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
+        return self.family.start("bcast", algorithm, broadcast(self, buf, root))
+
+    def Bcast_init(self, buf: Any, root: int = 0, *,
+                   algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("bcast", algorithm, broadcast(self, buf, root))
+
+    def adopt_comm(self, comm: MPI.Comm, keep: Sequence[int], shape: Shape) -> None:
         """After the members changed (a fault-tolerant shrink or mask): ``comm`` becomes the
         data communicator, ``keep`` the old ranks of its members in their new order, ``shape``
         its BCube shape. The link weights keep those rows and columns (placement did not
         change); a control channel that was the data communicator follows it; cached plans,
-        ``auto`` choices and agreed signatures are forgotten. A seam
-        service (:attr:`SEAM`) for a variant without level communicators."""
+        ``auto`` choices and agreed signatures are forgotten. How a policy without level
+        communicators replaces the communicator (:mod:`bmlmpi.ft.policy`)."""
         old = self._comm
         with contextlib.suppress(MPI.Exception):
             old.Free()
@@ -814,32 +746,25 @@ class Communicator(FamilyCalls):
         self._agreement.validated.clear()
 
     @property
-    def _tag_count(self) -> int:
-        """How many launches have taken tag slots (:attr:`CallNumbers.launches`); a seam
-        service (:attr:`SEAM`): survivors of a failure set it to the largest among them
-        (:meth:`CallNumbers.agree_tags`)."""
-        return self._numbers.launches
+    def call_numbers(self) -> CallNumbers:
+        """This communicator's call numbers and tag slots (:class:`bmlmpi.call_numbers.
+        CallNumbers`, their one owner): the survivors of a failure continue from the largest
+        launch count among them (:meth:`~bmlmpi.call_numbers.CallNumbers.agree_tags`)."""
+        return self._numbers
 
-    @_tag_count.setter
-    def _tag_count(self, count: int) -> None:
-        self._numbers.agree_tags(count)
+    @property
+    def calls_in_flight(self) -> Progress:
+        """The started calls the plain policy tracks (:class:`bmlmpi.progress.Progress`),
+        polled inside any request's ``Test``/``Wait``."""
+        return self._calls_in_flight
 
-    def _node_tier(self) -> NodeTier:
-        """This rank's node of the current communicator (:meth:`Placement.node_tier`)."""
-        return self._placement.node_tier()
+    @property
+    def persistent_calls(self) -> PersistentCalls:
+        """This communicator's persistent calls (:class:`bmlmpi.persistent.PersistentCalls`):
+        made, agreed and compiled at ``…_init``, started at each ``Start``."""
+        return self._persistent_calls
 
-    @contextmanager
-    def _failure_noted(self) -> Iterator[None]:
-        """Where a fault-tolerant communicator notes an MPI failure instead of raising it."""
-        yield
 
-    def _is_failure(self, exc: MPI.Exception) -> bool:
-        """Whether ``exc`` reports a failed process (only ever so with fault tolerance)."""
-        return False
-
-    def _progress_mark(self) -> tuple[int, ...]:
-        """Changes whenever any outstanding call completes a step of any lane."""
-        return self._calls_in_flight.mark()
 
     def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
                 collective: str = "allreduce") -> selection.Explanation:
@@ -878,9 +803,6 @@ class Communicator(FamilyCalls):
         placement."""
         return self._placement.nodes()
 
-    def _nodes_for_auto(self):
-        return self._placement.nodes_for_auto()
-
     @property
     def links(self) -> np.ndarray:
         """The link-weight matrix (rank × rank) the trees are generated from."""
@@ -893,7 +815,3 @@ class Communicator(FamilyCalls):
     def trees(self):
         """One tree per root for the multi-tree allreduce, with the link-usage penalty."""
         return catalog.multi_trees_for(self.size, self._links)
-
-    def _split_levels(self) -> list[MPI.Comm]:
-        """One communicator per BCube level: the ranks sharing all digits but that level's."""
-        return split_levels(self._comm, self.shape, self.rank)

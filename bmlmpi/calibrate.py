@@ -56,6 +56,8 @@ derived from it.
 Cache: ``$BMLMPI_CACHE_DIR`` or ``~/.cache/bmlmpi``, one JSON file per host and MPI library
 (``calib-<host>-<mpi>.json``), one entry per (ranks, nodes). Rank 0 reads and writes it and
 broadcasts what it read; ``BMLMPI_RECALIBRATE=1`` (or ``use_cache=False``) measures afresh.
+A measured entry's ``meta`` keeps the 1-minute load and the core count as it was measured
+(``loadavg``, ``cores``: :func:`bmlmpi.model.plausibility.overloaded` reads them).
 
 ``bmlmpi-calibrate`` (:mod:`bmlmpi.cli.calibrate`) prints the calibration and the algorithm the
 model picks at each message size.
@@ -77,14 +79,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config
-from .execute import Plan, Run, timeout_from_env, wait_for
+from .execute import Plan, timeout_from_env, wait_for
+from .executors import start_allreduce, start_collective
 from .model.cost import price_symmetric
 from .model.estimate import Calibration, estimate
 from .model.network import SharedMemoryNode
 from .schedules import algorithms as records
 from .schedules.shm import node_steps, slices
 from .schedules.types import Schedule
-from .shm import NodeTier, ShmRun, start_collective
+from .shm import NodeTier
 from .topology.nodes import Nodes, nodes_from_ids
 
 #: the cache's format: bumped whenever what is measured changes (older entries are re-measured)
@@ -170,7 +173,7 @@ def _run_schedule(comm: MPI.Comm, sched: Schedule, reps: int, timeout: float) ->
     buf = np.ones(sched.count, dtype=np.float64)
     times = []
     for i in range(reps + 1):
-        run = Run(plan, buf, "sum", (i % 4) * 4096, f"calibrate {sched.algorithm}")
+        run = start_allreduce(plan, buf, "sum", (i % 4) * 4096, f"calibrate {sched.algorithm}")
         start = time.perf_counter()
         wait_for(run.test, timeout, run.describe_timeout)
         if i:  # the first run pays for allocating
@@ -276,7 +279,7 @@ def shm_step_time(tier: NodeTier, reps: int, timeout: float) -> float:
     times = []
     for i in range(reps + 1):
         start = time.perf_counter()
-        ShmRun(plan, buf, "sum", 0, "calibrate shm").drive(timeout)
+        start_allreduce(plan, buf, "sum", 0, "calibrate shm").drive(timeout)
         if i:
             times.append(time.perf_counter() - start)
     return float(np.median(times)) / max(sched.nsteps, 1)
@@ -326,12 +329,11 @@ def _interleaved_times(comm: MPI.Comm, nbytes: int, names: Sequence[str], rounds
     calls = [0]
 
     def scheduled(i: int) -> Callable[[], None]:
-        kind = ShmRun if names[i] == "shm" else Run
-
         def run() -> None:
             calls[0] += 1
-            kind(plans[i], recv, "sum", (calls[0] % 4) * 4096, f"calibrate {names[i]}",
-                 src=send).drive(timeout)  # the blocking path a checked signature's calls take
+            # the blocking path a checked signature's calls take
+            start_allreduce(plans[i], recv, "sum", (calls[0] % 4) * 4096,
+                            f"calibrate {names[i]}", src=send).drive(timeout)
         return run
 
     return _in_turn(comm, [lambda: comm.Allreduce(send, recv, op=MPI.SUM),
@@ -552,7 +554,12 @@ def measure(comm: MPI.Comm, timeout: float | None = None,
                        corrections=tuple(fixes), natives=tuple(natives),
                        family_corrections=tuple(family_fixes), **shm,
                        meta={"size": size, "seconds": round(time.perf_counter() - started, 3),
-                             "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                             "phases": phases, "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                             # the 1-minute load as the measurement ends, so that a
+                             # calibration taken on busy cores says so
+                             # (bmlmpi.model.plausibility.overloaded)
+                             "loadavg": round(os.getloadavg()[0], 2),
+                             "cores": os.cpu_count() or 1})
 
 
 def _corrected_algorithms(size: int, shm: bool = False) -> list[str]:

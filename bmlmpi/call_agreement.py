@@ -5,8 +5,9 @@ leaves: calls abandoned on every rank after another rank's argument error (then 
 fresh duplicate and agreed call numbers) or a communicator revoked after a deadline.
 
 :class:`CallAgreement` belongs to one :class:`~bmlmpi.api.Communicator` (its ``owner``,
-whose public ``rank``, ``size``, ``shape``, ``check``, ``validate`` and ``timeout`` it
-reads); what it changes elsewhere goes through :class:`AgreementHooks`.
+whose public ``rank``, ``size``, ``shape``, ``check``, ``validate``, ``timeout`` and
+``control`` it reads); what it changes elsewhere it changes through the owner's public
+methods (``abandon_calls``, ``move_to``).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
 from .agreement import DEADLINE, ERROR, MESSAGE_BYTES, TAG_ALARM, Mailbox, Message, decode
 from .call_numbers import CallNumbers
-from .calls import ArgumentMismatch, CommunicatorRevoked, PreparedCall, RemoteArgumentError
+from .calls import ArgumentMismatch, CollectiveCall, CommunicatorRevoked, RemoteArgumentError
 from .execute import DeadlineExceeded, wait_request
 from .finalize import bound_finalize
 from .topology.bcube import format_shape
@@ -83,13 +84,12 @@ def agree_construction(comm: MPI.Comm, error: Exception | None, settings: tuple,
     return int(res[4])
 
 
-class AgreementHooks(NamedTuple):
-    """What the agreement changes or asks of its communicator (bound methods, a variant's
-    overrides included)."""
-
-    control: Callable[[], MPI.Comm]          # the communicator agreements travel on now
-    abandon: Callable[[int, BaseException], None]  # outstanding calls from n on fail
-    move_to: Callable[[MPI.Comm], None]      # a repair's fresh duplicate becomes the data comm
+#: What reading a rank's own arguments raises when they are wrong: besides value and type
+#: errors, the lookup and attribute errors of malformed specs an exporter's own code trips
+#: on, and the ImportError of a device buffer with no cupy to stage it. This rank's argument
+#: error, announced to the others, never a hang.
+ARGUMENT_ERRORS = (ValueError, TypeError, BufferError, LookupError, AttributeError,
+                   ImportError)
 
 
 class CallAgreement:
@@ -97,12 +97,11 @@ class CallAgreement:
     posted receive, None where every call is agreed collectively)."""
 
     def __init__(self, owner: Any, numbers: CallNumbers, mailbox: Mailbox | None,
-                 active: list, hooks: AgreementHooks):
+                 active: list):
         self.owner = owner
         self.numbers = numbers      # the communicator's call numbers and tag slots
         self.mailbox = mailbox
         self.active = active        # the outstanding calls (a fast path waits for none)
-        self.hooks = hooks
         self.revoked: str | None = None  # why every later call raises CommunicatorRevoked
         self.repair_after: int | None = None  # an argument error at this call: re-dup first
         self.held: list[Any] = []   # runs given up while MPI may still use their buffers
@@ -154,6 +153,17 @@ class CallAgreement:
             self.repair_after = msg.seq
         return msg
 
+    def notice_waiting(self, upto: int) -> bool:
+        """Whether a failure notice not yet handled about a call numbered ``upto`` or lower
+        has arrived: looked at, not handled (a fast path then hands the call to the checked
+        path, whose numbering and argument check handle it: a notice about the very call it
+        starts raises there, before any data moves)."""
+        mailbox = self.mailbox
+        if mailbox is None:
+            return False
+        msg = mailbox.failure(self.handled[0] + 1)
+        return msg is not None and msg.seq <= upto
+
     @staticmethod
     def remote_error(msg: Message) -> Exception:
         if msg.kind == DEADLINE:
@@ -185,7 +195,7 @@ class CallAgreement:
         """Calls numbered ``seq`` or later that this rank started are given up: each raises
         ``exc`` when waited on; MPI keeps what it may still use (:attr:`held`)."""
         self.handled[0] = max(self.handled[0], seq)
-        self.hooks.abandon(seq, exc)
+        self.owner.abandon_calls(seq, exc)
 
     def hold(self, run: Any) -> None:
         """A run given up: cancelled, and kept while MPI may still use its buffers."""
@@ -214,7 +224,7 @@ class CallAgreement:
         call another rank had already started before it learnt of the error is abandoned on
         every rank instead of pairing with a different call."""
         failed, timeout = self.repair_after, self.owner.timeout
-        control = self.hooks.control()
+        control = self.owner.control
         new, req = control.Idup()
         wait_request(req, timeout, f"bmlmpi: not every rank came back after call {failed}'s "
                                    f"argument error (the communicator's repair)")
@@ -224,12 +234,39 @@ class CallAgreement:
         wait_request(control.Iallreduce(counts, agreed, MPI.MAX), timeout,
                      "bmlmpi: not every rank joined the communicator's repair")
         new.Set_errhandler(MPI.ERRORS_RETURN)
-        self.hooks.move_to(new)
+        self.owner.move_to(new)
         self.abandoned_upto = int(agreed[0])
         numbers.agree_tags(int(agreed[1]))
         self.repair_after = None
 
     # -- the argument check -------------------------------------------------------------------
+    def prepared(self, prepare: Callable[..., CollectiveCall], *args: Any) -> CollectiveCall:
+        """Number the call about to start (:meth:`begin_call`), then read its arguments:
+        ``prepare(*args)``, its record. Arguments it refuses (:data:`ARGUMENT_ERRORS`) are
+        this rank's error, announced to the others (who raise
+        :class:`~bmlmpi.calls.RemoteArgumentError` in their check) and raised here."""
+        self.begin_call()
+        try:
+            return prepare(*args)
+        except ARGUMENT_ERRORS as exc:
+            self.announce_refusal(exc)
+            raise
+
+    def refuse(self, exc: Exception) -> NoReturn:
+        """A call refused before it had arguments to read (an unknown algorithm name):
+        numbered as every call, and ``exc`` announced to the others like any other
+        argument error, then raised."""
+        self.begin_call()
+        self.announce_refusal(exc)
+        raise exc
+
+    def announce_refusal(self, exc: Exception) -> None:
+        """This rank's argument error ``exc`` for the call just numbered, told to the others
+        (under the policy's ``failure_noted``: a failure the notice meets is noted, not
+        raised); raises ``exc`` where nobody needs telling or the check is collective."""
+        with self.owner.policy.failure_noted():
+            self.validate(None, exc)
+
     def validate(self, call: Any, error: Exception | None, always: bool = False) -> None:
         """Agree across ranks that the call is well-formed; raise on every rank if not
         (:mod:`bmlmpi.agreement`: the first call of a signature, or every call; ``always``:
@@ -282,7 +319,7 @@ class CallAgreement:
             h = signature_hash(sig)
         vec = np.array([h, -h, 1 if error else 0, owner.rank if error else -1], dtype=np.int64)
         res = np.empty_like(vec)
-        control = self.hooks.control()
+        control = self.owner.control
         callno = self.numbers.callno
         try:
             wait_request(control.Iallreduce(vec, res, MPI.MAX), owner.timeout,
@@ -298,7 +335,7 @@ class CallAgreement:
                                       f"on all ranks")
         if res[0] != -res[1]:
             everyone = control.allgather(sig)
-            lines = "; ".join(f"rank {r}: {PreparedCall.describe_signature(s)}"
+            lines = "; ".join(f"rank {r}: {CollectiveCall.describe_signature(s)}"
                               for r, s in enumerate(everyone))
             raise ArgumentMismatch(f"{call.collective} arguments differ across ranks: {lines}")
 
@@ -310,14 +347,19 @@ class CallAgreement:
                 or signature_hash(call.signature(owner.shape)) in self.validated)
 
     def alarm_channel(self) -> Callable[[], str | None] | None:
-        """What the watchdog polls while a blocking ``MPI_Allreduce`` is in progress: a
-        posted receive of the notices' second copy (:data:`~bmlmpi.agreement.TAG_ALARM`),
-        only ever tested by the watchdog thread (needs MPI_THREAD_MULTIPLE)."""
+        """What the watchdog polls while a blocking MPI collective is in progress: a posted
+        receive of the notices' second copy (:data:`~bmlmpi.agreement.TAG_ALARM`), only ever
+        tested by the watchdog thread (needs MPI_THREAD_MULTIPLE). It answers only for a
+        notice about the call in progress or an earlier one: a rank whose part of a reduce
+        or broadcast needed nothing from the others may have gone on and rejected a *later*
+        call, while this rank's call (which that rank did its part of) is still completing;
+        that notice waits, and the calling thread raises it at its next call."""
         if self.mailbox is None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
             return None
         control, handled, token = self.mailbox.control, self.handled, self.mailbox.token
+        numbers = self.numbers
         box = np.empty(MESSAGE_BYTES, dtype=np.uint8)
-        state: dict[str, Any] = {}
+        state: dict[str, Any] = {"waiting": None}
 
         def alarm() -> str | None:
             req = state.get("req")
@@ -326,10 +368,19 @@ class CallAgreement:
             while req.Test():
                 msg = decode(box)
                 req = state["req"] = control.Irecv([box, MPI.BYTE], MPI.ANY_SOURCE, TAG_ALARM)
-                # not an earlier communicator's notice, nor one the calling thread raised
-                if msg.token == token and msg.seq > handled[0]:
-                    what = ("gave up call" if msg.kind == DEADLINE
-                            else "rejected its arguments at call")
-                    return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
-            return None
+                # not an earlier communicator's notice; the earliest one is the one to report
+                waiting = state["waiting"]
+                if msg.token == token and (waiting is None or msg.seq < waiting.seq):
+                    state["waiting"] = msg
+            msg = state["waiting"]
+            if msg is None:
+                return None
+            if msg.seq <= handled[0]:  # the calling thread raised it already
+                state["waiting"] = None
+                return None
+            # a blocking call takes its number before it enters MPI (bmlmpi.call_numbers)
+            if msg.seq > numbers.callno:
+                return None
+            what = "gave up call" if msg.kind == DEADLINE else "rejected its arguments at call"
+            return f"rank {msg.rank} {what} {msg.seq} ({msg.text})"
         return alarm

@@ -13,7 +13,10 @@ which is why no other module writes a counter or computes a slot.
 The rules:
 
 * every call takes a number (:meth:`CallNumbers.take`), a call refused before it launched
-  included: the refusal is agreed on every rank, so every rank has taken that number;
+  included: the refusal is agreed on every rank, so every rank has taken that number; a
+  blocking call takes it before it enters MPI, and gives it back
+  (:meth:`CallNumbers.give_back`) only when MPI refused its buffers before anything was sent
+  and the checked path takes over;
 * a scheduled call (a run of a schedule, on messages or shared memory) takes one tag slot per
   launch (:meth:`CallNumbers.take_tags`); a native call (MPI's own collective) takes none, on
   every path, blocking, non-blocking or persistent;
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 from .execute import TAG_STEPS
 
-#: Blocks of the tag space: one per collective (:data:`bmlmpi.family.TAG_KIND`), so that
+#: Blocks of the tag space: one per collective (its record's ``tag_kind``), so that
 #: messages of different collectives never match.
 TAG_KINDS = 8
 #: Tag slots (of TAG_STEPS tags each) a signature's calls cycle through; the rest of the tag
@@ -60,9 +63,16 @@ class CallNumbers:
         self.callno = n
         return n
 
+    def give_back(self) -> None:
+        """Return the number of a blocking fast-path call that MPI refused before anything was
+        sent (mpi4py's buffer checks): the checked path that follows numbers that call. A
+        blocking call takes its number before it enters MPI, so that while it waits there
+        ``callno`` is its own (the watchdog compares another rank's notice against it)."""
+        self.callno -= 1
+
     def take_tags(self, kind: int = 0, sig: int = 0) -> int:
         """The tag base of the next scheduled launch, taken: its slot in its collective's
-        block of the tag space (``kind``: :data:`bmlmpi.family.TAG_KIND`). Inside the block,
+        block of the tag space (``kind``: its record's ``tag_kind``). Inside the block,
         the signature's number (``sig``: :meth:`bmlmpi.plans.PlanCache.sig_id`) picks a part
         and the launch count a slot in it, so messages of calls with different signatures
         never match (up to ``sig_slots`` signatures: 1024 with Open MPI's tag bound), even

@@ -1,15 +1,18 @@
-"""A call's records and its errors: what an allreduce is after its arguments were checked
-(:class:`PreparedCall`), what the first-call agreement sees of a compressed one
-(:class:`CompressedCall`), and the errors that checking and agreeing raise on every rank
-(docs/contracts.md); how an allreduce's arguments become its record
-(:func:`prepare_allreduce`) and how a native one starts (:func:`start_native`). The family's
-calls have their own record (:class:`bmlmpi.family.FamilyCall`).
+"""The call record and a call's errors: what every collective call is after its arguments
+were checked (:class:`CollectiveCall`: the allreduce and the rest of the family alike), what
+the first-call agreement sees of a compressed allreduce (:class:`CompressedCall`), and the
+errors that checking and agreeing raise on every rank (docs/contracts.md); how an
+allreduce's arguments become its record (:func:`prepare_allreduce`; the family's prepare
+steps are in :mod:`bmlmpi.family`). The record says how its call runs: natively
+(:meth:`CollectiveCall.start_native`) or as its schedule's compiled plan
+(:meth:`CollectiveCall.compiled`, :meth:`CollectiveCall.start_plan`).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,10 +22,12 @@ from . import buffers, kernels
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .execute import DeadlineExceeded
-from .family import FamilyCall
+from .executors import start_allreduce, start_collective
 from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
-from .recorder import Signature, Slot
+from .recorder import Signature
+from .schedules.collectives import COLLECTIVES
+from .schedules.collectives import collective as collective_record
 from .topology.bcube import Shape
 
 
@@ -58,51 +63,376 @@ class IntercommunicatorError(ValueError):
     """
 
 
-@dataclass(slots=True)
-class PreparedCall:
-    """One allreduce call after its arguments were checked: what every launch consumes.
-    (Not frozen: a frozen dataclass costs half a microsecond more per call to build.)"""
+__all__ = ["ArgumentMismatch", "CollectiveCall", "CommunicatorRevoked", "CompressedCall",
+           "IntercommunicatorError", "RemoteArgumentError", "earns_dump"]
 
-    algorithm: str               # resolved for this call ("auto" already decided)
-    op: str                      # bmlmpi's op name (sum, prod, min, max, avg)
-    src: np.ndarray | None       # the input, or None for in place (it is already in ``out``)
-    out: np.ndarray              # the result, ``count`` elements (a host view when staged)
-    staging: Any                 # device buffers staged through host memory, else None
-    requested: str               # the algorithm asked for ("auto" stays "auto")
-    slot: Slot | None = None     # the call in the flight recorder
+
+
+def _method(comm: MPI.Comm, name: str, form: str) -> Any:
+    if form == "I":
+        return getattr(comm, "I" + name.lower())
+    return getattr(comm, name + form)
+
+
+def _digest(values: tuple[int, ...]) -> str:
+    return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
+
+
+def then(first: Any, second: Any) -> Any:
+    """``first()`` then ``second()`` (either may be None)."""
+    if first is None or second is None:
+        return second if first is None else first
+
+    def both() -> None:
+        first()
+        second()
+    return both
+
+
+def offsets(counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Where each rank's block starts when the blocks lie one after another in rank order."""
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return tuple(out)
+
+
+
+@dataclass(slots=True, eq=False)
+class CollectiveCall:
+    """One collective call (allreduce, reduce-scatter, allgather, reduce, broadcast) after
+    its arguments were checked: what the pipeline numbers, agrees, binds and starts.
+
+    The exchange runs over one flat buffer of ``total`` elements (``total`` = the sum of
+    ``counts``, in rank order, for reduce-scatter and allgather; the count for allreduce,
+    reduce and broadcast): ``out`` holds the result and ``src`` this rank's input when it
+    is not already in ``out`` (None: it is, and a fault-tolerant re-run restores ``out``
+    first). (Not frozen: a frozen dataclass costs more per call to build.)
+    """
+
+    collective: str             # allreduce | reduce_scatter | allgather | reduce | bcast
+    mpi_name: str               # the mpi4py method this call stands for
+    algorithm: str              # resolved ("auto" already decided)
+    requested: str              # as asked ("auto" stays "auto")
+    op: str                     # bmlmpi op name; "sum" (unused) for allgather and bcast
+    counts: tuple[int, ...]     # elements per rank (reduce_scatter, allgather); (count,) else
+    root: int                   # reduce, bcast; 0 otherwise
+    rank: int
+    size: int
+    src: np.ndarray | None      # the input when it is not in ``out``
+    out: np.ndarray             # reduce_scatter in place: the whole input; see the methods
+    result: np.ndarray | None   # reduce_scatter: this rank's block of recvbuf (else None)
+    displs: tuple[int, ...] | None = None  # allgather: slot starts in ``out`` (None: packed)
+    staging: Any = None         # DeviceStaging of device buffers (copied back at finish)
+    native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
+    extra: dict = field(default_factory=dict)
+    slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
+
+    # -- what the pipeline and the fault-tolerant ledger read ------------------------------
+    @property
+    def total(self) -> int:
+        return sum(self.counts)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.out.dtype
+
+    def signature(self, shape: Any) -> tuple:
+        """What every rank must agree on (its hash is checked across ranks). One count needs
+        no digest of the counts: the total is it."""
+        counts = self.counts
+        # A size-free collective's call runs among a failure's survivors as it was prepared,
+        # so a survivor that prepared it after the shrink (a lagging rank) must agree with
+        # those that prepared it before: its signature leaves the size out. The others are
+        # prepared again for the survivors (their counts are per member): their size stays.
+        size = None if collective_record(self.collective).size_free else self.size
+        return (self.collective, size, len(counts), self.total,
+                _digest(counts) if len(counts) > 1 else "", self.dtype.str, self.op, self.root,
+                self.algorithm, tuple(shape))
 
     def traced(self) -> Signature:
         """The flight recorder's description of this call."""
-        return Signature("allreduce", int(self.out.size), self.out.dtype.name, self.op, None,
+        record = collective_record(self.collective)
+        return Signature(self.collective, int(self.total), self.dtype.name,
+                         self.op if record.reduces else None,
+                         self.root if record.rooted else None,
                          self.requested, self.algorithm)
 
-    collective = "allreduce"     # the family's calls are FamilyCall (bmlmpi.family)
-
-    def signature(self, shape: Shape) -> tuple:
-        """What every rank must agree on (its hash is checked across ranks)."""
-        return (self.out.size, self.out.dtype.str, self.op, self.algorithm, shape)
+    def blocked_in_mpi(self, rank: int, size: int) -> str:
+        """What the watchdog says of this call while it is inside mpi4py's blocking call on
+        ``rank`` of ``size`` ranks."""
+        op = f" {self.op}" if collective_record(self.collective).reduces else ""
+        return (f"bmlmpi native {self.collective} (blocking MPI_{self.mpi_name} of "
+                f"{self.total} x {self.dtype}{op}, rank {rank} of {size})")
 
     @staticmethod
     def describe_signature(sig: tuple | None) -> str:
+        """A signature (:meth:`signature`, or a compressed allreduce's) in words."""
         if sig is not None and sig[0] == "compressed":
             return CompressedCall.describe_signature(sig)
-        if sig is None or len(sig) != 5:
-            return FamilyCall.describe_signature(sig)
-        return (f"allreduce count={sig[0]} dtype={np.dtype(sig[1])} op={sig[2]} "
-                f"algorithm={sig[3]}")
+        if sig is None or sig[0] not in COLLECTIVES:
+            return repr(sig)
+        what, size, nblocks, total, _, dtype, op, root, algorithm, shape = sig
+        if what == "allreduce":
+            return (f"allreduce count={total} dtype={np.dtype(dtype)} op={op} "
+                    f"algorithm={algorithm} bcube={shape}")
+        return (f"{what} of {total} x {np.dtype(dtype)} ({nblocks} block(s)) op={op} "
+                f"root={root} algorithm={algorithm} of {size} ranks bcube={shape}")
+
+    @property
+    def is_in_place(self) -> bool:
+        return self.src is None
+
+    @property
+    def tag_kind(self) -> int:
+        """The collective's block of the tag space
+        (:attr:`~bmlmpi.schedules.collectives.Collective.tag_kind`)."""
+        return collective_record(self.collective).tag_kind
+
+    def plan_key(self) -> tuple:
+        """What its compiled plan and its signature's number (in the tags) are kept by: an
+        allreduce's ``(algorithm, count, dtype, op)``, as its blocking fast path keeps it
+        (:mod:`bmlmpi.fast_path`); the collective, its blocks and root for the others."""
+        if self.collective == "allreduce":
+            return (self.algorithm, self.out.size, self.out.dtype, self.op)
+        return (self.collective, self.algorithm, self.counts, self.root, self.dtype, self.op)
+
+    def plan_again(self) -> Callable[[Any], Any] | None:
+        """How the fast path compiles this call's plan again on a :class:`~bmlmpi.plans.
+        PlanCache` whose communicator moved (a repair), holding none of its buffers: an
+        allreduce's from its plan key; None for the others, whose entries close then (their
+        next call takes the checked path, which compiles the plan and opens them again)."""
+        if self.collective != "allreduce":
+            return None
+        algorithm, count, dtype, op = self.plan_key()
+        return lambda plans: plans.plan(algorithm, count, dtype, op)
+
+    def auto(self, plans: Any) -> str:
+        """``auto``'s choice for this call on ``plans``' communicator
+        (:class:`bmlmpi.plans.PlanCache`)."""
+        if self.collective == "allreduce":
+            return plans.auto_for(self.out.size, self.out.dtype, self.op)
+        return plans.family_auto(self)
 
     def outcome(self) -> Exception | None:
-        """What a committed call raises on every survivor of a failure (never, for an
-        allreduce: it completes over the survivors)."""
-        return None
+        """What the call raises on every survivor once committed after a failure (the
+        fault-tolerant contracts, :mod:`bmlmpi.ft.family`), else None (an allreduce
+        completes over the survivors)."""
+        return self.extra.get("error")
 
     def finish(self, size: int) -> None:
-        """What follows the exchange: AVG divides by the ``size`` ranks that contributed,
-        and a staged device result is copied back."""
+        """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
+        that contributed (allreduce: the result; reduce-scatter: this rank's block; reduce:
+        the root's result), and staged device buffers get the result."""
         if self.op == "avg":
-            kernels.scale_avg(self.out, size)
+            averaged = self.averaged()
+            if averaged is not None:
+                kernels.scale_avg(averaged, size)
         if self.staging is not None:
             self.staging.finish()
+
+    def averaged(self) -> np.ndarray | None:
+        """The result AVG divides on this rank (allreduce: the result; reduce-scatter: this
+        rank's block; reduce: the root's result); None where this rank receives none."""
+        if self.collective == "reduce_scatter":
+            return self.result
+        if self.collective == "allreduce" or (self.collective == "reduce"
+                                              and self.rank == self.root):
+            return self.out
+        return None
+
+    # -- the native launch: mpi4py's own call on the private communicator -------------------
+    def native(self, comm: MPI.Comm, form: str = "") -> Any:
+        """mpi4py's own call for this one on ``comm`` with the user's buffers (the blocking
+        call, ``form`` ""; what the watchdog bounds). Reduce-scatter is
+        ``Reduce_scatter_block`` or ``Reduce_scatter`` as called; an allgather is
+        ``Allgatherv`` over bytes (any layout, any datatype)."""
+        name, args, _ = self.native_args(False)
+        return _method(comm, name, form)(*args)
+
+    def native_private(self, comm: MPI.Comm, form: str = "I") -> tuple[Any, Any]:
+        """(request, deliver): mpi4py's non-blocking (``form`` "I") or persistent
+        (``"_init"``) call for this one on ``comm``, writing into buffers of its own;
+        ``deliver()`` copies them into the caller's once the request completed. A call given
+        up at its deadline may still complete inside MPI when a late rank joins it: it then
+        writes memory bmlmpi holds (the request's run keeps it), never the caller's
+        (docs/contracts.md, "After a deadline"). ``deliver`` is None where MPI writes
+        nothing on this rank (a broadcast's root, a reduce's other ranks)."""
+        name, args, deliver = self.native_args(True)
+        return _method(comm, name, form)(*args), deliver
+
+    def native_args(self, private: bool) -> tuple[str, tuple, Any]:
+        """(mpi4py method, its arguments, the copy from the private buffers or None)."""
+        what = self.collective
+        deliver = None
+        if what == "allreduce":
+            op = mpi_op(self.op)
+            if not private:
+                return "Allreduce", (MPI.IN_PLACE if self.src is None else self.src,
+                                     self.out, op), None
+            sbuf = self.out if self.src is None else self.src
+            rbuf, dst = np.empty_like(self.out), self.out
+
+            def deliver() -> None:
+                np.copyto(dst, rbuf)
+            return "Allreduce", (sbuf, rbuf, op), deliver
+        if what == "reduce_scatter":
+            op = mpi_op(self.op)
+            if private:
+                # in place, MPI reads the whole input from ``out`` and writes this rank's
+                # block to its start: the same call with the input as sendbuf
+                sbuf = self.out if self.src is None else self.src
+                rbuf = np.empty_like(self.result)
+                dst = self.result
+
+                def deliver() -> None:
+                    np.copyto(dst, rbuf)
+            else:
+                sbuf = MPI.IN_PLACE if self.src is None else self.src
+                rbuf = self.out if self.src is None else self.result
+            if self.native_block:
+                return "Reduce_scatter_block", (sbuf, rbuf, op), deliver
+            return "Reduce_scatter", (sbuf, rbuf, list(self.counts), op), deliver
+        if what == "allgather":
+            displs = self.displs or offsets(self.counts)
+            rbuf = np.empty_like(self.out) if private else self.out
+            rspec = [rbuf, list(self.counts), list(displs), MPI.BYTE]
+            if self.src is not None:
+                sbuf = [self.src, MPI.BYTE]
+            elif private:
+                at, n = displs[self.rank], self.counts[self.rank]
+                sbuf = [self.out[at:at + n], MPI.BYTE]
+            else:
+                sbuf = MPI.IN_PLACE
+            if private:
+                out, counts = self.out, self.counts
+
+                def deliver() -> None:
+                    if self.displs is None:
+                        np.copyto(out[:self.total], rbuf[:self.total])
+                        return
+                    for at, n in zip(displs, counts, strict=True):
+                        np.copyto(out[at:at + n], rbuf[at:at + n])
+            return "Allgatherv", (sbuf, rspec), deliver
+        if what == "reduce":
+            op = mpi_op(self.op)
+            if self.rank != self.root:
+                return "Reduce", (self.src, None, op, self.root), None
+            if private:
+                sbuf = self.out if self.src is None else self.src
+                rbuf, dst = np.empty_like(self.out), self.out
+
+                def deliver() -> None:
+                    np.copyto(dst, rbuf)
+            else:
+                sbuf = MPI.IN_PLACE if self.src is None else self.src
+                rbuf = self.out
+            return "Reduce", (sbuf, rbuf, op, self.root), deliver
+        if not private or self.rank == self.root:
+            return "Bcast", ([self.out, MPI.BYTE], self.root), None
+        rbuf, dst = np.empty_like(self.out), self.out
+
+        def deliver() -> None:
+            np.copyto(dst, rbuf)
+        return "Bcast", ([rbuf, MPI.BYTE], self.root), deliver
+
+    # -- the scheduled launch: the schedule's input and output buffers ----------------------
+    def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """(this rank's input, its output) as a schedule of the collective names them
+        (:mod:`bmlmpi.schedules.collectives`): the executor copies between them and its work
+        buffer (:func:`bmlmpi.execute.collective_run`); an allreduce's input is None when it
+        is in ``out`` already. An allgather with displacements of
+        its own gathers into a packed buffer that :meth:`place` spreads out."""
+        what = self.collective
+        if what == "allreduce":
+            return self.src, self.out
+        if what == "reduce_scatter":
+            return (self.out if self.src is None else self.src), self.result
+        if what == "allgather":
+            lo, n = offsets(self.counts)[self.rank], self.counts[self.rank]
+            if self.displs is None:
+                packed = self.out[:self.total]
+                return (packed[lo:lo + n] if self.src is None else self.src), packed
+            d = self.displs[self.rank]
+            mine = self.out[d:d + n] if self.src is None else self.src
+            return mine, np.empty(self.total, self.dtype)
+        if what == "reduce":
+            if self.rank == self.root:
+                return (self.out if self.src is None else self.src), self.out
+            return self.src, None
+        if what == "bcast":
+            return (self.out if self.rank == self.root else None), self.out
+        # a registered collective (bmlmpi.schedules.collectives.register): its input and its
+        # output, the input read from the output where the call is in place
+        return (self.out if self.src is None else self.src), self.out
+
+    def place(self, output: np.ndarray | None) -> None:
+        """After a scheduled allgather into a packed buffer: every slot to its displacement."""
+        if self.collective == "allgather" and self.displs is not None:
+            for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
+                np.copyto(self.out[d:d + c], output[lo:lo + c])
+
+    def compiled(self, plans: Any) -> Any:
+        """This call's schedule compiled for ``plans``' communicator (cached per signature,
+        :class:`bmlmpi.plans.PlanCache`)."""
+        if self.collective == "allreduce":
+            return plans.plan(self.algorithm, self.out.size, self.out.dtype, self.op)
+        return plans.family_plan(self)
+
+    def start_plan(self, plan: Any, tag_base: int, label: str,
+                   finish: Callable[[], None] | None) -> Any:
+        """The run of ``plan`` (:meth:`compiled`) on this call's buffers, on the message or
+        the shared-memory executor the plan was bound to; ``finish`` runs once it
+        completed. An allreduce runs in place on ``out``, reading a separate input only
+        where it must (:mod:`bmlmpi.deferred`); the others run on the buffers
+        :meth:`schedule_buffers` names, the result placed (:meth:`place`) before
+        ``finish``."""
+        inp, output = self.schedule_buffers()
+        if self.displs is not None:
+            def placed() -> None:
+                self.place(output)
+                if finish is not None:
+                    finish()
+            return start_schedule(self.collective, plan, inp, output, self.op, tag_base,
+                                  label, placed, self.dtype)
+        return start_schedule(self.collective, plan, inp, output, self.op, tag_base, label,
+                              finish, self.dtype)
+
+    def launch(self, pipeline: Any, label: str, finish: Callable[[], None] | None) -> Any:
+        """Start this call's exchange on ``pipeline`` (the
+        :class:`~bmlmpi.api.Communicator` it is a call of: its ``comm``, ``rank``, ``plans``,
+        ``call_numbers`` and ``policy``), the one launch of every checked call, blocking,
+        ``I…`` and persistent: natively (:meth:`start_native`), or its schedule's plan
+        (:meth:`compiled`: bound there, cached per signature) with the tags of its call and
+        signature (calls of different signatures never match: a rank that switches to
+        another signature it already ran meets no partner) (:meth:`start_plan`); ``finish``
+        runs when the exchange completes."""
+        if self.algorithm == "native":
+            return self.start_native(pipeline.comm, pipeline.rank, finish, label,
+                                     pipeline.policy.is_failure)
+        plans = pipeline.plans
+        plan = self.compiled(plans)
+        tag_base = pipeline.call_numbers.take_tags(self.tag_kind, plans.sig_id(self.plan_key()))
+        return self.start_plan(plan, tag_base, label, finish)
+
+    def start_native(self, comm: MPI.Comm, rank: int, finish: Callable[[], None] | None,
+                     label: str, is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:
+        """This call started as mpi4py's own non-blocking call on ``comm`` (this process
+        being ``rank`` of it now), into buffers of its own copied to the caller's on
+        completion: a call given up at its deadline can still complete inside MPI when a
+        late rank joins it, and must then write memory bmlmpi holds, not the caller's.
+        ``is_failure``: whether an MPI error reports a failed process (raised as it is, for
+        fault tolerance to handle)."""
+        if self.collective == "allreduce":
+            return _start_native_allreduce(self, comm, rank, finish, is_failure)
+        try:
+            req, deliver = self.native_private(comm)
+        except (KeyError, ValueError, MPI.Exception) as exc:
+            if isinstance(exc, MPI.Exception) and is_failure(exc):
+                raise
+            raise TypeError(f"native {self.mpi_name} refused this call: {exc}") from exc
+        return NativeRun(req, then(deliver, finish), rank, label)
 
 
 @dataclass(slots=True)
@@ -129,16 +459,27 @@ class CompressedCall:
                 f"compressed ({compression})")
 
 
-__all__ = ["ArgumentMismatch", "CommunicatorRevoked", "CompressedCall", "IntercommunicatorError",
-           "earns_dump",
-           "PreparedCall", "RemoteArgumentError"]
+def start_schedule(collective: str, plan: Any, inp: np.ndarray | None,
+                   out: np.ndarray | None, op: str, tag_base: int, label: Any,
+                   finish: Callable[[], None] | None = None,
+                   dtype: np.dtype | None = None) -> Any:
+    """The run of ``collective``'s compiled ``plan`` on this rank's input and output (as
+    :meth:`CollectiveCall.schedule_buffers` names them), on the message or the shared-memory
+    executor the plan was bound to (:mod:`bmlmpi.executors`): an allreduce runs in place on
+    ``out``, reading a separate input only where it must (:mod:`bmlmpi.deferred`); the others
+    through the schedule's input and output copies. What the checked launch and the fast
+    path start."""
+    if collective == "allreduce":
+        return start_allreduce(plan, out, op, tag_base, label, finish, inp)
+    return start_collective(plan, inp, out, op, tag_base, label, finish, dtype)
 
 
-def prepare_allreduce(sendbuf: Any, recvbuf: Any, op: Any, algorithm: str,
-                      auto: Callable[[int, np.dtype, str], str]) -> PreparedCall:
-    """An allreduce's arguments checked on this rank (mpi4py's buffer specs, device arrays
-    staged through host memory) and resolved into its :class:`PreparedCall`; ``auto(count,
-    dtype, op)`` decides ``auto``."""
+def prepare_allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any,
+                      algorithm: str, auto: Callable[[int, np.dtype, str], str]
+                      ) -> CollectiveCall:
+    """An allreduce's arguments checked on ``rank`` of ``size`` (mpi4py's buffer specs,
+    device arrays staged through host memory) and resolved into its
+    :class:`CollectiveCall`; ``auto(count, dtype, op)`` decides ``auto``."""
     requested = algorithm
     name = op_name(op)
     if recvbuf is None or recvbuf is MPI.IN_PLACE:
@@ -178,16 +519,15 @@ def prepare_allreduce(sendbuf: Any, recvbuf: Any, op: Any, algorithm: str,
         if not (src.__array_interface__["data"][0] == out.__array_interface__["data"][0]):
             raise BufferSpecError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
         src = None  # the same memory: an in-place call spelled with two names
-    return PreparedCall(algorithm, name, src, out, staging, requested)
+    return CollectiveCall("allreduce", "Allreduce", algorithm, requested, name, (count,), 0,
+                          rank, size, src, out, None, staging=staging)
 
 
-def start_native(call: PreparedCall, comm: MPI.Comm, finish: Callable[[], None] | None,
-                 rank: int, is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:
-    """``call`` started as ``MPI_Iallreduce`` on ``comm`` into a private buffer, copied to
-    the caller's on completion: a call given up at its deadline can still complete inside
-    MPI when a late rank joins it, and must then write memory bmlmpi holds, not the
-    caller's. ``is_failure``: whether an MPI error reports a failed process (raised as it
-    is, for fault tolerance to handle)."""
+def _start_native_allreduce(call: CollectiveCall, comm: MPI.Comm, rank: int,
+                            finish: Callable[[], None] | None,
+                            is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:
+    """An allreduce's :meth:`CollectiveCall.start_native`: ``MPI_Iallreduce`` into a private
+    buffer, with the errors of a count or dtype this MPI cannot take named."""
     out = call.out
     sbuf = out if call.src is None else call.src
     private = np.empty_like(out)

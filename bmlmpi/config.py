@@ -184,6 +184,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("BMLMPI_CACHE_DIR", "directory", None, "`~/.cache/bmlmpi`",
              "where calibrations (per host, MPI library, rank count) and compiled kernels "
              "(`numba/`) are cached", _path),
+    Variable("BMLMPI_TUNING", "file", None, "`tuning-<host>-<mpi>-n<ranks>-<layout>.jsonl` "
+             "in the cache folder",
+             "the tuning table file `bmlmpi.tuning_table.table_path` names (docs/tuning.md)",
+             _path),
     Variable("BMLMPI_AUTO_BML_BYTES", "bytes", 64 * 1024, "65536",
              "fixed rule without calibration: native below this many bytes, bml from it",
              _count(0)),

@@ -151,6 +151,11 @@ class Plan:
         that runs the whole schedule as messages."""
         if sched.uses_shm:
             raise ValueError("a schedule with shared-memory steps runs on bmlmpi.shm")
+        if any(t.at is not None and t.at != t.lo for st in sched.steps for t in st.recvs):
+            # the posts and deferred.py's input copies assume a receive lands where it was
+            # sent from; an all-to-all's relayed blocks do not, and no call runs them yet
+            raise ValueError(f"{sched.collective} schedule {sched.algorithm!r} receives blocks "
+                             f"at other offsets, which this executor does not run")
         self.sched = sched
         self.comms = comms
         if (sched.streams > 1 and not _placed_on_levels(sched)

@@ -1,9 +1,11 @@
 """The rest of the collective family: reduce-scatter, allgather, reduce and broadcast.
 
-Each call is checked and resolved here into a :class:`FamilyCall` — the analogue of the
-allreduce's :class:`~bmlmpi.api.PreparedCall` — which the communicator's one launch path
-(argument agreement, progress engine, fault-tolerant ledger) consumes like an allreduce.
-:class:`FamilyCalls` holds the public methods that :class:`bmlmpi.Communicator` inherits.
+Each call is checked and resolved here into a :class:`~bmlmpi.calls.CollectiveCall`, the
+record an allreduce is too, which the communicator's one launch path (argument agreement,
+progress engine, fault-tolerant ledger) consumes.
+:class:`FamilyEngine` runs them for the public methods of :class:`bmlmpi.Communicator`,
+which hand it their call's builder (:func:`scatter_blocks`, :func:`scatter`, :func:`gather`,
+:func:`reduce_to`, :func:`broadcast`).
 
 Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
 
@@ -46,286 +48,31 @@ call's tags lie in its collective's own block of the tag space (``TAG_KINDS``), 
 signature's own part of that block, so a rank that switches to another signature it already
 ran meets no partner either (docs/contracts.md). A native non-blocking or persistent call
 gives MPI buffers of its own, copied to the caller's once it completed
-(:meth:`FamilyCall.native_private`).
+(:meth:`CollectiveCall.native_private`).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, kernels
+from . import buffers
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
-from .handles import NativeRun
-from .ops import check_dtype_op, mpi_op, op_name
-from .recorder import Signature
-from .shm import start_collective
+from .call_agreement import ARGUMENT_ERRORS, CallAgreement
+from .call_gate import CallGate
+from .call_numbers import CallNumbers
+from .calls import CollectiveCall, offsets
+from .fast_path import FastPath
+from .ops import check_dtype_op, op_name
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
 COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
-TAG_KIND = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "reduce": 3, "bcast": 4}
 REDUCING = frozenset({"reduce_scatter", "reduce"})
-
-
-#: The ops of the fast paths, by identity (an ``MPI.Op`` is unhashable; these live as long as
-#: the module, so their ids are never reused).
-_FAST_OP_IDS = frozenset(id(o) for o in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX))
-_IN_PLACE = MPI.IN_PLACE
-
-
-def _fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
-              *rest: Any) -> tuple | None:
-    """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an MPI
-    op: what :meth:`FamilyEngine.repeat` looks up; None for any other call. (On the
-    path of every repeated call: a set lookup and one flags object per array.)"""
-    if id(op) not in _FAST_OP_IDS:
-        return None
-    key: list = [method, algorithm, id(op), *rest]
-    for b in bufs:
-        if b is _IN_PLACE or b is None:
-            key.append(b is None)
-            continue
-        if type(b) is not np.ndarray:
-            return None
-        flags = b.flags
-        if not (flags.c_contiguous and flags.writeable):
-            return None
-        key.append((b.shape, b.dtype))
-    return tuple(key)
-
-
-def _method(comm: MPI.Comm, name: str, form: str) -> Any:
-    if form == "I":
-        return getattr(comm, "I" + name.lower())
-    return getattr(comm, name + form)
-
-
-def _digest(values: tuple[int, ...]) -> str:
-    return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
-
-
-def then(first: Any, second: Any) -> Any:
-    """``first()`` then ``second()`` (either may be None)."""
-    if first is None or second is None:
-        return second if first is None else first
-
-    def both() -> None:
-        first()
-        second()
-    return both
-
-
-def offsets(counts: tuple[int, ...]) -> tuple[int, ...]:
-    """Where each rank's block starts when the blocks lie one after another in rank order."""
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += c
-    return tuple(out)
-
-
-@dataclass(slots=True, eq=False)
-class FamilyCall:
-    """One reduce-scatter, allgather, reduce or broadcast after its arguments were checked.
-
-    The exchange runs over one flat buffer of ``total`` elements (``total`` = the sum of
-    ``counts``, in rank order, for reduce-scatter and allgather; the count for reduce and
-    broadcast): ``out`` and ``src`` follow the allreduce's convention that the fault-tolerant
-    ledger relies on — ``src`` is this rank's input when it is not already in ``out`` (None:
-    it is, and a re-run restores ``out`` first).
-    """
-
-    collective: str             # reduce_scatter | allgather | reduce | bcast
-    mpi_name: str               # the mpi4py method this call stands for
-    algorithm: str              # resolved ("auto" already decided)
-    requested: str              # as asked ("auto" stays "auto")
-    op: str                     # bmlmpi op name; "sum" (unused) for allgather and bcast
-    counts: tuple[int, ...]     # elements per rank (reduce_scatter, allgather); (count,) else
-    root: int                   # reduce, bcast; 0 otherwise
-    rank: int
-    size: int
-    src: np.ndarray | None      # the input when it is not in ``out``
-    out: np.ndarray             # reduce_scatter in place: the whole input; see the methods
-    result: np.ndarray | None   # reduce_scatter: this rank's block of recvbuf (else None)
-    displs: tuple[int, ...] | None = None  # allgather: slot starts in ``out`` (None: packed)
-    staging: Any = None         # DeviceStaging of device buffers (copied back at finish)
-    native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
-    extra: dict = field(default_factory=dict)
-    slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
-
-    # -- what the launch path and the ledger read ------------------------------------------
-    @property
-    def total(self) -> int:
-        return sum(self.counts)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return self.out.dtype
-
-    def signature(self, shape: Any) -> tuple:
-        """What every rank must agree on (its hash is checked across ranks)."""
-        return (self.collective, self.size, len(self.counts), self.total,
-                _digest(self.counts), self.dtype.str, self.op, self.root, self.algorithm,
-                tuple(shape))
-
-    def traced(self) -> Signature:
-        """The flight recorder's description of this call."""
-        return Signature(self.collective, int(self.total), self.dtype.name,
-                         self.op if self.collective in REDUCING else None,
-                         self.root if self.collective in ("reduce", "bcast") else None,
-                         self.requested, self.algorithm)
-
-    @staticmethod
-    def describe_signature(sig: tuple) -> str:
-        if sig is None or sig[0] not in TAG_KIND:
-            return repr(sig)
-        what, _, nblocks, total, _, dtype, op, root, algorithm, _ = sig
-        return (f"{what} of {total} x {np.dtype(dtype)} ({nblocks} block(s)) op={op} "
-                f"root={root} algorithm={algorithm}")
-
-    @property
-    def is_in_place(self) -> bool:
-        return self.src is None
-
-    def plan_key(self) -> tuple:
-        """What its compiled plan and its signature's number (in the tags) are kept by."""
-        return (self.collective, self.algorithm, self.counts, self.root, self.dtype, self.op)
-
-    def outcome(self) -> Exception | None:
-        """What the call raises on every survivor once committed after a failure (the
-        fault-tolerant contracts, :mod:`bmlmpi.ft.family`), else None."""
-        return self.extra.get("error")
-
-    def finish(self, size: int) -> None:
-        """What follows the exchange: AVG divides the reduced result by the ``size`` ranks
-        that contributed (reduce-scatter: this rank's block; reduce: the root's result), and
-        staged device buffers get the result (:class:`DeviceStaging`)."""
-        if self.op == "avg":
-            if self.collective == "reduce_scatter":
-                kernels.scale_avg(self.result, size)
-            elif self.collective == "reduce" and self.rank == self.root:
-                kernels.scale_avg(self.out, size)
-        if self.staging is not None:
-            self.staging.finish()
-
-    # -- the native launch: mpi4py's own call on the private communicator -------------------
-    def native(self, comm: MPI.Comm, form: str = "") -> Any:
-        """mpi4py's own call for this one on ``comm`` with the user's buffers (the blocking
-        call, ``form`` ""; what the watchdog bounds). Reduce-scatter is
-        ``Reduce_scatter_block`` or ``Reduce_scatter`` as called; an allgather is
-        ``Allgatherv`` over bytes (any layout, any datatype)."""
-        name, args, _ = self._native_args(False)
-        return _method(comm, name, form)(*args)
-
-    def native_private(self, comm: MPI.Comm, form: str = "I") -> tuple[Any, Any]:
-        """(request, deliver): mpi4py's non-blocking (``form`` "I") or persistent
-        (``"_init"``) call for this one on ``comm``, writing into buffers of its own;
-        ``deliver()`` copies them into the caller's once the request completed. A call given
-        up at its deadline may still complete inside MPI when a late rank joins it: it then
-        writes memory bmlmpi holds (the request's run keeps it), never the caller's
-        (docs/contracts.md, "After a deadline"). ``deliver`` is None where MPI writes
-        nothing on this rank (a broadcast's root, a reduce's other ranks)."""
-        name, args, deliver = self._native_args(True)
-        return _method(comm, name, form)(*args), deliver
-
-    def _native_args(self, private: bool) -> tuple[str, tuple, Any]:
-        """(mpi4py method, its arguments, the copy from the private buffers or None)."""
-        what = self.collective
-        deliver = None
-        if what == "reduce_scatter":
-            op = mpi_op(self.op)
-            if private:
-                # in place, MPI reads the whole input from ``out`` and writes this rank's
-                # block to its start: the same call with the input as sendbuf
-                sbuf = self.out if self.src is None else self.src
-                rbuf = np.empty_like(self.result)
-                dst = self.result
-
-                def deliver() -> None:
-                    np.copyto(dst, rbuf)
-            else:
-                sbuf = MPI.IN_PLACE if self.src is None else self.src
-                rbuf = self.out if self.src is None else self.result
-            if self.native_block:
-                return "Reduce_scatter_block", (sbuf, rbuf, op), deliver
-            return "Reduce_scatter", (sbuf, rbuf, list(self.counts), op), deliver
-        if what == "allgather":
-            displs = self.displs or offsets(self.counts)
-            rbuf = np.empty_like(self.out) if private else self.out
-            rspec = [rbuf, list(self.counts), list(displs), MPI.BYTE]
-            if self.src is not None:
-                sbuf = [self.src, MPI.BYTE]
-            elif private:
-                at, n = displs[self.rank], self.counts[self.rank]
-                sbuf = [self.out[at:at + n], MPI.BYTE]
-            else:
-                sbuf = MPI.IN_PLACE
-            if private:
-                out, counts = self.out, self.counts
-
-                def deliver() -> None:
-                    if self.displs is None:
-                        np.copyto(out[:self.total], rbuf[:self.total])
-                        return
-                    for at, n in zip(displs, counts, strict=True):
-                        np.copyto(out[at:at + n], rbuf[at:at + n])
-            return "Allgatherv", (sbuf, rspec), deliver
-        if what == "reduce":
-            op = mpi_op(self.op)
-            if self.rank != self.root:
-                return "Reduce", (self.src, None, op, self.root), None
-            if private:
-                sbuf = self.out if self.src is None else self.src
-                rbuf, dst = np.empty_like(self.out), self.out
-
-                def deliver() -> None:
-                    np.copyto(dst, rbuf)
-            else:
-                sbuf = MPI.IN_PLACE if self.src is None else self.src
-                rbuf = self.out
-            return "Reduce", (sbuf, rbuf, op, self.root), deliver
-        if not private or self.rank == self.root:
-            return "Bcast", ([self.out, MPI.BYTE], self.root), None
-        rbuf, dst = np.empty_like(self.out), self.out
-
-        def deliver() -> None:
-            np.copyto(dst, rbuf)
-        return "Bcast", ([rbuf, MPI.BYTE], self.root), deliver
-
-    # -- the scheduled launch: the schedule's input and output buffers ----------------------
-    def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
-        """(this rank's input, its output) as a schedule of the collective names them
-        (:mod:`bmlmpi.schedules.collectives`): the executor copies between them and its work
-        buffer (:func:`bmlmpi.execute.collective_run`). An allgather with displacements of
-        its own gathers into a packed buffer that :meth:`place` spreads out."""
-        what = self.collective
-        if what == "reduce_scatter":
-            return (self.out if self.src is None else self.src), self.result
-        if what == "allgather":
-            lo, n = offsets(self.counts)[self.rank], self.counts[self.rank]
-            if self.displs is None:
-                packed = self.out[:self.total]
-                return (packed[lo:lo + n] if self.src is None else self.src), packed
-            d = self.displs[self.rank]
-            mine = self.out[d:d + n] if self.src is None else self.src
-            return mine, np.empty(self.total, self.dtype)
-        if what == "reduce":
-            if self.rank == self.root:
-                return (self.out if self.src is None else self.src), self.out
-            return self.src, None
-        return (self.out if self.rank == self.root else None), self.out
-
-    def place(self, output: np.ndarray | None) -> None:
-        """After a scheduled allgather into a packed buffer: every slot to its displacement."""
-        if self.collective == "allgather" and self.displs is not None:
-            for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
-                np.copyto(self.out[d:d + c], output[lo:lo + c])
 
 
 # -- argument checks and buffer resolution, one function per mpi4py call --------------------
@@ -347,7 +94,7 @@ class DeviceStaging:
     ``Allreduce`` stages its own (:func:`bmlmpi.kernels.gpu.to_host_staging`): each device
     buffer is copied to the host before the call (the receive buffer too: an in-place input,
     a slot or the part past an explicit count must survive) and the receive buffer back when
-    the call finishes (:meth:`FamilyCall.finish`). A call refused after staging never copies
+    the call finishes (:meth:`CollectiveCall.finish`). A call refused after staging never copies
     back, so the device buffers stay as they were."""
 
     def __init__(self) -> None:
@@ -363,7 +110,7 @@ class DeviceStaging:
         self.finishers.append(finish)
         return host if obj is spec else [host, *spec[1:]]
 
-    def attach(self, call: FamilyCall) -> FamilyCall:
+    def attach(self, call: CollectiveCall) -> CollectiveCall:
         if self.finishers:
             call.staging = self
         return call
@@ -430,7 +177,7 @@ def _as_bytes(a: np.ndarray) -> np.ndarray:
 
 
 def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-                           op: Any, block: bool, algorithm: str) -> FamilyCall:
+                           op: Any, block: bool, algorithm: str) -> CollectiveCall:
     """``Reduce_scatter_block`` (``block``) or ``Reduce_scatter``."""
     staged = DeviceStaging()
     return staged.attach(_reduce_scatter(rank, size, staged.host(sendbuf, copy_out=False),
@@ -439,7 +186,7 @@ def prepare_reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, rec
 
 
 def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-                    op: Any, block: bool, algorithm: str) -> FamilyCall:
+                    op: Any, block: bool, algorithm: str) -> CollectiveCall:
     name = "Reduce_scatter_block" if block else "Reduce_scatter"
     # mpi4py reads an explicit count of a block reduce-scatter's whole buffer (the send
     # buffer, or the receive buffer in place) as the count of one block
@@ -462,7 +209,7 @@ def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts
             raise BufferSpecError(f"{name} in place: recvbuf holds {recv.count} elements, "
                                   f"fewer than the {total} of all blocks")
         out = recv.flat[:total]
-        return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0,
+        return CollectiveCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0,
                           rank, size, None, out, out[:counts[rank]], native_block=block)
     send = _send_spec(sendbuf, dtype, blocks=size if block else 0)
     if block:
@@ -483,7 +230,7 @@ def _reduce_scatter(rank: int, size: int, sendbuf: Any, recvbuf: Any, recvcounts
     src = _apart(send.flat, result)
     if src is None:
         raise BufferSpecError(f"{name}: sendbuf and recvbuf overlap; use MPI.IN_PLACE")
-    return FamilyCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0, rank,
+    return CollectiveCall("reduce_scatter", name, algorithm, algorithm, opname, counts, 0, rank,
                       size, src, result, result, native_block=block)
 
 
@@ -596,7 +343,7 @@ def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ..
 
 
 def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
-                      algorithm: str) -> FamilyCall:
+                      algorithm: str) -> CollectiveCall:
     """``Allgather`` or (``vector``) ``Allgatherv``; the exchange moves bytes."""
     staged = DeviceStaging()
     return staged.attach(_allgather(rank, size, staged.host(sendbuf, copy_out=False),
@@ -604,7 +351,7 @@ def prepare_allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: 
 
 
 def _allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
-               algorithm: str) -> FamilyCall:
+               algorithm: str) -> CollectiveCall:
     name = "Allgatherv" if vector else "Allgather"
     if vector:
         flat, counts, displs = _allgatherv_recv(recvbuf, size)
@@ -629,13 +376,13 @@ def _allgather(rank: int, size: int, sendbuf: Any, recvbuf: Any, vector: bool,
     bcounts = tuple(c * item for c in counts)
     bdispls = None if displs is None else tuple(x * item for x in displs)
     out = _as_bytes(flat[:sum(counts)] if displs is None else flat)
-    return FamilyCall("allgather", name, algorithm, algorithm, "sum", bcounts, 0, rank, size,
+    return CollectiveCall("allgather", name, algorithm, algorithm, "sum", bcounts, 0, rank, size,
                       None if src is None else _as_bytes(src), out, None, bdispls,
                       native_block=not vector)
 
 
 def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: Any,
-                   algorithm: str) -> FamilyCall:
+                   algorithm: str) -> CollectiveCall:
     """``Reduce``: the root's ``recvbuf`` alone is read (and staged, when on a device)."""
     root = _check_root(root, size)
     staged = DeviceStaging()
@@ -645,31 +392,31 @@ def prepare_reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, ro
 
 
 def _reduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any, root: int,
-            algorithm: str) -> FamilyCall:
+            algorithm: str) -> CollectiveCall:
     if rank == root:
         recv = _recv_spec(recvbuf)
         dtype = recv.flat.dtype
         opname = _check_reduction(dtype, op)
         if sendbuf is MPI.IN_PLACE or sendbuf is None:
-            return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (recv.count,),
+            return CollectiveCall("reduce", "Reduce", algorithm, algorithm, opname, (recv.count,),
                               root, rank, size, None, recv.flat, None)
         send = _send_spec(sendbuf, dtype)
         if recv.count < send.count:
             raise BufferSpecError(f"Reduce: the root's recvbuf holds {recv.count} elements, "
                                   f"fewer than the {send.count} sent")
         out = recv.flat[:send.count]
-        return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,),
+        return CollectiveCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,),
                           root, rank, size, _apart(send.flat, out), out, None)
     if sendbuf is MPI.IN_PLACE or sendbuf is None:
         raise BufferSpecError("Reduce: MPI.IN_PLACE is the root's alone (MPI); pass the "
                               "input as sendbuf on the other ranks")
     send = buffers.resolve(sendbuf, "sendbuf")
     opname = _check_reduction(send.flat.dtype, op)
-    return FamilyCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,), root,
+    return CollectiveCall("reduce", "Reduce", algorithm, algorithm, opname, (send.count,), root,
                       rank, size, send.flat, np.empty(0, send.flat.dtype), None)
 
 
-def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> FamilyCall:
+def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> CollectiveCall:
     """``Bcast``: a device ``buf`` is staged, copied back on the receiving ranks."""
     root = _check_root(root, size)
     if buf is None or buf is MPI.IN_PLACE:
@@ -679,12 +426,12 @@ def prepare_bcast(rank: int, size: int, buf: Any, root: Any, algorithm: str) -> 
                                 algorithm))
 
 
-def _bcast(rank: int, size: int, buf: Any, root: int, algorithm: str) -> FamilyCall:
+def _bcast(rank: int, size: int, buf: Any, root: int, algorithm: str) -> CollectiveCall:
     spec = buffers.resolve(buf, "buf", reducing=False)
     if rank != root and not spec.flat.flags.writeable:
         raise BufferSpecError("Bcast: buf is read-only on a receiving rank")
     out = _as_bytes(spec.flat)
-    return FamilyCall("bcast", "Bcast", algorithm, algorithm, "sum", (out.size,), root, rank,
+    return CollectiveCall("bcast", "Bcast", algorithm, algorithm, "sum", (out.size,), root, rank,
                       size, None, out, None)
 
 
@@ -694,173 +441,24 @@ def family_algorithms(collective: str) -> tuple[str, ...]:
     return tuple(selection.algorithms(collective))
 
 
-def _gathering(kind: str, vector: bool) -> Callable[..., Any]:
-    """The non-blocking (``kind`` "start": a Request) or persistent ("init") allgather method
-    (``vector``: Allgatherv, counts and displacements in ``recvbuf`` as mpi4py's)."""
-    def method(self: Any, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> Any:
-        family = self.family
-        family_call = family.start if kind == "start" else family.init
-        return family_call("allgather", algorithm, self._gathers(sendbuf, recvbuf, vector))
-    return method
-
-
-def _locate(buf: np.ndarray | None, args: tuple) -> tuple | None:
-    """Where ``buf`` (a schedule buffer a call's arguments resolved to) lies in ``args``:
-    (argument index, element offset, count, None) when it is a slice of that argument's
-    elements, (argument index, byte offset, byte count, dtype) for another view of its
-    bytes, (-1, 0, 0, dtype) when empty; None when there is no buffer. ValueError when no
-    argument holds it."""
-    if buf is None:
-        return None
-    if not buf.size:
-        return (-1, 0, 0, buf.dtype)
-    at = buf.__array_interface__["data"][0]
-    for i, a in enumerate(args):
-        if type(a) is not np.ndarray:
-            continue
-        lo = a.__array_interface__["data"][0]
-        off = at - lo
-        if 0 <= off and off + buf.nbytes <= a.nbytes:
-            if buf.dtype == a.dtype and off % a.itemsize == 0:
-                return (i, off // a.itemsize, buf.size, None)
-            return (i, off, buf.nbytes, buf.dtype)
-    raise ValueError("a schedule buffer outside the call's arguments")
-
-
-def _carve(where: tuple | None, args: tuple) -> np.ndarray | None:
-    """The buffer :func:`_locate` described, in this call's ``args`` (arrays of the same
-    shapes and dtypes, C-contiguous: the fast path's key says so)."""
-    if where is None:
-        return None
-    i, lo, n, dtype = where
-    if i < 0:
-        return np.empty(0, dtype)
-    flat = args[i].reshape(-1)
-    if dtype is None:
-        return flat[lo:lo + n]
-    return flat.view(np.uint8)[lo:lo + n].view(dtype)
-
-
-class NativeArgs:
-    """mpi4py's blocking call of a checked native family call (:meth:`FamilyCall.native`'s
-    method and arguments), with every array in it replaced by where it lies in the call's
-    arguments (:func:`_locate`): a later call of the signature hands MPI the same views of
-    its own arrays (the agreed count's part of a larger receive buffer, the bytes of a
-    structured array), never the caller's arrays as they are, which mpi4py may read
-    otherwise or refuse on one rank alone. ValueError when an array of the call lies
-    outside the arguments."""
-
-    __slots__ = ("method", "fixed", "holes")
-
-    def __init__(self, method: str, native: tuple, args: tuple):
-        self.method = method
-        self.fixed = list(native)
-        # (argument, item of a buffer spec or -1 for the argument itself, where it lies)
-        self.holes: list[tuple[int, int, tuple]] = []
-        for i, a in enumerate(native):
-            if type(a) is np.ndarray:
-                self.holes.append((i, -1, _locate(a, args)))
-            elif type(a) is list:
-                self.holes.extend((i, j, _locate(b, args)) for j, b in enumerate(a)
-                                  if type(b) is np.ndarray)
-        for i, j, _ in self.holes:  # no reference to the caller's arrays (resizable)
-            if j < 0:
-                self.fixed[i] = None
-            else:
-                self.fixed[i] = [None if k == j or type(b) is np.ndarray else b
-                                 for k, b in enumerate(self.fixed[i])]
-
-    def of(self, args: tuple) -> list:
-        """The native call's arguments carved out of a later call's ``args`` (arrays of the
-        same shapes and dtypes, C-contiguous: the fast path's key says so)."""
-        out = list(self.fixed)
-        for i, j, where in self.holes:
-            buf = _carve(where, args)
-            if j < 0:
-                out[i] = buf
-            else:
-                spec = out[i] = list(out[i])
-                spec[j] = buf
-        return out
-
-
-class FastFamily:
-    """A blocking family signature (:func:`_fast_key`) whose first call ran the checked path,
-    argument agreement included: what its later calls need to skip it. Native (``plan``
-    None): mpi4py's blocking call under the watchdog. A schedule: the cached plan, and where
-    the schedule's input and output lie in the call's arguments (:func:`_locate`), so a
-    later call carves them out of its own arrays instead of resolving buffer specs."""
-
-    __slots__ = ("what", "traced", "plan", "kind", "sig", "op", "dtype", "inp", "output",
-                 "calls", "native")
-
-    def __init__(self, what: str, traced: Signature, plan: Any = None, kind: int = 0,
-                 sig: int = 0, op: str = "sum", dtype: np.dtype | None = None,
-                 inp: tuple | None = None, output: tuple | None = None,
-                 native: NativeArgs | None = None):
-        self.what = what
-        self.traced = traced
-        self.plan = plan
-        self.native = native    # native: mpi4py's call as the checked path made it
-        self.kind = kind        # the collective's block of the tag space (TAG_KIND)
-        self.sig = sig          # the signature's number (PlanCache.sig_id)
-        self.op = op
-        self.dtype = dtype
-        self.inp = inp
-        self.output = output
-        self.calls = 0          # schedules: later calls that took this path
-
-
-class FamilyLaunch(NamedTuple):
-    """What the family's calls use of their communicator's launch path (bound methods of the
-    :class:`~bmlmpi.api.Communicator`, whose hooks a variant may override): call numbering
-    and notices (:mod:`bmlmpi.agreement`), the argument check, the flight recorder's entries,
-    the checked launch and the fast path's driver."""
-
-    begin_call: Callable[[], int]             # number the next call (raises on a notice)
-    notice: Callable[[int], Any]              # a failure notice about a call up to n, or None
-    validate: Callable[..., None]             # the argument check (agreement)
-    failure_noted: Callable[[], Any]          # where a variant notes an MPI failure
-    is_failure: Callable[[Any], bool]         # whether an MPI error is a failed process
-    refused: Callable[..., None]              # a call refused before it was prepared
-    record: Callable[[Any], Any]              # the call entered in the flight recorder
-    call_done: Callable[[Any], None]          # ... and completed there
-    call_failed: Callable[..., None]          # ... or failed there
-    submit_recorded: Callable[[Any], Any]     # the checked launch: a Request
-    persistent: Callable[[Any], Any]          # a checked call made persistent
-    agreed: Callable[[Any], bool]             # whether a signature was agreed on before
-    idle: Callable[[], bool]                  # whether no started call is outstanding
-    fast_open: Callable[[], bool]             # whether a fast path may be taken now
-    drive_fast: Callable[[Any, int, Any], None]  # a fast path's run driven to completion
-
-
 class FamilyEngine:
-    """The family's launch path on one communicator (``owner``): checked calls prepared,
-    agreed and launched through the communicator's own path (:class:`FamilyLaunch`), and
-    the fast path of each blocking signature after its first call (:class:`FastFamily`)."""
+    """The family's checked calls on one communicator (``owner``, the
+    :class:`~bmlmpi.api.Communicator`: its services, ``policy`` and ``persistent_calls``):
+    each prepared (its arguments checked, an error raised on every rank), numbered and agreed
+    (``agreement``: :class:`~bmlmpi.call_agreement.CallAgreement`) and launched through the
+    communicator's one launch path; a blocking signature's first call opens its entry in the
+    communicator's fast path (``fast``: :class:`~bmlmpi.fast_path.FastPath`), which runs its
+    later calls, and runs a native call of an agreed signature as MPI's blocking call on
+    every rank (:meth:`~bmlmpi.fast_path.FastPath.blocking_native`)."""
 
-    def __init__(self, owner: Any, plans: Any, gate: Any, numbers: Any, launch: FamilyLaunch,
-                 recorder: Any, watchdog: Any, *, plain: bool, native_blocking: bool):
+    def __init__(self, owner: Any, agreement: CallAgreement, gate: CallGate,
+                 numbers: CallNumbers, fast: FastPath):
         self.owner = owner
-        self.plans = plans          # the owner's PlanCache
+        self.agreement = agreement
         self.gate = gate            # the owner's CallGate (the thread inside a call)
         self.numbers = numbers      # the owner's CallNumbers (call numbers, tag slots)
-        self.launch = launch
-        self.recorder = recorder    # the owner's FlightRecorder (None when off)
-        self.watchdog = watchdog
-        self.plain = plain          # no variant tracking every call itself: fast paths open
-        self.native_blocking = native_blocking  # a checked native call may be MPI's blocking
-        #: The fast paths of the blocking signatures, by :func:`_fast_key`. Only the plain
-        #: communicator opens them; its rank never changes and its data communicator only
-        #: at a repair (:meth:`rebind`), so the fast path keeps both.
-        self.fast: dict[tuple, FastFamily] = {}
-        self.rank, self.comm = owner.rank, owner.comm
-        # the fast path's own (one attribute each on the path of every repeated call)
-        self.fast_open = launch.fast_open
-        self.notice = launch.notice
-        self.drive_fast = launch.drive_fast
+        self.fast = fast
 
-    # -- checked calls ----------------------------------------------------------------------
     def algorithm_for(self, collective: str, algorithm: str | None) -> str:
         """The algorithm a call asks for (None: the communicator's own when that one serves
         ``collective``, else ``auto``); one that does not implement it is refused."""
@@ -874,38 +472,37 @@ class FamilyEngine:
                              f"implemented: {', '.join(implemented)}")
         return name
 
-    def prepare(self, collective: str, algorithm: str | None, build: Any) -> FamilyCall:
+    def prepare(self, collective: str, algorithm: str | None, build: Any) -> CollectiveCall:
         """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
-        launch = self.launch
-        launch.begin_call()
+        owner, agreement = self.owner, self.agreement
+        agreement.begin_call()
         try:
             call = build(self.algorithm_for(collective, algorithm))
             if call.algorithm == "auto":
-                call.algorithm = self.plans.family_auto(call)
+                call.algorithm = owner.plans.family_auto(call)
             return call
-        except (ValueError, TypeError, BufferError, LookupError, AttributeError,
-                ImportError) as exc:  # ImportError: a device buffer and no cupy to stage it
-            launch.refused(collective, algorithm or self.owner.algorithm, None, exc)
-            with launch.failure_noted():
-                launch.validate(None, exc)
+        except ARGUMENT_ERRORS as exc:
+            owner.call_log.refused(collective, algorithm or owner.algorithm, None, exc)
+            agreement.announce_refusal(exc)
             raise
 
     def start(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A non-blocking call: its :class:`~bmlmpi.handles.Request`."""
         gate = self.gate
-        mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
+        mine = gate.claim(self.owner.rank)  # one call at a time: a second thread raises here
         try:
             owner = self.owner
-            owner._usable_for_calls()
-            return self.launch.submit_recorded(owner._family_prepared(collective, algorithm,
-                                                                      build))
+            policy = owner.policy
+            policy.check_usable()
+            return owner.submit_recorded(policy.prepare_family(collective, algorithm, build,
+                                                               self))
         finally:
             gate.release(mine)
 
     def init(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """A persistent call (host buffers only)."""
         gate = self.gate
-        mine = gate.claim(self.rank)
+        mine = gate.claim(self.owner.rank)
         try:
             return self.make_persistent(collective, algorithm, build)
         finally:
@@ -914,27 +511,32 @@ class FamilyEngine:
     def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
         """:meth:`init`, the communicator claimed."""
         owner = self.owner
-        owner._usable_for_calls()
+        policy = owner.policy
+        policy.check_usable()
 
-        def host_only(alg: str) -> FamilyCall:
+        def host_only(alg: str) -> CollectiveCall:
             call = build(alg)
             if call.staging is not None:  # refused: nothing is copied back to the device
                 raise BufferSpecError(f"{call.mpi_name}_init takes host buffers (a "
                                       f"persistent request cannot stage device memory at "
                                       f"every start)")
             return call
-        return self.launch.persistent(owner._family_prepared(collective, algorithm, host_only))
+        return owner.persistent_calls.make(policy.prepare_family(collective, algorithm,
+                                                                 host_only, self))
 
     def blocking(self, collective: str, algorithm: str | None, build: Any,
                  key: tuple | None = None, args: tuple = ()) -> None:
-        """A blocking call, checked. Once its signature has been agreed on, a native call on
-        the plain communicator with nothing outstanding is mpi4py's blocking call itself,
-        bounded by the watchdog as ``Allreduce``'s fast path is (``BMLMPI_BLOCKING=watchdog``,
-        the default: past ``timeout`` seconds it reports the call and aborts the job);
-        otherwise the call is started and waited on under the deadline. Either way it opens
-        the signature's fast path for the next call (:meth:`open`)."""
+        """A blocking call, checked (its signature's later calls take the fast path:
+        :meth:`bmlmpi.fast_path.FastPath.repeat`). Once its signature has been agreed on, a
+        native call on the plain communicator is mpi4py's blocking call itself on every rank
+        (:meth:`bmlmpi.fast_path.FastPath.blocking_native`), bounded by the watchdog as
+        ``Allreduce``'s fast path is
+        (``BMLMPI_BLOCKING=watchdog``, the default: past ``timeout`` seconds it reports the
+        call and aborts the job); otherwise the call is started and waited on under the
+        deadline. Either way it opens the signature's entry in the fast path (``key``:
+        :func:`bmlmpi.fast_path.fast_key`; ``args``: the public method's arguments)."""
         gate = self.gate
-        mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
+        mine = gate.claim(self.owner.rank)  # one call at a time: a second thread raises here
         try:
             self.checked(collective, algorithm, build, key, args)
         finally:
@@ -943,259 +545,18 @@ class FamilyEngine:
     def checked(self, collective: str, algorithm: str | None, build: Any,
                 key: tuple | None, args: tuple) -> None:
         """:meth:`blocking`, the communicator claimed."""
-        owner, launch = self.owner, self.launch
-        owner._usable_for_calls()
-        call = owner._family_prepared(collective, algorithm, build)
-        if (call.algorithm == "native" and self.native_blocking and launch.idle()
-                and launch.agreed(call)):
-            slot = launch.record(call)  # (numbered in prepare; a native call takes no tags)
-            watch = self.watchdog
-            watch.start()
-            watch.calls += 1
-            watch.current = (f"bmlmpi native {call.mpi_name} (blocking, rank {owner.rank} of "
-                             f"{owner.size})")
-            try:
-                call.native(owner.comm, "")
-            except Exception as exc:
-                launch.call_failed(slot, exc)
-                if isinstance(exc, MPI.Exception):
-                    raise
-                # mpi4py refused the agreed call before anything was sent: the others, in
-                # the call already, learn of it from the notice (the watchdog's alarm, or
-                # their next call), as of any argument error
-                with launch.failure_noted():
-                    launch.validate(None, exc)
-                raise
-            except BaseException as exc:
-                launch.call_failed(slot, exc)
-                raise
-            finally:
-                watch.current = None
-            call.finish(owner.size)
-            self.open(key, call, args, native=True)
-            launch.call_done(slot)
+        owner = self.owner
+        owner.policy.check_usable()
+        call = owner.policy.prepare_family(collective, algorithm, build, self)
+        if self.fast.blocking_native(call, key, args):
             return
-        launch.submit_recorded(call).Wait()
+        owner.submit_recorded(call).Wait()
         if call.algorithm != "native":
-            self.open(key, call, args, native=False)
+            self.fast.open(key, call, args)
 
-    def launch_call(self, call: FamilyCall, label: str, finish: Any) -> Any:
-        """Start a family call's exchange: mpi4py's own non-blocking call (native) or its
-        schedule's :class:`~bmlmpi.execute.Run` on the buffer :meth:`FamilyCall.work_buffers`
-        gives, with the result placed (:meth:`FamilyCall.place`) before ``finish``."""
-        owner = self.owner
-        if call.algorithm == "native":
-            try:
-                req, deliver = call.native_private(owner.comm)
-            except (KeyError, ValueError, MPI.Exception) as exc:
-                if isinstance(exc, MPI.Exception) and self.launch.is_failure(exc):
-                    raise
-                raise TypeError(f"native {call.mpi_name} refused this call: {exc}") from exc
-            return NativeRun(req, then(deliver, finish), owner.rank, label)
-        plan = self.plans.family_plan(call)
-        inp, output = call.schedule_buffers()
-        # the signature's number in the tags: calls of different signatures never match
-        # (a rank that switches to another signature it already ran meets no partner)
-        tag_base = self.numbers.take_tags(TAG_KIND[call.collective],
-                                          self.plans.sig_id(call.plan_key()))
-
-        def placed() -> None:
-            call.place(output)
-            if finish is not None:
-                finish()
-
-        return start_collective(plan, inp, output, call.op, tag_base, label, placed, call.dtype)
-
-    # -- the fast path ----------------------------------------------------------------------
-    def repeat(self, key: tuple, args: tuple) -> bool:
-        """A blocking call whose signature (:func:`_fast_key`) already ran through
-        :meth:`blocking`, argument check included, takes its fast path (:class:`FastFamily`;
-        no resolution, no agreement): mpi4py's blocking call on the private communicator
-        under the watchdog (native), or the cached plan's run driven in the calling thread
-        under the executor's deadline (a schedule, as ``Allreduce``'s). Tags and call
-        numbers advance as on the checked path, so ranks that take different paths for the
-        same call still match. False: take the checked path."""
-        entry = self.fast.get(key)
-        if entry is None or not self.fast_open():
-            return False
-        gate = self.gate
-        # one call at a time, as Allreduce's (a second thread raises before anything moves)
-        mine = gate.claim(self.rank)
-        try:
-            # A rank's part of a reduce or broadcast may complete without the rank that
-            # rejected its arguments: it must look at the notices before its next call moves
-            # data, as the checked path's numbering does (docs/contracts.md), or that call
-            # pairs with the others' repaired next one. One poll of the control channel's
-            # posted receive.
-            if self.notice(self.numbers.callno) is not None:
-                return False
-            a, b = args[0], args[1]
-            if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
-                return False  # the checked path says what is wrong
-            if entry.plan is not None:
-                self.scheduled(entry, args)
-                return True
-            return self.native(entry, key, args)
-        finally:
-            if mine:
-                gate.owner = None
-
-    def native(self, entry: FastFamily, key: tuple, args: tuple) -> bool:
-        """A native signature's later blocking call: mpi4py's own on the private
-        communicator, under the watchdog."""
-        rec = self.recorder
-        slot = None if rec is None else rec.begin(entry.traced)
-        watch = self.watchdog
-        watch.calls += 1
-        watch.current = entry.what
-        native = entry.native
-        try:
-            getattr(self.comm, native.method)(*native.of(args))
-        except MPI.Exception as exc:
-            self.numbers.take()  # the call started: it has its number
-            self.launch.call_failed(slot, exc)
-            raise
-        except Exception:
-            # mpi4py refused the arguments before anything was sent (a buffer whose flags
-            # changed since...): the checked path, which numbers and records the call itself
-            # and, where it refuses them too, tells the other ranks (never one rank raising
-            # alone)
-            if slot is not None:
-                rec.withdraw(slot)
-            return False
-        except BaseException as exc:
-            self.numbers.take()
-            self.launch.call_failed(slot, exc)
-            raise
-        finally:
-            watch.current = None
-        self.numbers.take()  # taken once the call ran: a native call takes no tag slot
-        if slot is not None:
-            rec.done(slot)
-        return True
-
-    def scheduled(self, entry: FastFamily, args: tuple) -> None:
-        """A scheduled signature's later blocking call: its run built from the cached plan on
-        the buffers carved out of ``args``."""
-        n, tag_base = self.numbers.take_scheduled(entry.kind, entry.sig)
-        entry.calls += 1
-        what = entry.what
-        run = start_collective(entry.plan, _carve(entry.inp, args), _carve(entry.output, args),
-                               entry.op, tag_base, lambda: f"{what}, call {n})", None,
-                               entry.dtype)
-        self.drive_fast(run, n, entry.traced)
-
-    def forget(self) -> None:
-        """Close the fast paths of the family's signatures (the communicator is freed)."""
-        self.fast.clear()
-
-    def rebind(self, comm: MPI.Comm) -> None:
-        """The communicator moved to ``comm`` (a repair): native calls go there; the
-        scheduled signatures' fast paths close (their plans were bound to the old one)."""
-        self.comm = comm
-        fast = self.fast
-        for key in [k for k, e in fast.items() if e.plan is not None]:
-            del fast[key]
-
-    def open(self, key: tuple | None, call: FamilyCall, args: tuple, native: bool) -> None:
-        """After the checked first call of a blocking signature: open its fast path
-        (:class:`FastFamily`) where one applies: numpy arrays (``key``), an MPI op (AVG
-        divides afterwards), no device staging, no allgather displacements to place; a
-        native call only where the blocking native path is allowed, a schedule on the plain
-        communicator (the fault-tolerant one tracks every call itself)."""
-        if (key is None or not self.plain or call.op == "avg" or call.staging is not None
-                or call.displs is not None):
-            return
-        owner = self.owner
-        traced = call.slot.sig if call.slot is not None else call.traced()
-        if native:
-            method, native_args, _ = call._native_args(False)
-            try:
-                located = NativeArgs(method, native_args, args)
-            except ValueError:
-                return
-            self.fast[key] = FastFamily(f"bmlmpi native {call.mpi_name} (blocking, rank "
-                                        f"{owner.rank} of {owner.size})", traced,
-                                        native=located)
-            return
-        plan = self.plans.get(call.plan_key())
-        if plan is None:
-            return
-        inp, output = call.schedule_buffers()
-        try:
-            where = _locate(inp, args), _locate(output, args)
-        except ValueError:
-            return
-        self.fast[key] = FastFamily(f"bmlmpi {call.algorithm} {call.collective} (rank "
-                                    f"{owner.rank}", traced, plan, TAG_KIND[call.collective],
-                                    self.plans.sig_id(call.plan_key()), call.op, call.dtype,
-                                    *where)
-
-
-@dataclass(frozen=True)
-class _RefusedCounts:
-    """Gathered ``recvcounts`` in which these ranks sent -1: their ``recvbuf`` was refused."""
-
-    ranks: list[int]
-
-    def refuse(self, _algorithm: str) -> FamilyCall:
-        raise RemoteArgumentError(f"Reduce_scatter: rank(s) {self.ranks} refused their "
-                                  f"recvbuf while the recvcounts were gathered")
-
-
-class FamilyCalls:
-    """The family's public methods of :class:`bmlmpi.Communicator`, which inherits them; each
-    hands its call to the communicator's :class:`FamilyEngine` (``self.family``).
-
-    Blocking, non-blocking (``I…``: a :class:`~bmlmpi.api.Request` that progresses inside
-    ``Test``/``Wait`` of any of the communicator's requests) and persistent (``…_init``: a
-    :class:`~bmlmpi.persistent.PersistentRequest`, MPI 4's ``Prequest``) forms, with
-    mpi4py's positional arguments. ``algorithm`` (keyword-only): one of
-    ``bmlmpi.algorithms(collective)``; None takes the communicator's own when that one
-    serves the collective, else ``auto``.
-    """
-
-    #: The family's hooks a variant may override (with :attr:`bmlmpi.api.Communicator.SEAM`):
-    #: ``_usable_for_calls`` (refuse a call before anything starts: a masked rank's) and
-    #: ``_family_prepared(collective, algorithm, build)`` (the checked call, which a variant
-    #: may annotate in ``call.extra`` before it is submitted).
-    SEAM = frozenset({"_usable_for_calls", "_family_prepared"})
-
-    family: FamilyEngine
-
-    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """The checked call, or its error raised on every rank (as ``Allreduce``'s)."""
-        return self.family.prepare(collective, algorithm, build)
-
-    def _usable_for_calls(self) -> None:
-        """Where a fault-tolerant communicator refuses a masked rank's calls."""
-
-    # -- reduce-scatter ---------------------------------------------------------------------
-    def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                             algorithm: str | None = None) -> None:
-        """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
-        key = _fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
-        if key is not None and self.family.repeat(key, (sendbuf, recvbuf, op)):
-            return
-        self.family.blocking("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)), key, (sendbuf, recvbuf, op))
-
-    def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                              algorithm: str | None = None) -> Any:
-        return self.family.start("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)))
-
-    def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                                  algorithm: str | None = None) -> Any:
-        return self.family.init("reduce_scatter", algorithm, lambda alg: (
-            prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf, None, op, True,
-                                   alg)))
-
-    def _reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
+    def reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
         """``recvcounts`` as mpi4py takes them: as given, or, omitted on a call that is not in
-        place, every rank's ``recvbuf`` count, gathered with this communicator's own
+        place, every rank's ``recvbuf`` count, gathered with the communicator's own
         ``Allgather`` of one int64 per rank (mpi4py gathers them with ``MPI_Allgather``). A
         rank whose ``recvbuf`` cannot be read sends -1 and gets None back (its own check
         then raises its error); the others get :class:`_RefusedCounts` naming it."""
@@ -1205,8 +566,9 @@ class FamilyCalls:
             mine = _recv_spec(DeviceStaging().host(recvbuf, copy_out=False)).count
         except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
             mine = -1
-        counts = np.empty(self.size, dtype=np.int64)
-        self.Allgather(np.array([mine], dtype=np.int64), counts)
+        owner = self.owner
+        counts = np.empty(owner.size, dtype=np.int64)
+        owner.Allgather(np.array([mine], dtype=np.int64), counts)
         if mine < 0:
             return None
         refused = [r for r, c in enumerate(counts) if c < 0]
@@ -1214,101 +576,48 @@ class FamilyCalls:
             return _RefusedCounts(refused)
         return tuple(int(c) for c in counts)
 
-    def _reduce_scatter_build(self, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-                              op: Any) -> Callable[[str], FamilyCall]:
-        if isinstance(recvcounts, _RefusedCounts):
-            return recvcounts.refuse
-        # rank and size are read when the call is prepared, as every family build does: a
-        # fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family)
-        return lambda alg: prepare_reduce_scatter(self.rank, self.size, sendbuf, recvbuf,
-                                                  recvcounts, op, False, alg)
 
-    def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                       op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
-        """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
-        block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
-        key = None
-        if isinstance(recvcounts, (list, tuple)):
-            key = _fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
-                            tuple(recvcounts))
-            if key is not None and self.family.repeat(key, (sendbuf, recvbuf, recvcounts,
-                                                             op)):
-                return
-        elif recvcounts is None:
-            recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        self.family.blocking("reduce_scatter", algorithm,
-                             self._reduce_scatter_build(sendbuf, recvbuf, recvcounts, op),
-                             key, (sendbuf, recvbuf, recvcounts, op))
+@dataclass(frozen=True)
+class _RefusedCounts:
+    """Gathered ``recvcounts`` in which these ranks sent -1: their ``recvbuf`` was refused."""
 
-    def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        return self.family.start("reduce_scatter", algorithm, self._reduce_scatter_build(
-            sendbuf, recvbuf, recvcounts, op))
+    ranks: list[int]
 
-    def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                            op: Any = MPI.SUM, *, algorithm: str | None = None) -> Any:
-        recvcounts = self._reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
-        return self.family.init("reduce_scatter", algorithm, self._reduce_scatter_build(
-            sendbuf, recvbuf, recvcounts, op))
+    def refuse(self, _algorithm: str) -> CollectiveCall:
+        raise RemoteArgumentError(f"Reduce_scatter: rank(s) {self.ranks} refused their "
+                                  f"recvbuf while the recvcounts were gathered")
 
-    # -- allgather --------------------------------------------------------------------------
-    def _gathers(self, sendbuf: Any, recvbuf: Any, v: bool) -> Callable[[str], Any]:
-        """How an allgather (``v``: Allgatherv's counts and displacements) prepares, given
-        the algorithm."""
-        return lambda alg: prepare_allgather(self.rank, self.size, sendbuf, recvbuf, v, alg)
 
-    def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
-        """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
-        key = _fast_key("Allgather", algorithm, (sendbuf, recvbuf))
-        if key is not None and self.family.repeat(key, (sendbuf, recvbuf)):
-            return
-        self.family.blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, False),
-                              key, (sendbuf, recvbuf))
+# -- how each public method's call prepares, given the algorithm (the facade's builders) ------
+# The communicator's rank and size are read when the call is prepared, not when the builder
+# is made: a fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family).
+def scatter_blocks(comm: Any, sendbuf: Any, recvbuf: Any, op: Any) -> Callable[[str], Any]:
+    """How ``Reduce_scatter_block`` prepares on ``comm``."""
+    return lambda alg: prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf, None, op,
+                                              True, alg)
 
-    Iallgather = _gathering("start", False)
-    Allgather_init = _gathering("init", False)
 
-    def Allgatherv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
-        """Allgather with per-rank counts and displacements (``recvbuf`` as mpi4py's)."""
-        self.family.blocking("allgather", algorithm, self._gathers(sendbuf, recvbuf, True))
+def scatter(comm: Any, sendbuf: Any, recvbuf: Any, recvcounts: Any,
+            op: Any) -> Callable[[str], Any]:
+    """How ``Reduce_scatter`` prepares on ``comm``, ``recvcounts`` as
+    :meth:`FamilyEngine.reduce_scatter_counts` gave them."""
+    if isinstance(recvcounts, _RefusedCounts):
+        return recvcounts.refuse
+    return lambda alg: prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf,
+                                              recvcounts, op, False, alg)
 
-    Iallgatherv = _gathering("start", True)
-    Allgatherv_init = _gathering("init", True)
 
-    # -- reduce and broadcast ---------------------------------------------------------------
-    def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-               algorithm: str | None = None) -> None:
-        """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
-        key = _fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
-        if key is not None and self.family.repeat(key, (sendbuf, recvbuf, op, root)):
-            return
-        self.family.blocking("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)), key,
-            (sendbuf, recvbuf, op, root))
+def gather(comm: Any, sendbuf: Any, recvbuf: Any, vector: bool) -> Callable[[str], Any]:
+    """How ``Allgather`` (``vector``: ``Allgatherv``, counts and displacements in ``recvbuf``
+    as mpi4py's) prepares on ``comm``."""
+    return lambda alg: prepare_allgather(comm.rank, comm.size, sendbuf, recvbuf, vector, alg)
 
-    def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                algorithm: str | None = None) -> Any:
-        return self.family.start("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
 
-    def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                    algorithm: str | None = None) -> Any:
-        return self.family.init("reduce", algorithm, lambda alg: (
-            prepare_reduce(self.rank, self.size, sendbuf, recvbuf, op, root, alg)))
+def reduce_to(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> Callable[[str], Any]:
+    """How ``Reduce`` prepares on ``comm``."""
+    return lambda alg: prepare_reduce(comm.rank, comm.size, sendbuf, recvbuf, op, root, alg)
 
-    def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
-        """Copy the root's ``buf`` into every rank's ``buf``."""
-        key = _fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
-        if key is not None and self.family.repeat(key, (buf, root)):
-            return
-        self.family.blocking("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)), key, (buf, root))
 
-    def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
-        return self.family.start("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)))
-
-    def Bcast_init(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Any:
-        return self.family.init("bcast", algorithm, lambda alg: (
-            prepare_bcast(self.rank, self.size, buf, root, alg)))
+def broadcast(comm: Any, buf: Any, root: Any) -> Callable[[str], Any]:
+    """How ``Bcast`` prepares on ``comm``."""
+    return lambda alg: prepare_bcast(comm.rank, comm.size, buf, root, alg)

@@ -1,64 +1,198 @@
-"""The blocking allreduce and its fast path (:meth:`bmlmpi.api.Communicator.Allreduce`):
-the signatures that passed their first call (:class:`FastCall`), the last one taken
-(:class:`Repeat`), and :class:`FastPath`, which runs a blocking call — a later call with
-numpy arrays of the same shapes as ``MPI_Allreduce`` itself under the watchdog (native) or
-the cached plan's run driven in the calling thread (a schedule), any other through the
-communicator's checked path.
+"""The blocking fast path of every collective, keyed by (collective, signature).
+
+A blocking call whose signature (:func:`fast_key`: the mpi4py method, the algorithm asked
+for, the op, the counts or root where the method has them, and the shapes and dtypes of
+its numpy arrays) ran the checked path once, argument agreement included, gets an entry
+(:class:`FastEntry`, made by :meth:`FastPath.open`). Its later calls skip the checked path:
+mpi4py's own blocking call on the private communicator under the watchdog (native,
+:meth:`FastPath.native`), or the cached plan's run driven in the calling thread under the
+executor's deadline (a schedule, :meth:`FastPath.scheduled`). An entry holds no reference to
+the caller's arrays: it says where the call's buffers lie in its arguments (:func:`locate`),
+and each later call carves them out of its own (:func:`carve`).
+
+Two entries into it: :meth:`FastPath.allreduce` (the blocking allreduce, which remembers
+its last signature, :class:`Repeat`, and does not poll the control channel: docs/contracts.md,
+"One exception") and :meth:`FastPath.repeat` (the other collectives, which look at the
+notices first). Either says False when the call must take the checked path, which then
+opens the signature's entry.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from . import kernels
+from .call_agreement import CallAgreement
+from .call_gate import CallGate
 from .call_numbers import CallNumbers
-from .calls import CommunicatorRevoked, PreparedCall, RemoteArgumentError
-from .execute import DeadlineExceeded, Plan, Run
-from .handles import Request
+from .calls import CollectiveCall, CommunicatorRevoked, RemoteArgumentError, start_schedule
+from .execute import DeadlineExceeded, Run
+from .ops import AVG
 from .recorder import FlightRecorder, Signature
 from .recorder import now as _now
-from .shm import ShmRun, run_of
+from .shm import ShmRun
 from .watchdog import Watchdog
 
-#: The ops the fast path hands MPI as they are, by identity (an ``MPI.Op`` is unhashable).
+#: The MPI ops a native fast call hands MPI as they are, by identity (an ``MPI.Op`` is
+#: unhashable; these live as long as the module, so their ids are never reused).
 FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
+#: The ops a signature may have: MPI's own and AVG (a scheduled run divides afterwards).
+_KEY_OPS = frozenset((*FAST_OPS, id(AVG)))
+_IN_PLACE = MPI.IN_PLACE
 
 
-class FastCall:
-    """A blocking signature that passed its first call (argument check included): later calls
-    with numpy arrays of the same shapes, dtypes and op skip the checked path. Native
-    (``plan`` None): ``MPI_Allreduce`` directly. A schedule: its :class:`~bmlmpi.execute.Run`
-    built straight from the cached ``plan`` and driven in the calling thread.
+def fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
+             *rest: Any) -> tuple | None:
+    """The signature of a blocking call with numpy arrays (or IN_PLACE, or None) and an op
+    of :data:`_KEY_OPS`: ``method`` (the mpi4py call: the collective and its form), the
+    algorithm asked for, the op, ``rest`` (counts, a root) and each buffer's shape and
+    dtype; None for any other call. Memory order and flags are not in it: MPI takes an
+    array's memory order, and a path that carves buffers checks the flags of every call."""
+    if id(op) not in _KEY_OPS:
+        return None
+    key: list = [method, algorithm, id(op), *rest]
+    for b in bufs:
+        if b is _IN_PLACE or b is None:
+            key.append(b is None)
+            continue
+        if type(b) is not np.ndarray:
+            return None
+        key.append((b.shape, b.dtype))
+    return tuple(key)
 
-    Holds no reference to the caller's arrays: numpy refuses ``ndarray.resize()`` in place
-    on an array with any reference held elsewhere, weak ones included, and mpi4py leaves
-    them resizable. The overlap check (``np.may_share_memory``: byte bounds, ~0.2 µs) runs
-    on every call for that reason."""
 
-    __slots__ = ("op", "what", "plan", "name", "calls", "sig", "key", "traced")
+def locate(buf: np.ndarray | None, args: tuple) -> int | tuple | None:
+    """Where ``buf`` (a buffer a call's arguments resolved to) lies in ``args``: the
+    argument's index when it is that whole argument, (argument index, element offset,
+    count, None) when it is a slice of that argument's elements,
+    (argument index, byte offset, byte count, dtype) for another view of its bytes,
+    (-1, 0, 0, dtype) when empty; None when there is no buffer. ValueError when no argument
+    holds it."""
+    if buf is None:
+        return None
+    if not buf.size:
+        return (-1, 0, 0, buf.dtype)
+    at = buf.__array_interface__["data"][0]
+    for i, a in enumerate(args):
+        if (type(a) is np.ndarray and a.size == buf.size and a.dtype == buf.dtype
+                and a.__array_interface__["data"][0] == at):
+            return i  # the whole argument (the commonest: a call's own arrays)
+    for i, a in enumerate(args):
+        if type(a) is not np.ndarray:
+            continue
+        lo = a.__array_interface__["data"][0]
+        off = at - lo
+        if 0 <= off and off + buf.nbytes <= a.nbytes:
+            if buf.dtype == a.dtype and off % a.itemsize == 0:
+                return (i, off // a.itemsize, buf.size, None)
+            return (i, off, buf.nbytes, buf.dtype)
+    raise ValueError("a call's buffer outside its arguments")
 
-    def __init__(self, op: Any, what: str, plan: Plan | None = None, name: str = "",
-                 sig: int = 0, key: tuple = (), traced: Signature | None = None):
-        self.op = op          # the op object of the key (held, so its id is not reused)
-        self.what = what      # native: the watchdog's description; schedule: the Run's label
+
+def carve(where: int | tuple | None, args: tuple) -> np.ndarray | None:
+    """The buffer :func:`locate` described, in this call's ``args`` (arrays of the same
+    shapes and dtypes, C-contiguous: the caller checked their flags)."""
+    if type(where) is int:
+        a = args[where]
+        return a if a.ndim == 1 else a.reshape(-1)
+    if where is None:
+        return None
+    i, lo, n, dtype = where
+    if i < 0:
+        return np.empty(0, dtype)
+    flat = args[i].reshape(-1)
+    if dtype is None:
+        return flat[lo:lo + n]
+    return flat.view(np.uint8)[lo:lo + n].view(dtype)
+
+
+class NativeArgs:
+    """mpi4py's blocking call of a checked native call (:meth:`CollectiveCall.native_args`'s
+    method and arguments), with every array in it replaced by where it lies in the call's
+    arguments (:func:`locate`): a later call of the signature hands MPI the same views of
+    its own arrays (the agreed count's part of a larger receive buffer, the bytes of a
+    structured array), never the caller's arrays as they are, which mpi4py may read
+    otherwise or refuse on one rank alone. ``direct``: MPI's arguments are the call's own,
+    in their places and whole (a later call hands them over as they are). ValueError when
+    an array of the call lies outside the arguments."""
+
+    __slots__ = ("method", "fixed", "holes", "direct")
+
+    def __init__(self, method: str, native: tuple, args: tuple):
+        self.method = method
+        self.fixed = list(native)
+        # (argument, item of a buffer spec or -1 for the argument itself, where it lies)
+        self.holes: list[tuple[int, int, int | tuple]] = []
+        for i, a in enumerate(native):
+            if type(a) is np.ndarray:
+                self.holes.append((i, -1, locate(a, args)))
+            elif type(a) is list:
+                self.holes.extend((i, j, locate(b, args)) for j, b in enumerate(a)
+                                  if type(b) is np.ndarray)
+        self.direct = (len(native) == len(args)
+                       and all(j < 0 and where == i for i, j, where in self.holes)
+                       and all(type(a) is np.ndarray or a is args[i]
+                               for i, a in enumerate(native)))
+        for i, j, _ in self.holes:  # no reference to the caller's arrays (resizable)
+            if j < 0:
+                self.fixed[i] = None
+            else:
+                self.fixed[i] = [None if k == j or type(b) is np.ndarray else b
+                                 for k, b in enumerate(self.fixed[i])]
+
+    def of(self, args: tuple) -> tuple | list:
+        """The native call's arguments carved out of a later call's ``args`` (arrays of the
+        same shapes and dtypes, C-contiguous: the signature says so)."""
+        if self.direct:
+            return args
+        out = list(self.fixed)
+        for i, j, where in self.holes:
+            buf = carve(where, args)
+            if j < 0:
+                out[i] = buf
+            else:
+                spec = out[i] = list(out[i])
+                spec[j] = buf
+        return out
+
+
+class FastEntry:
+    """A blocking signature whose first call ran the checked path, argument agreement
+    included: what its later calls need to skip it. Native (``plan`` None): mpi4py's
+    blocking call (``native``) under the watchdog. A schedule: the cached plan, the
+    collective (how its run starts: :func:`bmlmpi.calls.start_schedule`), its tag block
+    and signature number, and where the schedule's input, output and (AVG) the part to
+    divide lie in the call's arguments (:func:`locate`)."""
+
+    __slots__ = ("what", "traced", "plan", "plan_again", "collective", "kind", "sig", "op",
+                 "dtype", "inp", "output", "averaged", "calls", "native")
+
+    def __init__(self, what: str, traced: Signature, *, native: NativeArgs | None = None,
+                 plan: Any = None, plan_again: Any = None, collective: str = "",
+                 kind: int = 0, sig: int = 0,
+                 op: str = "sum", dtype: np.dtype | None = None, inp: Any = None,
+                 output: Any = None, averaged: Any = None):
+        self.what = what        # native: the watchdog's description; schedule: the Run's label
+        self.traced = traced    # the flight recorder's signature of these calls
+        self.native = native
         self.plan = plan
-        self.name = name      # bmlmpi's op name (schedules)
-        self.calls = 0        # schedules: calls that took this path
-        self.sig = sig        # schedules: the signature's number (its tags, CallNumbers.take_tags)
-        self.key = key        # schedules: the plan's key (algorithm, count, dtype, op)
-        self.traced = traced  # the flight recorder's signature of these calls
-
-    @staticmethod
-    def apart(send: np.ndarray, recv: np.ndarray) -> bool:
-        return not np.may_share_memory(send, recv)
+        self.plan_again = plan_again  # the plan compiled again after a repair (None: closed)
+        self.collective = collective
+        self.kind = kind        # the collective's block of the tag space (its tag_kind)
+        self.sig = sig          # the signature's number (PlanCache.sig_id)
+        self.op = op            # bmlmpi's op name
+        self.dtype = dtype
+        self.inp = inp
+        self.output = output
+        self.averaged = averaged  # AVG: the result a scheduled run divides afterwards
+        self.calls = 0          # schedules: later calls that took this path
 
 
 class Repeat:
-    """The signature of the last blocking call that took the fast path: its entry, op,
+    """The signature of the last blocking allreduce that took the fast path: its entry, op,
     algorithm string, and the arrays' dtype objects and sizes (no reference to the arrays
     themselves, which must stay resizable). A later call with numpy arrays of the same dtype
     objects and sizes, the same op and algorithm, is the same signature: a dtype object is
@@ -69,7 +203,7 @@ class Repeat:
     __slots__ = ("entry", "op", "algorithm", "send_dtype", "recv_dtype", "send_size",
                  "recv_size")
 
-    def __init__(self, entry: FastCall, op: Any, algorithm: str, send: Any,
+    def __init__(self, entry: FastEntry, op: Any, algorithm: str, send: Any,
                  recv: np.ndarray):
         self.entry = entry
         self.op = op
@@ -84,53 +218,53 @@ class Repeat:
             self.send_size = send.size
 
 
-class FastHooks(NamedTuple):
-    """What the fast path uses of its communicator (bound methods): whether a fast path may
-    be taken now, the checked path, the control channel's check for a call, the flight
-    recorder's failure entry, and what a call given up or abandoned leaves behind."""
-
-    fast_open: Callable[[], bool]
-    begin: Callable[[Any, Any, Any, str], tuple[PreparedCall, Request]]
-    interrupt: Callable[[int], Callable[[], None]]
-    call_failed: Callable[..., None]
-    hold: Callable[[Any], None]    # a run given up: cancelled, kept while MPI may use it
-    keep: Callable[[Any], None]    # a run MPI may still use: kept (not cancelled)
-    gave_up: Callable[[int, DeadlineExceeded], None]
-
-
 class FastPath:
-    """The blocking allreduce of one communicator (``owner``: its ``rank``, ``size`` and
-    ``timeout``) on ``comm``; ``enabled`` only for the plain communicator (a variant that
-    tracks every call itself takes the checked path for all of them); ``native``: a native
-    signature may be ``MPI_Allreduce`` under the watchdog (``BMLMPI_BLOCKING=watchdog``).
-    ``active``: the communicator's outstanding calls (a fast path waits for none)."""
+    """The blocking fast path of one communicator (``pipeline``: its ``rank``, ``size``,
+    ``timeout`` and its ``call_log``, :class:`~bmlmpi.call_log.CallLog`) on ``comm``: the
+    entries of its signatures, by :func:`fast_key`. ``agreement``: its calls' agreement
+    (whether a fast path may be taken now, the notices, what a call given up leaves behind);
+    ``numbers``: its call numbers and tag slots; ``gate``: the thread inside a call;
+    ``active``: its outstanding calls. ``enabled`` only for the plain communicator (a
+    policy that tracks every call itself takes the checked path for all of them);
+    ``native``: a native signature may be MPI's blocking call under the watchdog
+    (``BMLMPI_BLOCKING=watchdog``)."""
 
-    def __init__(self, owner: Any, comm: MPI.Comm, numbers: CallNumbers, plans: Any,
-                 active: list, recorder: FlightRecorder | None, watchdog: Watchdog,
-                 hooks: FastHooks, *, enabled: bool, native: bool):
-        self.owner = owner
+    def __init__(self, pipeline: Any, comm: MPI.Comm, agreement: CallAgreement,
+                 numbers: CallNumbers, gate: CallGate, plans: Any, active: list,
+                 recorder: FlightRecorder | None, watchdog: Watchdog, *, enabled: bool,
+                 native: bool):
+        self.pipeline = pipeline
         self.comm = comm            # the communicator's data duplicate (rebind() after repair)
-        self.numbers = numbers      # the communicator's call numbers and tag slots
+        self.agreement = agreement
+        self.numbers = numbers
+        self.gate = gate
         self.plans = plans          # the communicator's PlanCache
         self.active = active
         self.recorder = recorder
         self.watchdog = watchdog
-        self.hooks = hooks
-        self.fast_open = hooks.fast_open
         self.enabled = enabled
-        self.native = native
-        self.entries: dict[tuple, FastCall] = {}
-        self.repeat: Repeat | None = None
-        self.rank, self.size, self.timeout = owner.rank, owner.size, owner.timeout
+        self.allow_native = native
+        #: The entries, by :func:`fast_key`. Only the plain communicator opens them; its rank
+        #: never changes and its data communicator only at a repair (:meth:`rebind`).
+        self.entries: dict[tuple, FastEntry] = {}
+        self.last: Repeat | None = None
+        #: Calls :meth:`blocking_native` made (the watchdog counts them with the entries').
+        self.checked_blocking = 0
+        self.rank, self.size, self.timeout = pipeline.rank, pipeline.size, pipeline.timeout
+        # (one attribute each on the path of every repeated call)
+        self.fast_open = agreement.fast_open
 
-    def call(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
-        """A blocking allreduce: the fast path when this signature may take it, else a
-        started call waited on (which may then open the fast path for the signature).
+    # -- the two entries: the allreduce, the other collectives -------------------------------
+    def allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> bool:
+        """A blocking allreduce (the communicator claimed) through its signature's entry;
+        False: the checked path.
 
-        The last fast call's signature is remembered (:class:`Repeat`): numpy arrays of the
-        same dtype objects and sizes, with the same op and algorithm, skip the signature key
-        (its tuple and hash). Anything else looks the signature up."""
-        rep = self.repeat
+        The last call's signature is remembered (:class:`Repeat`): numpy arrays of the same
+        dtype objects and sizes, with the same op and algorithm, skip the signature key (its
+        tuple and hash). It does not poll the control channel (docs/contracts.md, "One
+        exception"): an allreduce needs every rank's data, so none completes it without the
+        others."""
+        rep = self.last
         # the test of Repeat's docstring, inline (a call frame is a tenth of this path)
         if (rep is not None and rep.op is op and rep.algorithm is algorithm
                 and type(recvbuf) is np.ndarray and not self.active
@@ -141,143 +275,227 @@ class FastPath:
                      and not np.may_share_memory(sendbuf, recvbuf))):
             entry = rep.entry
         else:
-            entry = self.entry(sendbuf, recvbuf, op, algorithm)
-        if entry is not None:
-            if entry.plan is not None:
-                flags = recvbuf.flags
-                if (flags.c_contiguous and flags.writeable
-                        and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
-                    self.scheduled(entry, sendbuf, recvbuf)
-                    return
-                # else the checked path says what is wrong with the buffers
-            else:
-                # the flight recorder's begin and done, inline (bmlmpi.recorder)
-                rec = self.recorder
-                if rec is not None:
-                    n = rec.next
-                    rec.next = n + 1
-                    s = rec.slots[n % rec.capacity]
-                    s.seq = n
-                    s.sig = entry.traced
-                    s.t1 = 0.0
-                    s.t0 = _now()
-                watch = self.watchdog
-                watch.calls += 1
-                watch.current = entry.what
-                try:
-                    self.comm.Allreduce(sendbuf, recvbuf, entry.op)
-                except BufferError:
-                    # mpi4py refused a buffer (not contiguous, read-only: flags can change
-                    # between calls) before anything was sent: the slow path below gives
-                    # the same error, and announces it to the others (and records the call)
-                    if rec is not None:
-                        rec.withdraw(s)
-                except MPI.Exception as exc:
-                    self.hooks.call_failed(s if rec is not None else None, exc)
-                    raise
-                else:
-                    self.numbers.take()  # a native call takes no tag slot
-                    if rec is not None:
-                        s.t1 = _now()
-                        if rec.timeline is not None:
-                            rec.timeline.call(rec, s)
-                    return
-                finally:
-                    watch.current = None
-        call, req = self.hooks.begin(sendbuf, recvbuf, op, algorithm)
-        req.Wait()
-        self.open(call, sendbuf, recvbuf, op, algorithm)
+            if not self.enabled:
+                return False
+            entry = self.entries.get(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op))
+            if (entry is None or not self.fast_open()
+                    or entry.native is not None and not entry.native.direct
+                    or sendbuf is not MPI.IN_PLACE and np.may_share_memory(sendbuf, recvbuf)):
+                return False
+            self.last = Repeat(entry, op, algorithm, sendbuf, recvbuf)
+        if entry.plan is not None:
+            flags = recvbuf.flags
+            if (flags.c_contiguous and flags.writeable
+                    and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
+                self.scheduled(entry, (sendbuf, recvbuf, op))
+                return True
+            return False  # the checked path says what is wrong with the buffers
+        # :meth:`native`'s body for MPI_Allreduce, inline (a call frame, the bound method
+        # and the arguments' tuple are a tenth of this path)
+        rec = self.recorder
+        if rec is not None:
+            n = rec.next
+            rec.next = n + 1
+            s = rec.slots[n % rec.capacity]
+            s.seq = n
+            s.sig = entry.traced
+            s.t1 = 0.0
+            s.t0 = _now()
+        watch = self.watchdog
+        numbers = self.numbers
+        numbers.take()  # a native call takes no tag slot
+        watch.calls += 1
+        watch.current = entry.what
+        try:
+            self.comm.Allreduce(sendbuf, recvbuf, op)
+        except MPI.Exception as exc:
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
+            raise
+        except Exception:
+            numbers.give_back()
+            if rec is not None:
+                rec.withdraw(s)
+            return False
+        except BaseException as exc:
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
+            raise
+        finally:
+            watch.current = None
+        if rec is not None:
+            s.t1 = _now()
+            if rec.timeline is not None:
+                rec.timeline.call(rec, s)
+        return True
 
-    def open(self, call: PreparedCall, sendbuf: Any, recvbuf: Any, op: Any,
-             algorithm: str) -> None:
-        """After the checked first call of a signature (argument check and deadline
-        included): open its fast path where one applies."""
-        key = self.key(sendbuf, recvbuf, op, algorithm)
-        if (key is None or key in self.entries or call.staging is not None
-                or not 0 < call.out.size == recvbuf.size):
-            return
-        sig = call.slot.sig if call.slot is not None else call.traced()
-        if call.algorithm != "native":
-            plan_key = (call.algorithm, call.out.size, call.out.dtype, call.op)
-            plan = self.plans.get(plan_key)
-            if plan is not None:
-                self.entries[key] = FastCall(op, f"bmlmpi {call.algorithm} allreduce (rank "
-                                                 f"{self.rank}", plan, call.op,
-                                             self.plans.sig_id(plan_key), plan_key, sig)
-        elif self.native and id(op) in FAST_OPS:
-            self.entries[key] = FastCall(FAST_OPS[id(op)],
-                                         f"bmlmpi native allreduce (blocking MPI_Allreduce of "
-                                         f"{recvbuf.size} x {recvbuf.dtype} {call.op}, rank "
-                                         f"{self.rank} of {self.size})", traced=sig)
-            self.watchdog.start()
-
-    def key(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> tuple | None:
-        """The fast path's signature key of a call with numpy arrays; None for any other."""
-        if not self.enabled or type(recvbuf) is not np.ndarray:
-            return None
-        if sendbuf is MPI.IN_PLACE:
-            return (algorithm, recvbuf.shape, recvbuf.dtype, None, None, id(op))
-        if type(sendbuf) is np.ndarray:
-            return (algorithm, recvbuf.shape, recvbuf.dtype, sendbuf.shape, sendbuf.dtype,
-                    id(op))
-        return None
-
-    def entry(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> FastCall | None:
-        """The open fast path of this call's signature, if it may take it now (remembered
-        for the next call: :class:`Repeat`); None: the checked path."""
-        key = self.key(sendbuf, recvbuf, op, algorithm)
-        if key is None:
-            return None
+    def repeat(self, key: tuple, args: tuple) -> bool:
+        """A blocking call of another collective whose signature (``key``) has an entry;
+        False: the checked path. ``args``: the public method's arguments, its buffers first."""
         entry = self.entries.get(key)
-        if (entry is None or not self.fast_open()
-                or not (sendbuf is MPI.IN_PLACE or entry.apart(sendbuf, recvbuf))):
-            return None  # the checked path (which may open the fast path for the signature)
-        self.repeat = Repeat(entry, op, algorithm, sendbuf, recvbuf)
-        return entry
+        if entry is None or not self.fast_open():
+            return False
+        gate = self.gate
+        # one call at a time, as Allreduce's (a second thread raises before anything moves)
+        mine = gate.claim(self.rank)
+        try:
+            # A rank's part of a reduce or broadcast may complete without the rank that
+            # rejected its arguments: it must look at the notices before its next call moves
+            # data, as the checked path's numbering does (docs/contracts.md), or that call
+            # pairs with the others' repaired next one; a notice about this very call (the
+            # other rank went ahead) means a call that rank will never join. Either way the
+            # checked path handles it. One poll of the control channel's posted receive.
+            if self.agreement.notice_waiting(self.numbers.callno + 1):
+                return False
+            a, b = args[0], args[1]
+            if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
+                return False  # the checked path says what is wrong
+            for x in args:  # buffers are carved out of C-contiguous writeable arrays only
+                if type(x) is np.ndarray:
+                    flags = x.flags
+                    if not (flags.c_contiguous and flags.writeable):
+                        return False
+            if entry.plan is not None:
+                self.scheduled(entry, args)
+                return True
+            native = entry.native
+            return self.native(entry, getattr(self.comm, native.method), native.of(args))
+        finally:
+            if mine:
+                gate.owner = None
 
-    def scheduled(self, entry: FastCall, sendbuf: Any, recvbuf: np.ndarray) -> None:
-        """A checked scheduled signature's later blocking call: the Run straight from the
-        cached plan, driven here with the executor's deadline (no PreparedCall, Request or
-        resolve). Tags advance as on the checked path, so ranks that take different paths for
-        the same call still match."""
-        out = recvbuf if recvbuf.ndim == 1 else recvbuf.reshape(-1)
-        src = None if sendbuf is MPI.IN_PLACE else (
-            sendbuf if sendbuf.ndim == 1 else sendbuf.reshape(-1))
-        seq, tag_base = self.numbers.take_scheduled(0, entry.sig)
+    def blocking_native(self, call: CollectiveCall, key: tuple | None, args: tuple) -> bool:
+        """A blocking native call of an agreed signature on the checked path (prepared and
+        numbered; ``key`` and ``args`` as for :meth:`open`): mpi4py's blocking call under the
+        watchdog, as every other rank's fast path makes it, then its entry opened; False
+        where the checked launch runs it instead (MPI's blocking call not allowed, the
+        signature not agreed yet, a notice about this call already here: the launch raises
+        it before any data moves).
+
+        Whether a rank can take its entry is its own affair (buffers spelled as
+        ``[array, MPI.DOUBLE]``, calls outstanding, an entry not opened), but MPI never
+        matches a blocking collective with a non-blocking one: a rank that cannot take its
+        entry still makes the same MPI call. Calls outstanding that only this process's
+        polling advances (schedules' runs) are completed first
+        (:meth:`~bmlmpi.progress.Progress.settle`); MPI's own non-blocking calls progress
+        inside the blocking one."""
+        pipeline, agreement = self.pipeline, self.agreement
+        if (call.algorithm != "native" or not (self.enabled and self.allow_native)
+                or not agreement.agreed(call)
+                or agreement.notice_waiting(self.numbers.callno)):
+            return False
+        pipeline.calls_in_flight.settle()
+        slot = pipeline.call_log.record(call)  # (numbered in prepare; a native call takes no tags)
+        self.checked_blocking += 1
+        watch = self.watchdog
+        watch.start()
+        watch.calls += 1
+        watch.current = call.blocked_in_mpi(self.rank, self.size)
+        try:
+            call.native(self.comm, "")
+        except Exception as exc:
+            pipeline.call_log.failed(slot, exc)
+            if isinstance(exc, MPI.Exception):
+                raise
+            # mpi4py refused the agreed call before anything was sent: the others, in the
+            # call already, learn of it from the notice (the watchdog's alarm, or their next
+            # call), as of any argument error
+            with pipeline.policy.failure_noted():
+                agreement.validate(None, exc)
+            raise
+        except BaseException as exc:
+            pipeline.call_log.failed(slot, exc)
+            raise
+        finally:
+            watch.current = None
+        call.finish(self.size)
+        self.open(key, call, args)
+        pipeline.call_log.done(slot)
+        return True
+
+    # -- the two ways a later call runs ---------------------------------------------------------
+    def native(self, entry: FastEntry, mpi_call: Any, args: tuple | list) -> bool:
+        """A native signature's later call: ``mpi_call`` (mpi4py's blocking call on the
+        private communicator) on ``args``, under the watchdog. It takes its number before it
+        enters MPI (the watchdog compares another rank's notice with it); False when mpi4py
+        refused the arguments before anything was sent (a buffer whose flags changed since):
+        the number is given back and the checked path, which numbers and records the call
+        itself and, where it refuses them too, tells the other ranks, takes over."""
+        # the flight recorder's begin, inline (bmlmpi.recorder): the path of every repeated
+        # native call
+        rec = self.recorder
+        if rec is not None:
+            n = rec.next
+            rec.next = n + 1
+            s = rec.slots[n % rec.capacity]
+            s.seq = n
+            s.sig = entry.traced
+            s.t1 = 0.0
+            s.t0 = _now()
+        watch = self.watchdog
+        numbers = self.numbers
+        numbers.take()  # a native call takes no tag slot
+        watch.calls += 1
+        watch.current = entry.what
+        try:
+            mpi_call(*args)
+        except MPI.Exception as exc:
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
+            raise
+        except Exception:
+            numbers.give_back()
+            if rec is not None:
+                rec.withdraw(s)
+            return False
+        except BaseException as exc:
+            self.pipeline.call_log.failed(s if rec is not None else None, exc)
+            raise
+        finally:
+            watch.current = None
+        if rec is not None:
+            s.t1 = _now()
+            if rec.timeline is not None:
+                rec.timeline.call(rec, s)
+        return True
+
+    def scheduled(self, entry: FastEntry, args: tuple) -> None:
+        """A scheduled signature's later call: its run built from the cached plan on the
+        buffers carved out of ``args`` and driven here (no CollectiveCall, Request or
+        resolve). Tags and call numbers advance as on the checked path, so ranks that take
+        different paths for the same call still match."""
+        n, tag_base = self.numbers.take_scheduled(entry.kind, entry.sig)
         entry.calls += 1
         what = entry.what
         finish = None
-        if entry.name == "avg":
-            size = self.size
+        if entry.averaged is not None:
+            result, size = carve(entry.averaged, args), self.size
 
             def finish() -> None:
-                kernels.scale_avg(out, size)
-        self.drive(run_of(entry.plan)(entry.plan, out, entry.name, tag_base,
-                                      lambda: f"{what}, call {seq})", finish, src=src),
-                   seq, entry.traced)
+                kernels.scale_avg(result, size)
+        run = start_schedule(entry.collective, entry.plan, carve(entry.inp, args),
+                             carve(entry.output, args), entry.op, tag_base,
+                             lambda: f"{what}, call {n})", finish, entry.dtype)
+        self.drive(run, n, entry.traced)
 
     def drive(self, run: Run | ShmRun, seq: int, traced: Signature) -> None:
         """Drive a fast path's ``run`` (call ``seq``, numbered already) to completion in the
-        calling thread under the executor's deadline, entered in the flight recorder (its
-        begin and done inline: this is the path of every repeated scheduled call). A
+        calling thread under the executor's deadline, entered in the flight recorder. A
         deadline revokes the communicator as on the checked path."""
         rec = self.recorder
-        hooks = self.hooks
+        agreement = self.agreement
         # (a schedule's run costs tens of microseconds: the call frame of begin is noise here)
         s = rec.begin(traced, run) if rec is not None else None
         try:
-            run.drive(self.timeout, hooks.interrupt(seq))
+            run.drive(self.timeout, agreement.interrupt(seq))
         except DeadlineExceeded as exc:
-            hooks.call_failed(s, exc, run)
-            hooks.keep(run)
-            hooks.gave_up(seq, exc)
+            self.pipeline.call_log.failed(s, exc, run)
+            agreement.held.append(run)  # MPI may still use it: kept, not cancelled
+            agreement.gave_up(seq, exc)
             raise
         except (RemoteArgumentError, CommunicatorRevoked) as exc:
-            hooks.call_failed(s, exc, run)
-            hooks.hold(run)
+            self.pipeline.call_log.failed(s, exc, run)
+            agreement.hold(run)
             raise
         except BaseException as exc:
-            hooks.call_failed(s, exc, run)
+            self.pipeline.call_log.failed(s, exc, run)
             raise
         if s is not None:
             s.run = None
@@ -285,16 +503,69 @@ class FastPath:
             if rec.timeline is not None:
                 rec.timeline.call(rec, s)
 
+    # -- opening and closing entries ------------------------------------------------------------
+    def open(self, key: tuple | None, call: CollectiveCall, args: tuple) -> None:
+        """After the checked first call of a blocking signature (``key``; ``args``: the
+        public method's arguments, its buffers first): open its entry where one applies:
+        the plain communicator, numpy arrays (a key), no device staging, no allgather
+        displacements to place, input and output not spelled as two names of one memory
+        (the entry would read the input from the output on every later call); a native call
+        only where MPI's blocking call is allowed and its op is MPI's (AVG divides
+        afterwards), a schedule whose plan is cached."""
+        if (key is None or not self.enabled or key in self.entries
+                or call.staging is not None or call.displs is not None):
+            return
+        a, b = args[0], args[1]
+        if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
+            return
+        traced = call.slot.sig if call.slot is not None else call.traced()
+        try:
+            if call.algorithm == "native":
+                if not self.allow_native or call.op == "avg":
+                    return
+                method, native_args, _ = call.native_args(False)
+                self.entries[key] = FastEntry(call.blocked_in_mpi(self.rank, self.size),
+                                              traced, native=NativeArgs(method, native_args,
+                                                                        args))
+                self.watchdog.start()
+                return
+            plan_key = call.plan_key()
+            plan = self.plans.get(plan_key)
+            if plan is None:
+                return
+            inp, output = call.schedule_buffers()
+            averaged = call.averaged() if call.op == "avg" else None
+            self.entries[key] = FastEntry(
+                f"bmlmpi {call.algorithm} {call.collective} (rank {self.rank}", traced,
+                plan=plan, plan_again=call.plan_again(), collective=call.collective,
+                kind=call.tag_kind,
+                sig=self.plans.sig_id(plan_key), op=call.op, dtype=call.dtype,
+                inp=locate(inp, args), output=locate(output, args),
+                averaged=locate(averaged, args))
+        except ValueError:
+            return  # a buffer outside the arguments: the checked path, every call
+
     def rebind(self, comm: MPI.Comm) -> None:
-        """The communicator moved to ``comm`` (a repair): native calls go there, and every
-        scheduled signature's plan is bound to it again."""
+        """The communicator moved to ``comm`` (a repair): native calls go there; a scheduled
+        entry's plan is compiled again for it (:meth:`CollectiveCall.plan_again`), or the
+        entry closes."""
         self.comm = comm
-        self.repeat = None
-        for entry in self.entries.values():
-            if entry.plan is not None:
-                entry.plan = self.plans.plan(*entry.key)
+        self.last = None
+        entries = self.entries
+        for key, entry in list(entries.items()):
+            if entry.plan is None:
+                continue
+            if entry.plan_again is None:
+                del entries[key]
+            else:
+                entry.plan = entry.plan_again(self.plans)
+
+    def forget_last(self) -> None:
+        """Forget the last allreduce's signature (calls were abandoned: the next one looks
+        its entry up, which asks whether a fast path may be taken)."""
+        self.last = None
 
     def close(self) -> None:
-        """Close every fast path (the communicator is freed)."""
+        """Close every entry (the communicator is freed)."""
         self.entries.clear()
-        self.repeat = None
+        self.last = None

@@ -22,18 +22,14 @@ communicator every start is one call of its ledger, with that call's failure con
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
 from .call_gate import CallGate
 from .call_numbers import CallNumbers
-from .execute import Plan
-from .family import then
+from .calls import then
 from .handles import NativePersistent, NativeRun
-from .ops import mpi_op
-from .shm import ShmPlan, run_of
 
 
 class PersistentRequest:
@@ -43,7 +39,7 @@ class PersistentRequest:
 
     def __init__(self, start: Callable[[Any, Any], Any], call: Any, compiled: Any):
         self._start = start        # the communicator's: (call, compiled) -> the outstanding start
-        self._call = call          # PreparedCall or FamilyCall, checked
+        self._call = call          # the checked CollectiveCall
         self._compiled = compiled  # a Plan, an MPI Prequest (native), or None
         self._entry: Any = None    # the outstanding start, None while inactive
         self._freed = False
@@ -121,14 +117,7 @@ def native_init(call: Any, comm: MPI.Comm) -> NativePersistent | None:
     NativePersistent`); None where the library has none (each start then posts the
     non-blocking call)."""
     try:
-        if call.collective != "allreduce":
-            return NativePersistent(*call.native_private(comm, "_init"))
-        sbuf = call.out if call.src is None else call.src
-        private, out = np.empty_like(call.out), call.out
-
-        def deliver() -> None:
-            np.copyto(out, private)
-        return NativePersistent(comm.Allreduce_init(sbuf, private, mpi_op(call.op)), deliver)
+        return NativePersistent(*call.native_private(comm, "_init"))
     except (NotImplementedError, AttributeError):
         return None
     except MPI.Exception as exc:
@@ -137,66 +126,54 @@ def native_init(call: Any, comm: MPI.Comm) -> NativePersistent | None:
         raise
 
 
-class PersistentHooks(NamedTuple):
-    """What persistent calls use of their communicator (bound methods, a variant's overrides
-    included)."""
-
-    begin_call: Callable[[], int]            # number a call (notices, repair first)
-    validate: Callable[..., None]            # the argument check across ranks
-    failure_noted: Callable[[], Any]         # where a variant notes an MPI failure
-    start: Callable[[Any, Any], Any]         # one start (the communicator's, a variant's own)
-    launch: Callable[[Any, str, Any], Any]   # a checked call's exchange started
-    record: Callable[[Any], Any]             # the call entered in the flight recorder
-    outstanding: Callable[[Any, int, Any], Any]  # a started run kept until it completes
-
-
 class PersistentCalls:
-    """Checked calls of one communicator (``owner``: its ``comm``, ``rank`` and ``size``)
-    made persistent and started; ``plain``: the plain communicator, which compiles once
-    (a variant that tracks every call itself compiles per attempt)."""
+    """Checked calls of one communicator made persistent and started. ``owner``: the
+    :class:`~bmlmpi.api.Communicator` (its ``comm``, ``rank``, ``size``, its ``policy``, which
+    starts each call and notes MPI failures, its flight recorder through ``record`` and its
+    outstanding calls, ``calls_in_flight``); ``agreement``: its
+    :class:`~bmlmpi.call_agreement.CallAgreement`, which numbers and checks each call;
+    ``plain``: the plain communicator, which compiles once (a policy that keeps every call
+    itself compiles per attempt)."""
 
     def __init__(self, owner: Any, plans: Any, gate: CallGate, numbers: CallNumbers,
-                 hooks: PersistentHooks, *, plain: bool):
+                 agreement: Any, *, plain: bool):
         self.owner = owner
         self.plans = plans          # the owner's PlanCache
         self.gate = gate
         self.numbers = numbers      # the owner's call numbers and tag slots
-        self.hooks = hooks
+        self.agreement = agreement
         self.plain = plain
 
     def make(self, call: Any) -> PersistentRequest:
         """Agree on ``call`` across ranks now and compile it once. The agreement is made at
         every ``_init``, even of a signature already agreed on: a rank whose arguments fail
         its local check makes every rank's ``_init`` raise."""
-        hooks = self.hooks
-        with hooks.failure_noted():
-            hooks.validate(call, None, always=True)
+        with self.owner.policy.failure_noted():
+            self.agreement.validate(call, None, always=True)
         compiled = None
         if self.plain:
             if call.algorithm == "native":
                 compiled = native_init(call, self.owner.comm)
-            elif call.collective == "allreduce":
-                compiled = self.plans.plan(call.algorithm, call.out.size, call.out.dtype,
-                                           call.op)
             else:
-                compiled = self.plans.family_plan(call)
+                compiled = call.compiled(self.plans)
         return PersistentRequest(self.claimed_start, call, compiled)
 
     def claimed_start(self, call: Any, compiled: Any) -> Any:
-        """One start (the communicator's own, a variant's included) as one call: the
+        """One start, as the communicator's policy makes it
+        (:meth:`~bmlmpi.call_policy.CallPolicy.start_persistent`), as one call: the
         communicator claimed, so a second thread inside a call, or a freed communicator,
         raises before anything starts."""
-        gate = self.gate
-        mine = gate.claim(self.owner.rank)
+        owner, gate = self.owner, self.gate
+        mine = gate.claim(owner.rank)
         try:
-            return self.hooks.start(call, compiled)
+            return owner.policy.start_persistent(call, compiled)
         finally:
             gate.release(mine)
 
     def start(self, call: Any, compiled: Any) -> Any:
         """One start of a persistent call: no argument check, the compiled plan or the MPI
         library's persistent request; the returned record is polled like an Iallreduce."""
-        owner, hooks = self.owner, self.hooks
+        owner = self.owner
         size = owner.size
 
         def finish() -> None:
@@ -204,17 +181,12 @@ class PersistentCalls:
 
         # a start is a call: numbered alike on every rank; refused on a revoked
         # communicator, and after another rank's argument error as any call is
-        seq = hooks.begin_call()
+        seq = self.agreement.begin_call()
         label = (f"bmlmpi persistent {call.algorithm} {call.collective} (rank {owner.rank}, "
                  f"call {seq})")
         if isinstance(compiled, NativePersistent):
             compiled.req.Start()
             run: Any = NativeRun(compiled.req, then(compiled.deliver, finish), owner.rank, label)
-        elif isinstance(compiled, Plan | ShmPlan) and call.collective == "allreduce":
-            sig = self.plans.sig_id((call.algorithm, call.out.size, call.out.dtype, call.op))
-            run = run_of(compiled)(compiled, call.out, call.op,
-                                   self.numbers.take_tags(sig=sig), label, finish,
-                                   src=call.src)
-        else:  # a family call's plan (cached) or a call with nothing compiled
-            run = hooks.launch(call, label, finish)
-        return hooks.outstanding(run, seq, hooks.record(call))
+        else:  # the plan cached at init (bound again after a repair) or nothing compiled
+            run = call.launch(owner, label, finish)
+        return owner.calls_in_flight.start(run, seq, owner.call_log.record(call))

@@ -5,23 +5,24 @@ signature's number (the order this communicator first ran it, which the tags car
 
 :class:`PlanCache` belongs to one :class:`~bmlmpi.api.Communicator` (its ``owner``) and reads
 only the owner's public state (``comm``, ``rank``, ``size``, ``shape``, ``links``,
-``level_comms``, ``calibration``, ``nodes()``); the owner's ``_compile`` hook (which a
-variant overrides) is handed in as ``compile``.
+``level_comms``, ``calibration``, ``nodes()``); an allreduce's schedule is bound by the
+owner's policy (:meth:`bmlmpi.call_policy.CallPolicy.compile`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from . import binding, kernels, selection
+from .call_policy import CallPolicy
 from .execute import Plan
 from .ops import kernel_op
 from .placement import Placement
 from .schedules import algorithms
+from .schedules.collectives import collective as collective_record
 from .schedules.types import Schedule
 from .shm import ShmPlan
 
@@ -32,10 +33,10 @@ class PlanCache:
     """Plans, schedules and ``auto``'s choices of one communicator, per signature."""
 
     def __init__(self, owner: Any, placement: Placement,
-                 compile: Callable[[str, int, int], Plan | ShmPlan]):
+                 policy: CallPolicy):
         self.owner = owner
         self.placement = placement
-        self.compile = compile
+        self.policy = policy
         self.plans: dict[tuple, Plan | ShmPlan] = {}
         self.choices: dict[tuple, str] = {}
         self.sig_ids: dict[tuple, int] = {}
@@ -46,20 +47,20 @@ class PlanCache:
         key = (algorithm, count, dtype, op)
         plan = self.plans.get(key)
         if plan is None:
-            plan = self.plans[key] = self.warm(self.compile(algorithm, count, dtype.itemsize),
-                                               dtype, op)
+            compiled = self.policy.compile(algorithm, count, dtype.itemsize)
+            plan = self.plans[key] = self.warm(compiled, dtype, op)
         return plan
 
     def family_plan(self, call: Any) -> Plan | ShmPlan:
-        """The compiled plan of a scheduled family call (a :class:`~bmlmpi.family.
-        FamilyCall`; cached per signature)."""
+        """The compiled plan of a scheduled reduce-scatter, allgather, reduce or broadcast
+        (a :class:`~bmlmpi.calls.CollectiveCall`; cached per signature)."""
         key = call.plan_key()
         plan = self.plans.get(key)
         if plan is not None:
             return plan
         owner = self.owner
         record = algorithms.get(call.algorithm)
-        blocked = call.collective in ("reduce_scatter", "allgather")
+        blocked = collective_record(call.collective).blocked
         itemsize = call.dtype.itemsize
         sched = record.build(algorithms.Context(
             owner.size, sum(call.counts), itemsize, owner.rank, collective=call.collective,
@@ -161,7 +162,7 @@ class PlanCache:
         key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
         choice = self.choices.get(key)
         if choice is None:
-            blocked = call.collective in ("reduce_scatter", "allgather")
+            blocked = collective_record(call.collective).blocked
             why = self.explain(call.collective, call.total, call.dtype.itemsize, call.root,
                                call.counts if blocked else None)
             choice = self.choices[key] = why.chosen
@@ -174,9 +175,6 @@ class PlanCache:
         on the owner, and why (``counts``: a reduce-scatter's or allgather's blocks)."""
         owner = self.owner
         nodes = self.placement.nodes_for_auto()
-        if collective == "allreduce":
-            return selection.explain(count, itemsize, owner.size, owner.calibration,
-                                     owner.shape, nodes=nodes)
         return selection.explain_collective(collective, count, itemsize, owner.size,
                                             owner.calibration, owner.shape, nodes, root, counts)
 

@@ -2,32 +2,25 @@
 (:class:`Outstanding`, behind its :class:`~bmlmpi.handles.Request`) and the engine that
 advances them all, oldest first, inside any request's ``Test``/``Wait``, under the
 communicator's deadline (:class:`Progress`).
+
+The engine calls the objects it is handed: the communicator (``owner``: its ``rank``,
+``timeout``, its ``policy``'s progress mark, and its flight recorder through its
+``call_log``, :class:`~bmlmpi.call_log.CallLog`) and its call agreement (``agreement``, a
+:class:`~bmlmpi.call_agreement.CallAgreement`: the notices' check for a call, what a call
+given up at its deadline tells the others, the runs MPI may still use).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from .call_gate import CallGate
 from .execute import DeadlineExceeded, Run, wait_for
+from .executors import busy_poll, defer_behind
 from .handles import NativeRun
 from .recorder import Slot
 from .shm import ShmRun
-
-
-class ProgressHooks(NamedTuple):
-    """What the engine uses of its communicator (bound methods, a variant's overrides
-    included): the flight recorder's entries, the control channel's check for a call, and
-    what a call given up at its deadline or abandoned leaves behind."""
-
-    call_done: Callable[[Slot | None], None]
-    call_failed: Callable[..., None]
-    interrupt: Callable[[int], Callable[[], None]]   # the notices' check for call n
-    gave_up: Callable[[int, DeadlineExceeded], None]  # this rank gave call n up
-    hold: Callable[[Any], None]    # a run given up: cancelled, kept while MPI may use it
-    keep: Callable[[Any], None]    # a run MPI may still use: kept (not cancelled)
-    mark: Callable[[], tuple]      # what changes when outstanding work advances
 
 
 class Outstanding:
@@ -51,10 +44,10 @@ class Outstanding:
             try:
                 self.done = self.run.test()
             except BaseException as exc:
-                self.engine.hooks.call_failed(self.slot, exc, self.run)
+                self.engine.owner.call_log.failed(self.slot, exc, self.run)
                 raise
             if self.done:
-                self.engine.hooks.call_done(self.slot)
+                self.engine.owner.call_log.done(self.slot)
         return self.done
 
     def test(self) -> bool:
@@ -65,16 +58,21 @@ class Outstanding:
 
 
 class Progress:
-    """The outstanding calls of one communicator (``owner``: its ``rank`` and ``timeout``),
-    in start order (:attr:`active`: the communicator reads it too, to know whether any call
-    is outstanding)."""
+    """The outstanding calls of one communicator (``owner``, the
+    :class:`~bmlmpi.api.Communicator`), in start order (:attr:`active`: the communicator
+    reads it too, to know whether any call is outstanding); ``agreement``: its
+    :class:`~bmlmpi.call_agreement.CallAgreement`."""
 
     def __init__(self, owner: Any, gate: CallGate, active: list[Outstanding],
-                 hooks: ProgressHooks):
+                 agreement: Any):
         self.owner = owner
         self.gate = gate
-        self.hooks = hooks
+        self.agreement = agreement
         self.active = active
+
+    def idle(self) -> bool:
+        """Whether no started call is outstanding."""
+        return not self.active
 
     def start(self, run: Run | ShmRun | NativeRun, seq: int, slot: Slot | None) -> Outstanding:
         """The record of call ``seq``, started as ``run``: polled once, then kept in
@@ -82,8 +80,8 @@ class Progress:
         holds (the same signature's call ``tag_slots`` calls earlier: tag slots cycle) posts
         nothing until that call completes, since the two would take each other's messages;
         ranks post their calls in one order, so the older call completes without it."""
-        if self.active and type(run) is Run:
-            run.defer_behind(e.run for e in self.active)
+        if self.active:
+            defer_behind(run, (e.run for e in self.active))
         entry = Outstanding(self, run, seq, slot)
         if not entry.poll():
             self.active.append(entry)
@@ -104,7 +102,7 @@ class Progress:
             raise entry.failed
         self.progress()
         if not entry.done:
-            self.hooks.interrupt(entry.seq)()
+            self.agreement.interrupt(entry.seq)()
             if entry.failed is not None:
                 raise entry.failed
         return entry.done
@@ -114,31 +112,44 @@ class Progress:
             raise entry.failed
         if entry.done:
             return
-        hooks = self.hooks
-        check = hooks.interrupt(entry.seq)
+        owner, agreement = self.owner, self.agreement
+        check = agreement.interrupt(entry.seq)
 
         def interrupt() -> None:
             check()
             if entry.failed is not None:
                 raise entry.failed
         try:
-            wait_for(lambda: (self.progress(), entry.done)[1], self.owner.timeout,
-                     entry.run.describe_timeout, progress=hooks.mark, interrupt=interrupt,
-                     busy=entry.run.busy if isinstance(entry.run, ShmRun) else 0.0)
+            wait_for(lambda: (self.progress(), entry.done)[1], owner.timeout,
+                     entry.run.describe_timeout, progress=owner.policy.progress_mark,
+                     interrupt=interrupt, busy=busy_poll(entry.run))
         except DeadlineExceeded as exc:
             if entry in self.active:
                 self.active.remove(entry)
-            hooks.call_failed(entry.slot, exc, entry.run)
-            hooks.keep(entry.run)
-            hooks.gave_up(entry.seq, exc)
+            owner.call_log.failed(entry.slot, exc, entry.run)
+            agreement.held.append(entry.run)  # MPI may still use it: kept, not cancelled
+            agreement.gave_up(entry.seq, exc)
             raise
         except BaseException as exc:
             # An abandoned call must not be polled by later calls.
-            hooks.call_failed(entry.slot, exc, entry.run)
+            owner.call_log.failed(entry.slot, exc, entry.run)
             if entry in self.active:
                 self.active.remove(entry)
-                hooks.hold(entry.run)
+                agreement.hold(entry.run)
             raise
+
+    def settle(self) -> None:
+        """Complete the outstanding calls that only this process's polling advances (the runs
+        of schedules), oldest first, each under its deadline, before a blocking MPI call that
+        cannot poll them (:meth:`bmlmpi.fast_path.FastPath.blocking_native`); MPI's own
+        non-blocking calls progress inside that call. One that fails keeps its error for its
+        request's ``Wait`` and raises it here too: the blocking call is not made."""
+        for entry in [e for e in self.active if type(e.run) is not NativeRun]:
+            try:
+                self.wait(entry)
+            except BaseException as exc:
+                entry.failed = exc
+                raise
 
     def progress(self) -> None:
         """Advance every outstanding call, oldest first; drop the finished ones."""
@@ -154,12 +165,12 @@ class Progress:
 
     def abandon_from(self, seq: int, exc: BaseException) -> None:
         """Calls numbered ``seq`` or later are given up: each raises ``exc`` when waited on;
-        their runs are held (:attr:`ProgressHooks.hold`)."""
+        their runs are held (:meth:`bmlmpi.call_agreement.CallAgreement.hold`)."""
         keep = []
         for entry in self.active:
             if entry.seq >= seq:
                 entry.failed = exc
-                self.hooks.hold(entry.run)
+                self.agreement.hold(entry.run)
             else:
                 keep.append(entry)
         self.active[:] = keep

@@ -27,8 +27,10 @@ Without a calibration (``BMLMPI_CALIBRATE=0``), or without the calibration's tim
 MPI library's own call of the collective, a fixed rule measured on the development machine
 stands in: the ``default`` record below ``BMLMPI_AUTO_BML_BYTES`` (64 KiB), from there the
 record whose ``fixed`` claims the collective (:func:`bmlmpi.schedules.algorithms.fixed_choice`).
-:func:`explain_collective` (the rest of the family) runs the ``default`` record where there is
-no calibration at all.
+That holds for a collective whose record is
+:attr:`~bmlmpi.schedules.collectives.Collective.calibrated` (the allreduce: every calibration
+measures it); for the others :func:`explain_collective` runs the ``default`` record where
+there is no calibration at all.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from . import config
 from .schedules import algorithms as records
 from .schedules.algorithms import AUTO_TREE_MAX_RANKS, Context, tree_array_bound
+from .schedules.collectives import collective as collective_record
 
 __all__ = ["AUTO_TREE_MAX_RANKS", "Candidate", "Explanation", "algorithms",
            "calibration_wanted", "candidates", "check_algorithm", "choose",
@@ -144,7 +147,7 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
         return decided(env, "BMLMPI_ALGORITHM", f"BMLMPI_ALGORITHM={env} overrides auto")
-    default = records.default().name
+    default = records.default(collective).name
     if count == 0:
         chosen = records.for_empty(collective)
         return decided(chosen, "empty", f"an empty buffer has nothing to exchange ({chosen})")
@@ -155,7 +158,7 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
                                             "through the blocking fast path")
     threshold = config.get("BMLMPI_AUTO_BML_BYTES")
     fixed = records.fixed_choice(collective)
-    if calib is None or (collective != "allreduce"
+    if calib is None or (not collective_record(collective).calibrated
                          and calib.native_seconds(count * itemsize, collective) is None):
         # no calibration, or none of this collective's own call: the fixed rule
         chosen = fixed if count * itemsize >= threshold else default
@@ -169,6 +172,9 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
     names = candidates(count, size, nodes, collective, root, counts)
     if not calib.has_shm:  # shared memory not measured here (several nodes, or one rank)
         names = [n for n in names if not records.get(n).shared_memory]
+    if not names:
+        return decided(default, "no candidate", f"no record that opts in to auto serves "
+                                                f"{collective}: {default}, the first that does")
     # the tiered records' node tier runs in shared memory where the nodes' ranks share it;
     # it is priced so where the calibration measured shared memory (σ, β_copy, γ_shm)
     kw = dict(calib=calib, shape=shape, nodes=nodes, collective=collective, root=root,
@@ -211,17 +217,18 @@ def choose(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=N
 
 def explain_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
                        shape=None, nodes=None, root: int = 0, counts=None) -> Explanation:
-    """What ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast of ``count``
-    elements in all, and why: ``BMLMPI_ALGORITHM`` where it names an algorithm of this
-    collective; with a calibration, :func:`explain`'s priced choice; without one, the
-    ``default`` record (the family's fixed rule: no schedule of these collectives was
-    measured against the MPI library's own call on an uncalibrated machine)."""
+    """What ``auto`` runs for ``collective`` of ``count`` elements in all, and why:
+    ``BMLMPI_ALGORITHM`` where it names an algorithm of this collective; :func:`explain`'s
+    choice; except that without a calibration a collective whose record is not
+    :attr:`~bmlmpi.schedules.collectives.Collective.calibrated` (every one but the
+    allreduce) runs the ``default`` record (no schedule of it was measured against the MPI
+    library's own call on an uncalibrated machine)."""
     env = env_algorithm()
     if env and env != records.AUTO and env in records.algorithms(collective):
         return Explanation(collective, count, itemsize, size, env, "BMLMPI_ALGORITHM",
                            f"BMLMPI_ALGORITHM={env} overrides auto")
-    if calib is None:
-        default = records.default().name
+    if calib is None and not collective_record(collective).calibrated:
+        default = records.default(collective).name
         return Explanation(collective, count, itemsize, size, default, "fixed rule",
                            f"no calibration: the family runs {default} (no schedule of these "
                            f"collectives was measured against {default} here)")
@@ -231,8 +238,8 @@ def explain_collective(collective: str, count: int, itemsize: int, size: int, ca
 
 def choose_collective(collective: str, count: int, itemsize: int, size: int, calib=None,
                       shape=None, nodes=None, root: int = 0, counts=None) -> str:
-    """The algorithm ``auto`` runs for a reduce-scatter, allgather, reduce or broadcast
-    (:func:`explain_collective`'s choice)."""
+    """The algorithm ``auto`` runs for ``collective`` (:func:`explain_collective`'s
+    choice)."""
     return explain_collective(collective, count, itemsize, size, calib, shape, nodes, root,
                               counts).chosen
 

@@ -59,7 +59,6 @@ from .execute import (
     Plan,
     Run,
     back_off,
-    collective_run,
     spin_seconds,
     wait_for,
     wait_request,
@@ -336,16 +335,13 @@ class ShmPlan:
         if node is not None and self.segment_elems:
             node.ensure(self.segment_elems * itemsize)
 
-    def start(self, buf: np.ndarray, op: str, tag_base: int, label: str | Callable[[], str],
-              finish: Callable[[], None] | None = None, src: np.ndarray | None = None) -> ShmRun:
-        return ShmRun(self, buf, op, tag_base, label, finish, src)
-
     def start_collective(self, inp: np.ndarray | None, out: np.ndarray | None, op: str,
                          tag_base: int, label: str | Callable[[], str],
                          finish: Callable[[], None] | None = None,
                          dtype: np.dtype | None = None) -> ShmRun:
         """A run of any collective's schedule on the user's input and output buffers (as
-        :func:`bmlmpi.execute.collective_run` does for messages): the result is ``out``
+        :func:`bmlmpi.execute.collective_run` does for messages; :mod:`bmlmpi.executors`
+        picks between the two): the result is ``out``
         itself when the schedule's output is the identity over it, or ``out`` shifted when
         the schedule reads and writes the result only inside its one output copy (a
         reduce-scatter's block) and ``out`` shares no memory with ``inp``; otherwise a work
@@ -381,18 +377,6 @@ class ShmPlan:
         return run
 
 
-def start_collective(plan: Plan | ShmPlan, inp: np.ndarray | None, out: np.ndarray | None,
-                     op: str, tag_base: int, label: str | Callable[[], str],
-                     finish: Callable[[], None] | None = None,
-                     dtype: np.dtype | None = None) -> Run | ShmRun:
-    """The run of any collective's compiled plan on this rank's input and output buffers:
-    shared-memory steps (:meth:`ShmPlan.start_collective`) or messages
-    (:func:`bmlmpi.execute.collective_run`)."""
-    if isinstance(plan, ShmPlan):
-        return plan.start_collective(inp, out, op, tag_base, label, finish, dtype)
-    return collective_run(plan, inp, out, op, tag_base, label, finish, dtype)
-
-
 def met(comm: MPI.Comm, timeout: float, what: str, interrupt: Interrupt | None = None) -> None:
     """A barrier bounded by ``timeout`` before a blocking collective that has no deadline of
     its own (a split, a window's allocation or free): once every rank of ``comm`` passed it,
@@ -400,11 +384,6 @@ def met(comm: MPI.Comm, timeout: float, what: str, interrupt: Interrupt | None =
     another rank refused the call)."""
     wait_for(comm.Ibarrier().Test, timeout, lambda t: f"{what} within {t:g} s",
              interrupt=interrupt)
-
-
-def run_of(plan: Plan | ShmPlan) -> type[Run] | type[ShmRun]:
-    """The executor of a compiled allreduce plan: messages, or shared-memory steps."""
-    return ShmRun if isinstance(plan, ShmPlan) else Run
 
 
 def _input_shift(sched: Schedule, lo: int, hi: int) -> int:

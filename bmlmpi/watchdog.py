@@ -180,7 +180,7 @@ class Watchdog:
                 self._alarm = None
             if news is not None and self.current is not None:
                 return self._fire(f"bmlmpi watchdog: {what}{self._which()}, is "
-                                  f"blocked in MPI_Allreduce, which cannot be interrupted, "
+                                  f"blocked inside MPI, which cannot be interrupted, "
                                   f"and {news}: that call can never complete; aborting the job")
         n, now = self.calls, time.monotonic()
         if n != self._seen:

@@ -554,6 +554,42 @@ def scenario_watchdog_bad() -> None:
     time.sleep(float(os.environ["BMLMPI_TIMEOUT"]) * 3)  # the watchdog ends the job first
 
 
+def scenario_watchdog_ahead() -> None:
+    """A rank whose part of a call is done goes ahead and rejects its next call while the
+    others are still inside MPI in the call before: a blocking native Reduce whose root
+    (rank 1) waits for a late rank 2, while rank 0 only sends. The watchdog lets that call
+    complete with its right result; ranks 1 and 2 raise RemoteArgumentError naming rank 0
+    at the next call (its notice was there before they started it), and the communicator
+    goes on."""
+    ctx = bmlmpi.Communicator(world, algorithm="native")
+    n, root = 4, 1
+
+    def reduce(call: int, send=None) -> np.ndarray:
+        out = np.zeros(n)
+        ctx.Reduce(data(n, call) if send is None else send, out, MPI.SUM, root)
+        return out
+
+    def good(label: str, call: int) -> None:
+        got: list[np.ndarray] = []
+        k, msg, _ = outcome(lambda: got.append(reduce(call)))
+        if k:
+            failures.append(f"{label}: call {call} raised {k}: {msg[:300]}")
+        elif rank == root and not np.array_equal(got[0], want(n, call)):
+            failures.append(f"{label}: call {call} gave {got[0]} not {want(n, call)}")
+
+    for call in (1, 2):  # the first checked, the second on the fast path
+        good("before", call)
+    if rank == 2:
+        time.sleep(3.0)
+    start = time.monotonic()
+    good("late rank 2", 3)
+    notes["call3_s"] = round(time.monotonic() - start, 2)
+    # rank 0's own error: MPI.IN_PLACE is the root's alone
+    expect("ahead", lambda: reduce(4, MPI.IN_PLACE if rank == 0 else None), 0,
+           "BufferSpecError", within=30)
+    good("after", 5)
+
+
 def scenario_ft() -> None:
     """Items 1 and 5c on the fault-tolerant communicator (under --ft)."""
     quick = 0.5 * float(os.environ["BMLMPI_TIMEOUT"])

@@ -43,7 +43,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -52,15 +52,6 @@ from .. import __version__, config
 from ..api import Communicator
 from ..selection import algorithms as implemented
 from . import overview
-
-#: ``--collective`` -> (OSU's test title, the mpi4py method the baseline calls)
-COLLECTIVE_TESTS = {
-    "allreduce": ("Allreduce", "Allreduce"),
-    "reduce_scatter": ("Reduce_scatter", "Reduce_scatter_block"),
-    "allgather": ("Allgather", "Allgather"),
-    "reduce": ("Reduce", "Reduce"),
-    "bcast": ("Broadcast", "Bcast"),
-}
 
 LARGE_MESSAGE = 8192
 FIELD = 18
@@ -74,6 +65,31 @@ CALLS = {BASELINE: "mpi4py comm.Allreduce (blocking, user's communicator)",
          PASSTHROUGH: "bmlmpi algorithm 'native' (MPI_Iallreduce on bmlmpi's duplicate, "
                       "polled Wait)",
          "auto": "bmlmpi Communicator.Allreduce (algorithm 'auto')"}
+
+
+class SweepTest(NamedTuple):
+    """How the sweep times one collective (``--collective``)."""
+
+    title: str    # OSU's test title
+    method: str   # the mpi4py method the baseline calls
+    #: Timed by :func:`timed_call`'s rows on host or device buffers (``--device``), and the
+    #: one ``--overview`` sweeps; False: by :class:`FamilyCase` on host buffers.
+    devices: bool = False
+    #: What rows time where the words :func:`call_name` derives from ``method`` do not say it.
+    calls: dict[str, str] = {}
+    #: What a bmlmpi algorithm's row times, ``{name!r}`` its name; None: derived from ``method``.
+    algorithm_row: str | None = None
+
+
+#: ``--collective`` -> how the sweep times it.
+COLLECTIVE_TESTS = {
+    "allreduce": SweepTest("Allreduce", "Allreduce", devices=True, calls=CALLS,
+                           algorithm_row="bmlmpi.Allreduce(..., algorithm={name!r})"),
+    "reduce_scatter": SweepTest("Reduce_scatter", "Reduce_scatter_block"),
+    "allgather": SweepTest("Allgather", "Allgather"),
+    "reduce": SweepTest("Reduce", "Reduce"),
+    "bcast": SweepTest("Broadcast", "Bcast"),
+}
 
 
 def sweep_names(collective: str = "allreduce") -> list[str]:
@@ -135,7 +151,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         fixed = [flag for flag, value in (("-m", args.message_size),
                                           ("--algorithms", args.algorithms),
                                           ("--blocks", args.blocks),
-                                          ("--collective", args.collective != "allreduce"))
+                                          ("--collective",
+                                           not COLLECTIVE_TESTS[args.collective].devices))
                  if value]
         if fixed:
             p.error(f"--overview chooses its own sizes, algorithms and blocks for the "
@@ -152,7 +169,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.min_size < 1 or args.max_size < args.min_size:
         p.error(f"bad message size range {args.message_size!r}")
     known = sweep_names(args.collective)
-    if args.collective != "allreduce" and args.device != "host":
+    if not COLLECTIVE_TESTS[args.collective].devices and args.device != "host":
         p.error("--collective other than allreduce runs on host buffers only")
     names = known if args.algorithms == "all" else args.algorithms.split(",")
     names = [n.strip().lower() for n in names if n.strip()]
@@ -350,7 +367,7 @@ class FamilyCase:
     def call(self, name: str) -> Callable[[], None]:
         """The call row ``name`` times (:func:`timed_call`'s rules, for this collective)."""
         send, recv, root, ctx = self.send, self.recv, self.root, self.ctx
-        method = COLLECTIVE_TESTS[self.collective][1]
+        method = COLLECTIVE_TESTS[self.collective].method
         if name == BASELINE:
             own = getattr(self.comm, method)
         else:
@@ -390,7 +407,8 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
     user_comm = MPI.COMM_WORLD if comm is None else comm
     comm = ctx.comm
     n = elements(collective, nbytes, comm.Get_size())
-    if collective == "allreduce":
+    if COLLECTIVE_TESTS[collective].devices:
+        total = n
         to_device, to_host = device_buffers(device)
         host_send = np.empty(n, dtype=np.float32)
         _fill(host_send, comm.Get_rank())
@@ -407,6 +425,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             return bool(np.array_equal(to_host(recv), expected))
     else:
         case = FamilyCase(collective, ctx, user_comm, nbytes)
+        total = case.total
         calls = {a: case.call(a) for a in algorithms}
         size_bytes, bus_bytes, factor = case.size_bytes, case.bus_bytes, case.factor
         reset, correct = case.reset, case.check
@@ -468,16 +487,18 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * factor if size > 1 else 0.0})
         if a == "auto":  # what auto ran (Communicator.explain: a test holds them equal)
-            rows[-1]["chose"] = ctx.explain(n if collective == "allreduce" else case.total,
-                                            np.float32, collective=collective).chosen
+            rows[-1]["chose"] = ctx.explain(total, np.float32, collective=collective).chosen
     return rows
 
 
 def call_name(name: str, collective: str) -> str:
     """What row ``name`` of a ``collective`` sweep times (the CSV/JSON column ``call``)."""
-    if collective == "allreduce":
-        return CALLS.get(name, f"bmlmpi.Allreduce(..., algorithm={name!r})")
-    method = COLLECTIVE_TESTS[collective][1]
+    test = COLLECTIVE_TESTS[collective]
+    method = test.method
+    if name in test.calls:
+        return test.calls[name]
+    if test.algorithm_row is not None and name not in (BASELINE, PASSTHROUGH):
+        return test.algorithm_row.format(name=name)
     if name == BASELINE:
         return f"mpi4py comm.{method} (blocking, user's communicator)"
     if name == PASSTHROUGH:
@@ -487,7 +508,7 @@ def call_name(name: str, collective: str) -> str:
 
 def format_table(rows: list[dict], args: argparse.Namespace, info: dict) -> str:
     algo = rows[0]["algorithm"] if rows else "?"
-    title = COLLECTIVE_TESTS[getattr(args, "collective", "allreduce")][0]
+    title = COLLECTIVE_TESTS[getattr(args, "collective", "allreduce")].title
     lines = [f"# OSU MPI {title} Latency Test (bmlmpi {__version__}, algorithm: {algo})",
              f"# Ranks: {info['ranks']}{' (oversubscribed)' if info['oversubscribed'] else ''}"
              f"; MPI: {info['mpi_library']}",
@@ -524,7 +545,7 @@ def ratio_table(rows: list[dict], names: list[str]) -> str:
     by = {(r["algorithm"], r["size"]): r for r in rows}
     sizes_ = sorted({r["size"] for r in rows})
     coll = rows[0].get("collective", "allreduce") if rows else "allreduce"
-    method = COLLECTIVE_TESTS[coll][1]
+    method = COLLECTIVE_TESTS[coll].method
     lines = [f"# Latency ratio to native MPI_{method} (mpi4py comm.{method}, blocking; same "
              "run; < 1 is faster than native)",
              f"{'# Size':<10}" + "".join(f"{n:>{FIELD}}" for n in others)]

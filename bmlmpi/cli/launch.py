@@ -37,8 +37,10 @@ rank lost (killed, it never ended) fails it too unless ``--tolerate-lost``
 Open MPI's ``NBC_Progress: an error ... was found`` lines, which every survived failure
 prints (libnbc writes them unconditionally: no MCA parameter silences them), are left out of
 stderr; the survivors' rank 0 prints bmlmpi's own line about each recovery instead. So are
-ULFM's box saying that osc/sm is not tested after failures (every job that makes a window)
-and the NUL bytes Open MPI's help messages end with (:class:`StderrFilter`).
+ULFM's box saying that osc/sm is not tested after failures (every job that makes a window),
+the NUL bytes Open MPI's help messages end with, and the event library's ``[warn] Epoll ...
+Bad file descriptor`` line that Open MPI's runtime prints now and then as a job ends
+(:class:`StderrFilter`).
 
 Every other argument is passed to mpiexec unchanged. ``--dry-run`` prints the command.
 """
@@ -81,9 +83,14 @@ HELP_BOX_LINES = 40
 UNTESTED_AFTER_FAILURE = re.compile(rb"(is not|insuficiently) tested (for|in) post-failure")
 UNTESTED_AGGREGATE = re.compile(rb"more process(es)? ha(s|ve) sent help message "
                                 rb"help-mpi-ft\.txt")
+#: The warning of the event library inside Open MPI's runtime that a descriptor it still
+#: watched was closed already: a race of its own shutdown (open-mpi/ompi#2004, #5520), printed
+#: now and then as a job without any failure ends; it says nothing about the job.
+EVENT_TEARDOWN = re.compile(rb"\[warn\] Epoll (ADD|MOD|DEL)\(\d+\) on fd \d+ failed\..*"
+                            rb": Bad file descriptor\s*")
 #: Starts of lines a partial line is held back for (it may become one left out), and the
 #: start of the "[host:pid] N more processes ..." line.
-PARTIAL_HOLD = (b"NBC_Progress: an error", b"-" * 60)
+PARTIAL_HOLD = (b"NBC_Progress: an error", b"-" * 60, b"[warn] Epoll ")
 PARTIAL_AGGREGATE = re.compile(rb"\[[^\]\s]{0,80}(\] ?(\d+ ?(m(o(r(e( .*)?)?)?)?)?)?)?")
 
 
@@ -303,9 +310,10 @@ class StderrFilter:
     """What ``bmlmpi-run --ft`` leaves out of the ranks' stderr (docs/launching.md), fed the
     bytes as they come: Open MPI's NUL bytes (its help messages end with one), libnbc's
     ``NBC_Progress: an error N was found ...`` lines (and the blank line each is followed by),
-    and ULFM's warning box that a selected component is not tested after failures (printed
+    ULFM's warning box that a selected component is not tested after failures (printed
     for osc/sm whenever a window is made, with no failure), with the line counting the
-    processes that sent it too. Everything else passes unchanged; a partial line that cannot
+    processes that sent it too, and the event library's shutdown warning
+    (:data:`EVENT_TEARDOWN`). Everything else passes unchanged; a partial line that cannot
     be one of those (a progress bar) passes at once."""
 
     def __init__(self) -> None:
@@ -313,6 +321,7 @@ class StderrFilter:
         self.pending = b""          # a partial line
         self.box: list[bytes] | None = None   # the lines of a help box being read
         self.skip_blank = False
+        self.continued = False      # the start of the current line went out already
 
     def feed(self, chunk: bytes) -> bytes:
         out: list[bytes] = []
@@ -324,6 +333,7 @@ class StderrFilter:
                 and not PARTIAL_AGGREGATE.fullmatch(self.pending)):
             out.append(self.pending)
             self.pending = b""
+            self.continued = True
         return b"".join(out)
 
     def close(self) -> bytes:
@@ -334,6 +344,10 @@ class StderrFilter:
         return b"".join(out)
 
     def _line(self, line: bytes, out: list[bytes]) -> None:
+        if self.continued:  # the rest of a line whose start passed (it can be none of those)
+            self.continued = self.skip_blank = False
+            out.append(line + b"\n")
+            return
         if self.box is not None:
             self.box.append(line)
             if HELP_RULE.match(line) or len(self.box) > HELP_BOX_LINES:
@@ -350,8 +364,8 @@ class StderrFilter:
         if kept != line and not kept.strip():
             self.left_out, self.skip_blank = self.left_out + 1, True
             return
-        if UNTESTED_AGGREGATE.search(line):
-            self.left_out += 1
+        if UNTESTED_AGGREGATE.search(line) or EVENT_TEARDOWN.fullmatch(line):
+            self.left_out, self.skip_blank = self.left_out + 1, False
             return
         if self.skip_blank and not line.strip():
             self.skip_blank = False

@@ -22,8 +22,8 @@ It holds:
 What it asks of its communicator is public: ``comm``, ``timeout``, ``size``, ``rank``,
 ``level_comms``, ``schedule()`` and, for the compressed call itself (:mod:`.layer`),
 ``algorithm``, ``choose()``, ``calibration``, ``shape``, ``recorder``, ``Iallreduce``,
-``agree_compressed()`` (the call's place in the communicator's first-call agreement) and the
-seam ``settle_compressed()``, which a fault-tolerant communicator overrides.
+``agree_compressed()`` (the call's place in the communicator's first-call agreement) and its
+policy's ``settle_compressed()``, which the fault-tolerant policy settles among the survivors.
 """
 
 from __future__ import annotations

@@ -48,11 +48,12 @@ for a bucket):
    With every filter off and no wire format (``compressor.identity``), the call is the plain
    allreduce of the caller's buffers, bit for bit, and keeps no residual.
 
-Steps 2-4 run through the communicator's seam ``settle_compressed(stages, channel, what,
-abandon)``: the plain communicator runs them as they are; the fault-tolerant one
-(:mod:`bmlmpi.ft.compressed`) settles the call among the survivors, and where it cannot,
-calls ``abandon`` (which puts the compressor's error-feedback memory back as before the call
-and drops the channel's duplicate) before raising its own error; recvbuf is then untouched.
+Steps 2-4 run through the communicator's policy, ``comm.policy.settle_compressed(stages,
+channel, what, abandon)`` (:class:`bmlmpi.call_policy.CallPolicy`): the plain policy runs them
+as they are; the fault-tolerant one (:mod:`bmlmpi.ft.compressed`) settles the call among the
+survivors, and where it cannot, calls ``abandon`` (which puts the compressor's error-feedback
+memory back as before the call and drops the channel's duplicate) before raising its own error;
+recvbuf is then untouched.
 
 Ops: SUM and bmlmpi.AVG (the average divides the sum by N); dtypes float32 and float64 (float16
 input accumulates in float32). Anything else raises ValueError before any communication (on
@@ -73,7 +74,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..calls import earns_dump
-from ..execute import Run
+from ..executors import start_allreduce
 from ..handles import Request
 from ..ops import op_name
 from ..recorder import FlightRecorder, Signature, Slot
@@ -164,10 +165,11 @@ def choose_sparse(channel: Any, alg: str, kept: int, count: int, itemsize: int,
 def _exchange(channel: Any, tag: int, alg: str, buf: np.ndarray, op: str,
               what: str) -> Generator[list, None, int]:
     """The plain scheduled allreduce of ``buf`` (in place) with kernel op ``op``, through
-    :class:`bmlmpi.execute.Run`; returns the bytes this rank sent."""
+    :func:`bmlmpi.executors.start_allreduce` (a channel's plans are message plans: a
+    :class:`bmlmpi.execute.Run`); returns the bytes this rank sent."""
     plan = channel.plan(alg, buf.size, buf.itemsize, op)
-    run = Run(plan, buf, op, tag, f"compressed {alg} allreduce ({what}, rank "
-                                  f"{channel.owner.rank}, tags from {tag})")
+    run = start_allreduce(plan, buf, op, tag, f"compressed {alg} allreduce ({what}, rank "
+                                              f"{channel.owner.rank}, tags from {tag})")
     yield [RunRequest(run)]
     return plan.sched.sent_elements() * buf.itemsize
 
@@ -276,7 +278,7 @@ def _stages(channel: Any, compressor: Compressor, sendbuf: Any, recvbuf: Any, op
                 store[key] = old
         channel.drop()
 
-    total, path, nbytes = yield from comm.settle_compressed(
+    total, path, nbytes = yield from comm.policy.settle_compressed(
         _reduce(channel, compressor, step, problem, count, key), channel,
         f"compressed allreduce ({compressor.name})", abandon)
     if name == "avg":

@@ -10,8 +10,9 @@ Each public method's docstring states its failure contract.
 Mechanism (user-level failure mitigation, mpi4py ≥ 4 on Open MPI ≥ 5 started with
 ``--with-ft ulfm``, i.e. ``bmlmpi-run --ft``), one module per job:
 
-1. **Run** (:mod:`.communicator`). An allreduce runs the plain communicator's launch path
-   (plan, kernel warm-up, schedule run or native ``MPI_Iallreduce``) on one private
+1. **Run** (:mod:`.communicator`, :mod:`.policy`). An allreduce runs the plain communicator's
+   launch path (plan, kernel warm-up, schedule run or native ``MPI_Iallreduce``), which calls
+   the fault-tolerant policy where a call differs under failures, on one private
    communicator with ``ERRORS_RETURN``. Unlike the plain communicator there are no per-level
    communicators: every transfer goes over this one, so revoking and shrinking touch exactly
    one object (the schedule's ``level`` still says which BCube link a transfer stands for).

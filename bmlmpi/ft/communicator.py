@@ -1,49 +1,38 @@
-"""The fault-tolerant communicator: the plain communicator's launch path, with calls kept in
-the ledger until every survivor commits them (:mod:`.ledger`), recovery by shrinking
-(:mod:`.membership`) and growing back (:mod:`.grow`).
+"""The fault-tolerant communicator: the plain communicator built with the fault-tolerant
+policy (:class:`~.policy.FaultTolerantPolicy`), plus the public side of surviving failures.
 
-It owns three objects and wires them together: a :class:`~.ledger.Ledger` (the pending
-calls, their votes and commits), a :class:`~.membership.Membership` (the members, the ranks
-lost, masking) and a :class:`~.grow.Growth` (spawned replacements), plus this rank's
-:class:`~.heartbeat.Heartbeat`. They read its public side (``comm``, ``heartbeat``,
-``rank``, ``size``, ``timeout``, ``recorder``) and reach back through the hooks it hands the
-ledger; it plugs into :class:`bmlmpi.Communicator` only through the base's declared seam
-(``Communicator.SEAM``, ``FamilyCalls.SEAM``): schedules bind to one communicator (no level
-communicators, so revoking and shrinking touch exactly one object), recovery picks the
-BCube-preserving schedule where asked, an MPI failure is noted for the agreement instead of
-raised, every call is entered in the ledger and returns a plain :class:`bmlmpi.Request` over
-its :class:`~.ledger.Call`, and a shrink or mask adopts the survivors' communicator
-(``_adopt_comm``).
+The base :class:`bmlmpi.Communicator` runs every call; the policy it holds keeps each call in
+the ledger until every survivor commits it (:mod:`.ledger`), recovers by shrinking
+(:mod:`.membership`) and owns the growth back (:mod:`.grow`) and this rank's heartbeat. This
+class overrides no private method of the base: it checks its own arguments, builds the base
+with that policy, and adds the public properties and methods of failures (``failed``,
+``survivors``, ``recoveries``, ``call_members``, ``mask_link``, ``replace_failed``, ...) and
+the failure contracts of the calls it documents.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 from .. import config
-from ..api import Communicator, PreparedCall, Request
-from ..execute import DeadlineExceeded, Plan, check_seconds, timeout_from_env, wait_request
-from .compressed import settle
+from ..api import Communicator, Request
+from ..execute import DeadlineExceeded, check_seconds, timeout_from_env, wait_request
 from .errors import (
     FaultToleranceError,
     FaultToleranceUnavailable,
-    RankMasked,
     is_failure,
     ulfm_support,
 )
-from .exit import LIVE, started
-from .family import Skipped, retarget
+from .exit import LIVE
 from .grow import (
     GrowRecord,
-    Growth,
     Joined,
     agree_grown,
     receive_settings,
@@ -51,10 +40,9 @@ from .grow import (
     rejoin,
 )
 from .heartbeat import Heartbeat
-from .ledger import Call, Hooks, Ledger
 from .link_watch import LinkWatch
-from .membership import Membership, RecoveryRecord
-from .recovery import bcube_preserving, fresh_shape
+from .membership import RecoveryRecord
+from .policy import FaultTolerantPolicy
 
 DEFAULT_HANG_TIMEOUT: float = config.variable("BMLMPI_HANG_TIMEOUT").default
 RECOVERY_MODES = ("auto", "fresh", "bcube")
@@ -81,11 +69,6 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
     #: Which node each original rank is on (None until construction sets it: the base class
     #: asks :meth:`nodes` while it constructs).
     _home_nodes: Any = None
-    #: Who takes part (None until construction makes it: the base class constructs first).
-    _membership: Membership | None = None
-    #: The members new calls' arguments are given for (:attr:`call_members`); None until the
-    #: first call.
-    _frame: tuple[int, ...] | None = None
 
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = True, *,
@@ -126,8 +109,10 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
             raise FaultToleranceUnavailable(f"bmlmpi.Communicator(fault_tolerant=True): {why}")
         self.ulfm = support
         explicit = topology is not None or config.get("BMLMPI_BCUBE") is not None
+        policy = FaultTolerantPolicy()
         try:
-            super().__init__(comm, algorithm, topology, timeout=timeout, validate=validate)
+            super().__init__(comm, algorithm, topology, timeout=timeout, validate=validate,
+                             policy=policy)
         except MPI.Exception as exc:
             raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
                                       f"failed while the communicator was being built: "
@@ -145,7 +130,7 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
             self._home_nodes = None  # nodes unknown: no hierarchical
         self.recovery = "bcube" if recovery == "bcube" or (recovery == "auto" and explicit) \
             else "fresh"
-        self._compose()
+        policy.compose()
         period = _env_float("BMLMPI_HEARTBEAT", heartbeat, min(0.25, hang / 8), "heartbeat")
         try:
             token = self._share_token()
@@ -153,36 +138,17 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
             raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
                                       f"failed while the communicator was being built: "
                                       f"{exc.Get_error_string()}") from exc
-        self._start_heartbeat(token, period, hang)
+        policy.start_heartbeat(token, period, hang)
         bad_links = None
         if watch_links:
             try:
-                self._link_watch = LinkWatch(watch_links, period)
+                policy.link_watch = LinkWatch(watch_links, period)
             except ValueError as exc:
                 bad_links = exc
         if not self._settle_construction(ok=bad_links is None):
             self.Free()
             raise bad_links or ValueError("watch_links names an interface that is missing or "
                                           "down on another rank")
-
-    # -- construction helpers ---------------------------------------------------------------
-    def _compose(self, seq: int = 0, committed: int = 0) -> None:
-        """The ledger, membership and growth of a communicator whose members are all the
-        original ranks (also how a replacement starts, from the survivors' counts)."""
-        self._membership = Membership(self, self.size)
-        self._ledger = Ledger(self, Hooks(attempt=self._attempt, recover=self._recover,
-                                          check=self._membership.check_vanished,
-                                          done=self._call_done, failed=self._call_failed),
-                              seq, committed)
-        self._growth = Growth(self, self._ledger, self._membership)
-        self._link_watch: LinkWatch | None = None
-
-    def _start_heartbeat(self, token: str, period: float, hang: float, *,
-                         replacement: bool = False) -> None:
-        self._hb = Heartbeat(token, self.original_rank, period, hang)
-        self._hb.watch(self._membership.members)
-        LIVE.append(self)
-        started(self.original_rank, replacement=replacement, heartbeat=self._hb.folder)
 
     def nodes(self):
         """Which current ranks share a node: the nodes at construction restricted to the
@@ -191,26 +157,10 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         home = self._home_nodes  # None while the base class constructs
         if home is None:
             return super().nodes()
-        members = self._membership.members
+        members = self.policy.membership.members
         if any(m >= home.size for m in members):
             return super().nodes()
         return home.restrict(members)
-
-    # -- the seam (Communicator.SEAM): what differs from the plain communicator -----------
-    def _agrees_every_call(self) -> bool:
-        """Every call is agreed before its attempt (one Iallreduce on the communicator, made
-        by every rank, the one whose arguments fail included), so an agreement never meets a
-        data message, whatever the ranks' arguments."""
-        return True
-
-    def _make_control(self) -> MPI.Comm:
-        """The agreement travels on the one communicator, which recovery revokes and
-        shrinks (and the base's ``_adopt_comm`` replaces): every rank agrees on every call
-        before any data moves (see above)."""
-        return self.comm
-
-    def _split_levels(self) -> list[MPI.Comm]:
-        return []  # one communicator for every transfer (module docstring)
 
     def _share_token(self) -> str:
         token = np.frombuffer(os.urandom(8), dtype=np.uint8).copy()
@@ -234,7 +184,7 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         except MPI.Exception as exc:
             if not is_failure(exc, self.comm):
                 raise
-            self._ledger.note_failure(exc)
+            self.policy.ledger.note_failure(exc)
         return bool(flag[0])
 
     # -- properties -------------------------------------------------------------------------
@@ -259,13 +209,14 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
     @property
     def survivors(self) -> tuple[int, ...]:
         """The original ranks still taking part, in current rank order."""
-        return tuple(self._membership.members)
+        return tuple(self.policy.membership.members)
 
     @property
     def comm(self) -> MPI.Comm:
         """The communicator bmlmpi sends on (the survivors' after a recovery);
         ``MPI.COMM_NULL`` on a rank masked out."""
-        masked = self._membership is not None and self._membership.masked
+        membership = self.policy.membership  # None while the base class constructs
+        masked = membership is not None and membership.masked
         return MPI.COMM_NULL if masked else super().comm
 
     @property
@@ -279,38 +230,33 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         survivors by its collective's contract (:mod:`.family`). A new call's ``root``,
         counts and buffer sizes are for ``len(call_members)`` ranks, this rank being
         ``call_members.index(original_rank)``."""
-        return self._frame_now()
-
-    def _frame_now(self) -> tuple[int, ...]:
-        if self._frame is None or not self._ledger.outstanding:
-            self._frame = tuple(self._membership.members)
-        return self._frame
+        return self.policy.frame_now()
 
     @property
     def masked(self) -> bool:
         """Whether this rank was masked out (:meth:`mask_link`): its calls raise
         :class:`RankMasked`."""
-        return self._membership.masked
+        return self.policy.membership.masked
 
     @property
     def failed(self) -> tuple[int, ...]:  # type: ignore[override]
         """The original ranks lost (died or masked) and not replaced."""
-        return self._membership.failed
+        return self.policy.membership.failed
 
     @property
     def recoveries(self) -> list[RecoveryRecord]:
         """One :class:`RecoveryRecord` per recovery (a shrink or a mask), oldest first."""
-        return self._membership.recoveries
+        return self.policy.membership.recoveries
 
     @property
     def regrowths(self) -> list[GrowRecord]:
         """One :class:`GrowRecord` per grow-back (:meth:`replace_failed`), oldest first."""
-        return self._growth.records
+        return self.policy.growth.records
 
     @property
     def heartbeat(self) -> Heartbeat:
         """This rank's heartbeat and its watch over the members' (:mod:`.heartbeat`)."""
-        return self._hb
+        return self.policy.heartbeat
 
     def __repr__(self) -> str:
         return (f"bmlmpi.FaultTolerantCommunicator(size={self.size}/{self.original_size}, "
@@ -318,9 +264,10 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
                 f"recovery={self.recovery!r})")
 
     def Free(self) -> None:
-        self._hb.close()
-        if self._link_watch is not None:
-            self._link_watch.close()
+        policy = self.policy
+        policy.heartbeat.close()
+        if policy.link_watch is not None:
+            policy.link_watch.close()
         if self in LIVE:
             LIVE.remove(self)
         if not self.masked:
@@ -373,121 +320,9 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         is the plain call above, with its failure contract.
         """
         if compression is not None:
-            self._usable()
+            self.policy.check_usable()
         return super().Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
                                   compression=compression)
-
-    def settle_compressed(self, stages: Any, channel: Any, what: str,
-                          abandon: Callable[[], None]) -> Any:
-        """A compressed call's exchange settled among the survivors: it completes on every
-        survivor or on none (:mod:`.compressed`)."""
-        return settle(self, stages, channel, what, abandon)
-
-    def _usable(self) -> None:
-        if self.masked:
-            raise RankMasked(f"original rank {self.original_rank} was masked out of this "
-                             f"fault-tolerant communicator")
-
-    def _start(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> Request:
-        self._usable()
-        return super()._start(sendbuf, recvbuf, op, algorithm)
-
-    def _usable_for_calls(self) -> None:
-        self._usable()
-
-    def _family_prepared(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """The family's call, its arguments checked against the members of its frame
-        (:attr:`call_members`) and remembering them: each attempt runs it over the members
-        then by its collective's contract (:mod:`.family`)."""
-        frame = self._frame_now()
-        if list(frame) != self._membership.members:
-            build = self._framed(build, frame)
-        call = super()._family_prepared(collective, algorithm, build)
-        call.extra["members"] = frame
-        return call
-
-    def _framed(self, build: Any, frame: tuple[int, ...]) -> Any:
-        """``build`` checking its arguments as a call over ``frame`` (members this rank
-        recovered from while calls were outstanding) instead of the current members."""
-        def framed(algorithm: str) -> Any:
-            rank, size = self.rank, self.size
-            self.rank, self.size = frame.index(self.original_rank), len(frame)
-            try:
-                call = build(algorithm)
-            finally:
-                self.rank, self.size = rank, size
-            if call.algorithm == "auto":
-                # auto chooses at each attempt, over the members it runs on (_attempt); a
-                # choice now would be for members this communicator no longer has
-                call.algorithm = "native"
-            return call
-        return framed
-
-    def _submit(self, prepared: PreparedCall) -> Request:
-        """Enter the call in the ledger and start its first attempt."""
-        self._frame_now()  # a call started with nothing outstanding opens a new frame
-        return Request(self._ledger.enter(prepared))
-
-    def _start_persistent(self, prepared: PreparedCall, compiled: Any) -> Call:
-        """A persistent call's start is one call of the ledger (compiled per attempt); it
-        runs over the members at each start by the contract for the members it was made for
-        (its ``_init``'s frame)."""
-        self._record(prepared)
-        self._frame_now()
-        return self._ledger.enter(prepared)
-
-    def _progress_mark(self) -> tuple:
-        return self._ledger.progress_mark()
-
-    def _attempt(self, call: Call) -> None:
-        """Start (or restart) ``call`` over the current members; a failure is only noted here,
-        the agreement decides (the ledger's ``attempt`` hook)."""
-        call.restart(self.size)
-        if self._ledger.broken:
-            return
-        prepared = call.prepared
-        if prepared.collective != "allreduce":
-            prepared = retarget(prepared, self._membership.members, self.rank)
-        skip = prepared.collective != "allreduce" and prepared.extra.get("skip")
-        algorithm = call.algorithm
-        if algorithm == "auto" and not skip:  # chosen for the call as it runs now
-            algorithm = self._resolve_auto(prepared)
-        prepared = dataclasses.replace(prepared, algorithm=algorithm)
-        call.effective = prepared
-        label = (f"bmlmpi fault-tolerant {algorithm} {prepared.collective} (rank {self.rank} "
-                 f"of {self.size}, call {call.seq}, attempt {call.attempts})")
-        with self._failure_noted():
-            run = self._check_and_launch(prepared, label, launch=not skip)
-            call.run = Skipped() if skip else run
-            self._ledger.defer_behind_holder(call)
-        if call.slot is not None:
-            call.slot.run = call.run
-
-    # -- recovery: the ledger's recover hook, masking, growing back -----------------------
-    def _recover(self) -> None:
-        """After a 0 vote: let the abandoned attempts drain, shrink to the survivors, adopt
-        their communicator, reconcile, run ``on_failure`` and start every uncommitted call
-        again over the survivors (:mod:`.membership`)."""
-        agreed = time.time()
-        noticed = self._ledger.noticed or agreed
-        self._ledger.drain()
-        new, members, lost = self._membership.shrink()
-        self._adopt(new, members, lost)
-        self._membership.recovered(
-            RecoveryRecord(lost, noticed, agreed, time.time(), self.size), "died")
-        self._tag_count = self._membership.reconcile(
-            self._ledger.committed, len(self._ledger.pending), self._tag_count)
-        if lost and self.on_failure is not None:
-            self.on_failure(self, lost)
-        self._ledger.restart()
-
-    def _adopt(self, new: MPI.Comm, members: list[int], lost: tuple[int, ...]) -> None:
-        """Make ``new`` (the survivors, in ``members`` order) this communicator's own."""
-        self._adopt_comm(new, self._membership.positions(members), fresh_shape(len(members)))
-        self._membership.adopt(members, lost)
-        self._ledger.recovered()
-        self._hb.watch(members)
-        self._hb.forget(lost)
 
     def mask_link(self, a: int, b: int, *, mask: int | None = None) -> bool:
         """Handle a failed link between original ranks ``a`` and ``b`` as the failure of one
@@ -506,19 +341,20 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
 
     def mask_rank(self, victim: int) -> bool:
         """Exclude original rank ``victim`` (collective; see :meth:`mask_link`)."""
-        self._usable()
-        if self._ledger.pending:
+        policy = self.policy
+        policy.check_usable()
+        if policy.ledger.pending:
             raise RuntimeError("mask_rank/mask_link with allreduces outstanding; Wait them "
                                "first")
-        with self._hb.watching():
-            new = self._membership.mask(victim)
+        with policy.heartbeat.watching():
+            new = policy.membership.mask(victim)
             if new is None:   # this rank is the one masked out
-                self._hb.close()
+                policy.heartbeat.close()
                 return False
-            members = [m for m in self._membership.members if m != victim]
-            self._adopt(new, members, (victim,))
+            members = [m for m in policy.membership.members if m != victim]
+            policy.adopt(new, members, (victim,))
             now = time.time()
-            self._membership.recovered(RecoveryRecord((victim,), now, now, now, self.size),
+            policy.membership.recovered(RecoveryRecord((victim,), now, now, now, self.size),
                                        "was masked")
         if self.on_failure is not None:
             self.on_failure(self, (victim,))
@@ -548,8 +384,8 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         does not fail the grow: it returns, and the next call recovers from it like from any
         other failure.
         """
-        self._usable()
-        return self._growth.replace_failed(state, command, args)
+        self.policy.check_usable()
+        return self.policy.growth.replace_failed(state, command, args)
 
     @classmethod
     def from_parent(cls, parent: MPI.Intercomm, timeout: float,
@@ -567,61 +403,35 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         self.recovery = settings["recovery"]
         self.on_failure = on_failure
         spawned = time.time()
+        policy = FaultTolerantPolicy()
         rejoin(self, parent, high=True, algorithm=settings["algorithm"],
-               shape=self.home_shape, validate=settings["validate"])
-        self._compose(settings["seq"], settings["committed"])
-        self._start_heartbeat(settings["token"], settings["period"], settings["hang"],
-                              replacement=True)
+               shape=self.home_shape, validate=settings["validate"], policy=policy)
+        policy.compose(settings["seq"], settings["committed"])
+        policy.start_heartbeat(settings["token"], settings["period"], settings["hang"],
+                               replacement=True)
         rebuilt = time.time()
-        with self._hb.watching():
+        with policy.heartbeat.watching():
             state = receive_state(self, settings["donor"])
-            agree_grown(self, self._ledger)
-        self._growth.records.append(GrowRecord((self.original_rank,), started_at, spawned,
+            agree_grown(self, policy.ledger)
+        policy.growth.records.append(GrowRecord((self.original_rank,), started_at, spawned,
                                                rebuilt, time.time(), self.size, joined=True))
         return Joined(self, state)
-
-    def _compile(self, algorithm: str, count: int, itemsize: int) -> Plan:
-        """After failures with ``recovery="bcube"``, bml keeps the original BCube addresses
-        (peers are original ranks); otherwise the requested algorithm over the current
-        members. Every transfer runs on the one communicator."""
-        if self.recovery == "bcube":
-            members = self._membership.members
-            sched = bcube_preserving(algorithm, members[self.rank], self.home_shape,
-                                     self.failed, count)
-            if sched is not None:
-                current = {orig: cur for cur, orig in enumerate(members)}
-                return Plan(sched, [self.comm], lambda level, peer: (0, current[peer]))
-        return super()._compile(algorithm, count, itemsize)  # no level communicators
-
-    @contextlib.contextmanager
-    def _failure_noted(self) -> Iterator[None]:
-        """An MPI failure here is noted (and the communicator revoked), not raised: the
-        agreement on the call decides."""
-        with self._hb.watching():
-            try:
-                yield
-            except MPI.Exception as exc:
-                if not is_failure(exc, self.comm):
-                    raise
-                self._ledger.note_failure(exc)
-
-    def _is_failure(self, exc: MPI.Exception) -> bool:
-        return is_failure(exc, self.comm)
 
     def close(self, timeout: float) -> None:
         """Meet the other survivors in a barrier bounded by ``timeout`` (a peer dying in it is
         ignored), then stop this rank's heartbeat: how :func:`bmlmpi.ft.finish` ends."""
-        if self._link_watch is not None:
-            self._link_watch.close()
+        policy = self.policy
+        if policy.link_watch is not None:
+            policy.link_watch.close()
         if self.masked or self.comm == MPI.COMM_NULL:
             return
-        with self._hb.watching():
+        with policy.heartbeat.watching():
             try:
                 wait_request(self.comm.Ibarrier(), timeout, "final barrier")
             except (MPI.Exception, DeadlineExceeded, FaultToleranceError):
                 pass  # a peer died at the end: nothing is left to agree on
         with contextlib.suppress(Exception):
-            self._hb.close()
+            policy.heartbeat.close()
 
 
 def join(*, timeout: float | None = None,

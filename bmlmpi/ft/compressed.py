@@ -1,5 +1,6 @@
 """A compressed allreduce on the fault-tolerant communicator: the exchange settled among the
-survivors (the fault-tolerant side of the seam ``Communicator.settle_compressed``).
+survivors (the fault-tolerant policy's :meth:`~bmlmpi.ft.policy.FaultTolerantPolicy.
+settle_compressed`).
 
 Algorithm: the compressed call's exchange stages (:mod:`bmlmpi.compression.layer`) run on its
 compression channel's private duplicate communicator; an MPI failure during them revokes the

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from ..family import FamilyCall, offsets
+from ..calls import CollectiveCall, offsets
 from .errors import FaultToleranceError
 
 
@@ -72,7 +72,7 @@ class ContributionsLost(FaultToleranceError):
         self.lost = lost  # original ranks whose slots are zero
 
 
-def retarget(call: FamilyCall, members: list[int], rank: int) -> FamilyCall:
+def retarget(call: CollectiveCall, members: list[int], rank: int) -> CollectiveCall:
     """``call`` (made for its frame, ``call.extra["members"]``) as it runs over
     ``members`` (original ranks in current rank order), this rank being ``rank`` now: the
     module docstring's contracts. A call that cannot run (its root lost) comes back with

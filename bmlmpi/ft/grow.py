@@ -116,17 +116,18 @@ def receive_state(comm: Any, donor: int) -> Any:
 
 
 def rejoin(comm: Any, inter: MPI.Intercomm, *, high: bool, algorithm: str,
-           shape: Sequence[int], validate: bool) -> None:
+           shape: Sequence[int], validate: bool, policy: Any) -> None:
     """Merge ``inter``, order by original rank, and build the fault-tolerant communicator
-    ``comm`` over everyone (the plain communicator's construction, the same on survivors and
-    replacements)."""
+    ``comm`` over everyone (the plain communicator's construction with ``policy``, the
+    fault-tolerant one, the same on survivors and replacements)."""
     me = comm.original_rank
     merged = deadline_call(lambda: inter.Merge(high=high),
                            "merging the survivors and the replacements", comm.timeout)
     full = deadline_call(lambda: merged.Split(0, me),
                          "ordering the grown communicator by original rank", comm.timeout)
     deadline_call(lambda: Communicator.__init__(comm, full, algorithm, tuple(shape),
-                                                timeout=comm.timeout, validate=validate),
+                                                timeout=comm.timeout, validate=validate,
+                                                policy=policy),
                   "building the grown communicator", comm.timeout)
     for c in (full, merged, inter):
         with contextlib.suppress(MPI.Exception):
@@ -194,7 +195,7 @@ class Growth:
                     _send(inter, self._settings(replaced, donor), i, owner.timeout,
                           f"bmlmpi: the settings of the replacement for rank {replaced}")
             rejoin(owner, inter, high=False, algorithm=owner.algorithm, shape=owner.home_shape,
-                   validate=owner.validate)
+                   validate=owner.validate, policy=owner.policy)
             with contextlib.suppress(MPI.Exception):
                 comm.Free()
             self.membership.regrown(owner.size)

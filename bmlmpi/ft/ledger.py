@@ -10,12 +10,14 @@ the attempt's size, staged device results are copied back), 0 starts a recovery
 (every survivor completed) counts as dying after that call: the call commits with its input,
 and the next call notices the death.
 
-:class:`Ledger` is an object the :class:`~bmlmpi.ft.communicator.FaultTolerantCommunicator`
-owns: it holds the pending calls, the count of calls started and committed, whether the
-communicator is broken (a failure noted, not yet recovered) and since when, and a count of
-events that shows progress. It reads the communicator's public side (``comm``, ``heartbeat``,
-``recorder``, ``timeout``) and reaches back only through the hooks it is built with (start
-an attempt, recover, check for vanished peers, the flight recorder's end of a call).
+:class:`Ledger` is a part of the fault-tolerant policy (:class:`~bmlmpi.ft.policy.
+FaultTolerantPolicy`): it holds the pending calls, the count of calls started and committed,
+whether the communicator is broken (a failure noted, not yet recovered) and since when, and a
+count of events that shows progress. It reads the communicator's public side (``comm``,
+``heartbeat``, ``recorder``, ``timeout``) and records the end of a call through its public
+``call_log`` (:class:`~bmlmpi.call_log.CallLog`); starting an attempt, recovering and
+checking for vanished peers it asks of the policy (``attempt``, ``recover``,
+``check_vanished``).
 """
 
 from __future__ import annotations
@@ -23,15 +25,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..api import NativeRun, PreparedCall
-from ..calls import ArgumentMismatch, RemoteArgumentError
+from ..api import NativeRun
+from ..calls import ArgumentMismatch, CollectiveCall, RemoteArgumentError
 from ..execute import Run, poll_until, request_done, wait_for
+from ..executors import defer_behind
 from .errors import is_failure
 
 
@@ -40,7 +42,7 @@ class Call:
     :class:`bmlmpi.Request` a fault-tolerant call returns (:class:`bmlmpi.handles.CallRecord`).
     """
 
-    def __init__(self, ledger: Ledger, seq: int, prepared: PreparedCall):
+    def __init__(self, ledger: Ledger, seq: int, prepared: CollectiveCall):
         self.ledger = ledger
         self.seq = seq
         self.algorithm = prepared.requested  # "auto" is resolved again for each attempt
@@ -97,27 +99,17 @@ class Call:
         self.ledger.wait(self)
 
 
-class Hooks(NamedTuple):
-    """How a :class:`Ledger` reaches back into the communicator that owns it."""
-
-    attempt: Callable[[Call], None]     # start a call (again) over the current members
-    recover: Callable[[], None]         # after a 0 vote: shrink and restart (.membership)
-    check: Callable[[], None]           # raise when a peer vanished unreported
-    done: Callable[[Any], None]         # the flight recorder's slot of a committed call
-    failed: Callable[[Any, BaseException, Any], None]  # ... of a call that raised
-
-
 class Ledger:
     """Runs, votes on and commits the pending calls, in the order they were started.
 
     ``owner``: the fault-tolerant communicator (its public ``comm``, ``heartbeat``,
-    ``recorder``, ``timeout``, ``ulfm``, ``rank``, ``size``); ``hooks``: how the ledger
-    reaches back into it (:class:`Hooks`). ``seq``/``committed``: the counts to continue
-    from (a replacement's, :mod:`.grow`)."""
+    ``recorder``, ``timeout``, ``ulfm``, ``rank``, ``size``, ``call_log``); ``policy``: the
+    :class:`~bmlmpi.ft.policy.FaultTolerantPolicy` that starts attempts and recovers.
+    ``seq``/``committed``: the counts to continue from (a replacement's, :mod:`.grow`)."""
 
-    def __init__(self, owner: Any, hooks: Hooks, seq: int = 0, committed: int = 0):
+    def __init__(self, owner: Any, policy: Any, seq: int = 0, committed: int = 0):
         self.owner = owner
-        self.hooks = hooks
+        self.policy = policy
         self.pending: list[Call] = []
         self.seq = seq                      # calls started
         self.committed = committed          # calls committed
@@ -129,7 +121,7 @@ class Ledger:
         # ``call_members``), whatever recoveries happen meanwhile
         self.outstanding: set[int] = set()
 
-    def enter(self, prepared: PreparedCall) -> Call:
+    def enter(self, prepared: CollectiveCall) -> Call:
         """Keep ``prepared`` as the next call and start its first attempt; the agreement
         refusing its arguments raises here with the call taken out again."""
         self.seq += 1
@@ -138,7 +130,7 @@ class Ledger:
         self.outstanding.add(call.seq)
         with self.owner.heartbeat.watching():
             try:
-                self.hooks.attempt(call)
+                self.policy.attempt(call)
                 self.advance(starting=True)
             except (ArgumentMismatch, RemoteArgumentError):
                 self.pending.remove(call)
@@ -149,7 +141,7 @@ class Ledger:
     def restart(self) -> None:
         """Start every uncommitted call again (after a recovery), in call order."""
         for call in self.pending:
-            self.hooks.attempt(call)
+            self.policy.attempt(call)
 
     def note_failure(self, exc: BaseException | None = None) -> None:
         """Remember that this communicator is broken and make every other rank notice."""
@@ -176,7 +168,7 @@ class Ledger:
         """Advance every pending call, then settle agreements in call order. ``starting``:
         inside a start, which commits what it can but leaves a 0 vote's recovery to the next
         ``Test``/``Wait`` (a start never changes the members)."""
-        self.hooks.check()
+        self.policy.check_vanished()
         comm = self.owner.comm
         if not self.broken:
             for call in self.pending:
@@ -216,7 +208,7 @@ class Ledger:
             else:
                 if not starting:
                     self.events += 1
-                    self.hooks.recover()
+                    self.policy.recover()
                 return
 
     def defer_behind_holder(self, call: Call) -> None:
@@ -224,16 +216,15 @@ class Ledger:
         new run posts nothing while an earlier pending call's run on the same communicator
         holds its tags (tag slots cycle), or the two would take each other's messages. Runs
         of an earlier attempt are on another communicator and do not count."""
-        if type(call.run) is Run:
-            call.run.defer_behind(itertools.takewhile(
-                lambda run: run is not call.run, (c.run for c in self.pending)))
+        defer_behind(call.run, itertools.takewhile(
+            lambda run: run is not call.run, (c.run for c in self.pending)))
 
     def _commit(self, call: Call) -> None:
         self.pending.pop(0)
         self.committed += 1
         call.effective.finish(call.size)
         call.committed = True
-        self.hooks.done(call.slot)
+        self.owner.call_log.done(call.slot)
 
     def drain(self) -> None:
         """Let the abandoned attempts' requests complete (with errors, once revoked) so that
@@ -262,7 +253,7 @@ class Ledger:
                 self._raise_outcome(call)
         except BaseException as exc:
             self.outstanding.discard(call.seq)
-            self.hooks.failed(call.slot, exc, call.run)
+            self.owner.call_log.failed(call.slot, exc, call.run)
             raise
         return call.committed
 
@@ -299,5 +290,5 @@ class Ledger:
             self._raise_outcome(call)
         except BaseException as exc:
             self.outstanding.discard(call.seq)
-            self.hooks.failed(call.slot, exc, call.run)
+            self.owner.call_log.failed(call.slot, exc, call.run)
             raise

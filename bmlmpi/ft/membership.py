@@ -8,9 +8,10 @@
   libnbc schedule aborts on the revoked communicator), so the blocking ``MPI_Comm_shrink`` runs
   in a helper thread (:func:`deadline_call`, with ``MPI_THREAD_MULTIPLE``, mpi4py's default)
   while the caller waits on it against the deadline.
-* **Adopt** (the communicator's, through its seam ``_adopt_comm``): the survivors'
-  communicator becomes the communicator's own; the cached plans, choices and argument checks
-  are dropped; the link-weight matrix keeps the survivors' rows.
+* **Adopt** (:meth:`bmlmpi.ft.policy.FaultTolerantPolicy.adopt`, through the communicator's
+  public ``adopt_comm``): the survivors' communicator becomes the communicator's own; the cached
+  plans, choices and argument checks are dropped; the link-weight matrix keeps the survivors'
+  rows.
 * **Reconcile** (:meth:`Membership.reconcile`): every survivor must have committed the same
   calls, or :class:`~bmlmpi.ft.errors.FaultToleranceError`.
 * **Mask** (:meth:`Membership.mask`): a failed link is handled as the failure of one of its

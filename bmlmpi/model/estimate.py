@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..schedules import algorithms as records
 from ..schedules.algorithms import Context
+from ..schedules.collectives import collective as collective_record
 from ..schedules.types import Schedule
 from .cost import Cost, layout_copied, price, price_symmetric
 from .network import (
@@ -107,10 +108,8 @@ class Calibration:
         """The factor on ``algorithm``'s modelled time at ``nbytes`` of ``collective``:
         interpolated linearly in log2(bytes) between the measured sizes, the nearest measured
         factor outside them, and 1 when the algorithm was not measured for it."""
-        pts = ([(math.log2(b), f) for a, b, f in self.corrections if a == algorithm]
-               if collective == "allreduce" else
-               [(math.log2(b), f) for c, a, b, f in self.family_corrections
-                if c == collective and a == algorithm])
+        pts = [(math.log2(b), f) for c, a, b, f in self.every_correction()
+               if c == collective and a == algorithm]
         if not pts:
             return 1.0
         x = math.log2(max(nbytes, 1))
@@ -125,8 +124,7 @@ class Calibration:
         """The native call's time for ``nbytes`` of ``collective`` (the bytes of its work
         buffer), interpolated linearly between measured sizes and extrapolated along the last
         segment; None when nothing was measured."""
-        pts = (self.native if collective == "allreduce" else
-               tuple((b, t) for c, b, t in self.natives if c == collective))
+        pts = tuple((b, t) for c, b, t in self.every_native() if c == collective)
         if not pts:
             return None
         if len(pts) == 1 or nbytes <= pts[0][0]:
@@ -136,6 +134,20 @@ class Calibration:
                 return s0 + (s1 - s0) * (nbytes - b0) / (b1 - b0)
         (b0, s0), (b1, s1) = pts[-2], pts[-1]
         return max(s1, s1 + (s1 - s0) * (nbytes - b1) / (b1 - b0))
+
+    def every_correction(self) -> Iterator[tuple[str, str, int, float]]:
+        """(collective, algorithm, bytes, factor) of every correction: the allreduce's are
+        kept in ``corrections``, the other collectives' in ``family_corrections``."""
+        for a, b, f in self.corrections:
+            yield ("allreduce", a, b, f)
+        yield from self.family_corrections
+
+    def every_native(self) -> Iterator[tuple[str, int, float]]:
+        """(collective, bytes, seconds) of every timing of the MPI library's own call: the
+        allreduce's are kept in ``native``, the other collectives' in ``natives``."""
+        for b, t in self.native:
+            yield ("allreduce", b, t)
+        yield from self.natives
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -168,8 +180,9 @@ def symmetric_on(name: str, network: Network, collective: str = "allreduce") -> 
     """Whether ``name``'s schedule set is equivariant under ``network``'s symmetry, so that
     :func:`price_symmetric` prices it exactly from rank 0 (see :mod:`bmlmpi.model.cost`): the
     record's :attr:`~bmlmpi.schedules.algorithms.Algorithm.symmetric` network kinds, for the
-    allreduce (a rooted collective or uneven blocks are not symmetric)."""
-    if collective != "allreduce":
+    collectives whose record is :attr:`~bmlmpi.schedules.collectives.Collective.symmetric`
+    (a rooted collective or uneven blocks are not)."""
+    if not collective_record(collective).symmetric:
         return False
     kinds = records.get(name).symmetric
     if isinstance(network, SharedMemoryNode | FatTree):
@@ -199,7 +212,7 @@ def algorithm_cost(name: str, count: int, itemsize: int, size: int, network: Net
 
     def make(r: int) -> Schedule:
         return alg.build(ctx.at(r))
-    if collective != "allreduce":  # the family's layouts may copy more than the plain one
+    if not collective_record(collective).in_place:  # its layouts may copy more than plainly
         scheds = [make(r) for r in range(size)]
         return replace(price(scheds, network), copied=max(layout_copied(s) for s in scheds))
     if symmetric_on(name, network, collective):

@@ -15,7 +15,8 @@ rank of how many, the element count of the work buffer and the item size, the ro
 counts, the BCube shape, the link matrix, the nodes, pipelining — and returns that rank's
 :class:`~bmlmpi.schedules.types.Schedule`. ``native`` (the MPI library's own call through
 mpi4py) is an algorithm too, with no schedule. ``ps`` (the P2P parameter server) has a schedule
-the model prices but is never run nor offered.
+the model prices but is never run nor offered; so have the all-to-all algorithms (``pairwise``,
+``bruck``, ``bcube``) until the call pipeline runs an all-to-all.
 
 Trees are generated once per (size, root, matrix) and kept: the multi-tree set costs seconds of
 CPU at 64 ranks, the single tree milliseconds. Every rank derives the same trees from the same
@@ -33,7 +34,7 @@ import numpy as np
 from .. import config
 from ..topology.bcube import resolve_shape
 from .catalog import binary_tree_for, multi_trees_for
-from .collectives import NAMES, collective
+from .collectives import NAMES, called, collective, every
 from .types import Schedule, balanced_bounds
 
 #: ``auto`` offers the tree algorithms up to this many ranks: generating the multi-tree set
@@ -53,8 +54,11 @@ class Context:
     """Everything a builder may need to make one rank's schedule.
 
     ``count``: elements of the work buffer (for a reduce-scatter the whole input, for an
-    allgather the whole output: the sum of ``counts``). ``counts``: each rank's block for a
-    reduce-scatter or allgather (None: ``count`` cut into balanced blocks, larger first).
+    allgather the whole output: the sum of ``counts``; for an all-to-all the whole exchange,
+    the sum of its pair matrix). ``counts``: each rank's block for a reduce-scatter or
+    allgather, the ``size × size`` pair matrix (row-major, row s: what rank s sends each
+    rank) for an all-to-all (None: ``count`` cut into balanced blocks or pairs, larger
+    first).
     ``shape``: the BCube radices (or a spec, resolved as a communicator resolves it).
     ``links``: the link-weight matrix trees are generated from (None: a flat network).
     ``nodes``: which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`; the tiered
@@ -87,9 +91,11 @@ class Context:
         if coll.rooted and not 0 <= self.root < self.size:
             raise ValueError(f"root {self.root} outside [0, {self.size})")
         if self.counts is not None:
-            counts = tuple(int(c) for c in self.counts)
-            if len(counts) != self.size or min(counts) < 0 or sum(counts) != self.count:
-                raise ValueError(f"block counts {counts} must be {self.size} counts >= 0 "
+            counts = tuple(map(int, self.counts))
+            want = self.size * self.size if coll.relays else self.size
+            if len(counts) != want or min(counts) < 0 or sum(counts) != self.count:
+                what = "pair" if coll.relays else "block"
+                raise ValueError(f"{what} counts {counts} must be {want} counts >= 0 "
                                  f"summing to count {self.count}")
             object.__setattr__(self, "counts", counts)
 
@@ -103,6 +109,13 @@ class Context:
             return self.counts
         b = balanced_bounds(0, self.count, self.size)
         return tuple(b[i + 1] - b[i] for i in range(self.size))
+
+    def pairs(self) -> tuple[int, ...]:
+        """An all-to-all's pair matrix (``counts``, else ``count`` cut into balanced pairs)."""
+        if self.counts is not None:
+            return self.counts
+        b = balanced_bounds(0, self.count, self.size * self.size)
+        return tuple(b[i + 1] - b[i] for i in range(self.size * self.size))
 
     def radices(self) -> tuple[int, ...]:
         return tuple(resolve_shape(self.size, self.shape))
@@ -135,8 +148,9 @@ class Algorithm:
     its modelled time. ``symmetric``: the network kinds (``"ports"``: one port per rank, shared
     memory or a Fat-Tree; ``"bcube"``) on which its allreduce schedules are equivariant, so the
     model prices rank 0's alone. ``offered``: listed by :func:`algorithms` and runnable
-    (``ps`` is priced only). ``max_ranks``: ``auto`` and calibration consider it only up to
-    this many ranks (its schedules cost too much to build beyond).
+    (``ps`` is priced only, and so are the all-to-all records for now). ``max_ranks``:
+    ``auto`` and calibration consider it only up to this many ranks (its schedules cost too
+    much to build beyond).
 
     What ``auto`` (:mod:`bmlmpi.selection`) may do with it, read from these fields alone:
 
@@ -180,10 +194,10 @@ class Algorithm:
 
     @property
     def collectives(self) -> tuple[str, ...]:
-        """The collectives it serves (``native`` serves them all)."""
+        """The collectives it serves (``native``: every one the call pipeline runs)."""
         if self.name == NATIVE:
             return NAMES
-        return tuple(c for c in NAMES if c in self.builders)
+        return tuple(c for c in every() if c in self.builders)
 
     @property
     def scheduled(self) -> bool:
@@ -236,8 +250,14 @@ def get(name: str) -> Algorithm:
 
 
 def algorithms(coll: str = "allreduce") -> list[str]:
-    """The algorithms implemented for collective ``coll``: ``auto`` first, ``native`` last."""
+    """The algorithms implemented for collective ``coll``: ``auto`` first, ``native`` last.
+    ValueError for a collective no call runs yet (all-to-all: :func:`scheduled` lists its
+    schedules)."""
     collective(coll)
+    if coll not in called():
+        raise ValueError(f"{coll} is not callable yet: its schedules "
+                         f"({', '.join(scheduled(coll))}) are verified and priced, but no "
+                         f"call runs them")
     return [AUTO] + [a.name for a in REGISTRY.values() if a.offered and a.serves(coll)]
 
 
@@ -396,6 +416,22 @@ def _hierarchical_rooted(ctx: Context) -> Schedule:
                                         itemsize=ctx.itemsize, chunk_bytes=shm_chunk_bytes())
 
 
+def _pairwise(ctx: Context) -> Schedule:
+    from .pairwise import pairwise_schedule
+    return pairwise_schedule(ctx.rank, ctx.size, ctx.pairs())
+
+
+def _bruck(ctx: Context) -> Schedule:
+    from .bruck import bruck_schedule
+    return bruck_schedule(ctx.rank, ctx.size, ctx.pairs())
+
+
+def _bcube_exchange(ctx: Context) -> Schedule:
+    from .bcube_exchange import bcube_exchange_schedule
+    return bcube_exchange_schedule(ctx.rank, ctx.size, ctx.pairs(), ctx.radices(),
+                                   ctx.pipeline)
+
+
 # -- when auto considers one -------------------------------------------------------------------
 
 def tree_array_bound() -> int | None:
@@ -467,6 +503,19 @@ register(Algorithm(
 register(Algorithm(
     "ps", {"allreduce": _ps_allreduce}, symmetric=frozenset({PORTS, BCUBE}), offered=False,
     doc="P2P parameter server (the BML paper's baseline; priced, never run)"))
+# All-to-all: verified and priced, not yet run by any call, so neither offered nor opted in
+# to auto (a record says auto=True once the pipeline runs its schedules).
+register(Algorithm(
+    "pairwise", {"alltoall": _pairwise}, offered=False,
+    doc="all-to-all in N-1 rounds, one partner each way (the pairwise exchange)"))
+register(Algorithm(
+    "bruck", {"alltoall": _bruck}, offered=False,
+    doc="all-to-all in ceil(log2 N) rounds, blocks relayed by the bits of their distance "
+        "(Bruck et al., IEEE TPDS 1997)"))
+register(Algorithm(
+    "bcube", {"alltoall": _bcube_exchange}, offered=False,
+    doc="all-to-all one BCube digit per step, k rotated pipelines on the k levels (Guo et al., "
+        "SIGCOMM 2009)"))
 register(Algorithm(
     NATIVE, auto=True, default=True, margin=NATIVE_MARGIN,
     doc="the MPI library's own call through mpi4py"))
@@ -499,12 +548,17 @@ def candidates(ctx: Context) -> list[str]:
             and (a.max_ranks is None or ctx.size <= a.max_ranks) and a.applies(ctx)]
 
 
-def default() -> Algorithm:
-    """The record ``auto`` runs where it prices nothing (:attr:`Algorithm.default`)."""
+def default(coll: str | None = None) -> Algorithm:
+    """The record ``auto`` runs where it prices nothing (:attr:`Algorithm.default`); for a
+    collective ``coll`` it does not serve (``native`` serves only MPI's own collectives, not a
+    registered one), the first offered record that does."""
     for a in REGISTRY.values():
-        if a.default:
+        if a.default and (coll is None or a.serves(coll)):
             return a
-    raise LookupError("no algorithm record is marked default")
+    for a in REGISTRY.values():
+        if a.offered and coll is not None and a.serves(coll):
+            return a
+    raise LookupError(f"no algorithm record is marked default or serves {coll}")
 
 
 def for_empty(coll: str) -> str:
@@ -513,7 +567,7 @@ def for_empty(coll: str) -> str:
     for a in REGISTRY.values():
         if coll in a.empty and a.offered and a.serves(coll):
             return a.name
-    return default().name
+    return default(coll).name
 
 
 def fixed_choice(coll: str) -> str:
@@ -526,7 +580,7 @@ def fixed_choice(coll: str) -> str:
     for a in REGISTRY.values():
         if a.auto and a.offered and a.scheduled and a.serves(coll):
             return a.name
-    return default().name
+    return default(coll).name
 
 
 def node_tier(shared_memory: bool) -> str:

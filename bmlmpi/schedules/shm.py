@@ -146,7 +146,8 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
                 index[(kind, c)] = first + len(order)
                 order.append((kind, c))
     keeps = stages != "reduce" or rank == root          # writes its reduction to the result
-    shares = not alone and (stages == "allreduce" or (stages == "reduce" and rank != root))
+    shares = not alone and _others_fetch_the_reduced(kinds, _fetchers(stages, members, rank,
+                                                                       root))
     fetches = (rank == root if stages in ("reduce", "collect") else
                rank != root if stages == "scatter" else True)
     steps: list[Step] = []
@@ -176,13 +177,24 @@ def node_steps(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piec
             ops = [ShmOp(FETCH, lo, hi, (root,), ((root, index[("G", c)]),))
                    for lo, hi in mine]
         elif kind == "F" and fetches:
-            ready = "R" if stages in ("allreduce", "reduce") else "G"
+            ready = "R" if "R" in kinds else "G"  # the reduced pieces, else the published
             ops = [ShmOp(FETCH, lo, hi, (q,), ((q, index[(ready, c)]),))
                    for lo, hi, q in theirs]
         steps.append(Step(shm=tuple(ops)))
     if not alone:
         _wait_for_readers(steps, _readers(rank, members, chunks, stages, root))
     return steps
+
+
+def _fetchers(stages: str, members: Sequence[int], rank: int, root: int | None) -> set[int]:
+    """The members other than ``rank`` whose F stage of ``stages`` fetches pieces."""
+    return ({root} if stages in ("reduce", "collect") else set(members)) - {rank}
+
+
+def _others_fetch_the_reduced(kinds: Sequence[str], fetchers: set[int]) -> bool:
+    """Whether a rank's reduced pieces are fetched by other members (an R stage followed by
+    an F stage that ``fetchers`` run), so that its R publishes them in its segment."""
+    return "R" in kinds and "F" in kinds and bool(fetchers)
 
 
 def _readers(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piece]],
@@ -192,8 +204,8 @@ def _readers(rank: int, members: Sequence[int], chunks: Sequence[Sequence[Piece]
     if stages == "scatter":  # the root's segment, read by the owners of the other pieces
         return {q for chunk in chunks for lo, hi, q in chunk
                 if hi > lo and q != rank} if rank == root else set()
-    fetchers = ({root} if stages in ("reduce", "collect") else set(members)) - {rank}
-    shares_own = "G" in kinds or stages == "allreduce" or (stages == "reduce" and rank != root)
+    fetchers = _fetchers(stages, members, rank, root)
+    shares_own = "G" in kinds or _others_fetch_the_reduced(kinds, fetchers)
     out: set[int] = set()
     for chunk in chunks:
         for lo, hi, q in chunk:
@@ -275,10 +287,11 @@ def shm_collective_schedule(collective: str, rank: int, size: int, count: int,
 
     Chunks: pieces of at least ``chunk_bytes`` per rank (a broadcast's whole chunk is one
     piece), at most ``max_chunks`` of them, pipelined as the allreduce's."""
-    if collective == "allreduce":
+    coll = collective_record(collective)
+    if coll.reduces and not (coll.rooted or coll.blocked):
+        # every rank reduces the whole buffer: the allreduce's in-place steps
         return shm_schedule(rank, size, count, itemsize, chunk_bytes, max_chunks)
     check_arguments(rank, size, count)
-    coll = collective_record(collective)
     members = list(range(size))
     blocks = None
     if coll.blocked:

@@ -22,7 +22,11 @@ Conventions every algorithm follows (the verifier checks them):
 * ``peer`` is a rank of the communicator the allreduce runs on, never the rank itself.
 * An element range ``[lo, hi)`` indexes the flat buffer of ``count`` elements; the same
   range is sent by one side and received by the other (an allreduce never moves data to
-  another offset). Empty ranges are never emitted.
+  another offset). Empty ranges are never emitted. The one exception is a collective that
+  relays blocks (the all-to-all, :mod:`.collectives`): there a copy-receive names the
+  sender's range ``[lo, hi)`` and lands it at ``at`` in its own buffer
+  (:attr:`Recv.target`), since a block passing through a rank sits where that rank has room,
+  not where its sender kept it.
 * Between one sender and one receiver, the sends of a step are listed in the same order as
   the matching receives, so MPI's non-overtaking rule pairs them with a single tag per
   (call, step, stream).
@@ -32,8 +36,8 @@ Conventions every algorithm follows (the verifier checks them):
   level" (the whole communicator). The executor sends level-l transfers over the level-l
   digit communicator; the cost model routes them over level-l links.
 * A receive either ``reduce`` s the incoming data into its range (several receives of one
-  step may reduce into the same range) or copies it there. A range written in a step is
-  never read by a send of the same step.
+  step may reduce into the same range) or copies it there. A range written in a step (a
+  receive's :attr:`~Recv.target`) is never read by a send of the same step.
 """
 
 from __future__ import annotations
@@ -59,9 +63,21 @@ class Transfer:
 
 @dataclass(frozen=True, slots=True)
 class Recv(Transfer):
-    """A receive; ``reduce`` adds the data into the range, otherwise it overwrites it."""
+    """A receive; ``reduce`` adds the data into the range, otherwise it overwrites it.
+
+    ``[lo, hi)`` is the range the sender sends (what matches the two sides); ``at`` is where
+    a copy-receive of a relaying collective lands it in this rank's buffer (None: at ``lo``,
+    the same offset, as every other collective does)."""
 
     reduce: bool = False
+    at: int | None = None
+
+    @property
+    def target(self) -> tuple[int, int]:
+        """The range of this rank's buffer the receive writes."""
+        if self.at is None:
+            return self.lo, self.hi
+        return self.at, self.at + self.hi - self.lo
 
 
 #: The kinds of :class:`ShmOp`.
@@ -142,8 +158,9 @@ class Schedule:
     ``participants`` lists the ranks that contribute input (all ranks when ``None``); a
     recovery schedule after failures names only the survivors. ``root``: the root of a reduce
     or broadcast. ``counts``: the block of each rank of a reduce-scatter or allgather (rank j's
-    block is ``[sum(counts[:j]), sum(counts[:j+1]))`` of the work buffer, MPI's layout),
-    ``None`` for the other collectives. ``inputs``/``outputs``: the module docstring.
+    block is ``[sum(counts[:j]), sum(counts[:j+1]))`` of the work buffer, MPI's layout), the
+    ``size × size`` pair matrix of an all-to-all (:mod:`.collectives`), ``None`` for the
+    other collectives. ``inputs``/``outputs``: the module docstring.
     """
 
     algorithm: str
@@ -201,8 +218,10 @@ def streams_are_independent(sched: Schedule) -> bool:
         return True
     spans: dict[int, list[tuple[int, int]]] = {}
     for st in sched.steps:
-        for t in (*st.sends, *st.recvs):
+        for t in st.sends:
             spans.setdefault(t.stream, []).append((t.lo, t.hi))
+        for t in st.recvs:
+            spans.setdefault(t.stream, []).append(t.target)
     merged = []
     for stream, ranges in spans.items():
         ranges.sort()

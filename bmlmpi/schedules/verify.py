@@ -1,5 +1,5 @@
 """Symbolic verifier: proves a set of per-rank schedules computes its collective (allreduce,
-reduce-scatter, allgather, reduce, broadcast: :mod:`.collectives`), without MPI.
+reduce-scatter, allgather, reduce, broadcast, all-to-all: :mod:`.collectives`), without MPI.
 
 Every element of every rank's work buffer is tracked as a vector of multiplicities — entry
 ``j`` counts how many times rank ``j``'s input has been folded into it, one extra entry counts
@@ -63,11 +63,24 @@ per rank, its segment, with these further rules:
 11. across calls: the segments alternate between two buffers by call parity, so a rank writes
     a buffer again two calls later; that is safe when every rank waits, in every call, on
     every peer that reads its segment (that peer has then left the previous call).
+
+A collective that relays blocks (the all-to-all: ``counts`` is the pair matrix, rule 4's
+sizes are a rank's row and column) is checked by its own rule:
+
+12. only its copy-receives may land at another offset (:attr:`~bmlmpi.schedules.types.Recv.target`,
+    inside the buffer; rule 3 holds for the landing ranges); it reduces nothing and has no
+    shared-memory steps. Its blocks move, so no segmentation is common to all ranks: every
+    element carries a label — whose input it is and its position there — from the input
+    copies through every receive to the output copies, in blocks of the largest element count
+    every boundary is a multiple of; every output element must hold the label the contract
+    names (rank j's block for rank r, element for element), and no element outside it is
+    written. Cost O(size · count / that block) integers.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -145,8 +158,8 @@ def _check_matching(by_rank: dict[int, Schedule], nsteps: int) -> None:
 def _check_hazards(s: Schedule) -> None:
     for i, step in enumerate(s.steps):
         reads = [(t.lo, t.hi) for t in step.sends]
-        copies = [(t.lo, t.hi) for t in step.recvs if not t.reduce]
-        reduces = [(t.lo, t.hi) for t in step.recvs if t.reduce]
+        copies = [t.target for t in step.recvs if not t.reduce]
+        reduces = [t.target for t in step.recvs if t.reduce]
         for w in copies + reduces:
             for r in reads:
                 if _overlap(w, r):
@@ -273,6 +286,99 @@ class _SameEverywhere:
                     f"one rank and copy it, or in one order everywhere")
 
 
+def _check_landing(s: Schedule, relays: bool) -> None:
+    """Rule 12: only a relaying collective's copy-receives land elsewhere, inside the buffer;
+    such a collective reduces nothing and moves its data in messages."""
+    for i, step in enumerate(s.steps):
+        if relays and step.shm:
+            raise ScheduleError(f"step {i} rank {s.rank}: {s.collective} in shared-memory "
+                                f"steps (its blocks move in messages)")
+        for t in step.recvs:
+            if relays and t.reduce:
+                raise ScheduleError(f"step {i} rank {s.rank}: reduces [{t.lo},{t.hi}) from "
+                                    f"rank {t.peer}, but {s.collective} reduces nothing")
+            if t.at is None:
+                continue
+            if not relays and t.at != t.lo:
+                raise ScheduleError(f"step {i} rank {s.rank}: receives [{t.lo},{t.hi}) from "
+                                    f"rank {t.peer} at {t.at}: only a collective that relays "
+                                    f"blocks (all-to-all) moves data to another offset")
+            lo, hi = t.target
+            if not (0 <= lo and hi <= s.count):
+                raise ScheduleError(f"step {i} rank {s.rank}: receives [{t.lo},{t.hi}) at "
+                                    f"[{lo},{hi}), outside [0,{s.count})")
+
+
+def _relay_unit(scheds, regions: dict[int, list]) -> int:
+    """The largest element count every range, landing, copy and result region is a multiple
+    of: blocks of that many elements move as one, so the simulation tracks those blocks."""
+    unit = 0
+    for s in scheds:
+        for step in s.steps:
+            for t in (*step.sends, *step.recvs):
+                unit = math.gcd(unit, t.lo, t.hi)
+            for t in step.recvs:
+                unit = math.gcd(unit, *t.target)
+        for c in (*s.input_copies(), *s.output_copies()):
+            unit = math.gcd(unit, c.lo, c.hi, c.at)
+    for regs in regions.values():
+        for lo, hi, _, at in regs:
+            unit = math.gcd(unit, lo, hi, at)
+    return unit or 1
+
+
+def _simulate_relays(by_rank: dict[int, Schedule], live: list[int], count: int, nsteps: int,
+                     coll) -> None:
+    """Rule 12's result check: every element carries a label, (the rank whose input it is,
+    its position there), from the input copies through every copy-receive to the output
+    copies; each rank's output must hold, element for element, the label its contract names,
+    and nothing outside the contract's regions."""
+    first = by_rank[live[0]]
+    regions = {r: coll.regions(r, live, count, first.root, first.counts) for r in live}
+    unit = _relay_unit(by_rank.values(), regions)
+    n = count // unit
+    owner = {r: np.full(n, -1, dtype=np.int64) for r in live}  # -1: nothing copied in yet
+    where = {r: np.full(n, -1, dtype=np.int64) for r in live}
+    for r in live:
+        for c in by_rank[r].input_copies():
+            owner[r][c.at // unit:(c.at + c.n) // unit] = r
+            where[r][c.at // unit:(c.at + c.n) // unit] = np.arange(c.lo // unit, c.hi // unit)
+    for i in range(nsteps):
+        # a range written in a step is sent by no one in it (rule 3), so each receive reads
+        # its sender's range as the step found it, whatever the order they are applied in
+        for r in live:
+            s = by_rank[r]
+            if i >= len(s.steps):
+                continue
+            for t in s.steps[i].recvs:
+                lo, hi = t.target
+                owner[r][lo // unit:hi // unit] = owner[t.peer][t.lo // unit:t.hi // unit]
+                where[r][lo // unit:hi // unit] = where[t.peer][t.lo // unit:t.hi // unit]
+    for r in live:
+        s = by_rank[r]
+        size = coll.output_size(r, count, s.root, s.counts) // unit
+        got_owner = np.full(size, -2, dtype=np.int64)  # -2: never written
+        got_where = np.full(size, -1, dtype=np.int64)
+        for c in s.output_copies():
+            got_owner[c.at // unit:(c.at + c.n) // unit] = owner[r][c.lo // unit:c.hi // unit]
+            got_where[c.at // unit:(c.at + c.n) // unit] = where[r][c.lo // unit:c.hi // unit]
+        want_owner = np.full(size, -2, dtype=np.int64)
+        want_where = np.full(size, -1, dtype=np.int64)
+        for lo, hi, (j,), at in regions[r]:
+            want_owner[lo // unit:hi // unit] = j
+            want_where[lo // unit:hi // unit] = np.arange(at // unit, (at + hi - lo) // unit)
+        bad = np.flatnonzero((got_owner != want_owner) | (got_where != want_where))
+        if bad.size:
+            k = int(bad[0])
+            def label(o: int, w: int) -> str:
+                return {-2: "nothing (never written)", -1: "garbage (never copied in)"}.get(
+                    o, f"rank {o}'s input element {w * unit}")
+            raise ScheduleError(
+                f"rank {r}: output element {k * unit} holds "
+                f"{label(int(got_owner[k]), int(got_where[k]))}, expected "
+                f"{label(int(want_owner[k]), int(want_where[k]))}")
+
+
 def _check_copies(s: Schedule, what: str, copies: tuple[Copy, ...], src_size: int,
                   dst_size: int) -> None:
     written: list[tuple[int, int]] = []
@@ -302,10 +408,11 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
     size, count = _check_structure(scheds, live_l)
     coll = collective_record(scheds[0].collective)
     root, counts = scheds[0].root, scheds[0].counts
-    if coll.blocked and (counts is None or len(counts) != size or min(counts, default=0) < 0
-                         or sum(counts) != count):
-        raise ScheduleError(f"{coll.name}: block counts {counts} must be {size} counts >= 0 "
-                            f"summing to {count}")
+    problem = coll.counts_problem(size, count, counts)
+    if problem:
+        raise ScheduleError(problem)
+    for s in scheds:
+        _check_landing(s, coll.relays)
     if coll.rooted and not 0 <= root < size:
         raise ScheduleError(f"{coll.name}: root {root} outside [0, {size})")
     nsteps = max(len(s.steps) for s in scheds)
@@ -316,6 +423,9 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
                       coll.input_size(s.rank, count, root, counts), count)
         _check_copies(s, "output", s.output_copies(), count,
                       coll.output_size(s.rank, count, root, counts))
+    if coll.relays:
+        _simulate_relays(by_rank, live_l, count, nsteps, coll)
+        return
     if any(s.uses_shm for s in scheds):
         _ShmSimulation(by_rank, live_l, size, count, nsteps, coll).run()
         return

@@ -55,7 +55,7 @@ def micro() -> dict[str, float]:
         if r is not None:
             pass
 
-    def inline() -> None:   # the fast path's code (bmlmpi/fast_path.py, FastPath.call)
+    def inline() -> None:   # the fast path's code (bmlmpi/fast_path.py, FastPath.allreduce)
         r = rec
         if r is not None:
             n = r.next

@@ -26,6 +26,12 @@ def _data(comm, shape, dtype, order="C"):
     return np.array(flat.reshape(shape), order=order)
 
 
+def _fast_calls(ctx) -> int:
+    """The calls that took a fast path entry: the watchdog counts every blocking MPI call,
+    the checked path's of an agreed native signature too (FastPath.blocking_native)."""
+    return ctx._watchdog.calls - ctx._fast_path.checked_blocking
+
+
 def _expected(comm, send, op):
     out = np.empty_like(send)
     comm.Allreduce(send, out, op)
@@ -51,7 +57,7 @@ def test_fast_path_results_equal_mpi4py(comm, ctx, dtype, opname):
     for shape, order in [((13,), "C"), ((3, 5), "C"), ((3, 5), "F")]:
         send = _data(comm, shape, dtype, order)
         want = _expected(comm, send, op)
-        before = ctx._watchdog.calls
+        before = _fast_calls(ctx)
         for i in range(3):
             recv = np.zeros(shape, dtype, order=order)
             ctx.Allreduce(send, recv, op)
@@ -64,8 +70,8 @@ def test_fast_path_results_equal_mpi4py(comm, ctx, dtype, opname):
         # 2 later calls x 2 forms; the Fortran-ordered (3, 5) has the shapes and dtype of the
         # C-ordered one, whose first call opened the fast path (MPI takes memory order)
         fast = 6 if order == "F" else 4
-        if ctx._watchdog.calls - before != fast:
-            failures.append(f"{shape} {order}: {ctx._watchdog.calls - before} fast calls, "
+        if _fast_calls(ctx) - before != fast:
+            failures.append(f"{shape} {order}: {_fast_calls(ctx) - before} fast calls, "
                             f"not {fast}")
     all_ranks_agree(comm, failures)
 
@@ -88,7 +94,7 @@ def test_forms_the_fast_path_leaves_to_the_checked_path(comm, ctx):
     failures = []
     send = _data(comm, (8,), np.float64)
     want = _expected(comm, send, MPI.SUM)
-    before = ctx._watchdog.calls
+    before = _fast_calls(ctx)
     for _ in range(3):
         # in place spelled with two names: the same memory, always the checked path
         same = send.copy()
@@ -105,8 +111,8 @@ def test_forms_the_fast_path_leaves_to_the_checked_path(comm, ctx):
         ctx.Allreduce(send, avg, bmlmpi.AVG)
         if not np.allclose(avg, want / comm.size):
             failures.append(f"AVG: {avg}")
-    if ctx._watchdog.calls != before:
-        failures.append(f"{ctx._watchdog.calls - before} fast calls for forms it leaves")
+    if _fast_calls(ctx) != before:
+        failures.append(f"{_fast_calls(ctx) - before} fast calls for forms it leaves")
     all_ranks_agree(comm, failures)
 
 
@@ -147,7 +153,7 @@ def test_the_same_arrays_changed_in_place_after_the_fast_path_opened(comm, ctx):
     recv = np.empty(16)
     for _ in range(2):
         ctx.Allreduce(send, recv, MPI.SUM)
-    failures = mutation_failures(ctx, send, recv, want, lambda: ctx._watchdog.calls)
+    failures = mutation_failures(ctx, send, recv, want, lambda: _fast_calls(ctx))
     all_ranks_agree(comm, failures)
 
 
@@ -156,3 +162,75 @@ def test_the_fast_path_keeps_the_arrays_resizable(comm, ctx):
     send = _data(comm, (16,), np.float64)
     want = _expected(comm, send, MPI.SUM)
     all_ranks_agree(comm, resize_failures(ctx, lambda: _data(comm, (16,), np.float64), want))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["native", "auto", "ring"])
+def test_a_blocking_call_while_some_ranks_have_a_call_outstanding(comm, algorithm):
+    """What mpi4py runs, bmlmpi runs: the even ranks start a non-blocking call of a signature
+    on the fast path and make the next blocking call before they wait; the odd ranks wait
+    first. Every rank must make the same MPI call for the blocking one (MPI never matches a
+    blocking collective with a non-blocking one): a rank with calls outstanding completes
+    them first (docs/api.md), for the allreduce and the rest of the family."""
+    ctx = bmlmpi.Communicator(comm, algorithm=algorithm, timeout=30)
+    failures = []
+    try:
+        n = 24
+        send = _data(comm, (n,), np.float64)
+        want = _expected(comm, send, MPI.SUM)
+        root = comm.size - 1
+        for round_ in range(3):  # the first round opens every signature's fast path
+            early = np.zeros(n)
+            req = ctx.Iallreduce(send, early, MPI.SUM)
+            if comm.rank % 2:
+                req.Wait()
+            blocking = np.zeros(n)
+            ctx.Allreduce(send, blocking, MPI.SUM)
+            reduced = np.zeros(n)
+            ctx.Reduce(send, reduced, MPI.SUM, root)
+            cast = send * (round_ + 1) if comm.rank == root else np.zeros(n)
+            ctx.Bcast(cast, root)
+            if not comm.rank % 2:
+                req.Wait()
+            if not np.array_equal(early, want) or not np.array_equal(blocking, want):
+                failures.append(f"round {round_}: allreduce {early[:4]} / {blocking[:4]}, "
+                                f"want {want[:4]}")
+            if comm.rank == root and not np.array_equal(reduced, want):
+                failures.append(f"round {round_}: reduce {reduced[:4]}, want {want[:4]}")
+            root_send = _data(comm, (n,), np.float64) if comm.rank == root else None
+            root_send = comm.bcast(root_send, root=root)
+            if not np.array_equal(cast, root_send * (round_ + 1)):
+                failures.append(f"round {round_}: bcast {cast[:4]}")
+    finally:
+        ctx.Free()
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_a_blocking_native_call_whose_buffers_are_spelled_differently_on_some_ranks(comm):
+    """mpi4py takes a buffer as an array on one rank and as ``[array, MPI.DOUBLE]`` on
+    another: a native signature's later blocking calls must be the same MPI call on every
+    rank however each spelled its buffers (the fast path opens for numpy arrays only)."""
+    ctx = bmlmpi.Communicator(comm, algorithm="native", timeout=30)
+    failures = []
+    try:
+        n = 10
+        send = _data(comm, (n,), np.float64)
+        want = _expected(comm, send, MPI.SUM)
+        root = 0
+        for round_ in range(4):
+            out = np.zeros(n)
+            if comm.rank % 2:
+                ctx.Allreduce([send, MPI.DOUBLE], [out, MPI.DOUBLE], MPI.SUM)
+            else:
+                ctx.Allreduce(send, out, MPI.SUM)
+            if not np.array_equal(out, want):
+                failures.append(f"round {round_}: allreduce {out[:4]}, want {want[:4]}")
+            cast = send * (round_ + 1) if comm.rank == root else np.zeros(n)
+            ctx.Bcast([cast, MPI.DOUBLE] if comm.rank % 2 else cast, root)
+            root_send = comm.bcast(send if comm.rank == root else None, root=root)
+            if not np.array_equal(cast, root_send * (round_ + 1)):
+                failures.append(f"round {round_}: bcast {cast[:4]}")
+    finally:
+        ctx.Free()
+    all_ranks_agree(comm, failures)

@@ -99,11 +99,13 @@ def test_nodes_from_placement_and_auto_candidates(comm, monkeypatch):
     ctx = bmlmpi.Communicator(comm, algorithm="hierarchical")
     # every rank of this launch runs on one machine: MPI placement says one node
     assert ctx.nodes().members == (tuple(range(comm.size)),)
-    assert "hierarchical" not in selection.candidates(1000, comm.size, ctx._nodes_for_auto())
+    nodes = ctx.placement.nodes_for_auto()
+    assert "hierarchical" not in selection.candidates(1000, comm.size, nodes)
     ctx.Free()
     if comm.size % PER_NODE == 0 and comm.size > PER_NODE:
         ctx = _communicator(comm, monkeypatch)
-        assert "hierarchical" in selection.candidates(1000, comm.size, ctx._nodes_for_auto())
+        nodes = ctx.placement.nodes_for_auto()
+        assert "hierarchical" in selection.candidates(1000, comm.size, nodes)
         ctx.Free()
     monkeypatch.setenv("BMLMPI_RANKS_PER_NODE", "zero")
     with pytest.raises(ValueError, match="BMLMPI_RANKS_PER_NODE"):

@@ -94,13 +94,13 @@ def test_calibration_times_candidates_as_the_sweep_does(monkeypatch):
     input), in blocks of consecutive calls, each followed by a barrier with a deadline."""
     comm = Recorder(MPI.COMM_SELF)
     runs = []
-    real_run = calibrate.Run
+    real_start = calibrate.start_allreduce
 
-    def spy(plan, buf, op, tag, label, src=None):
+    def spy(plan, buf, op, tag, label, finish=None, src=None):
         runs.append((buf, src))
-        return real_run(plan, buf, op, tag, label, src=src)
+        return real_start(plan, buf, op, tag, label, finish, src)
 
-    monkeypatch.setattr(calibrate, "Run", spy)
+    monkeypatch.setattr(calibrate, "start_allreduce", spy)
     rounds = 2
     times = calibrate._interleaved_times(comm, 4096, ["bml", "ring"], rounds, timeout=10)
     assert len(times) == 3 and all(t >= 0 for t in times)

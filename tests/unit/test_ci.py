@@ -49,7 +49,7 @@ def test_ci_checks_command_1s_venv_before_command_2():
 
 
 def test_readme_gives_a_fast_test_subset():
-    """Beside command 2 (every test, about 75 minutes on 2 cores) the README names the unit
+    """Beside command 2 (every test, about 65 minutes on 2 cores) the README names the unit
     tests alone, with how many there are; the command it gives collects them."""
     readme = " ".join((ROOT / "README.md").read_text().split())
     command = ".venv/bin/python -m pytest tests/unit"

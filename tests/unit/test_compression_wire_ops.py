@@ -266,7 +266,8 @@ def test_the_channel_frees_its_duplicate_only_when_nothing_is_pending():
 
 def test_no_second_executor_in_the_layer():
     assert not hasattr(layer, "_schedule_stages")
-    assert layer.Run is __import__("bmlmpi.execute", fromlist=["Run"]).Run
+    assert layer.start_allreduce is __import__(
+        "bmlmpi.executors", fromlist=["start_allreduce"]).start_allreduce
 
 
 def _q8_encode(x: np.ndarray) -> np.ndarray:

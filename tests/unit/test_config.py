@@ -44,8 +44,8 @@ BAD_VALUES = {
     "BMLMPI_TRACE_FILES": ["-1", "few", "1.5"],
 }
 FREE_TEXT = {"BMLMPI_ALGORITHM", "BMLMPI_BCUBE", "BMLMPI_LINKS", "BMLMPI_MPIEXEC",
-             "BMLMPI_CACHE_DIR", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION", "BMLMPI_TRACE_DIR",
-             "BMLMPI_TIMELINE"}
+             "BMLMPI_CACHE_DIR", "BMLMPI_TUNING", "BMLMPI_STATUS_DIR", "BMLMPI_COMPRESSION",
+             "BMLMPI_TRACE_DIR", "BMLMPI_TIMELINE"}
 
 
 def test_every_variable_is_covered_by_these_tests():
@@ -101,6 +101,7 @@ def test_values_parse_to_their_types(tmp_path):
                    "BMLMPI_BCUBE": "3x3", "BMLMPI_CACHE_DIR": tmp_path,
                    "BMLMPI_MPIEXEC": "/opt/mpi/bin/mpiexec", "BMLMPI_BLOCKING": "polled"}
     assert config.get("BMLMPI_CACHE_DIR", {"BMLMPI_CACHE_DIR": "~/x"}) == Path.home() / "x"
+    assert config.get("BMLMPI_TUNING", {"BMLMPI_TUNING": "~/t.jsonl"}) == Path.home() / "t.jsonl"
     with pytest.raises(KeyError, match="BMLMPI_NOPE"):
         config.get("BMLMPI_NOPE")
 

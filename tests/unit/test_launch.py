@@ -160,7 +160,7 @@ OSC_BOX = (RULE + b"WARNING: The selected 'osc' module 'sm' is not tested for po
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 65536])
-def test_ft_stderr_leaves_out_the_untested_box_nul_bytes_and_libnbc_lines(chunk):
+def test_ft_stderr_leaves_out_the_untested_box_nul_bytes_libnbc_and_event_lines(chunk):
     # what an --ft job's stderr held with no failure (the osc/sm box, then a NUL) and after a
     # kill (libnbc's line behind a NUL, then one behind another rank's partial output)
     other_box = RULE + b"A help message bmlmpi does not know\n" + RULE
@@ -169,10 +169,12 @@ def test_ft_stderr_leaves_out_the_untested_box_nul_bytes_and_libnbc_lines(chunk)
             b"\0NBC_Progress: an error 77 was found during schedule 0x55 at row-offset 2 - "
             b"aborting the schedule\n\n" + other_box + b"bmlmpi: rank 1 died; 2 of 3 ranks "
             b"carry on\nNBC_Progress: an error 75 was found during schedule 0x1 at row-offset 0"
-            b" - aborting the schedule\nprogress 10%\rprogress 20%")
+            b" - aborting the schedule\n[warn] Epoll MOD(4) on fd 21 failed. Old events were 6;"
+            b" read change was 2 (del); write change was 0 (none); close change was 0 (none): "
+            b"Bad file descriptor\n[warn] something else\nprogress 10%\rprogress 20%")
     keep = launch.StderrFilter()
     out = b"".join(keep.feed(text[i:i + chunk]) for i in range(0, len(text), chunk))
     out += keep.close()
     assert out == (b"rank 0 ok\n" + other_box + b"bmlmpi: rank 1 died; 2 of 3 ranks carry on\n"
-                   b"progress 10%\rprogress 20%")
-    assert b"\0" not in out and keep.left_out == 4
+                   b"[warn] something else\nprogress 10%\rprogress 20%")
+    assert b"\0" not in out and keep.left_out == 5

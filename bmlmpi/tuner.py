@@ -1,0 +1,411 @@
+"""``auto`` by measurement: per call signature, time the model's few best candidates on the
+user's own calls, then commit every rank to the fastest. MPI-free and deterministic.
+
+A :class:`Tuner` keeps one state per :class:`TuningKey` (collective, size class, dtype, op,
+rank count, node layout, root or None). The pipeline drives it with the key's call index (the
+number of this key's calls before this one, which every rank agrees on) and the call's local
+time; every decision is a function of the index and of vectors agreed across ranks, so every
+rank decides alike without a message of the Tuner's own:
+
+1. :meth:`Tuner.begin` opens a key from ``auto``'s priced choice
+   (:class:`bmlmpi.selection.Explanation`): a committed table entry for the key
+   (:meth:`Tuner.seed`) commits it at once (``why="table"``); otherwise it explores these
+   **candidates**, in this order: the model's best ``k`` (default 3) of the records that opt
+   in to ``auto`` (cheapest first; the explanation's candidates are priced alike on every
+   rank), then the ``default`` record (the MPI library's own call) where it serves the
+   collective and is not among them already. Without prices (the fixed rule) the candidates
+   are the fixed rule's pick and the default record. The model's (or the rule's) pick stays
+   the **prior**.
+2. Exploring, :meth:`Tuner.choose` rotates through the ``c`` candidates: call ``i`` of the
+   exploration runs candidate ``i mod c``. The first round is a warm-up (plans compiled,
+   kernels and caches warm), not counted; then ``rounds`` (default 3) counted rounds. So a
+   key explores for ``(1 + rounds) · c`` calls (16 with 4 candidates), every one the user's
+   real call, exact whichever candidate runs. :meth:`Tuner.record` stores a call's local
+   seconds.
+3. After the last exploration call (:meth:`Tuner.due` says so at that call's index), the
+   pipeline MAX-reduces :meth:`Tuner.proposal` — the local medians in candidate order, ``inf``
+   for a candidate without a time — across ranks (an allreduce ends when its slowest rank
+   does), and hands the agreed vector to :meth:`Tuner.commit`. The winner is the argmin
+   (ties: the earlier candidate), but the prior is kept unless the winner is faster by more
+   than :data:`MARGIN` (5 %): a near-tie is noise, not a reason to leave the model's pick.
+   ``why`` is ``"measured"`` when the measurement chose, ``"model"`` or ``"rule"`` when the
+   prior was kept (or nothing was measured).
+4. Committed, every ``sample_every``-th call (default 16) of the key is timed (:meth:`Tuner.timed`)
+   and every ``review_samples`` such calls (default 5, so every 80 calls) :meth:`Tuner.due`
+   asks for a **review**: the proposal is the committed algorithm's median of those samples
+   (0 where this rank has none: a missing sample never contradicts) beside the other
+   candidates' agreed medians; the MAX-reduced vector goes to :meth:`Tuner.commit` again. When
+   the committed algorithm's agreed median exceeds :data:`CONTRADICTED` (1.2) times another
+   candidate's, the choice is contradicted and the key explores afresh from the next call.
+   A table entry without medians of other candidates is never contradicted this way.
+
+Each commit, and each review that sends a key back to exploring, is logged once at DEBUG on
+the ``bmlmpi`` logger.
+
+Decided against the design sketch: a warm-up round before ``rounds`` counted ones (the sketch
+counted the warm-up among its rounds, leaving medians of two), so that each median is of
+three; "measured" also when the measurement confirms the prior (it is what decided); a
+missing time counts as ``inf`` while exploring and 0 in a review, so that it can neither win
+nor contradict. Without prices the candidates are the rule's pick and native only (the
+sketch added the model's best under default α and β: no such default calibration exists).
+
+A call that names its algorithm never reaches the Tuner; the pipeline asks it only for
+``auto``. :meth:`Tuner.report` is what ``explain`` shows: each candidate's predicted time,
+measured median and sample count, and why the chosen one won.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .schedules import algorithms as records
+from .schedules.collectives import collective as contract
+
+_log = logging.getLogger("bmlmpi")
+
+__all__ = ["CONTRADICTED", "MARGIN", "TUNED_RULES", "WHYS", "CandidateTiming", "TuningKey",
+           "TuningReport", "Tuner", "pick_candidates", "size_class"]
+
+#: the prior is kept unless the measured winner is faster by more than this factor
+MARGIN = 1.05
+#: a committed choice whose agreed median exceeds another candidate's by this factor is
+#: explored afresh
+CONTRADICTED = 1.2
+#: why a committed choice won
+WHYS = ("measured", "table", "model", "rule")
+#: the rules of :func:`bmlmpi.selection.explain` that leave a choice to measure; a key
+#: opened under any other (an empty call, one rank, ``BMLMPI_ALGORITHM``) commits at once
+TUNED_RULES = ("cost model", "fixed rule")
+
+
+def size_class(nbytes: int) -> int:
+    """The power-of-two bucket of ``nbytes``: the smallest power of two at least ``nbytes``
+    (0 for an empty call). Calls within one bucket share a choice."""
+    if nbytes < 0:
+        raise ValueError(f"a call's size is at least 0 bytes, got {nbytes}")
+    return 0 if nbytes == 0 else 1 << (nbytes - 1).bit_length()
+
+
+@dataclass(frozen=True, order=True)
+class TuningKey:
+    """One signature ``auto`` tunes: ``collective``, ``size`` (:func:`size_class` of the work
+    buffer's bytes), ``dtype`` and ``op`` (names; ``""`` where the collective reduces
+    nothing), ``ranks``, ``layout`` (which ranks share a node, e.g. ``"1x4"``), ``root``
+    (None for a collective without one)."""
+
+    collective: str
+    size: int
+    dtype: str
+    op: str
+    ranks: int
+    layout: str
+    root: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.collective not in records.NAMES:
+            raise ValueError(f"unknown collective {self.collective!r}; known: "
+                             f"{', '.join(records.NAMES)}")
+        if self.size != size_class(self.size):
+            raise ValueError(f"size class {self.size} is not 0 or a power of two")
+        if self.ranks < 1:
+            raise ValueError(f"a key's rank count is at least 1, got {self.ranks}")
+        rooted = contract(self.collective).rooted
+        if rooted and (self.root is None or not 0 <= self.root < self.ranks):
+            raise ValueError(f"{self.collective} needs a root in 0..{self.ranks - 1}, "
+                             f"got {self.root}")
+        if not rooted and self.root is not None:
+            raise ValueError(f"{self.collective} has no root, got {self.root}")
+
+
+def pick_candidates(collective: str, priced: Sequence[tuple[str, float]], prior: str,
+                    k: int = 3) -> tuple[str, ...]:
+    """What a key explores: the ``k`` cheapest of ``priced`` ((name, predicted seconds),
+    any order; equal prices keep their order) that opt in to ``auto`` and serve
+    ``collective``, else ``prior`` alone; then the ``default`` record where it serves the
+    collective and is not among them. ``prior`` (the model's or the rule's pick) is always
+    among them."""
+    if k < 1:
+        raise ValueError(f"k is at least 1, got {k}")
+    usable = [(n, t) for n, t in priced
+              if records.get(n).auto and records.get(n).serves(collective)]
+    best = [n for n, _ in sorted(usable, key=lambda nt: nt[1])][:k] or [prior]
+    default = records.default()
+    if prior not in best and prior != default.name:
+        best[-1] = prior
+    if default.serves(collective) and default.name not in best:
+        best.append(default.name)
+    return tuple(dict.fromkeys(best))
+
+
+@dataclass(frozen=True)
+class CandidateTiming:
+    """One candidate as ``explain`` shows it: ``predicted`` seconds (the model's; None
+    without a price), ``measured`` (the agreed median; None before a commit by
+    measurement) and ``samples`` (this rank's counted calls: so far while exploring, those
+    behind the commit once committed)."""
+
+    name: str
+    predicted: float | None
+    measured: float | None
+    samples: int
+
+
+@dataclass(frozen=True)
+class TuningReport:
+    """Where one key stands: ``state`` (``"exploring"`` or ``"committed"``), ``chosen``
+    (the committed algorithm; None while exploring), ``why`` (``measured``, ``table``,
+    ``model``, ``rule``; None while exploring), ``prior`` (the model's or rule's pick) and
+    the ``candidates`` in exploration order."""
+
+    key: TuningKey
+    state: str
+    chosen: str | None
+    why: str | None
+    prior: str
+    candidates: tuple[CandidateTiming, ...]
+
+    def __str__(self) -> str:
+        head = (f"{self.key.collective} {self.key.size} B class on {self.key.ranks} ranks: "
+                + (f"{self.chosen} ({self.why})" if self.chosen else "exploring"))
+        lines = [head]
+        for c in self.candidates:
+            pred = "-" if c.predicted is None else f"{c.predicted * 1e6:.1f} us"
+            meas = "-" if c.measured is None else f"{c.measured * 1e6:.1f} us"
+            mark = "  <- chosen" if c.name == self.chosen else ""
+            lines.append(f"  {c.name:<13} predicted {pred:>12}  measured {meas:>12} "
+                         f"({c.samples} samples){mark}")
+        return "\n".join(lines)
+
+
+@dataclass
+class _State:
+    candidates: tuple[str, ...]
+    prior: str
+    prior_why: str  # "model" or "rule"
+    predicted: dict[str, float]
+    start: int = 0  # the key's call index where the current exploration began
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    warmed: set[str] = field(default_factory=set)
+    chosen: str | None = None
+    why: str | None = None
+    committed_at: int = 0
+    medians: tuple[float, ...] | None = None  # agreed, in candidate order
+    counted: tuple[int, ...] | None = None  # this rank's samples behind the commit
+    last_index: int = -1
+
+
+class Tuner:
+    """Per-key exploration and commit (see the module's docstring). ``k``: the model's
+    candidates explored; ``rounds``: counted rounds after the warm-up; ``margin``: the
+    prior's margin; ``sample_every`` and ``review_samples``: how often a committed key is
+    timed and reviewed."""
+
+    def __init__(self, *, k: int = 3, rounds: int = 3, margin: float = MARGIN,
+                 sample_every: int = 16, review_samples: int = 5,
+                 contradicted: float = CONTRADICTED) -> None:
+        if k < 1 or rounds < 1 or sample_every < 1 or review_samples < 1:
+            raise ValueError("k, rounds, sample_every and review_samples are at least 1")
+        if not (margin >= 1 and contradicted >= 1):
+            raise ValueError("margin and contradicted are factors of at least 1")
+        self.k, self.rounds, self.margin = k, rounds, margin
+        self.sample_every, self.review_samples = sample_every, review_samples
+        self.contradicted = contradicted
+        self._states: dict[TuningKey, _State] = {}
+        self._seeds: dict[TuningKey, tuple[str, tuple[str, ...], tuple[float, ...] | None]] = {}
+
+    # -- opening a key -----------------------------------------------------------------------
+
+    def seed(self, key: TuningKey, algorithm: str, candidates: Sequence[str] = (),
+             medians: Sequence[float] | None = None) -> None:
+        """A committed table entry for ``key``: :meth:`begin` commits it with
+        ``why="table"``. ``candidates`` and their agreed ``medians`` (optional) let the
+        key's reviews compare the entry against the others."""
+        rec = records.get(algorithm)
+        if not (rec.offered and rec.serves(key.collective)):
+            raise ValueError(f"{algorithm} does not run {key.collective}")
+        cands = tuple(candidates) or (algorithm,)
+        if algorithm not in cands:
+            raise ValueError(f"{algorithm} is not among its candidates {cands}")
+        if medians is not None and len(medians) != len(cands):
+            raise ValueError(f"{len(medians)} medians for {len(cands)} candidates")
+        self._seeds[key] = (algorithm, cands, None if medians is None else tuple(medians))
+
+    def begin(self, key: TuningKey, explanation) -> TuningReport:
+        """Open ``key`` from ``auto``'s priced choice ``explanation``
+        (:class:`bmlmpi.selection.Explanation`: its ``chosen``, ``rule`` and priced
+        ``candidates``); a key already open is left as it is."""
+        if key not in self._states:
+            prior = explanation.chosen
+            priced = [(c.name, c.predicted) for c in explanation.candidates]
+            prior_why = "model" if priced else "rule"
+            seeded = self._seeds.get(key)
+            if explanation.rule not in TUNED_RULES:
+                # nothing to choose between (an empty call, one rank, BMLMPI_ALGORITHM)
+                self._states[key] = _State((prior,), prior, "rule", dict(priced),
+                                           chosen=prior, why="rule")
+            elif seeded is not None:
+                algorithm, cands, medians = seeded
+                self._states[key] = _State(cands, prior, prior_why, dict(priced),
+                                           chosen=algorithm, why="table", medians=medians)
+            else:
+                cands = pick_candidates(key.collective, priced, prior, self.k)
+                self._states[key] = _State(cands, prior, prior_why, dict(priced))
+        return self.report(key)
+
+    # -- each call ---------------------------------------------------------------------------
+
+    def exploration_calls(self, key: TuningKey) -> int:
+        """How many calls one exploration of ``key`` takes: (1 + rounds) per candidate."""
+        return (1 + self.rounds) * len(self._state(key).candidates)
+
+    def choose(self, key: TuningKey, index: int) -> str:
+        """The algorithm call ``index`` of ``key`` runs (``index``: this key's calls before
+        this one, the same on every rank)."""
+        st = self._state(key)
+        if index < 0:
+            raise ValueError(f"a call index is at least 0, got {index}")
+        st.last_index = index
+        if st.chosen is not None:
+            return st.chosen
+        at = index - st.start
+        if 0 <= at < self.exploration_calls(key):
+            return st.candidates[at % len(st.candidates)]
+        return st.prior  # past the exploration without a commit: the prior, on every rank
+
+    def timed(self, key: TuningKey, index: int) -> bool:
+        """Whether call ``index`` of ``key`` should be timed and :meth:`record` ed: every
+        exploration call, and every ``sample_every``-th call once committed."""
+        st = self._state(key)
+        if st.chosen is None:
+            return True
+        at = index - st.committed_at
+        return at > 0 and at % self.sample_every == 0
+
+    def record(self, key: TuningKey, candidate: str, seconds: float) -> None:
+        """Store a call's local ``seconds`` for ``candidate``. Exploring, each candidate's
+        first time is its warm-up and is dropped; committed, only the committed algorithm's
+        times count (they feed the next review)."""
+        if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"a call's time is finite and >= 0 seconds, got {seconds!r}")
+        st = self._state(key)
+        if candidate not in st.candidates:
+            raise ValueError(f"{candidate} is not a candidate of {key}: {st.candidates}")
+        if st.chosen is None and candidate not in st.warmed:
+            st.warmed.add(candidate)
+            return
+        if st.chosen is not None and candidate != st.chosen:
+            return
+        st.samples.setdefault(candidate, []).append(float(seconds))
+
+    def due(self, key: TuningKey, index: int) -> bool:
+        """Whether call ``index`` of ``key`` ends with an agreement: the last exploration
+        call (then a commit), or a committed key's review call."""
+        st = self._state(key)
+        if st.chosen is None:
+            return index - st.start == self.exploration_calls(key) - 1
+        at = index - st.committed_at
+        return (st.medians is not None and at > 0
+                and at % (self.sample_every * self.review_samples) == 0)
+
+    def proposal(self, key: TuningKey) -> tuple[float, ...]:
+        """This rank's vector for the agreement, in candidate order: exploring, each
+        candidate's median (``inf`` without a time: it cannot win); reviewing, the committed
+        algorithm's median since the last review (0 without one: it cannot contradict) and
+        the others' agreed medians."""
+        st = self._state(key)
+        if st.chosen is None:
+            return tuple(statistics.median(st.samples[c]) if st.samples.get(c) else math.inf
+                         for c in st.candidates)
+        mine = st.samples.get(st.chosen)
+        fresh = statistics.median(mine) if mine else 0.0
+        base = st.medians if st.medians is not None else (0.0,) * len(st.candidates)
+        return tuple(fresh if c == st.chosen else base[i] for i, c in enumerate(st.candidates))
+
+    def commit(self, key: TuningKey, agreed: Sequence[float]) -> TuningReport:
+        """Apply the agreed (MAX-reduced) proposal: commit an exploring key, or review a
+        committed one (contradicted: explore afresh from the next call). Every rank holding
+        the same ``agreed`` vector reaches the same state."""
+        st = self._state(key)
+        agreed = tuple(float(x) for x in agreed)
+        if len(agreed) != len(st.candidates) or any(math.isnan(x) or x < 0 for x in agreed):
+            raise ValueError(f"agreed medians {agreed} do not fit the candidates "
+                             f"{st.candidates} of {key}")
+        if st.chosen is None:
+            self._settle(st, agreed)
+            _log.debug("auto committed %s: %s (%s), agreed medians %s", key, st.chosen,
+                       st.why, dict(zip(st.candidates, agreed, strict=True)))
+        else:
+            self._review(st, agreed)
+            if st.chosen is None:
+                _log.debug("auto explores %s again from call %d: agreed medians %s", key,
+                           st.start, dict(zip(st.candidates, agreed, strict=True)))
+        return self.report(key)
+
+    def _settle(self, st: _State, agreed: tuple[float, ...]) -> None:
+        finite = [i for i, x in enumerate(agreed) if math.isfinite(x)]
+        prior_at = st.candidates.index(st.prior) if st.prior in st.candidates else None
+        if not finite:
+            st.chosen, st.why = st.prior, st.prior_why
+        else:
+            best = min(finite, key=lambda i: agreed[i])  # ties: the earlier candidate
+            kept = (prior_at is not None and prior_at != best
+                    and agreed[prior_at] <= self.margin * agreed[best])
+            if kept:
+                st.chosen, st.why = st.prior, st.prior_why
+            else:
+                st.chosen, st.why = st.candidates[best], "measured"
+        st.medians = agreed
+        st.counted = tuple(len(st.samples.get(c, ())) for c in st.candidates)
+        st.committed_at = st.last_index
+        st.samples = {}
+
+    def _review(self, st: _State, agreed: tuple[float, ...]) -> None:
+        at = st.candidates.index(st.chosen)
+        others = [x for i, x in enumerate(agreed) if i != at and 0 < x < math.inf]
+        st.samples = {}
+        if others and agreed[at] > self.contradicted * min(others):
+            st.chosen = st.why = None
+            st.medians = st.counted = None
+            st.warmed = set()
+            st.start = st.last_index + 1
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def committed(self, key: TuningKey) -> str | None:
+        """The algorithm ``key`` is committed to, None while exploring or not begun."""
+        st = self._states.get(key)
+        return None if st is None else st.chosen
+
+    def keys(self) -> list[TuningKey]:
+        return sorted(self._states)
+
+    def report(self, key: TuningKey) -> TuningReport:
+        """What ``explain`` shows for ``key``."""
+        st = self._state(key)
+        rows = []
+        for i, c in enumerate(st.candidates):
+            measured = (st.medians[i] if st.medians is not None
+                        and 0 < st.medians[i] < math.inf else None)
+            samples = (st.counted[i] if st.counted is not None
+                       else len(st.samples.get(c, ())))
+            rows.append(CandidateTiming(c, st.predicted.get(c), measured, samples))
+        return TuningReport(key, "exploring" if st.chosen is None else "committed",
+                            st.chosen, st.why, st.prior, tuple(rows))
+
+    def table_entries(self) -> Mapping[TuningKey, tuple[str, tuple[str, ...],
+                                                       tuple[float, ...] | None, str]]:
+        """The committed keys this job decided (not those seeded from a table):
+        key -> (algorithm, candidates, agreed medians, why), for the tuning table."""
+        return {k: (s.chosen, s.candidates, s.medians, s.why)
+                for k, s in sorted(self._states.items())
+                if s.chosen is not None and s.why != "table"}
+
+    def _state(self, key: TuningKey) -> _State:
+        try:
+            return self._states[key]
+        except KeyError:
+            raise KeyError(f"{key} was not begun (Tuner.begin)") from None

@@ -1,0 +1,257 @@
+"""All-to-all's schedules (``pairwise``, ``bruck``, ``bcube``), MPI-free: the verifier proves
+each delivers every block, element for element, to its place, for every N from 1 to 20 and a
+sample of larger N up to 64 (primes, powers of two, mixed radices: building and verifying all
+three at every N above 20 costs about a minute on two cores), equal blocks of several sizes
+and uneven pair counts with zeros; the verifier rejects a misplaced block; the records serve
+all-to-all without offering it; the model prices the schedules in the documented order."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import pytest
+
+from bmlmpi.model import BCubeNetwork, FatTree, algorithm_cost, estimate
+from bmlmpi.schedules import algorithms
+from bmlmpi.schedules.algorithms import Context
+from bmlmpi.schedules.bcube_exchange import bcube_exchange_schedule
+from bmlmpi.schedules.bruck import bruck_rounds, bruck_schedule
+from bmlmpi.schedules.collectives import collective
+from bmlmpi.schedules.types import Copy, Recv, Schedule, Step, Transfer
+from bmlmpi.schedules.verify import ScheduleError, verify
+from bmlmpi.topology.bcube import BCube, default_shape
+
+ALLTOALL = ("pairwise", "bruck", "bcube")
+
+
+def uneven(size: int) -> tuple[int, ...]:
+    """Pair counts that differ by position and hold zeros (a third of them or so)."""
+    return tuple((s * 5 + d * 3 + 1) % 4 for s in range(size) for d in range(size))
+
+
+def sparse(size: int) -> tuple[int, ...]:
+    """Most pairs empty, the rest of sizes that grow with both ranks."""
+    return tuple(0 if (s + 2 * d) % 3 else s + d + 1 for s in range(size) for d in range(size))
+
+
+def cases(size: int) -> list[Context]:
+    out = [Context(size, size * size * b, 4, collective="alltoall") for b in (1, 3, 8)]
+    for pairs in (uneven(size), sparse(size), (0,) * (size * size)):
+        out.append(Context(size, sum(pairs), 4, collective="alltoall", counts=pairs))
+    return out
+
+
+def check(name: str, ctx: Context) -> list[Schedule]:
+    scheds = algorithms.schedules(name, ctx)
+    assert all(s.collective == "alltoall" and s.counts == ctx.pairs() for s in scheds)
+    verify(scheds)
+    return scheds
+
+
+@pytest.mark.parametrize("name", ALLTOALL)
+@pytest.mark.parametrize("size", range(1, 21))
+def test_every_alltoall_schedule_verifies_small(name, size):
+    for ctx in cases(size):
+        check(name, ctx)
+
+
+@pytest.mark.parametrize("name", ALLTOALL)
+@pytest.mark.parametrize("size", [23, 31, 32, 36, 60, 64])
+def test_alltoall_schedules_verify_at_larger_sizes(name, size):
+    pairs = uneven(size)
+    check(name, Context(size, sum(pairs), 4, collective="alltoall", counts=pairs))
+
+
+@pytest.mark.parametrize("shape", [(3, 3), (2, 3), (3, 2), (2, 2, 3), (3, 2, 2), (4, 4), (5,),
+                                   (2, 2, 2, 2)], ids=lambda s: "x".join(map(str, s)))
+def test_bcube_verifies_on_every_shape_and_pipeline_count(shape):
+    cube = BCube(shape)
+    size = cube.size
+    for ctx in cases(size):
+        for pipelines in (None, 1, 2, len(shape)):
+            scheds = check("bcube", dataclasses.replace(ctx, shape=shape, pipeline=pipelines))
+            for s in scheds:
+                assert s.nsteps == len(shape)
+                for w, step in enumerate(s.steps):
+                    for t in (*step.sends, *step.recvs):
+                        # pipeline e works on level (e + w) mod k, with the peer across it
+                        assert t.level == (t.stream + w) % len(shape)
+                        assert cube.color(t.peer, t.level) == cube.color(s.rank, t.level)
+
+
+def test_step_counts_and_what_each_rank_moves():
+    b = 5
+    for size in (2, 7, 9, 12, 16):
+        ctx = Context(size, size * size * b, 4, collective="alltoall")
+        pairwise = algorithms.schedules("pairwise", ctx)
+        assert {s.nsteps for s in pairwise} == {size - 1}
+        # one partner each way per round, each element sent once: the row and the column
+        for s in pairwise:
+            assert all(len(st.sends) == len(st.recvs) == 1 for st in s.steps)
+            assert s.sent_elements() == s.received_elements() == (size - 1) * b
+            assert s.count == (2 * size - 1) * b
+        for s in algorithms.schedules("bruck", ctx):
+            assert s.nsteps == bruck_rounds(size)
+            for k, st in enumerate(s.steps):
+                assert {t.peer for t in st.sends} == {(s.rank + (1 << k)) % size}
+                assert {t.peer for t in st.recvs} == {(s.rank - (1 << k)) % size}
+                # the blocks whose distance has bit k set
+                moved = sum(1 for i in range(1, size) if i >> k & 1)
+                assert sum(t.n for t in st.sends) == moved * b
+        k = len(default_shape(size))
+        for s in algorithms.schedules("bcube", ctx):
+            assert s.nsteps == k and s.streams == k
+
+
+def test_transfer_counts_the_modules_quote():
+    pairs = (60,) * (64 * 64)
+    per_round = [len(st.sends) for st in bruck_schedule(0, 64, pairs).steps]
+    assert per_round == [1, 32, 24, 16, 10, 6]
+    shape = default_shape(64)
+    pipelined = bcube_exchange_schedule(0, 64, pairs, shape)
+    single = bcube_exchange_schedule(0, 64, pairs, shape, pipelines=1)
+    assert sum(len(st.sends) for st in pipelined.steps) == 666
+    assert sum(len(st.sends) for st in single.steps) == 89
+
+
+# -- the verifier catches what is wrong ------------------------------------------------------
+
+def _replace_recv(s: Schedule, step: int, index: int, **change) -> Schedule:
+    st = s.steps[step]
+    recvs = list(st.recvs)
+    recvs[index] = dataclasses.replace(recvs[index], **change)
+    steps = list(s.steps)
+    steps[step] = Step(st.sends, tuple(recvs))
+    return dataclasses.replace(s, steps=tuple(steps))
+
+
+@pytest.mark.parametrize("name", ALLTOALL)
+def test_the_verifier_rejects_a_misplaced_block(name):
+    size = 6
+    ctx = Context(size, size * size * 4, 4, collective="alltoall")
+    scheds = list(algorithms.schedules(name, ctx))
+    verify(scheds)
+    r = 3
+    s = scheds[r]
+    i = next(i for i, st in enumerate(s.steps) if st.recvs)
+    t = s.steps[i].recvs[0]
+    # land the block one element further on: the rest of the buffer no longer matches
+    bad = _replace_recv(s, i, 0, at=t.target[0] + 1) if t.target[1] < s.count else \
+        _replace_recv(s, i, 0, at=t.target[0] - 1)
+    with pytest.raises(ScheduleError):
+        verify(scheds[:r] + [bad] + scheds[r + 1:])
+    # two output blocks swapped
+    outs = list(s.output_copies())
+    if len(outs) > 1:
+        a, b = outs[0], outs[-1]
+        if a.n == b.n:
+            outs[0], outs[-1] = Copy(a.lo, a.hi, b.at), Copy(b.lo, b.hi, a.at)
+            with pytest.raises(ScheduleError):
+                verify(scheds[:r] + [dataclasses.replace(s, outputs=tuple(outs))]
+                       + scheds[r + 1:])
+
+
+def test_the_verifier_names_the_wrong_element():
+    # two ranks, blocks of 2: rank 1 receives rank 0's block for rank 1 into its own block's
+    # place in the output, and its own block where rank 0's belongs
+    pairs = (2, 2, 2, 2)
+    good = [algorithms.build("pairwise", Context(2, 8, 4, rank=r, collective="alltoall",
+                                                 counts=pairs)) for r in range(2)]
+    verify(good)
+    swapped = dataclasses.replace(good[1], outputs=tuple(
+        Copy(c.lo, c.hi, 2 - c.at) for c in good[1].output_copies()))
+    with pytest.raises(ScheduleError, match=r"rank 1: output element 0 holds rank 1's input "
+                                            r"element 2, expected rank 0's input element 2"):
+        verify([good[0], swapped])
+    dropped = dataclasses.replace(good[1], outputs=good[1].output_copies()[:1])
+    with pytest.raises(ScheduleError, match="nothing"):
+        verify([good[0], dropped])
+
+
+def test_only_a_relaying_collective_lands_elsewhere_and_it_reduces_nothing():
+    # an allgather whose receive lands at another offset is refused by rule 12
+    ag = [Schedule("x", r, 2, 2, (Step((Transfer(1 - r, r, r + 1),),
+                                       (Recv(1 - r, 1 - r, 2 - r),)),),
+                   collective="allgather", counts=(1, 1), inputs=(Copy(0, 1, r),),
+                   outputs=(Copy(0, 2, 0),)) for r in range(2)]
+    verify(ag)
+    verify([ag[0], _replace_recv(ag[1], 0, 0, at=0)])  # at == lo: the same offset
+    with pytest.raises(ScheduleError, match="another offset"):
+        verify([ag[0], _replace_recv(ag[1], 0, 0, at=1)])
+    # an all-to-all that reduces, or lands outside its buffer
+    pairs = (1, 1, 1, 1)
+    a2a = [algorithms.build("pairwise", Context(2, 4, 4, rank=r, collective="alltoall",
+                                                counts=pairs)) for r in range(2)]
+    verify(a2a)
+    with pytest.raises(ScheduleError, match="reduces nothing"):
+        verify([a2a[0], _replace_recv(a2a[1], 0, 0, reduce=True)])
+    with pytest.raises(ScheduleError, match="outside"):
+        verify([a2a[0], _replace_recv(a2a[1], 0, 0, at=a2a[1].count)])
+    # a landing range written while a send of the same step reads it
+    s = a2a[1]
+    send = s.steps[0].sends[0]
+    with pytest.raises(ScheduleError, match="written while"):
+        verify([a2a[0], _replace_recv(s, 0, 0, at=send.lo)])
+    # the pair matrix must be square
+    with pytest.raises(ScheduleError, match="2x2"):
+        verify([dataclasses.replace(x, counts=(1, 1, 1)) for x in a2a])
+
+
+def test_the_contract_is_rank_js_block_for_rank_r():
+    record = collective("alltoall")
+    pairs = (1, 2, 0,
+             3, 0, 4,
+             5, 6, 7)
+    # rank 1's input is its row, its output its column, packed
+    assert record.input_size(1, 0, 0, pairs) == 7
+    assert record.output_size(1, 0, 0, pairs) == 8
+    # output [0,2) from rank 0's input at 1, [2,2) none, [2,8) from rank 2's input at 5
+    assert record.regions(1, [0, 1, 2], 0, 0, pairs) == [(0, 2, (0,), 1), (2, 8, (2,), 5)]
+
+
+# -- the records and the model --------------------------------------------------------------
+
+def test_the_records_serve_alltoall_without_offering_it():
+    assert algorithms.scheduled("alltoall") == list(ALLTOALL)
+    for name in ALLTOALL:
+        record = algorithms.get(name)
+        assert record.collectives == ("alltoall",)
+        assert not record.auto and not record.offered and not record.calibrated
+        assert name not in algorithms.candidates(Context(4, 16, collective="alltoall"))
+    assert not algorithms.get("native").serves("alltoall")
+    with pytest.raises(ValueError, match="not callable yet"):
+        algorithms.algorithms("alltoall")
+    with pytest.raises(ValueError, match="no schedule for allreduce"):
+        algorithms.build("bruck", Context(4, 16))
+    with pytest.raises(ValueError, match="pair counts"):
+        Context(3, 9, collective="alltoall", counts=(1, 2, 3))
+
+
+def test_the_model_prices_them_in_the_documented_order():
+    tiny, large = {}, {}
+    for size in (9, 64):
+        for b, into in ((1, tiny), (1 << 16, large)):
+            into[size] = estimate(ALLTOALL, size * size * b, 4, size, alpha=1e-6, beta=1e-9,
+                                  collective="alltoall")
+            assert all(t > 0 for t in into[size].values())
+    # tiny blocks: log N rounds beat N - 1; large blocks: the bytes Bruck relays cost more
+    assert tiny[64]["bruck"] < tiny[64]["pairwise"] / 5
+    assert large[64]["pairwise"] < large[64]["bruck"]
+    assert large[9]["pairwise"] < large[9]["bruck"]
+
+
+def test_bcube_uses_every_level_of_a_bcube_at_once():
+    b = 900
+    count = 81 * b
+    on_bcube = {n: algorithm_cost(n, count, 4, 9, BCubeNetwork("3x3"), collective="alltoall")
+                for n in ALLTOALL}
+    on_fat_tree = {n: algorithm_cost(n, count, 4, 9, FatTree(9), collective="alltoall")
+                   for n in ALLTOALL}
+    # BCube(3,2): (n - 1)/n · N·b = 6·b on the busiest NIC, both levels busy in each step
+    assert Fraction(on_bcube["bcube"].time) == 6 * b
+    assert {s.link[2] for s in on_bcube["bcube"].steps} <= {0, 1}
+    # any all-to-all through one NIC: every block but its own crosses it, (N - 1)·b
+    assert Fraction(on_fat_tree["pairwise"].time) == 8 * b
+    assert min(c.time for c in on_fat_tree.values()) == 8 * b
+    assert on_bcube["bcube"].time < min(on_bcube["pairwise"].time, on_bcube["bruck"].time)
