@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, config, selection
+from . import buffers, call_formats, config, selection
 from .agreement import (
     Mailbox,
     drain,
@@ -102,6 +102,13 @@ def _check_mode(value: str | None) -> str:
     return value
 
 
+def _carry(comm: Communicator, reproducible: bool | None) -> Any:
+    """The call format a reducing call of ``comm`` is carried in: the reproducible one when
+    ``reproducible`` says so (None: the communicator's own mode), else None."""
+    wanted = comm.reproducible if reproducible is None else reproducible
+    return call_formats.REPRODUCIBLE if wanted else None
+
+
 def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
     """``method`` called through a weak reference to its object (a watchdog thread must not
     keep a dropped Communicator alive)."""
@@ -152,7 +159,10 @@ class Communicator:
     ``policy``: what differs under failures (:class:`bmlmpi.call_policy.CallPolicy`), for a
     variant to build the base with its own (``fault_tolerant=True`` builds the fault-tolerant
     communicator, whose policy is :class:`bmlmpi.ft.policy.FaultTolerantPolicy`); None: the
-    plain policy.
+    plain policy. ``reproducible``: float SUM and AVG allreduces return bits that depend on
+    the multiset of addends alone (``BMLMPI_REPRODUCIBLE``, default off; a call's own
+    ``reproducible=`` overrides it; docs/reproducible.md): such a call takes the checked path
+    each time.
 
     Blocking calls and deadlines: the first ``Allreduce`` of each signature (count, dtype,
     op, algorithm) is started non-blocking and waited on with the deadline, argument check
@@ -212,7 +222,8 @@ class Communicator:
     def __init__(self, comm: MPI.Comm = MPI.COMM_WORLD, algorithm: str = "auto",
                  topology: str | Sequence[int] | None = None, fault_tolerant: bool = False,
                  *, timeout: float | None = None, validate: bool | None = None,
-                 check: str | None = None, policy: CallPolicy | None = None):
+                 check: str | None = None, policy: CallPolicy | None = None,
+                 reproducible: bool | None = None):
         if comm == MPI.COMM_NULL:
             raise ValueError("cannot build a bmlmpi.Communicator on MPI.COMM_NULL")
         remove_singleton_leftovers()
@@ -225,6 +236,10 @@ class Communicator:
         # RemoteArgumentError naming it) instead of waiting out a deadline, and ranks that
         # name different shapes fail before any Split (which has no deadline) is made.
         error: Exception | None = None
+        #: Whether reducing calls are reproducible unless a call says otherwise
+        #: (:mod:`bmlmpi.call_formats`).
+        self.reproducible = bool(config.get("BMLMPI_REPRODUCIBLE") if reproducible is None
+                                 else reproducible)
         self.timeout = config.get("BMLMPI_TIMEOUT")
         self.shape: Shape = ()
         try:
@@ -424,24 +439,29 @@ class Communicator:
 
     # -- public calls ---------------------------------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                  algorithm: str | None = None, compression: Any = None) -> None:
+                  algorithm: str | None = None, compression: Any = None,
+                  reproducible: bool | None = None) -> None:
         """Reduce ``sendbuf`` over all ranks into ``recvbuf`` (``sendbuf`` may be IN_PLACE).
         ``algorithm``: this call's (None: the communicator's); ``compression``: a
-        :mod:`bmlmpi.compression` compressor or spec (``"fp16"``), which chooses its own path.
+        :mod:`bmlmpi.compression` compressor or spec (``"fp16"``), which chooses its own path;
+        ``reproducible``: this call's mode (None: the communicator's; docs/reproducible.md).
 
         After a signature's first call, a native one goes straight to ``MPI_Allreduce``,
         bounded by the watchdog, and a scheduled one runs its cached plan directly, under the
         executor's deadline (class docstring)."""
         if compression is not None:
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
-                            compression=compression).Wait()
+                            compression=compression, reproducible=reproducible).Wait()
             return
-        self.blocking_allreduce(sendbuf, recvbuf, op, self.algorithm_named(algorithm))
+        self.blocking_allreduce(sendbuf, recvbuf, op, self.algorithm_named(algorithm),
+                                reproducible)
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                   algorithm: str | None = None, compression: Any = None) -> Request:
+                   algorithm: str | None = None, compression: Any = None,
+                   reproducible: bool | None = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned request.
-        ``algorithm`` and ``compression`` as for :meth:`Allreduce`."""
+        ``algorithm``, ``compression`` and ``reproducible`` as for :meth:`Allreduce`; a
+        reproducible call's start waits for every rank's (its block exponents' MAX)."""
         if compression is not None:   # the compression layer wraps this same call path
             gate = self._gate
             mine = gate.claim(self.rank)
@@ -449,6 +469,10 @@ class Communicator:
                 if algorithm is not None:
                     self._agreement.refuse(ValueError("algorithm= and compression= together: "
                                                       "a compressed call chooses its own path"))
+                if _carry(self, reproducible) is not None:
+                    self._agreement.refuse(call_formats.ReproducibleRefused(
+                        "compression= in reproducible mode: a compressor rounds each rank's "
+                        "values, so no exact sum is left to reproduce (reproducible=False)"))
                 return self._compression.start(sendbuf, recvbuf, op, compression)
             finally:
                 gate.release(mine)
@@ -456,7 +480,8 @@ class Communicator:
         self.policy.check_usable()
         mine = self._gate.claim(self.rank)
         try:
-            return self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm))
+            return self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm,
+                                                              _carry(self, reproducible)))
         finally:
             if mine:
                 self._gate.owner = None
@@ -518,12 +543,14 @@ class Communicator:
     # (bmlmpi.call_policy): how a started call is tracked, how a schedule is bound, what an
     # MPI error means.
     def _prepare_checked(self, sendbuf: Any, recvbuf: Any, op: Any,
-                         algorithm: str) -> CollectiveCall:
+                         algorithm: str, carry: Any = None) -> CollectiveCall:
         """One allreduce numbered and prepared on the checked path (the caller holds the
-        gate); a call this rank refuses is recorded as refused before its error is raised."""
+        gate), carried in ``carry`` (a call format, or None); a call this rank refuses is
+        recorded as refused before its error is raised."""
         with self.call_log.refusing("allreduce", algorithm, op):
             return self._agreement.prepared(prepare_allreduce, self.rank, self.size, sendbuf,
-                                            recvbuf, op, algorithm, self._cache.auto_for)
+                                            recvbuf, op, algorithm, self._cache.auto_for,
+                                            carry)
 
     def submit_recorded(self, call: CollectiveCall) -> Request:
         """The call entered in the flight recorder, then started and tracked by the policy
@@ -555,18 +582,25 @@ class Communicator:
         self._agreement.validate(CompressedCall(count, dtype, name, self.algorithm, compression),
                                  None)
 
-    def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> None:
+    def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str,
+                           reproducible: bool | None = None) -> None:
         """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
         ``Allreduce`` without compression, and the module-level drop-in's entry: the fast
         path when its signature may take it (:meth:`bmlmpi.fast_path.FastPath.allreduce`),
         else the checked path, started and waited on, which then opens the signature's
-        entry in the fast path."""
+        entry in the fast path. A reproducible call (``reproducible``, None: the
+        communicator's mode) takes the checked path each time."""
         gate = self._gate
         mine = gate.claim(self.rank)
         try:
             agreement = self._agreement
             if agreement.repair_after is not None:
                 agreement.repair()  # (collective: every rank's first call after the error)
+            carry = _carry(self, reproducible)
+            if carry is not None:
+                self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm,
+                                                           carry)).Wait()
+                return
             fast = self._fast_path
             if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
@@ -593,9 +627,11 @@ class Communicator:
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------
     def Allreduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                       algorithm: str | None = None) -> PersistentRequest:
+                       algorithm: str | None = None,
+                       reproducible: bool | None = None) -> PersistentRequest:
         """A persistent allreduce (``MPI_Allreduce_init``; :mod:`bmlmpi.persistent`);
-        ``algorithm`` None: the communicator's."""
+        ``algorithm`` None: the communicator's; ``reproducible`` as for :meth:`Allreduce`
+        (each start then waits for every rank's start: its block exponents' MAX)."""
         gate = self._gate
         mine = gate.claim(self.rank)  # one call at a time: a second thread raises here
         try:
@@ -608,7 +644,7 @@ class Communicator:
                                       "cannot stage device memory at every start)")
             return self._persistent_calls.make(self._agreement.prepared(
                 prepare_allreduce, self.rank, self.size, sendbuf, recvbuf, op, algorithm,
-                self._cache.auto_for))
+                self._cache.auto_for, _carry(self, reproducible)))
         finally:
             gate.release(mine)
 

@@ -128,6 +128,8 @@ class CollectiveCall:
     native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
     extra: dict = field(default_factory=dict)
     slot: Any = None            # the call in the flight recorder (bmlmpi.recorder)
+    wire: Any = None            # its call format's carrier (bmlmpi.call_formats); None: the
+    #                             values themselves are reduced
 
     # -- what the pipeline and the fault-tolerant ledger read ------------------------------
     @property
@@ -147,8 +149,10 @@ class CollectiveCall:
         # those that prepared it before: its signature leaves the size out. The others are
         # prepared again for the survivors (their counts are per member): their size stays.
         size = None if collective_record(self.collective).size_free else self.size
+        # a carried call's op names its format: ranks that carry it differently disagree
+        op = self.op if self.wire is None else f"{self.op} ({self.wire.name})"
         return (self.collective, size, len(counts), self.total,
-                _digest(counts) if len(counts) > 1 else "", self.dtype.str, self.op, self.root,
+                _digest(counts) if len(counts) > 1 else "", self.dtype.str, op, self.root,
                 self.algorithm, tuple(shape))
 
     def traced(self) -> Signature:
@@ -210,7 +214,10 @@ class CollectiveCall:
 
     def auto(self, plans: Any) -> str:
         """``auto``'s choice for this call on ``plans``' communicator
-        (:class:`bmlmpi.plans.PlanCache`)."""
+        (:class:`bmlmpi.plans.PlanCache`): a carried call's for the words it carries."""
+        if self.wire is not None:
+            return plans.auto_for(self.wire.words(self.out.size, self.dtype),
+                                  np.dtype(np.int64), "sum")
         if self.collective == "allreduce":
             return plans.auto_for(self.out.size, self.out.dtype, self.op)
         return plans.family_auto(self)
@@ -407,7 +414,10 @@ class CollectiveCall:
         (:meth:`compiled`: bound there, cached per signature) with the tags of its call and
         signature (calls of different signatures never match: a rank that switches to
         another signature it already ran meets no partner) (:meth:`start_plan`); ``finish``
-        runs when the exchange completes."""
+        runs when the exchange completes. A call its call format carries is started by its
+        carrier (:mod:`bmlmpi.call_formats`), which launches the carried words' call here."""
+        if self.wire is not None:
+            return self.wire.start(self, pipeline, label, finish)
         if self.algorithm == "native":
             return self.start_native(pipeline.comm, pipeline.rank, finish, label,
                                      pipeline.policy.is_failure)
@@ -475,11 +485,13 @@ def start_schedule(collective: str, plan: Any, inp: np.ndarray | None,
 
 
 def prepare_allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any,
-                      algorithm: str, auto: Callable[[int, np.dtype, str], str]
-                      ) -> CollectiveCall:
+                      algorithm: str, auto: Callable[[int, np.dtype, str], str],
+                      carry: Any = None) -> CollectiveCall:
     """An allreduce's arguments checked on ``rank`` of ``size`` (mpi4py's buffer specs,
     device arrays staged through host memory) and resolved into its
-    :class:`CollectiveCall`; ``auto(count, dtype, op)`` decides ``auto``."""
+    :class:`CollectiveCall`; ``auto(count, dtype, op)`` decides ``auto``. ``carry``: a
+    call format (:mod:`bmlmpi.call_formats`) asked for the call's carrier (it may refuse
+    the call); ``auto`` then decides for the words it carries."""
     requested = algorithm
     name = op_name(op)
     if recvbuf is None or recvbuf is MPI.IN_PLACE:
@@ -511,8 +523,10 @@ def prepare_allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any,
                                   f"{count} sent")
     dtype = recv.flat.dtype
     check_dtype_op(dtype, name)
+    wire = None if carry is None else carry.carrier(dtype, name)
     if algorithm == "auto":
-        algorithm = auto(count, dtype, name)
+        algorithm = (auto(count, dtype, name) if wire is None
+                     else auto(wire.words(count, dtype), np.dtype(np.int64), "sum"))
     out = recv.flat[:count]
     src = None if send is None else send.flat
     if src is not None and np.may_share_memory(src, out):
@@ -520,7 +534,7 @@ def prepare_allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any,
             raise BufferSpecError("sendbuf and recvbuf overlap; use MPI.IN_PLACE")
         src = None  # the same memory: an in-place call spelled with two names
     return CollectiveCall("allreduce", "Allreduce", algorithm, requested, name, (count,), 0,
-                          rank, size, src, out, None, staging=staging)
+                          rank, size, src, out, None, staging=staging, wire=wire)
 
 
 def _start_native_allreduce(call: CollectiveCall, comm: MPI.Comm, rank: int,

@@ -166,6 +166,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "call, before any data moves (docs/contracts.md)", _check_mode),
     Variable("BMLMPI_VALIDATE", "boolean", True, "on",
              "off: skip the first-call agreement check", parse_bool),
+    Variable("BMLMPI_REPRODUCIBLE", "boolean", False, "off",
+             "on: a communicator's float SUM/AVG allreduce, reduce-scatter and reduce return "
+             "the same bits for any algorithm, rank order or count (docs/reproducible.md)",
+             parse_bool),
     Variable("BMLMPI_LINKS", "preset or file", None, "from MPI placement",
              "link-weight matrix for the trees: a preset (`p3.16xlarge`/`dgx1`), or a file "
              "(JSON, whitespace matrix, `nvidia-smi topo -m` text)", _text),

@@ -151,7 +151,7 @@ class PersistentCalls:
         with self.owner.policy.failure_noted():
             self.agreement.validate(call, None, always=True)
         compiled = None
-        if self.plain:
+        if self.plain and call.wire is None:  # a carried call's carrier starts it each time
             if call.algorithm == "native":
                 compiled = native_init(call, self.owner.comm)
             else:

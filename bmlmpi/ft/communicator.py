@@ -76,7 +76,8 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
                  on_failure: Callable[[FaultTolerantCommunicator, tuple[int, ...]], None]
                  | None = None,
                  recovery: str = "auto", hang_timeout: float | None = None,
-                 heartbeat: float | None = None, watch_links: Sequence[str] | None = None):
+                 heartbeat: float | None = None, watch_links: Sequence[str] | None = None,
+                 reproducible: bool | None = None):
         """Collective over ``comm``, like the plain communicator, plus a token for the
         heartbeat and a closing agreement.
 
@@ -112,7 +113,7 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         policy = FaultTolerantPolicy()
         try:
             super().__init__(comm, algorithm, topology, timeout=timeout, validate=validate,
-                             policy=policy)
+                             policy=policy, reproducible=reproducible)
         except MPI.Exception as exc:
             raise FaultToleranceError(f"bmlmpi.Communicator(fault_tolerant=True): a rank "
                                       f"failed while the communicator was being built: "

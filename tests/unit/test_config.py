@@ -56,7 +56,7 @@ def test_every_variable_is_covered_by_these_tests():
 def test_boolean_variables_are_the_expected_ones():
     assert set(BOOLEANS) == {"BMLMPI_VALIDATE", "BMLMPI_CALIBRATE", "BMLMPI_RECALIBRATE",
                              "BMLMPI_CUDA_AWARE", "BMLMPI_ULFM", "BMLMPI_TOLERATE_LOST",
-                             "BMLMPI_FAULT_TOLERANT"}
+                             "BMLMPI_FAULT_TOLERANT", "BMLMPI_REPRODUCIBLE"}
 
 
 @pytest.mark.parametrize("name", BOOLEANS)

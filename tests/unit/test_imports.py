@@ -33,7 +33,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
               "bmlmpi.tuning_table")),
     ("api", ("bmlmpi.api", "bmlmpi.dropin", "bmlmpi.calls", "bmlmpi.fast_path", "bmlmpi.family",
              "bmlmpi.collectives", "bmlmpi.persistent", "bmlmpi.call_agreement",
-             "bmlmpi.call_log",
+             "bmlmpi.call_log", "bmlmpi.call_formats",
              "bmlmpi.ft", "bmlmpi.compression", "bmlmpi.training", "bmlmpi.variants")),
     ("frameworks", ("bmlmpi.torch",)),
     ("cli", ("bmlmpi.cli", "bmlmpi.bench")),

@@ -1,0 +1,231 @@
+"""Reproducible allreduces (docs/reproducible.md) on real ranks: every algorithm, blocking,
+``I…`` and persistent, in place and not, returns the bits of one reference (the same addends
+reduced on one rank in the reproducible format, :mod:`bmlmpi.reproducible.format`), whichever
+rank holds which contribution and with ranks adding zeros; integer-valued data equals
+``math.fsum``; PROD and compression are refused on every rank, integers and MIN/MAX pass
+through. Small: a few hundred values a call."""
+
+import math
+
+import numpy as np
+import pytest
+from conftest import all_ranks_agree
+from mpi4py import MPI
+
+import bmlmpi
+from bmlmpi.call_formats import ReproducibleRefused
+from bmlmpi.reproducible import format as rf
+
+DTYPES = [np.float16, np.float32, np.float64, np.complex128]
+#: values a call: two blocks of the format and a part of a third (complex: twice the reals)
+COUNT = 300
+
+
+def contribution(k: int, dtype, n: int = COUNT) -> np.ndarray:
+    """Contribution ``k``: mixed magnitudes (float16: within its range), a position- and
+    ``k``-dependent pattern, so that a misplaced range or contribution changes the bits."""
+    rng = np.random.default_rng(1000 + k)
+    span = 3 if np.dtype(dtype) == np.float16 else 8
+    mag = 10.0 ** rng.integers(-span, span, n)
+    x = rng.standard_normal(n) * mag
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(n) * mag[::-1]
+    return x.astype(dtype)
+
+
+def reference(parts: list[np.ndarray], avg_over: int | None = None) -> np.ndarray:
+    """The reproducible reduction of ``parts`` on this one rank, in the format's steps."""
+    agreed = np.max([rf.block_exponents(p) for p in parts], axis=0)
+    words = sum(rf.encode(p, agreed) for p in parts)
+    special = None
+    if agreed[:, 1].any():
+        special = np.bitwise_or.reduce([rf.specials(p, agreed) for p in parts])
+    out = rf.decode(words, agreed, parts[0].dtype, special)
+    return out if avg_over is None else rf.average(out, avg_over)
+
+
+def _check(failures: list, what: str, got: np.ndarray, want: np.ndarray) -> None:
+    if got.tobytes() != want.tobytes():
+        bad = int(np.sum(got.view(np.uint8) != want.view(np.uint8)))
+        failures.append(f"{what}: {bad} bytes differ from the reference")
+
+
+@pytest.fixture(scope="module")
+def repro():
+    # a named algorithm: no calibration at construction, no measuring auto (calls name theirs)
+    c = bmlmpi.Communicator(MPI.COMM_WORLD, "native", reproducible=True, timeout=60)
+    yield c
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_every_algorithm_and_form_gives_the_reference_bits(repro):
+    """Each algorithm with one dtype (each dtype meets two algorithms, once in place and
+    once not for each form)."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    wanted = {}
+    for j, algorithm in enumerate(bmlmpi.algorithms("allreduce")):
+        dtype = DTYPES[j % len(DTYPES)]
+        if dtype not in wanted:
+            parts = [contribution(k, dtype) for k in range(size)]
+            wanted[dtype] = (parts[rank], reference(parts))
+        mine, want = wanted[dtype]
+        in_place = (j // len(DTYPES)) % 2 == 0
+        what = f"{algorithm} {np.dtype(dtype)}"
+        buf = mine.copy()
+        c.Allreduce(MPI.IN_PLACE if in_place else mine, buf, algorithm=algorithm)
+        _check(failures, f"{what} blocking in_place={in_place}", buf, want)
+        buf = mine.copy()
+        c.Iallreduce(mine if in_place else MPI.IN_PLACE, buf, algorithm=algorithm).Wait()
+        _check(failures, f"{what} I in_place={not in_place}", buf, want)
+        persistent = c.Allreduce_init(MPI.IN_PLACE if in_place else mine, buf,
+                                      algorithm=algorithm)
+        for _ in range(2 if j == 0 else 1):  # each start agrees its cuts again
+            buf[:] = mine
+            persistent.Start()
+            persistent.Wait()
+            _check(failures, f"{what} persistent in_place={in_place}", buf, want)
+        persistent.Free()
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_any_placement_of_the_contributions_gives_the_same_bits(repro):
+    """Rank r holds contribution perm[r] for several permutations; AVG divides once."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    sums = [contribution(k, np.float64) for k in range(size)]
+    avgs = [contribution(k, np.float32) for k in range(size)]
+    want, avg = reference(sums), reference(avgs, avg_over=size)
+    for shift, flip in ((0, False), (1, False), (0, True)):
+        k = (size - 1 - rank if flip else rank + shift) % size
+        out = np.empty_like(sums[k])
+        c.Allreduce(sums[k], out, algorithm="ring")
+        _check(failures, f"float64 shift {shift} flip {flip}", out, want)
+        out = np.empty_like(avgs[k])
+        c.Allreduce(avgs[k], out, op=bmlmpi.AVG, algorithm="tree")
+        _check(failures, f"float32 AVG shift {shift} flip {flip}", out, avg)
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_ranks_adding_zeros_and_a_smaller_communicator_give_the_same_bits(repro):
+    """The last rank adds zeros: the bits of the other ranks' contributions reduced among
+    themselves (a sub-communicator), and of the one-rank reference."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    holders = max(size - 1, 1)
+    for dtype in (np.float16, np.complex128):
+        parts = [contribution(k, dtype) for k in range(holders)]
+        want = reference(parts)
+        mine = parts[rank] if rank < holders else np.zeros_like(parts[0])
+        out = np.empty_like(mine)
+        c.Allreduce(mine, out, algorithm="bml")
+        _check(failures, f"{np.dtype(dtype)} with a zero rank", out, want)
+    sub_comm = MPI.COMM_WORLD.Split(0 if rank < holders else MPI.UNDEFINED, rank)
+    if sub_comm != MPI.COMM_NULL:
+        sub = bmlmpi.Communicator(sub_comm, "native", reproducible=True, timeout=60)
+        try:
+            for dtype in (np.float16, np.complex128):
+                parts = [contribution(k, dtype) for k in range(holders)]
+                out = np.empty_like(parts[0])
+                sub.Allreduce(parts[rank], out, algorithm="native")
+                _check(failures, f"{np.dtype(dtype)} on {holders} ranks", out,
+                       reference(parts))
+        finally:
+            sub.Free()
+            sub_comm.Free()
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_integer_valued_data_equals_math_fsum(repro):
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    i = np.arange(COUNT)
+    for dtype in (np.float32, np.float64):
+        parts = [((i * 37 + k * 1001) % 4099 - 2000.0) * 2.0 ** (k % 3) for k in range(size)]
+        want = np.array([math.fsum(p[j] for p in parts) for j in range(COUNT)], dtype)
+        out = np.empty(COUNT, dtype)
+        c.Allreduce(parts[rank].astype(dtype), out, algorithm="multitree")
+        _check(failures, f"{np.dtype(dtype)} integer-valued", out, want)
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_special_values_follow_the_rules_on_every_algorithm(repro):
+    """A NaN, infinities and -0 on some ranks: the flagged blocks' bytes are exchanged."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    parts = [contribution(k, np.float64) for k in range(size)]
+    for k, p in enumerate(parts):
+        p[3] = -0.0                     # -0 everywhere: the result is -0
+        p[260 + k % 2] = np.inf         # +inf; -inf on one rank at 261 when size > 1
+    parts[-1][261] = -np.inf
+    parts[0][5] = np.nan
+    want = reference(parts)
+    assert np.signbit(want[3]) and want[3] == 0 and np.isnan(want[5])
+    for algorithm in ("native", "ring"):
+        out = np.empty_like(parts[rank])
+        c.Allreduce(parts[rank], out, algorithm=algorithm)
+        _check(failures, f"specials {algorithm}", out, want)
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+def _outcome(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects the type
+        return type(exc).__name__
+    return None
+
+
+@pytest.mark.mpi
+def test_prod_and_compression_are_refused_on_every_rank(repro):
+    c = repro
+    x = np.arange(1.0, 9.0)
+    failures = []
+    for what, fn in (("PROD", lambda: c.Allreduce(x, np.empty_like(x), op=MPI.PROD)),
+                     ("compression", lambda: c.Allreduce(x, np.empty_like(x),
+                                                         compression="fp16"))):
+        got = _outcome(fn)
+        if got != "ReproducibleRefused":
+            failures.append(f"{what}: {got}")
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+    assert issubclass(ReproducibleRefused, ValueError)
+    out = np.empty_like(x)
+    c.Allreduce(x, out, op=MPI.PROD, reproducible=False)   # the call's own mode wins
+    assert np.array_equal(out, x ** c.size)
+
+
+@pytest.mark.mpi
+def test_integers_min_and_max_pass_through(repro):
+    c = repro
+    rank = c.rank
+    failures = []
+    ints = (np.arange(COUNT, dtype=np.int64) * 3 + rank) % 101
+    floats = contribution(rank, np.float32)
+    for what, x, op in (("int64 SUM", ints, MPI.SUM), ("float32 MIN", floats, MPI.MIN),
+                        ("float32 MAX", floats, MPI.MAX)):
+        out, want = np.empty_like(x), np.empty_like(x)
+        c.Allreduce(x, out, op=op)
+        MPI.COMM_WORLD.Allreduce(x, want, op=op)
+        _check(failures, what, out, want)
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_ranks_that_differ_in_the_mode_fail_on_every_rank(repro):
+    c = repro
+    if c.size == 1:
+        pytest.skip("one rank agrees with itself")
+    x = contribution(c.rank, np.float32, 10)
+    got = _outcome(lambda: c.Allreduce(x, np.empty_like(x), algorithm="ring",
+                                       reproducible=c.rank != 0))
+    all_ranks_agree(MPI.COMM_WORLD, [] if got == "ArgumentMismatch" else [f"raised {got}"])

