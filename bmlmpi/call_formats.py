@@ -53,17 +53,22 @@ class ReproducibleRefused(ValueError):
 class ReproducibleRun:
     """A reproducible call's run: the words' run (any executor's, or MPI's own call), the
     special bytes' exchange, then the decode into the caller's result and ``finish``. Polled
-    as any run (``test``, ``progress``, ``reqs``, ``cancel``, ``describe_timeout``)."""
+    as any run (``test``, ``progress``, ``reqs``, ``cancel``, ``describe_timeout``).
+    ``held``: the arrays MPI may read or write until the exchanges complete (the words sent,
+    the special bytes sent), kept as long as the run is (a call given up at its deadline
+    keeps its run, so MPI never touches freed memory)."""
 
-    __slots__ = ("words_run", "specials", "decode", "finish", "step")
+    __slots__ = ("words_run", "specials", "decode", "finish", "step", "held")
 
     def __init__(self, words_run: Any, specials: MPI.Request | None,
-                 decode: Callable[[], None], finish: Callable[[], None] | None):
+                 decode: Callable[[], None], finish: Callable[[], None] | None,
+                 held: tuple = ()):
         self.words_run = words_run
         self.specials = specials
         self.decode = decode
         self.finish = finish
         self.step = 0
+        self.held = held
 
     def test(self) -> bool:
         if self.step == 0 and self.words_run.test():
@@ -76,8 +81,9 @@ class ReproducibleRun:
         return self.step == 2
 
     @property
-    def progress(self) -> tuple:
-        return (self.words_run.progress, self.step)
+    def progress(self) -> int:
+        """Grows with every step of the words' run and of this run (a count, as a Run's)."""
+        return self.words_run.progress + self.step
 
     @property
     def reqs(self) -> list[MPI.Request]:
@@ -111,12 +117,14 @@ class ReproducibleCarrier:
 
     def start(self, call: CollectiveCall, pipeline: Any, label: str,
               finish: Callable[[], None] | None) -> ReproducibleRun:
-        """Start ``call`` (an allreduce this carrier carries) on ``pipeline`` (its
-        communicator: ``comm``, ``rank``, ``size``, ``timeout``, ``policy``,
-        ``calls_in_flight``): the steps of the module docstring; ``finish`` runs after the
-        decode."""
+        """Start ``call`` (an allreduce, reduce-scatter or reduce this carrier carries) on
+        ``pipeline`` (its communicator: ``comm``, ``rank``, ``size``, ``timeout``,
+        ``policy``, ``calls_in_flight``): the steps of the module docstring, the words' call
+        being the same collective's (:meth:`bmlmpi.calls.CollectiveCall.carried`); ``finish``
+        runs after the decode."""
         fmt = self.fmt
-        values = call.out if call.src is None else call.src
+        given, _ = call.schedule_buffers()
+        values = call.out if given is None else given
         comm = pipeline.comm
         mine = rf.block_exponents(values)
         agreed = np.empty_like(mine)
@@ -126,27 +134,31 @@ class ReproducibleCarrier:
                   else words)
         reals = words.size // fmt.words
         flagged = rf.flagged(agreed, reals, fmt) if agreed[:, 1].any() else None
-        specials = req = None
+        specials = req = local = None
         if flagged is not None:
             local = rf.specials(values, agreed)[flagged]
             specials = np.empty_like(local)
             req = comm.Iallreduce(local, specials, MPI.BOR)
-        words_call = CollectiveCall("allreduce", "Allreduce", call.algorithm, call.requested,
-                                    "sum", (words.size,), 0, pipeline.rank, pipeline.size,
-                                    None, words, None)
+        reals_per_value = 2 if values.dtype.kind == "c" else 1
+        words_call, summed, out, first = call.carried(words, reals_per_value * fmt.words,
+                                                      pipeline.rank, pipeline.size)
         words_run = words_call.launch(pipeline, label, None)
         if not pipeline.policy.keeps_calls:
             defer_behind(words_run, (e.run for e in pipeline.calls_in_flight.active))
-        out = call.out
+        start = first * reals_per_value   # the output's first real position
 
         def decode() -> None:
+            if summed is None:
+                return
+            n = summed.size // fmt.words
             special = None
             if flagged is not None:
-                special = np.zeros(reals, np.uint8)
-                special[flagged] = specials
-            rf.decode(words.reshape(-1, fmt.words) if fmt.words > 1 else words, agreed,
-                      out.dtype, special, out=out)
-        return ReproducibleRun(words_run, req, decode, finish)
+                everywhere = np.zeros(reals, np.uint8)
+                everywhere[flagged] = specials
+                special = everywhere[start:start + n]
+            rf.decode(summed.reshape(-1, fmt.words) if fmt.words > 1 else summed, agreed,
+                      out.dtype, special, out=out, start=start)
+        return ReproducibleRun(words_run, req, decode, finish, (words, local, specials))
 
 
 def _exchange(pipeline: Any, req: MPI.Request, label: str) -> None:

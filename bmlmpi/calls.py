@@ -380,6 +380,30 @@ class CollectiveCall:
             for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
                 np.copyto(self.out[d:d + c], output[lo:lo + c])
 
+    def carried(self, words: np.ndarray, per_value: int, rank: int, size: int
+                ) -> tuple[CollectiveCall, np.ndarray | None, np.ndarray | None, int]:
+        """The plain call of the same collective over ``words`` (this rank's whole input as
+        int64 words, ``per_value`` of them a value; :mod:`bmlmpi.call_formats`) on ``rank``
+        of ``size`` ranks now: (the words' call, the words that hold this rank's result once
+        it completed, or None where this rank receives none, the output they decode into,
+        the position of that output's first value in the input)."""
+        counts = tuple(c * per_value for c in self.counts)
+        if self.collective == "reduce_scatter":
+            block = np.empty(counts[rank], np.int64)
+            call = CollectiveCall("reduce_scatter", self.mpi_name, self.algorithm,
+                                  self.requested, "sum", counts, 0, rank, size, words, block,
+                                  block, native_block=self.native_block)
+            return call, block, self.result, offsets(self.counts)[rank]
+        if self.collective == "reduce":
+            mine = rank == self.root
+            out = np.empty(words.size if mine else 0, np.int64)
+            call = CollectiveCall("reduce", "Reduce", self.algorithm, self.requested, "sum",
+                                  counts, self.root, rank, size, words, out, None)
+            return call, (out if mine else None), (self.out if mine else None), 0
+        call = CollectiveCall(self.collective, self.mpi_name, self.algorithm, self.requested,
+                              "sum", counts, 0, rank, size, None, words, None)
+        return call, words, self.out, 0
+
     def compiled(self, plans: Any) -> Any:
         """This call's schedule compiled for ``plans``' communicator (cached per signature,
         :class:`bmlmpi.plans.PlanCache`)."""

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers
+from . import buffers, call_formats
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .call_agreement import ARGUMENT_ERRORS, CallAgreement
@@ -591,10 +591,19 @@ class _RefusedCounts:
 # -- how each public method's call prepares, given the algorithm (the facade's builders) ------
 # The communicator's rank and size are read when the call is prepared, not when the builder
 # is made: a fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family).
+def carried(comm: Any, call: CollectiveCall) -> CollectiveCall:
+    """A reducing family call of ``comm`` carried in the reproducible call format where
+    ``comm`` is in reproducible mode (:mod:`bmlmpi.call_formats`; PROD on floating-point
+    values refused)."""
+    if comm.reproducible:
+        call.wire = call_formats.REPRODUCIBLE.carrier(call.dtype, call.op)
+    return call
+
+
 def scatter_blocks(comm: Any, sendbuf: Any, recvbuf: Any, op: Any) -> Callable[[str], Any]:
     """How ``Reduce_scatter_block`` prepares on ``comm``."""
-    return lambda alg: prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf, None, op,
-                                              True, alg)
+    return lambda alg: carried(comm, prepare_reduce_scatter(comm.rank, comm.size, sendbuf,
+                                                            recvbuf, None, op, True, alg))
 
 
 def scatter(comm: Any, sendbuf: Any, recvbuf: Any, recvcounts: Any,
@@ -603,8 +612,9 @@ def scatter(comm: Any, sendbuf: Any, recvbuf: Any, recvcounts: Any,
     :meth:`FamilyEngine.reduce_scatter_counts` gave them."""
     if isinstance(recvcounts, _RefusedCounts):
         return recvcounts.refuse
-    return lambda alg: prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf,
-                                              recvcounts, op, False, alg)
+    return lambda alg: carried(comm, prepare_reduce_scatter(comm.rank, comm.size, sendbuf,
+                                                            recvbuf, recvcounts, op, False,
+                                                            alg))
 
 
 def gather(comm: Any, sendbuf: Any, recvbuf: Any, vector: bool) -> Callable[[str], Any]:
@@ -615,7 +625,8 @@ def gather(comm: Any, sendbuf: Any, recvbuf: Any, vector: bool) -> Callable[[str
 
 def reduce_to(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> Callable[[str], Any]:
     """How ``Reduce`` prepares on ``comm``."""
-    return lambda alg: prepare_reduce(comm.rank, comm.size, sendbuf, recvbuf, op, root, alg)
+    return lambda alg: carried(comm, prepare_reduce(comm.rank, comm.size, sendbuf, recvbuf, op,
+                                                    root, alg))
 
 
 def broadcast(comm: Any, buf: Any, root: Any) -> Callable[[str], Any]:

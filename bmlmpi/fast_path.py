@@ -378,7 +378,9 @@ class FastPath:
         (:meth:`~bmlmpi.progress.Progress.settle`); MPI's own non-blocking calls progress
         inside the blocking one."""
         pipeline, agreement = self.pipeline, self.agreement
-        if (call.algorithm != "native" or not (self.enabled and self.allow_native)
+        # a carried call (its call format's words) is started by its carrier, never here
+        if (call.algorithm != "native" or call.wire is not None
+                or not (self.enabled and self.allow_native)
                 or not agreement.agreed(call)
                 or agreement.notice_waiting(self.numbers.callno)):
             return False
@@ -511,8 +513,9 @@ class FastPath:
         displacements to place, input and output not spelled as two names of one memory
         (the entry would read the input from the output on every later call); a native call
         only where MPI's blocking call is allowed and its op is MPI's (AVG divides
-        afterwards), a schedule whose plan is cached."""
-        if (key is None or not self.enabled or key in self.entries
+        afterwards), a schedule whose plan is cached. A carried call opens none: its carrier
+        starts each of its calls (:mod:`bmlmpi.call_formats`)."""
+        if (key is None or not self.enabled or key in self.entries or call.wire is not None
                 or call.staging is not None or call.displs is not None):
             return
         a, b = args[0], args[1]

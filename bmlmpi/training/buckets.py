@@ -198,13 +198,20 @@ class GradientBuckets:
     group of arrays (moved along when the ibatch plan regroups them); on a fault-tolerant
     communicator a rank failing makes every survivor raise
     :class:`bmlmpi.ft.FaultToleranceError` (module docstring).
+    ``reproducible``: each group's allreduce in reproducible mode (docs/reproducible.md; None:
+    the communicator's own): its bits depend on the gradients alone for a given bucket layout,
+    whatever the algorithm, the order of the ranks or a survivors' re-reduction (a value's
+    block of the format lies in its bucket, so a plan that regroups the arrays, such as
+    ibatch's after profiling, may change the low bits); with ``compression`` refused on
+    every rank.
     """
 
     def __init__(self, grads: Sequence[np.ndarray], comm: Any = None, op: Any = None,
                  plan: str | Batching = "threshold", *, fusion_bytes: int | None = None,
                  profile: Profile | None = None, fusion: str = "auto",
                  timeout: float | None = None, poll_interval: float = 2e-4,
-                 cost: str = "model", compression: Any = None):
+                 cost: str = "model", compression: Any = None,
+                 reproducible: bool | None = None):
         from .. import AVG, Communicator
         if comm is None:
             comm = MPI.COMM_WORLD
@@ -224,6 +231,7 @@ class GradientBuckets:
         # error-feedback memory kept per group of registered arrays (key: member indices)
         from ..compression import parse
         self.compression = parse(compression)
+        self.reproducible = reproducible
         # a failure is recovered by re-reducing the iteration's buckets from a copy of their
         # input, except under a compressor with memory (module docstring)
         self._rereduce = self.fault_tolerant and (self.compression is None
@@ -271,6 +279,10 @@ class GradientBuckets:
             return f"unknown plan {plan_name!r}; plans: {', '.join(PLANS)}"
         if self.cost not in COSTS:
             return f"cost must be one of {', '.join(COSTS)}, got {self.cost!r}"
+        wanted = self.comm.reproducible if self.reproducible is None else self.reproducible
+        if wanted and self.compression is not None:
+            return ("compression in reproducible mode: a compressor rounds each rank's values, "
+                    "so no exact sum is left to reproduce (reproducible=False)")
         for i, a in enumerate(self.grads):
             if not isinstance(a, np.ndarray):
                 return f"gradient {i} is a {type(a).__name__}, not a numpy array"
@@ -284,7 +296,8 @@ class GradientBuckets:
                        if isinstance(a, np.ndarray))
         return (arrays, op_name(self.op), plan if isinstance(plan, str) else
                 (plan.ends, plan.split), fusion_bytes,
-                None if self.compression is None else self.compression.name)
+                None if self.compression is None else self.compression.name,
+                self.comm.reproducible if self.reproducible is None else self.reproducible)
 
     def _check_registration(self, plan, plan_name, fusion_bytes, problem) -> None:
         sig = self._signature(plan, fusion_bytes)
@@ -435,7 +448,8 @@ class GradientBuckets:
         with self._lock:
             for g in bucket.groups:
                 if self.compression is None:
-                    reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g.buffer, self.op))
+                    reqs.append(self.comm.Iallreduce(MPI.IN_PLACE, g.buffer, self.op,
+                                                     reproducible=self.reproducible))
                 else:
                     reqs.append(self.comm.compression.start(
                         MPI.IN_PLACE, g.buffer, self.op, self.compression,

@@ -5,8 +5,8 @@ Started by ``tests/test_reproducible_ft.py`` as ``bmlmpi-run --ft --tolerate-los
 tests/ft/reproducible_ranks.py SPEC`` (never collected by pytest: it needs ULFM and a rank
 that really dies). ``SPEC`` is JSON::
 
-    {"timeout": 60, "hang_timeout": 10, "algorithm": "ring",
-     "kill": {"call": 1, "rank": 3, "when": "step", "step": 1}}
+    {"timeout": 60, "hang_timeout": 20, "algorithm": "ring",
+     "kill": {"call": 1, "rank": 3, "when": "step", "step": 1}, "per_call": false}
 
 Every rank runs ``CALLS`` reproducible float64 SUM allreduces of its own contribution (the
 victim's values are the largest, so the cuts agreed with it differ from the survivors'). The
@@ -16,7 +16,8 @@ posts schedule step ``step``. Every survivor then records, per call, whether its
 the bits of the reproducible reduction over every rank (``all``) or over the survivors
 (``survivors``), computed on one rank with :mod:`bmlmpi.reproducible.format`, and whether a
 fresh call among the survivors of the killed call's inputs gives the same bits as that
-call's result.
+call's result. ``per_call``: the mode asked by each call (``reproducible=True``) instead of
+the communicator's.
 
 Output, one JSON line each, prefixed ``FTR-JSON``: the victim before it dies, every survivor
 at the end (or its error).
@@ -78,7 +79,7 @@ def main() -> None:
     victim = kill["rank"]
     try:
         comm = bmlmpi.Communicator(world, algorithm=spec["algorithm"], fault_tolerant=True,
-                                   reproducible=True, timeout=spec["timeout"],
+                                   reproducible=not spec["per_call"], timeout=spec["timeout"],
                                    hang_timeout=spec["hang_timeout"])
     except ft.FaultToleranceUnavailable as exc:
         emit(unavailable=str(exc), rank=me)
@@ -98,7 +99,7 @@ def main() -> None:
                     else:
                         killer.step = kill["step"]
                 out = np.full(COUNT, -7.0)
-                comm.Allreduce(x, out)
+                comm.Allreduce(x, out, reproducible=True if spec["per_call"] else None)
                 results.append(out.tobytes())
         everyone = list(range(size))
         survivors = [r for r in everyone if r not in comm.failed]
@@ -111,7 +112,8 @@ def main() -> None:
                 match = "survivors"
             matches.append(match)
         fresh = np.empty(COUNT)
-        comm.Allreduce(contribution(me, kill["call"], victim), fresh)
+        comm.Iallreduce(contribution(me, kill["call"], victim), fresh,
+                        reproducible=True if spec["per_call"] else None).Wait()
         emit(survivor=me, failed=list(comm.failed), matches=matches,
              fresh_equal=fresh.tobytes() == results[kill["call"]],
              digest=[hashlib.sha256(r).hexdigest() for r in results])

@@ -229,3 +229,89 @@ def test_ranks_that_differ_in_the_mode_fail_on_every_rank(repro):
     got = _outcome(lambda: c.Allreduce(x, np.empty_like(x), algorithm="ring",
                                        reproducible=c.rank != 0))
     all_ranks_agree(MPI.COMM_WORLD, [] if got == "ArgumentMismatch" else [f"raised {got}"])
+
+
+@pytest.mark.mpi
+def test_reduce_scatter_and_reduce_give_the_reference_bits(repro):
+    """Every algorithm of each, blocking, ``I…`` and persistent in turn, in place and not;
+    the blocks and the root's result are the reference's."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    per = 150
+    for j, algorithm in enumerate(bmlmpi.algorithms("reduce_scatter")):
+        dtype = DTYPES[j % len(DTYPES)]
+        parts = [contribution(k, dtype, per * size) for k in range(size)]
+        want = reference(parts)
+        mine = want[rank * per:(rank + 1) * per]
+        buf = parts[rank].copy()
+        form = ("blocking", "I", "persistent")[j % 3]
+        what = f"Reduce_scatter_block {algorithm} {np.dtype(dtype)} {form}"
+        if form == "blocking":
+            c.Reduce_scatter_block(MPI.IN_PLACE, buf, algorithm=algorithm)
+        elif form == "I":
+            c.Ireduce_scatter_block(parts[rank], buf[:per], algorithm=algorithm).Wait()
+        else:
+            persistent = c.Reduce_scatter_block_init(parts[rank], buf[:per],
+                                                     algorithm=algorithm)
+            persistent.Start()
+            persistent.Wait()
+            persistent.Free()
+        _check(failures, what, buf[:per], mine)
+        counts = [per + (r == 0) - (r == size - 1) for r in range(size)]
+        out = np.empty(counts[rank], dtype)
+        c.Reduce_scatter(parts[rank], out, counts, algorithm=algorithm)
+        at = sum(counts[:rank])
+        _check(failures, f"Reduce_scatter {algorithm} {np.dtype(dtype)}", out,
+               want[at:at + counts[rank]])
+    for j, algorithm in enumerate(bmlmpi.algorithms("reduce")):
+        dtype = DTYPES[j % len(DTYPES)]
+        parts = [contribution(k, dtype) for k in range(size)]
+        want, root = reference(parts), j % size
+        out = parts[rank].copy() if rank == root else None
+        what = f"Reduce {algorithm} {np.dtype(dtype)} root {root}"
+        if j % 2:
+            c.Ireduce(MPI.IN_PLACE if rank == root else parts[rank], out, root=root,
+                      algorithm=algorithm).Wait()
+        else:
+            c.Reduce(parts[rank], np.empty_like(parts[rank]) if out is None else out,
+                     root=root, algorithm=algorithm)
+        if rank == root:
+            _check(failures, what, out, want)
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_gradient_buckets_are_reproducible(repro):
+    """Per-layer buckets give each array's reference (AVG); one fused bucket gives the same
+    bits on two algorithms."""
+    c = repro
+    rank, size = c.rank, c.size
+    shapes = ((40, 7), (300,), (5,))
+    layers = [[contribution(10 * i + k, np.float32, int(np.prod(s))).reshape(s)
+               for k in range(size)] for i, s in enumerate(shapes)]
+    failures = []
+    grads = [layer[rank].copy() for layer in layers]
+    with bmlmpi.GradientBuckets(grads, comm=c, plan="layer") as buckets:
+        for i in range(len(grads)):
+            buckets.mark_ready(i)
+        buckets.wait()
+    for i, layer in enumerate(layers):
+        want = reference([a.reshape(-1) for a in layer], avg_over=size)
+        _check(failures, f"layer {i}", grads[i].reshape(-1), want)
+    fused = {}
+    for algorithm in ("ring", "tree"):
+        other = bmlmpi.Communicator(MPI.COMM_WORLD, algorithm, timeout=60)
+        try:
+            grads = [layer[rank].copy() for layer in layers]
+            with bmlmpi.GradientBuckets(grads, comm=other, plan="single",
+                                        reproducible=True) as buckets:
+                for i in range(len(grads)):
+                    buckets.mark_ready(i)
+                buckets.wait()
+            fused[algorithm] = b"".join(g.tobytes() for g in grads)
+        finally:
+            other.Free()
+    if fused["ring"] != fused["tree"]:
+        failures.append("one fused bucket: ring and tree differ")
+    all_ranks_agree(MPI.COMM_WORLD, failures)

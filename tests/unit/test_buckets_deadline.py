@@ -36,7 +36,7 @@ class _Comm:
     """One rank: Allreduce copies (the registration check), Iallreduce is a timed request."""
 
     rank, size, timeout = 0, 1, 30.0
-    fault_tolerant, failed = False, ()
+    fault_tolerant, failed, reproducible = False, (), False
 
     def __init__(self, duration: float, step: float | None):
         self.duration, self.step = duration, step
@@ -44,7 +44,7 @@ class _Comm:
     def Allreduce(self, send, recv, op) -> None:
         recv[...] = send
 
-    def Iallreduce(self, send, recv, op) -> _Request:
+    def Iallreduce(self, send, recv, op, reproducible=None) -> _Request:
         return _Request(self.duration, self.step)
 
 
