@@ -10,8 +10,9 @@ through as they are, or it refuses the call (an argument error, announced to eve
 any other). The record's launch hands a carried call to its carrier
 (:meth:`ReproducibleCarrier.start`), which starts the plain call of the carried words
 through the same launch (any algorithm's schedule, ``native`` as MPI's own call) and
-returns a run the pipeline polls like any other: nothing in the executor, the fast path or
-the facade knows the format.
+returns a run the pipeline polls like any other: the executors know nothing of it, the
+fast path only declines a carried call, and the facade only names the format a call asks
+for.
 
 The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproducible.format`):
 
@@ -24,8 +25,11 @@ The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproduci
    the caller's buffers are read, not written, until the end);
 3. where a block is flagged (a NaN, an infinity or a -0 in it on some rank): the special
    bytes of those blocks' elements OR-reduced (``MPI_Iallreduce`` of uint8, started here);
-4. the words' integer SUM: the call's algorithm, run by the plain launch on the words;
-5. once both exchanges completed: the words decoded into the caller's result, rounded once.
+4. the words' integer SUM: the same collective's plain call of the words
+   (:meth:`bmlmpi.calls.CollectiveCall.carried`), the call's algorithm run by the same
+   launch;
+5. once both exchanges completed: the words decoded into the caller's result (a
+   reduce-scatter's block of this rank, a reduce's on the root), rounded once.
 
 Every rank issues the two small exchanges and starts the words' call in the same order as
 its calls, so MPI's collectives on the communicator pair up across ranks.
