@@ -30,8 +30,9 @@ the cost drops), then iterated descent: kick (a few random moves) and descend ag
 the result when it is no worse, else going back to the best. The descent minimises
 Σ_t max-link(t), ties broken by Σ link load² (which breaks the plateaus of the max). Fixed
 budgets (sweeps, rounds: never a time) and a fixed-seed generator give the same result on
-every rank without communication; about a second per step count for 27 servers on a loaded
-core. :func:`bmlmpi.ft.recovery.recovery_plan` prices every result (and the relay
+every rank without communication; about 0.3 s of CPU per step count for 27 servers (BCube
+3x3x3 without one). The descent prices each candidate move from the link loads, without
+applying it. :func:`bmlmpi.ft.recovery.recovery_plan` prices every result (and the relay
 planner's schedule) with :func:`bmlmpi.model.price` on :class:`bmlmpi.model.BCubeWithout` and
 keeps the cheapest. It is a heuristic: for BCube(3,2) without [0,0] it finds 16·T_C at T = 2,
 the family's optimum up to T = 3, but not the 14·T_C the family reaches at T = 4 (both optima
@@ -265,8 +266,10 @@ class _TreeSet:
                 par, when, kids = self.parent[p], self.step[p], self.children[p]
                 for v in sorted(par):
                     u0, t0 = par[v], when[v]
-                    lo = max((when[c] + 1 for c in kids[v]), default=0)
-                    base = (self.phi, self.psi)
+                    lo = 0
+                    for c in kids[v]:
+                        if when[c] >= lo:
+                            lo = when[c] + 1
                     # Every candidate's cost is computed, not applied and undone: the state
                     # as edge() would leave it with v's edge (u0, t0) taken out (its two
                     # links one lower; the step's busiest link one lower when both held all
@@ -279,7 +282,8 @@ class _TreeSet:
                     top0_out = top0 - 1 if at_top and self.hist[t0][top0] == at_top else top0
                     phi = self.phi - (top0 - top0_out)
                     psi = self.psi - 2 * (a0 + b0 - 1)
-                    best = None
+                    # the best so far, (Σ max-link, Σ load²); a move must beat the current
+                    best, best_phi, best_psi = None, self.phi, self.psi
                     for u, lv in self.nbrs[v]:
                         hi = last if u == o else when[u] - 1
                         up, down = v * k + lv, (n + u) * k + lv
@@ -294,13 +298,16 @@ class _TreeSet:
                             else:
                                 high = top[t]
                             rise = (a if a > b else b) + 1 - high
-                            key = (phi + rise if rise > 0 else phi, psi + 2 * (a + b + 1))
-                            if key < base and (best is None or key < best[0]):
-                                best = (key, u, t)
+                            key_phi = phi + rise if rise > 0 else phi
+                            if key_phi > best_phi:
+                                continue
+                            key_psi = psi + 2 * (a + b + 1)
+                            if key_phi < best_phi or key_psi < best_psi:
+                                best, best_phi, best_psi = (u, t), key_phi, key_psi
                     if best is None:
                         continue
                     self.edge(v, u0, t0, -1)
-                    _, u, t = best
+                    u, t = best
                     self.edge(v, u, t, 1)
                     par[v], when[v] = u, t
                     kids[u0].remove(v)
