@@ -44,7 +44,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .calls import CollectiveCall
-from .execute import wait_for
+from .execute import DeadlineExceeded, wait_for
 from .executors import defer_behind
 from .reproducible import format as rf
 
@@ -132,7 +132,7 @@ class ReproducibleCarrier:
         comm = pipeline.comm
         mine = rf.block_exponents(values)
         agreed = np.empty_like(mine)
-        _exchange(pipeline, comm.Iallreduce(mine, agreed, MPI.MAX), label)
+        _exchange(pipeline, comm.Iallreduce(mine, agreed, MPI.MAX), label, (mine, agreed))
         words = np.empty(self.words(values.size, values.dtype), np.int64)
         rf.encode(values, agreed, out=words.reshape(-1, fmt.words) if fmt.words > 1
                   else words)
@@ -165,11 +165,27 @@ class ReproducibleCarrier:
         return ReproducibleRun(words_run, req, decode, finish, (words, local, specials))
 
 
-def _exchange(pipeline: Any, req: MPI.Request, label: str) -> None:
+class _GivenUp:
+    """The block exponents' MAX given up at its deadline, as the communicator holds a run MPI
+    may still use: its request and the arrays MPI may still read and write."""
+
+    __slots__ = ("reqs", "arrays")
+
+    def __init__(self, req: MPI.Request, arrays: tuple):
+        self.reqs = [req]
+        self.arrays = arrays
+
+    def cancel(self, bound: float = 0.0) -> list[MPI.Request]:
+        return self.reqs
+
+
+def _exchange(pipeline: Any, req: MPI.Request, label: str, arrays: tuple) -> None:
     """Wait for the block exponents' MAX under the communicator's deadline, advancing its
     outstanding calls meanwhile (a rank waiting on one of them needs this rank's progress
     before it starts this call); an MPI failure is raised as it is (a fault-tolerant policy
-    notes it)."""
+    notes it). Past the deadline the plain communicator gives the call up as it gives up a
+    run (its arrays held, the others told, the communicator revoked) and the
+    DeadlineExceeded is raised."""
     plain = not pipeline.policy.keeps_calls
     in_flight = pipeline.calls_in_flight
 
@@ -177,10 +193,17 @@ def _exchange(pipeline: Any, req: MPI.Request, label: str) -> None:
         if plain:
             in_flight.progress()
         return req.Test()
-    wait_for(done, pipeline.timeout,
-             lambda t: f"{label}: the reproducible block exponents' MAX did not complete "
-                       f"within {t:g} s (every rank starts the call)",
-             progress=pipeline.policy.progress_mark)
+    try:
+        wait_for(done, pipeline.timeout,
+                 lambda t: f"{label}: the reproducible block exponents' MAX did not complete "
+                           f"within {t:g} s (every rank starts the call)",
+                 progress=pipeline.policy.progress_mark)
+    except DeadlineExceeded as exc:
+        if plain:
+            agreement = in_flight.agreement
+            agreement.held.append(_GivenUp(req, arrays))
+            agreement.gave_up(pipeline.call_numbers.callno, exc)
+        raise
 
 
 class ReproducibleFormat:

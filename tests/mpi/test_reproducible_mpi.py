@@ -315,3 +315,24 @@ def test_gradient_buckets_are_reproducible(repro):
     if fused["ring"] != fused["tree"]:
         failures.append("one fused bucket: ring and tree differ")
     all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_a_rank_that_never_starts_makes_the_others_hit_the_deadline():
+    """The block exponents' MAX waits under the deadline: the ranks that started raise, the
+    communicator is revoked on them, nothing hangs."""
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("needs two ranks")
+    c = bmlmpi.Communicator(world, "ring", timeout=1.5, validate=False, reproducible=True)
+    x = contribution(world.rank, np.float32, 64)
+    failures = []
+    if world.rank != 0:
+        got = _outcome(lambda: c.Iallreduce(x, np.empty_like(x)))
+        if got not in ("DeadlineExceeded", "CommunicatorRevoked"):
+            failures.append(f"raised {got}")
+        if _outcome(lambda: c.Allreduce(x, np.empty_like(x))) != "CommunicatorRevoked":
+            failures.append("the communicator is not revoked after the deadline")
+    world.Barrier()
+    all_ranks_agree(world, failures)
+    c.Free()
