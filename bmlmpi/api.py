@@ -159,10 +159,10 @@ class Communicator:
     ``policy``: what differs under failures (:class:`bmlmpi.call_policy.CallPolicy`), for a
     variant to build the base with its own (``fault_tolerant=True`` builds the fault-tolerant
     communicator, whose policy is :class:`bmlmpi.ft.policy.FaultTolerantPolicy`); None: the
-    plain policy. ``reproducible``: float SUM and AVG allreduces return bits that depend on
-    the multiset of addends alone (``BMLMPI_REPRODUCIBLE``, default off; a call's own
-    ``reproducible=`` overrides it; docs/reproducible.md): such a call takes the checked path
-    each time.
+    plain policy. ``reproducible``: float SUM and AVG allreduces, reduce-scatters and reduces
+    return bits that depend on the multiset of addends alone (``BMLMPI_REPRODUCIBLE``,
+    default off; an allreduce's own ``reproducible=`` overrides it; docs/reproducible.md):
+    such a call takes the checked path each time.
 
     Blocking calls and deadlines: the first ``Allreduce`` of each signature (count, dtype,
     op, algorithm) is started non-blocking and waited on with the deadline, argument check
