@@ -126,19 +126,22 @@ def test_ranks_adding_zeros_and_a_smaller_communicator_give_the_same_bits(repro)
         out = np.empty_like(mine)
         c.Allreduce(mine, out, algorithm="bml")
         _check(failures, f"{np.dtype(dtype)} with a zero rank", out, want)
-    sub_comm = MPI.COMM_WORLD.Split(0 if rank < holders else MPI.UNDEFINED, rank)
-    if sub_comm != MPI.COMM_NULL:
-        sub = bmlmpi.Communicator(sub_comm, "native", reproducible=True, timeout=60)
-        try:
-            for dtype in (np.float16, np.complex128):
-                parts = [contribution(k, dtype) for k in range(holders)]
+    # every rank builds one communicator (the zero rank one of its own), so that the ranks'
+    # communicators keep one creation order (the flight recorder's files are named by it)
+    holding = rank < holders
+    sub_comm = MPI.COMM_WORLD.Split(0 if holding else 1, rank)
+    sub = bmlmpi.Communicator(sub_comm, "native", reproducible=True, timeout=60)
+    try:
+        for dtype in (np.float16, np.complex128):
+            parts = [contribution(k, dtype) for k in range(holders)]
+            if holding:
                 out = np.empty_like(parts[0])
                 sub.Allreduce(parts[rank], out, algorithm="native")
                 _check(failures, f"{np.dtype(dtype)} on {holders} ranks", out,
                        reference(parts))
-        finally:
-            sub.Free()
-            sub_comm.Free()
+    finally:
+        sub.Free()
+        sub_comm.Free()
     all_ranks_agree(MPI.COMM_WORLD, failures)
 
 
