@@ -34,6 +34,7 @@ from .agreement import (
     Mailbox,
     drain,
 )
+from .auto_tuning import AutoTuning
 from .buffers import BufferSpecError
 from .call_agreement import CallAgreement, agree_construction
 from .call_gate import CallGate
@@ -66,6 +67,7 @@ from .family import (
 from .fast_path import FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
+from .model.estimate import Calibration
 from .ops import check_dtype_op, op_name
 from .persistent import PersistentCalls, PersistentRequest
 from .placement import Placement
@@ -263,10 +265,8 @@ class Communicator:
         numbers = self._numbers
         self._placement = Placement(self, lambda: agreement.interrupt(numbers.callno)())
         self._links = self._placement.find_links()
-        self.calibration = None
-        if selection.calibration_wanted(self.algorithm):
-            from .calibrate import calibrate
-            self.calibration = calibrate(self._comm, timeout=self.timeout)
+        # auto's prices: taken at the first auto call that needs them, never here
+        self._tuning = AutoTuning(self)
         self._cache = PlanCache(self, self._placement, policy)
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
@@ -339,6 +339,24 @@ class Communicator:
         """This communicator's plans, schedules and ``auto``'s choices, per signature
         (:class:`bmlmpi.plans.PlanCache`)."""
         return self._cache
+
+    @property
+    def calibration(self) -> Calibration | None:
+        """The calibration ``auto`` prices with: None until the first blocking ``auto`` call
+        that needs one has taken it (read from the cache or measured; refused where it
+        cannot be true), and on a communicator whose calls name their algorithms
+        (:mod:`bmlmpi.auto_tuning`). Assigning one makes ``auto`` price with it as given."""
+        return self._tuning.calibration
+
+    @calibration.setter
+    def calibration(self, calib: Calibration | None) -> None:
+        self._tuning.give(calib)
+
+    @property
+    def tuning(self) -> AutoTuning:
+        """``auto``'s part of this communicator: its prices (:class:`bmlmpi.auto_tuning.
+        AutoTuning`)."""
+        return self._tuning
 
     @property
     def placement(self) -> Placement:
@@ -576,7 +594,8 @@ class Communicator:
             if fast.blocking_native(call, key, args):
                 return
             self.submit_recorded(call).Wait()
-            fast.open(key, call, args)
+            if not self._tuning.after_call(call):
+                fast.open(key, call, args)
         finally:
             if mine:
                 gate.owner = None

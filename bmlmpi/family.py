@@ -551,7 +551,7 @@ class FamilyEngine:
         if self.fast.blocking_native(call, key, args):
             return
         owner.submit_recorded(call).Wait()
-        if call.algorithm != "native":
+        if not owner.tuning.after_call(call) and call.algorithm != "native":
             self.fast.open(key, call, args)
 
     def reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:

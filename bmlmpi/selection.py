@@ -45,7 +45,7 @@ from .schedules.collectives import collective as collective_record
 __all__ = ["AUTO_TREE_MAX_RANKS", "Candidate", "Explanation", "algorithms",
            "calibration_wanted", "candidates", "check_algorithm", "choose",
            "choose_collective", "env_algorithm", "explain", "explain_collective",
-           "prefer_kept", "tree_array_bound"]
+           "prefer_kept", "prices_wanted", "tree_array_bound"]
 
 
 def algorithms(collective: str = "allreduce") -> list[str]:
@@ -260,6 +260,17 @@ def prefer_kept(times: dict[str, float], margins: dict[str, float] | None = None
     kept = [n for n in times if n != best and n in margins
             and times[n] <= margins[n] * times[best]]
     return min(kept, key=times.__getitem__) if kept else best
+
+
+def prices_wanted(collective: str, count: int, size: int) -> bool:
+    """Whether :func:`explain` would price an ``auto`` call of ``collective`` (``count``
+    elements on ``size`` ranks) with a calibration, were there one: not where
+    ``BMLMPI_ALGORITHM`` decides, an empty call or one rank, nor with ``BMLMPI_CALIBRATE=0``.
+    The same answer on every rank for the same call."""
+    env = env_algorithm()
+    if env and env != records.AUTO and env in records.algorithms(collective):
+        return False
+    return count > 0 and size > 1 and calibration_wanted(records.AUTO)
 
 
 def calibration_wanted(algorithm: str) -> bool:
