@@ -419,6 +419,7 @@ class Communicator:
                                f"started on it have not completed; Wait() on their requests "
                                f"first")
         self._gate.freed = True
+        self._tuning.save()
         self._watchdog.stop()
         self._fast_path.close()
         self._placement.free(collective=self._agreement.revoked is None)
@@ -589,12 +590,15 @@ class Communicator:
             if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
             call = self._prepare_checked(sendbuf, recvbuf, op, algorithm)
+            tuning = self._tuning
+            timing = tuning.explore(call)
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
                                                                                  recvbuf, op)
-            if fast.blocking_native(call, key, args):
+            if fast.blocking_native(call, key if timing.opens else None, args):
+                tuning.after_call(call, timing)
                 return
             self.submit_recorded(call).Wait()
-            if not self._tuning.after_call(call):
+            if tuning.after_call(call, timing):
                 fast.open(key, call, args)
         finally:
             if mine:
@@ -813,8 +817,10 @@ class Communicator:
                                          asked, "asked", f"the communicator was built with "
                                                          f"algorithm={self.algorithm!r}")
         blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
-        return self._cache.explain(collective, int(count), dt.itemsize, 0,
-                                   (count // self.size,) * self.size if blocked else None)
+        why = self._cache.explain(collective, int(count), dt.itemsize, 0,
+                                  (count // self.size,) * self.size if blocked else None)
+        tuning = self._tuning
+        return tuning.explained(tuning.key(collective, int(count), dt, op_name(op), 0), why)
 
     def nodes(self):
         """Which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`):
