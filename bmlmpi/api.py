@@ -268,6 +268,7 @@ class Communicator:
         # auto's prices: taken at the first auto call that needs them, never here
         self._tuning = AutoTuning(self)
         self._cache = PlanCache(self, self._placement, policy)
+        self._tuning.at_construction()
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
         self._calls_in_flight = Progress(self, self._gate, self._active, agreement)

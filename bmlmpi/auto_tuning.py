@@ -50,9 +50,13 @@ anything here. Committed keys are not reviewed (the Tuner's review needs every c
 key counted, and the fast path counts nothing). A persistent request takes the choice at its
 ``…_init`` (committed, else the prior) and keeps it: its plan is compiled there. Floating
 MIN and MAX are not tuned (the MPI library's own call does not propagate NaN as bmlmpi's
-kernels do, so ``auto`` never hands it those): their ``auto`` is the priced choice. The
-fault-tolerant policy does not explore (a call's algorithm is entered in its ledger as
-prepared): its ``auto`` runs the committed choice or the prior.
+kernels do, so ``auto`` never hands it those): their ``auto`` is the priced choice. So is the
+fault-tolerant policy's: it neither explores (a call's algorithm is entered in its ledger as
+prepared) nor reads the table (its recovery knows the schedules the fixed rule and the model
+pick, not every one a table may name).
+
+The fault-tolerant policy takes its calibration at construction instead, where its
+algorithm is ``auto`` (:meth:`AutoTuning.at_construction`: every rank is alive there).
 
 **The table.** Keys seeded from the table commit at their first call (``why="table"``); the
 keys this communicator committed are merged into the table at ``Free()`` (or at exit, for one
@@ -202,7 +206,18 @@ class AutoTuning:
     def _settles(self, call: Any) -> bool:
         """Whether the prices are taken after ``call`` (the same answer on every rank)."""
         return (not self.settled and call.requested == records.AUTO
+                and not self.owner.policy.keeps_calls
                 and selection.auto_decides(call.collective, call.total, call.size))
+
+    def at_construction(self) -> None:
+        """A policy that keeps its calls (the fault-tolerant one) takes its calibration at
+        the communicator's construction, where its algorithm is ``auto``: every rank is alive
+        there, while after a call that lost ranks a collective of its own would fail (the
+        call's own recovery is the policy's). Others take their prices after their first
+        ``auto`` call (module docstring)."""
+        owner = self.owner
+        if owner.policy.keeps_calls and owner.algorithm == records.AUTO:
+            self.give(self.take())
 
     def take(self) -> Calibration | None:
         """The calibration, read from the cache or measured within the deadline, where it may
@@ -274,7 +289,7 @@ class AutoTuning:
     def choice(self, key: TuningKey | None, explanation: selection.Explanation) -> str:
         """What an ``auto`` call of ``key`` runs when it is not explored (every form's
         preparation): the committed algorithm, else the prior; opens the key."""
-        if key is None:
+        if key is None or self.owner.policy.keeps_calls:
             return explanation.chosen
         report = self.tuner.begin(key, explanation)
         return report.chosen or report.prior
@@ -327,7 +342,7 @@ class AutoTuning:
         runs (committed; while exploring, the candidate its call index names) and, per
         candidate, the predicted time, the agreed median and why
         (:class:`bmlmpi.tuner.TuningReport`). Local: opens nothing."""
-        if key is None:
+        if key is None or self.owner.policy.keeps_calls:
             return explanation
         report: TuningReport = self.tuner.preview(key, explanation)
         if report.state == "committed":
