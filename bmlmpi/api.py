@@ -297,7 +297,7 @@ class Communicator:
             self._recorder, self._watchdog, enabled=plain, native=native_fast)
         self._persistent_calls = PersistentCalls(self, self._cache, self._gate, self._numbers,
                                                  agreement, plain=plain)
-        self.family = FamilyEngine(self, agreement, self._gate, self._numbers, self._fast_path)
+        self.family = FamilyEngine(self, agreement, self._gate, self._fast_path)
 
     # -- the control channel and its repair (bmlmpi.call_agreement calls these) --------------
     @property

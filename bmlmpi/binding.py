@@ -1,6 +1,7 @@
 """Binds a schedule to the MPI communicators its transfers run on.
 
-The schedule itself comes from :mod:`bmlmpi.schedules.catalog` (name → Schedule, MPI-free);
+The schedule itself comes from the algorithm records, :mod:`bmlmpi.schedules.algorithms`
+(name → Schedule, MPI-free);
 this module only decides, per transfer, which communicator carries it and the peer's rank
 there. A transfer placed on a BCube link level (``level >= 0``: BML and its recovery) goes over
 that level's communicator, made by ``Split`` with the digit as key, so the peer's rank there is

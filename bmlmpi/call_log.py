@@ -1,11 +1,12 @@
 """The pipeline's side of the flight recorder (:mod:`bmlmpi.recorder`): a call entered, its
 end, a call refused before it had a record, the call in progress the watchdog names.
 
-Every part that starts or ends a call (the checked launch, the fast path, the progress
-engine, persistent calls, the fault-tolerant ledger) is handed the communicator and writes
+The parts that start or end a call on the checked path (the checked launch, the progress
+engine, persistent calls, the fault-tolerant ledger) are handed the communicator and write
 through its :class:`CallLog` (``Communicator.call_log``), so that a communicator whose
 recorder is off (``BMLMPI_TRACE_CALLS=0``) costs each of them one ``None`` test and no
-branch of their own.
+branch of their own. The fast path fills its slots inline (the 8 B hot path) and the
+compression layer records its calls itself.
 """
 
 from __future__ import annotations

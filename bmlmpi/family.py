@@ -65,7 +65,6 @@ from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .call_agreement import ARGUMENT_ERRORS, CallAgreement
 from .call_gate import CallGate
-from .call_numbers import CallNumbers
 from .calls import CollectiveCall, offsets
 from .fast_path import FastPath
 from .ops import check_dtype_op, op_name
@@ -451,12 +450,10 @@ class FamilyEngine:
     later calls, and runs a native call of an agreed signature as MPI's blocking call on
     every rank (:meth:`~bmlmpi.fast_path.FastPath.blocking_native`)."""
 
-    def __init__(self, owner: Any, agreement: CallAgreement, gate: CallGate,
-                 numbers: CallNumbers, fast: FastPath):
+    def __init__(self, owner: Any, agreement: CallAgreement, gate: CallGate, fast: FastPath):
         self.owner = owner
         self.agreement = agreement
         self.gate = gate            # the owner's CallGate (the thread inside a call)
-        self.numbers = numbers      # the owner's CallNumbers (call numbers, tag slots)
         self.fast = fast
 
     def algorithm_for(self, collective: str, algorithm: str | None) -> str:

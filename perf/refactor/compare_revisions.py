@@ -6,7 +6,7 @@
 For a change meant to leave behaviour alone (a restructuring): each revision is checked out
 into a temporary ``git worktree`` and run from there (``PYTHONPATH`` points the ranks at it),
 with this interpreter. Each round runs, for each rank count, ``bmlmpi-bench`` with validation
-over every algorithm (``BMLMPI_CALIBRATE=0``, so both sides pick from the same rule), before
+over every algorithm (``--iterations`` timed iterations per size, default 200) (``BMLMPI_CALIBRATE=0``, so both sides pick from the same rule), before
 and after in turn (the order swaps every round, so drift in the machine's load falls on both);
 then ``perf/ft/soak.py`` on each side with the same seed.
 
@@ -49,9 +49,11 @@ def run(tree: Path, cmd: list[str], timeout: int) -> subprocess.CompletedProcess
                           timeout=timeout)
 
 
-def sweep(tree: Path, n: int, collective: str, sizes: str, out: Path, timeout: int) -> dict:
+def sweep(tree: Path, n: int, collective: str, sizes: str, out: Path, timeout: int,
+          iterations: int) -> dict:
     res = run(tree, [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable,
-                     "-m", "bmlmpi.cli.bench", "-m", sizes, "-i", "200", "-x", "20", "-c",
+                     "-m", "bmlmpi.cli.bench", "-m", sizes, "-i", str(iterations),
+                     "-x", str(max(iterations // 10, 1)), "-c",
                      "--algorithms", "all", "--blocks", "4", "--collective", collective,
                      "--json", str(out), "--no-progress"], timeout)
     if res.returncode != 0:
@@ -97,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--soak-trials", type=int, default=40)
     p.add_argument("--soak-seeds", default="11")
+    p.add_argument("--iterations", type=int, default=200,
+                   help="timed iterations per size (a tenth of them warm-up)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per launch")
     p.add_argument("--out", default=str(ROOT / "perf/refactor/results/compare.json"))
     args = p.parse_args(argv)
@@ -119,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                     for side in order:
                         before_load = load()
                         bench = sweep(trees[side], n, coll, args.sizes,
-                                      tmp / f"{side}-{rnd}-{n}-{coll}.json", args.timeout)
+                                      tmp / f"{side}-{rnd}-{n}-{coll}.json", args.timeout,
+                                      args.iterations)
                         rows = bench["rows"]
                         machines.setdefault(n, bench["machine"])
                         runs.append({"side": side, "round": rnd, "ranks": n, "collective": coll,

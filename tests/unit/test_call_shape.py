@@ -1,7 +1,7 @@
-"""The shape of the call pipeline (docs/architecture.md, "The call pipeline"): one record type
-for every collective's calls, no branch on the string ``"allreduce"`` outside the records
-and the public facade, and a :class:`bmlmpi.Communicator` of few methods. Read from the
-source (the AST) and the class, without MPI traffic."""
+"""The shape of the call pipeline (docs/architecture.md, item 4 and "The path of one call"):
+one record type for every collective's calls, no branch on the string ``"allreduce"``
+outside the records and the public facade, and a :class:`bmlmpi.Communicator` of few
+methods. Read from the source (the AST) and the class, without MPI traffic."""
 
 import ast
 import inspect
