@@ -30,8 +30,9 @@ the cost drops), then iterated descent: kick (a few random moves) and descend ag
 the result when it is no worse, else going back to the best. The descent minimises
 Σ_t max-link(t), ties broken by Σ link load² (which breaks the plateaus of the max). Fixed
 budgets (sweeps, rounds: never a time) and a fixed-seed generator give the same result on
-every rank without communication; about a second per step count for 27 servers on a loaded
-core. :func:`bmlmpi.ft.recovery.recovery_plan` prices every result (and the relay
+every rank without communication; about 0.3 s of CPU per step count for 27 servers (BCube
+3x3x3 without one). The descent prices each candidate move from the link loads, without
+applying it. :func:`bmlmpi.ft.recovery.recovery_plan` prices every result (and the relay
 planner's schedule) with :func:`bmlmpi.model.price` on :class:`bmlmpi.model.BCubeWithout` and
 keeps the cheapest. It is a heuristic: for BCube(3,2) without [0,0] it finds 16·T_C at T = 2,
 the family's optimum up to T = 3, but not the 14·T_C the family reaches at T = 4 (both optima
@@ -258,31 +259,55 @@ class _TreeSet:
         """Greedy descent: sweep the pieces and servers in order, moving each server to its
         best (parent, step) within its children's and parent's steps while that lowers
         (Σ max-link, Σ load²); stop after a sweep without a move or after ``sweeps``."""
-        last = self.steps - 1
+        last, k, n, load, top = self.steps - 1, self.k, self.n, self.load, self.top
         for _ in range(sweeps):
             moved = False
             for p, (_, o) in enumerate(self.pieces):
                 par, when, kids = self.parent[p], self.step[p], self.children[p]
                 for v in sorted(par):
                     u0, t0 = par[v], when[v]
-                    lo = max((when[c] + 1 for c in kids[v]), default=0)
-                    base = (self.phi, self.psi)
-                    self.edge(v, u0, t0, -1)
-                    best = None
-                    for u, _ in self.nbrs[v]:
+                    lo = 0
+                    for c in kids[v]:
+                        if when[c] >= lo:
+                            lo = when[c] + 1
+                    # Every candidate's cost is computed, not applied and undone: the state
+                    # as edge() would leave it with v's edge (u0, t0) taken out (its two
+                    # links one lower; the step's busiest link one lower when both held all
+                    # the links at the top), then the candidate's two links one higher.
+                    lv0 = self.level[(v, u0)]
+                    up0, down0 = v * k + lv0, (n + u0) * k + lv0
+                    row0, top0 = load[t0], top[t0]
+                    a0, b0 = row0[up0], row0[down0]
+                    at_top = (a0 == top0) + (b0 == top0)
+                    top0_out = top0 - 1 if at_top and self.hist[t0][top0] == at_top else top0
+                    phi = self.phi - (top0 - top0_out)
+                    psi = self.psi - 2 * (a0 + b0 - 1)
+                    # the best so far, (Σ max-link, Σ load²); a move must beat the current
+                    best, best_phi, best_psi = None, self.phi, self.psi
+                    for u, lv in self.nbrs[v]:
                         hi = last if u == o else when[u] - 1
+                        up, down = v * k + lv, (n + u) * k + lv
                         for t in range(lo, hi + 1):
-                            if u == u0 and t == t0:
+                            row = load[t]
+                            a, b = row[up], row[down]
+                            if t == t0:
+                                if u == u0:
+                                    continue
+                                a -= up == up0  # u != u0: only v's uplink can be shared
+                                high = top0_out
+                            else:
+                                high = top[t]
+                            rise = (a if a > b else b) + 1 - high
+                            key_phi = phi + rise if rise > 0 else phi
+                            if key_phi > best_phi:
                                 continue
-                            self.edge(v, u, t, 1)
-                            key = (self.phi, self.psi)
-                            self.edge(v, u, t, -1)
-                            if key < base and (best is None or key < best[0]):
-                                best = (key, u, t)
+                            key_psi = psi + 2 * (a + b + 1)
+                            if key_phi < best_phi or key_psi < best_psi:
+                                best, best_phi, best_psi = (u, t), key_phi, key_psi
                     if best is None:
-                        self.edge(v, u0, t0, 1)
                         continue
-                    _, u, t = best
+                    self.edge(v, u0, t0, -1)
+                    u, t = best
                     self.edge(v, u, t, 1)
                     par[v], when[v] = u, t
                     kids[u0].remove(v)
