@@ -34,6 +34,7 @@ from .agreement import (
     Mailbox,
     drain,
 )
+from .auto_tuning import AutoTuning
 from .buffers import BufferSpecError
 from .call_agreement import CallAgreement, agree_construction
 from .call_gate import CallGate
@@ -66,6 +67,7 @@ from .family import (
 from .fast_path import FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
+from .model.estimate import Calibration
 from .ops import check_dtype_op, op_name
 from .persistent import PersistentCalls, PersistentRequest
 from .placement import Placement
@@ -278,11 +280,10 @@ class Communicator:
         numbers = self._numbers
         self._placement = Placement(self, lambda: agreement.interrupt(numbers.callno)())
         self._links = self._placement.find_links()
-        self.calibration = None
-        if selection.calibration_wanted(self.algorithm):
-            from .calibrate import calibrate
-            self.calibration = calibrate(self._comm, timeout=self.timeout)
+        # auto's prices: taken at the first auto call that needs them, never here
+        self._tuning = AutoTuning(self)
         self._cache = PlanCache(self, self._placement, policy)
+        self._tuning.at_construction()
         self._compression = CompressionChannel(self)
         # the started calls, polled inside any request's Test/Wait
         self._calls_in_flight = Progress(self, self._gate, self._active, agreement)
@@ -356,6 +357,24 @@ class Communicator:
         return self._cache
 
     @property
+    def calibration(self) -> Calibration | None:
+        """The calibration ``auto`` prices with: None until the first blocking ``auto`` call
+        that needs one has taken it (read from the cache or measured; refused where it
+        cannot be true), and on a communicator whose calls name their algorithms
+        (:mod:`bmlmpi.auto_tuning`). Assigning one makes ``auto`` price with it as given."""
+        return self._tuning.calibration
+
+    @calibration.setter
+    def calibration(self, calib: Calibration | None) -> None:
+        self._tuning.give(calib)
+
+    @property
+    def tuning(self) -> AutoTuning:
+        """``auto``'s part of this communicator: its prices (:class:`bmlmpi.auto_tuning.
+        AutoTuning`)."""
+        return self._tuning
+
+    @property
     def placement(self) -> Placement:
         """Where this communicator's ranks are: nodes, node tier, link matrix source
         (:class:`bmlmpi.placement.Placement`)."""
@@ -416,6 +435,7 @@ class Communicator:
                                f"started on it have not completed; Wait() on their requests "
                                f"first")
         self._gate.freed = True
+        self._tuning.save()
         self._watchdog.stop()
         self._fast_path.close()
         self._placement.free(collective=self._agreement.revoked is None)
@@ -605,12 +625,16 @@ class Communicator:
             if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
             call = self._prepare_checked(sendbuf, recvbuf, op, algorithm)
+            tuning = self._tuning
+            timing = tuning.explore(call)
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
                                                                                  recvbuf, op)
-            if fast.blocking_native(call, key, args):
+            if fast.blocking_native(call, key if timing.opens else None, args):
+                tuning.after_call(call, timing)
                 return
             self.submit_recorded(call).Wait()
-            fast.open(key, call, args)
+            if tuning.after_call(call, timing):
+                fast.open(key, call, args)
         finally:
             if mine:
                 gate.owner = None
@@ -830,8 +854,10 @@ class Communicator:
                                          asked, "asked", f"the communicator was built with "
                                                          f"algorithm={self.algorithm!r}")
         blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
-        return self._cache.explain(collective, int(count), dt.itemsize, 0,
-                                   (count // self.size,) * self.size if blocked else None)
+        why = self._cache.explain(collective, int(count), dt.itemsize, 0,
+                                  (count // self.size,) * self.size if blocked else None)
+        tuning = self._tuning
+        return tuning.explained(tuning.key(collective, int(count), dt, op_name(op), 0), why)
 
     def nodes(self):
         """Which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`):

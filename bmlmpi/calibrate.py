@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import socket
@@ -109,6 +110,8 @@ FAMILY_CORRECTION_BYTES = FAMILY_BYTES
 BLOCK_CALLS = 4
 _HOST_BYTES = 64
 
+_log = logging.getLogger("bmlmpi")
+
 
 def cache_dir() -> Path:
     """Where calibrations (and, under ``numba/``, compiled kernels) are cached."""
@@ -127,6 +130,11 @@ def mpi_library() -> str:
 
 def cache_path(host: str, mpi: str) -> Path:
     return cache_dir() / f"calib-{_slug(host)}-{_slug(mpi)}.json"
+
+
+class MeasurementOverrun(RuntimeError):
+    """A measurement stopped on every rank alike once it ran past its budget (``measure``'s
+    ``budget``): nothing was measured that could be kept."""
 
 
 # -- waiting with deadlines ------------------------------------------------------------------
@@ -450,9 +458,12 @@ def fit_overheads(alpha: float, runs: Sequence[tuple[int, int, float]]) -> tuple
 
 
 def measure(comm: MPI.Comm, timeout: float | None = None,
-            nodes: Nodes | None = None) -> Calibration:
+            nodes: Nodes | None = None, budget: float | None = None) -> Calibration:
     """Measure a Calibration over ``comm`` now (collective; no cache). ``nodes``: which ranks
-    share a node where they do not all share one (None: by host)."""
+    share a node where they do not all share one (None: by host). ``budget``: seconds the
+    whole measurement may take; before each phase the ranks agree on the longest time spent
+    so far (one small MAX allreduce in place of the phase's barrier), and once it is past the
+    budget every rank stops there alike and raises :class:`MeasurementOverrun`."""
     timeout = timeout_from_env(timeout)
     size, rank = comm.Get_size(), comm.Get_rank()
     scheds = _overhead_schedules(size) if size > 1 else []
@@ -461,7 +472,14 @@ def measure(comm: MPI.Comm, timeout: float | None = None,
     raw: list[float] = []
 
     def phase(name: str, fn: Callable[[], float | list[float]]) -> None:
-        _barrier(comm, timeout, f"before calibration phase {name!r}")
+        if budget is None:
+            _barrier(comm, timeout, f"before calibration phase {name!r}")
+        else:
+            spent = float(_allreduce_max(comm, [time.perf_counter() - started], timeout)[0])
+            if spent > budget:
+                raise MeasurementOverrun(
+                    f"the calibration was stopped before its phase {name!r} after "
+                    f"{spent:.1f} s, past its budget of {budget:g} s")
         t0 = time.perf_counter()
         got = fn()
         raw.extend(got if isinstance(got, list) else [got])
@@ -601,13 +619,20 @@ def _entry_key(size: int, nodes: int) -> str:
 
 
 def _read_cache(path: Path, key: str) -> Calibration | None:
+    """The cached entry ``key`` of ``path``; None where there is none (no file, an older
+    format, no entry for these ranks) or it cannot be read, which one warning on logger
+    ``bmlmpi`` names (it is then measured again)."""
     try:
         data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
             return None
-        entry = data["entries"][key]
-        return Calibration.from_dict(entry)
-    except (OSError, ValueError, KeyError, TypeError):
+        entry = data["entries"].get(key)
+        return None if entry is None else Calibration.from_dict(entry)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        _log.warning("bmlmpi: the cached calibration %s (%s) cannot be read, so it is "
+                     "measured again: %s: %s", path, key, type(exc).__name__, exc)
         return None
 
 
@@ -634,6 +659,9 @@ def _write_cache(path: Path, key: str, calib: Calibration, host: str, mpi: str) 
 # shared-memory constants. The factor slots follow the records at call time, so an algorithm
 # registered after import (every rank registers the same ones) has its slots too.
 _FIX_AT = 6 + 2 * len(NATIVE_BYTES)
+#: the last two slots: the load and core count the entry was measured at (``meta``), so that
+#: every rank can tell a calibration taken on busy cores (plausibility.overloaded)
+_LOAD_SLOTS = 2
 
 
 def _fix_slots() -> list[tuple[str, int]]:
@@ -654,7 +682,7 @@ def _layout() -> tuple[list[tuple[str, int]], int, int, list[tuple[str, str, int
     family_at = _FIX_AT + len(slots)
     shm_at = family_at + 2 * len(FAMILY) * len(FAMILY_BYTES)
     family_slots = _family_fix_slots()
-    return slots, family_at, shm_at, family_slots, shm_at + 3 + len(family_slots)
+    return slots, family_at, shm_at, family_slots, shm_at + 3 + len(family_slots) + _LOAD_SLOTS
 
 
 def _pack(calib: Calibration | None) -> np.ndarray:
@@ -678,6 +706,9 @@ def _pack(calib: Calibration | None) -> np.ndarray:
         for c, a, b, f in calib.family_corrections:
             if (c, a, b) in family_slots:
                 vec[shm_at + 3 + family_slots.index((c, a, b))] = f
+        load, cores = calib.meta.get("loadavg"), calib.meta.get("cores")
+        if isinstance(load, int | float) and isinstance(cores, int) and cores > 0:
+            vec[-2:] = (float(load), float(cores))
     return vec
 
 
@@ -695,6 +726,8 @@ def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
     family_fixes = tuple((c, a, b, float(vec[shm_at + 3 + i]))
                          for i, (c, a, b) in enumerate(family_slots)
                          if vec[shm_at + 3 + i] > 0)
+    if vec[-1] > 0:
+        meta = {**meta, "loadavg": float(vec[-2]), "cores": int(vec[-1])}
     return Calibration(*(float(x) for x in vec[1:6]), native=native, meta=meta,
                        corrections=fixes, natives=natives, family_corrections=family_fixes,
                        shm_sync=float(vec[shm_at]),
@@ -702,8 +735,10 @@ def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
 
 
 def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
-              timeout: float | None = None) -> Calibration:
-    """The machine's Calibration for ``comm``'s ranks: cached, else measured (collective)."""
+              timeout: float | None = None, budget: float | None = None) -> Calibration:
+    """The machine's Calibration for ``comm``'s ranks: cached, else measured (collective).
+    ``budget``: seconds a measurement may take (:func:`measure`; past it
+    :class:`MeasurementOverrun` on every rank, nothing cached)."""
     timeout = timeout_from_env(timeout)
     work, req = comm.Idup()
     try:
@@ -720,7 +755,7 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
         cached = _unpack(vec, {**meta, "source": "cache"})
         if cached is not None:
             return cached
-        measured = measure(work, timeout)
+        measured = measure(work, timeout, budget=budget)
         calib = dataclasses.replace(measured, meta={**meta, **measured.meta,
                                                     "source": "measured"})
         if work.Get_rank() == 0:

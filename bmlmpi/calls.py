@@ -26,6 +26,7 @@ from .executors import start_allreduce, start_collective
 from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
+from .schedules.algorithms import AUTO
 from .schedules.collectives import COLLECTIVES
 from .schedules.collectives import collective as collective_record
 from .topology.bcube import Shape
@@ -153,7 +154,7 @@ class CollectiveCall:
         op = self.op if self.wire is None else f"{self.op} ({self.wire.name})"
         return (self.collective, size, len(counts), self.total,
                 _digest(counts) if len(counts) > 1 else "", self.dtype.str, op, self.root,
-                self.algorithm, tuple(shape))
+                self.algorithm, tuple(shape), self.requested == AUTO)
 
     def traced(self) -> Signature:
         """The flight recorder's description of this call."""
@@ -177,12 +178,13 @@ class CollectiveCall:
             return CompressedCall.describe_signature(sig)
         if sig is None or sig[0] not in COLLECTIVES:
             return repr(sig)
-        what, size, nblocks, total, _, dtype, op, root, algorithm, shape = sig
+        what, size, nblocks, total, _, dtype, op, root, algorithm, shape, auto = sig
+        asked = f"{algorithm} (auto)" if auto else algorithm
         if what == "allreduce":
             return (f"allreduce count={total} dtype={np.dtype(dtype)} op={op} "
-                    f"algorithm={algorithm} bcube={shape}")
+                    f"algorithm={asked} bcube={shape}")
         return (f"{what} of {total} x {np.dtype(dtype)} ({nblocks} block(s)) op={op} "
-                f"root={root} algorithm={algorithm} of {size} ranks bcube={shape}")
+                f"root={root} algorithm={asked} of {size} ranks bcube={shape}")
 
     @property
     def is_in_place(self) -> bool:

@@ -545,10 +545,13 @@ class FamilyEngine:
         owner = self.owner
         owner.policy.check_usable()
         call = owner.policy.prepare_family(collective, algorithm, build, self)
-        if self.fast.blocking_native(call, key, args):
+        tuning = owner.tuning
+        timing = tuning.explore(call)
+        if self.fast.blocking_native(call, key if timing.opens else None, args):
+            tuning.after_call(call, timing)
             return
         owner.submit_recorded(call).Wait()
-        if call.algorithm != "native":
+        if tuning.after_call(call, timing) and call.algorithm != "native":
             self.fast.open(key, call, args)
 
     def reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:

@@ -5,7 +5,7 @@ signature's number (the order this communicator first ran it, which the tags car
 
 :class:`PlanCache` belongs to one :class:`~bmlmpi.api.Communicator` (its ``owner``) and reads
 only the owner's public state (``comm``, ``rank``, ``size``, ``shape``, ``links``,
-``level_comms``, ``calibration``, ``nodes()``); an allreduce's schedule is bound by the
+``level_comms``, ``calibration``, ``tuning``, ``nodes()``); an allreduce's schedule is bound by the
 owner's policy (:meth:`bmlmpi.call_policy.CallPolicy.compile`).
 """
 
@@ -38,7 +38,7 @@ class PlanCache:
         self.placement = placement
         self.policy = policy
         self.plans: dict[tuple, Plan | ShmPlan] = {}
-        self.choices: dict[tuple, str] = {}
+        self.choices: dict[tuple, selection.Explanation] = {}
         self.sig_ids: dict[tuple, int] = {}
 
     # -- plans ------------------------------------------------------------------------------
@@ -135,39 +135,42 @@ class PlanCache:
 
     # -- auto -------------------------------------------------------------------------------
     def auto(self, count: int, itemsize: int) -> str:
-        """``auto``'s allreduce choice for ``count`` elements of ``itemsize`` bytes (cached;
-        local, every rank picks the same)."""
-        key = (count, itemsize)
-        choice = self.choices.get(key)
-        if choice is None:
-            owner = self.owner
-            why = selection.explain(count, itemsize, owner.size, owner.calibration, owner.shape,
-                                    nodes=self.placement.nodes_for_auto())
-            choice = self.choices[key] = why.chosen
-            self._log_choice(why)
-        return choice
+        """``auto``'s priced allreduce choice for ``count`` elements of ``itemsize`` bytes
+        (cached; local, every rank picks the same), before any call is timed."""
+        return self._explained("allreduce", count, itemsize).chosen
 
     def auto_for(self, count: int, dtype: np.dtype, op: str) -> str:
-        """``auto``'s choice for an allreduce, keeping one NaN rule: MIN and MAX of floats
-        propagate NaN (numpy's rule, which bmlmpi's kernels follow); Open MPI's own
+        """``auto``'s choice for an allreduce (the owner's ``tuning``: a measured choice
+        where one is committed, else the priced one), keeping one NaN rule: MIN and MAX of
+        floats propagate NaN (numpy's rule, which bmlmpi's kernels follow); Open MPI's own
         MPI_MIN/MPI_MAX do not, so ``auto`` never hands those to ``native`` (the tree below
         64 KiB, the ring above). ``native`` asked for explicitly is the MPI library's rule."""
-        choice = self.auto(count, dtype.itemsize)
+        tuning = self.owner.tuning
+        choice = tuning.choice(tuning.key("allreduce", count, dtype, op, 0),
+                               self._explained("allreduce", count, dtype.itemsize))
         if choice == "native" and op in ("min", "max") and dtype.kind == "f":
             choice = "tree" if count * dtype.itemsize <= 65536 else "ring"
         return choice
 
     def family_auto(self, call: Any) -> str:
-        """``auto``'s choice for a family call (:func:`bmlmpi.selection.choose_collective`)."""
-        key = (call.collective, call.total, call.dtype.itemsize, call.counts, call.root)
-        choice = self.choices.get(key)
-        if choice is None:
-            blocked = collective_record(call.collective).blocked
-            why = self.explain(call.collective, call.total, call.dtype.itemsize, call.root,
-                               call.counts if blocked else None)
-            choice = self.choices[key] = why.chosen
+        """``auto``'s choice for a family call (:func:`bmlmpi.selection.choose_collective`,
+        then the owner's ``tuning``)."""
+        blocked = collective_record(call.collective).blocked
+        why = self._explained(call.collective, call.total, call.dtype.itemsize, call.root,
+                              call.counts if blocked else None)
+        tuning = self.owner.tuning
+        return tuning.choice(tuning.key(call.collective, call.total, call.dtype, call.op,
+                                        call.root), why)
+
+    def _explained(self, collective: str, count: int, itemsize: int, root: int = 0,
+                   counts: tuple[int, ...] | None = None) -> selection.Explanation:
+        """:meth:`explain`, cached per signature (logged once, when first made)."""
+        key = (collective, count, itemsize, root, counts)
+        why = self.choices.get(key)
+        if why is None:
+            why = self.choices[key] = self.explain(collective, count, itemsize, root, counts)
             self._log_choice(why)
-        return choice
+        return why
 
     def explain(self, collective: str, count: int, itemsize: int, root: int = 0,
                 counts: tuple[int, ...] | None = None) -> selection.Explanation:

@@ -36,6 +36,7 @@ there is no calibration at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from . import config
 from .schedules import algorithms as records
@@ -45,7 +46,7 @@ from .schedules.collectives import collective as collective_record
 __all__ = ["AUTO_TREE_MAX_RANKS", "Candidate", "Explanation", "algorithms",
            "calibration_wanted", "candidates", "check_algorithm", "choose",
            "choose_collective", "env_algorithm", "explain", "explain_collective",
-           "prefer_kept", "tree_array_bound"]
+           "prefer_kept", "auto_decides", "tree_array_bound"]
 
 
 def algorithms(collective: str = "allreduce") -> list[str]:
@@ -107,8 +108,11 @@ class Candidate:
 class Explanation:
     """Why ``auto`` runs ``chosen`` for one signature: the ``rule`` that decided
     (``BMLMPI_ALGORITHM``, ``asked``, ``empty``, ``one rank``, ``fixed rule``, ``cost
-    model``, ``family``), in words (``why``), and the ``candidates`` it priced, cheapest
-    first."""
+    model``, ``no candidate``; and where the user's calls are timed
+    (:mod:`bmlmpi.auto_tuning`): ``exploring``, ``measured``, ``table``, ``model``, ``rule``),
+    in words (``why``), the ``candidates`` it priced, cheapest first, and the ``tuning``
+    report of the signature's measured choice (:class:`bmlmpi.tuner.TuningReport`: per
+    candidate the predicted and the measured time; None where nothing is timed)."""
 
     collective: str
     count: int
@@ -118,6 +122,7 @@ class Explanation:
     rule: str
     why: str
     candidates: tuple[Candidate, ...] = ()
+    tuning: Any = None
 
     @property
     def nbytes(self) -> int:
@@ -131,6 +136,8 @@ class Explanation:
                      else f"model {c.model * 1e6:.1f} us x {c.correction:.2f}")
             mark = "  <- chosen" if c.name == self.chosen else ""
             lines.append(f"  {c.name:<13} {c.predicted * 1e6:10.1f} us  ({model}){mark}")
+        if self.tuning is not None:
+            lines.append(f"timed on the user's calls: {self.tuning}")
         return "\n".join(lines)
 
 
@@ -162,7 +169,8 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
                          and calib.native_seconds(count * itemsize, collective) is None):
         # no calibration, or none of this collective's own call: the fixed rule
         chosen = fixed if count * itemsize >= threshold else default
-        what = ("no calibration (BMLMPI_CALIBRATE=0)" if calib is None
+        what = ("no calibration (BMLMPI_CALIBRATE=0, refused, or not taken yet: a "
+                "communicator takes it after its first auto call)" if calib is None
                 else f"the calibration has no {default} {collective} timings")
         return decided(chosen, "fixed rule",
                        f"{what}: {default} below BMLMPI_AUTO_BML_BYTES={threshold} B, {fixed} "
@@ -260,6 +268,16 @@ def prefer_kept(times: dict[str, float], margins: dict[str, float] | None = None
     kept = [n for n in times if n != best and n in margins
             and times[n] <= margins[n] * times[best]]
     return min(kept, key=times.__getitem__) if kept else best
+
+
+def auto_decides(collective: str, count: int, size: int) -> bool:
+    """Whether :func:`explain` has a choice to make for an ``auto`` call of ``collective``
+    (``count`` elements on ``size`` ranks): not where ``BMLMPI_ALGORITHM`` decides, for an
+    empty call or on one rank. The same answer on every rank for the same call."""
+    env = env_algorithm()
+    if env and env != records.AUTO and env in records.algorithms(collective):
+        return False
+    return count > 0 and size > 1
 
 
 def calibration_wanted(algorithm: str) -> bool:

@@ -63,6 +63,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .schedules import algorithms as records
+from .schedules.collectives import called
 from .schedules.collectives import collective as contract
 
 _log = logging.getLogger("bmlmpi")
@@ -106,9 +107,10 @@ class TuningKey:
     root: int | None = None
 
     def __post_init__(self) -> None:
-        if self.collective not in records.NAMES:
+        known = called()
+        if self.collective not in known:
             raise ValueError(f"unknown collective {self.collective!r}; known: "
-                             f"{', '.join(records.NAMES)}")
+                             f"{', '.join(known)}")
         if self.size != size_class(self.size):
             raise ValueError(f"size class {self.size} is not 0 or a power of two")
         if self.ranks < 1:
@@ -239,22 +241,30 @@ class Tuner:
         (:class:`bmlmpi.selection.Explanation`: its ``chosen``, ``rule`` and priced
         ``candidates``); a key already open is left as it is."""
         if key not in self._states:
-            prior = explanation.chosen
-            priced = [(c.name, c.predicted) for c in explanation.candidates]
-            prior_why = "model" if priced else "rule"
-            seeded = self._seeds.get(key)
-            if explanation.rule not in TUNED_RULES:
-                # nothing to choose between (an empty call, one rank, BMLMPI_ALGORITHM)
-                self._states[key] = _State((prior,), prior, "rule", dict(priced),
-                                           chosen=prior, why="rule")
-            elif seeded is not None:
-                algorithm, cands, medians = seeded
-                self._states[key] = _State(cands, prior, prior_why, dict(priced),
-                                           chosen=algorithm, why="table", medians=medians)
-            else:
-                cands = pick_candidates(key.collective, priced, prior, self.k)
-                self._states[key] = _State(cands, prior, prior_why, dict(priced))
+            self._states[key] = self._opened(key, explanation)
         return self.report(key)
+
+    def preview(self, key: TuningKey, explanation) -> TuningReport:
+        """What :meth:`begin` would make of ``key`` from ``explanation``, without opening it
+        (a key already open: its report)."""
+        if key in self._states:
+            return self.report(key)
+        return self._report(key, self._opened(key, explanation))
+
+    def _opened(self, key: TuningKey, explanation) -> _State:
+        prior = explanation.chosen
+        priced = [(c.name, c.predicted) for c in explanation.candidates]
+        prior_why = "model" if priced else "rule"
+        seeded = self._seeds.get(key)
+        if explanation.rule not in TUNED_RULES:
+            # nothing to choose between (an empty call, one rank, BMLMPI_ALGORITHM)
+            return _State((prior,), prior, "rule", dict(priced), chosen=prior, why="rule")
+        if seeded is not None:
+            algorithm, cands, medians = seeded
+            return _State(cands, prior, prior_why, dict(priced), chosen=algorithm,
+                          why="table", medians=medians)
+        cands = pick_candidates(key.collective, priced, prior, self.k)
+        return _State(cands, prior, prior_why, dict(priced))
 
     # -- each call ---------------------------------------------------------------------------
 
@@ -385,7 +395,10 @@ class Tuner:
 
     def report(self, key: TuningKey) -> TuningReport:
         """What ``explain`` shows for ``key``."""
-        st = self._state(key)
+        return self._report(key, self._state(key))
+
+    @staticmethod
+    def _report(key: TuningKey, st: _State) -> TuningReport:
         rows = []
         for i, c in enumerate(st.candidates):
             measured = (st.medians[i] if st.medians is not None

@@ -8,6 +8,7 @@ as a DeadlineExceeded naming the step and peer, and a stuck launch is killed her
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,14 +20,18 @@ LAUNCH_TIMEOUT = int(os.environ.get("BMLMPI_TEST_LAUNCH_TIMEOUT", "900"))
 
 def run_ranks(n: int, args: list[str], timeout: int = LAUNCH_TIMEOUT,
               env: dict | None = None) -> subprocess.CompletedProcess:
+    """``args`` run by ``n`` ranks. Each launch has a tuning table of its own (none at first):
+    what ``auto`` runs in it does not depend on what an earlier launch or job committed."""
     cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable, *args]
-    full_env = {**os.environ, "BMLMPI_TIMEOUT": "60", "PYTHONUNBUFFERED": "1", **(env or {})}
-    try:
-        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env=full_env)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"")[-4000:]
-        pytest.fail(f"mpiexec -n {n} did not finish within {timeout} s:\n{out!r}")
+    with tempfile.TemporaryDirectory(prefix="bmlmpi-tuning-") as tables:
+        full_env = {**os.environ, "BMLMPI_TIMEOUT": "60", "PYTHONUNBUFFERED": "1",
+                    "BMLMPI_TUNING": str(Path(tables) / "tuning.jsonl"), **(env or {})}
+        try:
+            return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=timeout, env=full_env)
+        except subprocess.TimeoutExpired as exc:
+            out = (exc.stdout or b"")[-4000:]
+            pytest.fail(f"mpiexec -n {n} did not finish within {timeout} s:\n{out!r}")
 
 
 def sweep_tables(res: subprocess.CompletedProcess) -> list[tuple[str, list[list[str]]]]:

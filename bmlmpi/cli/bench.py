@@ -486,9 +486,20 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             "device": device,
             "algbw_GBps": algbw,
             "busbw_GBps": algbw * factor if size > 1 else 0.0})
-        if a == "auto":  # what auto ran (Communicator.explain: a test holds them equal)
-            rows[-1]["chose"] = ctx.explain(total, np.float32, collective=collective).chosen
+        if a == "auto":  # what auto ran: its last call's (a test holds them equal)
+            rows[-1]["chose"] = _auto_ran(ctx, total, collective)
     return rows
+
+
+def _auto_ran(ctx: Any, total: int, collective: str) -> str:
+    """What the auto row's last call ran: the flight recorder's last call where it holds
+    one (while ``auto`` times its candidates on a signature's first calls, the candidate of
+    that call), else what ``explain`` says the next call runs."""
+    recorder = ctx.recorder
+    last = recorder.calls()[-1:] if recorder is not None else []
+    if last and last[0].get("collective") == collective and last[0].get("asked") == "auto":
+        return last[0]["chosen"]
+    return ctx.explain(total, np.float32, collective=collective).chosen
 
 
 def call_name(name: str, collective: str) -> str:

@@ -6,8 +6,9 @@
 For a change meant to leave behaviour alone (a restructuring): each revision is checked out
 into a temporary ``git worktree`` and run from there (``PYTHONPATH`` points the ranks at it),
 with this interpreter. Each round runs, for each rank count, ``bmlmpi-bench`` with validation
-over every algorithm (``--iterations`` timed iterations per size, default 200) (``BMLMPI_CALIBRATE=0``, so both sides pick from the same rule), before
-and after in turn (the order swaps every round, so drift in the machine's load falls on both);
+over every algorithm (``--iterations`` timed iterations per size, default 200)
+(``BMLMPI_CALIBRATE=0``, so both sides pick from the same rule), before and after in turn
+(the order swaps every round, so drift in the machine's load falls on both);
 then ``perf/ft/soak.py`` on each side with the same seed.
 
 It reports, per rank count and collective: whether every row passed validation on each side,

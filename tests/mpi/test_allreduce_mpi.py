@@ -240,9 +240,14 @@ def test_algorithm_env_override_and_auto_rule(comm, monkeypatch):
     with pytest.raises(ValueError, match="unknown algorithm"):
         selection.choose(4, 4, comm.size)
     monkeypatch.delenv("BMLMPI_ALGORITHM")
-    # the calibrated model's choice is one of the candidates and the same on every rank
+    # the calibration is taken at the first auto call it would price, not at construction
+    # (refused where it cannot be true: a loaded machine's may be); the model's choice is one
+    # of the candidates and the same on every rank
     ctx = bmlmpi.Communicator(comm)
-    assert ctx.calibration is not None
+    assert ctx.calibration is None and not ctx.tuning.settled
+    x = np.ones(1000, dtype=np.float32)
+    ctx.Allreduce(x, np.empty_like(x))
+    assert ctx.tuning.settled == (comm.size > 1 and selection.calibration_wanted("auto"))
     picks = [ctx.choose(n, 4) for n in (1, 1000, 1 << 20)]
     assert all(p in bmlmpi.algorithms() for p in picks)
     assert comm.allgather(picks) == [picks] * comm.size

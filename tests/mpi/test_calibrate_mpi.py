@@ -95,3 +95,52 @@ def test_shared_memory_is_measured_on_each_node(comm):
         assert 0 < shm_step_time(tier, 3, 60) < 60
     finally:
         tier.free()
+
+
+@pytest.mark.mpi
+def test_a_named_algorithm_never_calibrates_and_auto_once_after_its_first_call(
+        tmp_path_factory, monkeypatch):
+    """The measurements counted: a drop-in call naming its algorithm and a communicator
+    built with one take none; an auto communicator takes none at construction and one after
+    its first auto call that prices schedules (on every rank at that call: one rank has no
+    schedule to price); the call after it runs what the prices choose, exactly."""
+    import numpy as np
+
+    import bmlmpi
+    from bmlmpi import calibrate as calibration
+    from bmlmpi.model import Calibration
+
+    comm = MPI.COMM_WORLD
+    where = comm.bcast(str(tmp_path_factory.mktemp("counted")) if comm.rank == 0 else None)
+    monkeypatch.setenv("BMLMPI_CACHE_DIR", where)
+    monkeypatch.setenv("BMLMPI_RECALIBRATE", "1")
+    monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
+    taken = []
+
+    def measure(comm, timeout=None, nodes=None, budget=None):
+        taken.append(budget)
+        return Calibration(alpha=1e-6, beta=1e-10, native=((8, 2e-6), (1 << 20, 1e-4)))
+    monkeypatch.setattr(calibration, "measure", measure)
+    n = 1 << 10
+    x = np.arange(n, dtype=np.float64) * (comm.rank + 1)
+    want = np.arange(n, dtype=np.float64) * (comm.size * (comm.size + 1) // 2)
+    user = comm.Dup()
+    try:
+        out = np.empty(n)
+        bmlmpi.Allreduce(x, out, comm=user, algorithm="bml")
+        assert np.array_equal(out, want) and taken == []
+        named = bmlmpi.Communicator(comm, algorithm="ring", timeout=30)
+        named.Allreduce(x, out)
+        assert np.array_equal(out, want) and taken == [] and named.calibration is None
+        named.Free()
+        auto = bmlmpi.Communicator(comm, timeout=30)
+        assert taken == [] and auto.calibration is None
+        for _ in range(3):
+            out[:] = 0
+            auto.Allreduce(x, out)
+            assert np.array_equal(out, want)
+        assert taken == ([30] if comm.size > 1 else [])
+        assert (auto.calibration is not None) == (comm.size > 1)
+        auto.Free()
+    finally:
+        user.Free()

@@ -246,3 +246,18 @@ def test_the_report_renders_predicted_measured_and_why():
     text = str(t.report(KEY))
     assert "bml (measured)" in text and "<- chosen" in text
     assert "predicted     300.0 us  measured     100.0 us (3 samples)  <- chosen" in text
+
+
+
+def test_a_preview_opens_nothing_and_tells_what_begin_would():
+    """What explain shows of a key no call has opened yet: begin's state, not stored (a rank
+    that explains must not open a key the others open from their own call)."""
+    t = Tuner()
+    shown = t.preview(KEY, MODEL)
+    assert KEY not in t.keys()
+    assert shown == t.begin(KEY, MODEL) and shown.state == "exploring"
+    small = TuningKey("allreduce", 1 << 10, "float64", "sum", 4, "1x4")
+    t.seed(small, "ring")
+    seeded = t.preview(small, MODEL)
+    assert (seeded.state, seeded.chosen, seeded.why) == ("committed", "ring", "table")
+    assert small not in t.keys()

@@ -1,0 +1,167 @@
+"""auto by measurement under real ranks (bmlmpi.auto_tuning): the user's calls explore the
+candidates with exact results, every rank commits alike (the slowest rank's times count), a
+call naming its algorithm never reaches the tuner, and the tuning table carries the commits
+to the next communicator. Times are injected, never asserted."""
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import bmlmpi
+from bmlmpi.model import Calibration
+
+FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
+#: a plausible calibration that times every collective's native call, so that auto prices
+#: the schedules of each
+PRICES = Calibration(alpha=1e-5, beta=1e-9, native=((8, 2e-5), (1 << 20, 1e-3)),
+                     natives=tuple((c, b, t) for c in FAMILY
+                                   for b, t in ((8, 2e-5), (1 << 20, 1e-3))))
+
+
+@pytest.fixture
+def own_table(tmp_path_factory, monkeypatch):
+    """A tuning table of this test's own (none at first), and no calibration measured."""
+    comm = MPI.COMM_WORLD
+    where = comm.bcast(str(tmp_path_factory.mktemp("tuning")) if comm.rank == 0 else None)
+    monkeypatch.setenv("BMLMPI_TUNING", f"{where}/table.jsonl")
+    monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
+    monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
+    return f"{where}/table.jsonl"
+
+
+def data(n, rank, salt=0):
+    """Position- and rank-dependent values whose sums are exact in float64."""
+    return ((np.arange(n) * 7 + rank * 13 + salt) % 101).astype(np.float64)
+
+
+def run(c, collective, n, salt, algorithm=None):
+    """One blocking call of ``collective`` on ``c`` and mpi4py's on the world; both results."""
+    world, r = MPI.COMM_WORLD, MPI.COMM_WORLD.rank
+    size = world.size
+    x = data(n * size, r, salt)
+    if collective == "allreduce":
+        out, ref = np.empty_like(x), np.empty_like(x)
+        c.Allreduce(x, out, algorithm=algorithm)
+        world.Allreduce(x, ref)
+    elif collective == "reduce_scatter":
+        out, ref = np.empty(n), np.empty(n)
+        c.Reduce_scatter_block(x, out, algorithm=algorithm)
+        world.Reduce_scatter_block(x, ref)
+    elif collective == "allgather":
+        out, ref = np.empty(n * size), np.empty(n * size)
+        c.Allgather(x[:n], out, algorithm=algorithm)
+        world.Allgather(x[:n], ref)
+    elif collective == "reduce":
+        out, ref = np.zeros_like(x), np.zeros_like(x)
+        c.Reduce(x, out, root=0, algorithm=algorithm)
+        world.Reduce(x, ref, root=0)
+    else:
+        out, ref = x.copy(), x.copy()
+        c.Bcast(out, root=0, algorithm=algorithm)
+        world.Bcast(ref, root=0)
+    return out, ref
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", *FAMILY])
+def test_every_explored_call_is_exact_and_the_ranks_commit_alike(own_table, collective,
+                                                                  caplog):
+    world = MPI.COMM_WORLD
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    n = 1000
+    why = c.explain(n * world.size, np.float64, collective=collective)
+    ran = []
+    with caplog.at_level("DEBUG", logger="bmlmpi"):
+        for call in range(20):
+            out, ref = run(c, collective, n, call)
+            assert np.array_equal(out, ref), (collective, call, c.recorder.calls()[-1])
+            ran.append(c.recorder.calls()[-1]["chosen"])
+    commits = [r.getMessage() for r in caplog.records
+               if r.getMessage().startswith("auto committed")]
+    assert len(commits) == (world.size > 1)   # logged once, at the commit
+    after = c.explain(n * world.size, np.float64, collective=collective)
+    if world.size == 1:
+        assert why.rule == "one rank" and set(ran) == {why.chosen}
+    else:
+        names = [t.name for t in why.tuning.candidates]
+        explored = 4 * len(names)
+        assert why.rule == "exploring" and len(names) >= 2
+        assert ran[:explored] == names * 4            # the rotation, the same on every rank
+        assert after.rule in ("measured", "model", "rule") and after.tuning.state == "committed"
+        assert set(ran[explored:]) == {after.chosen}  # committed: the chosen one runs
+    assert world.allgather((ran, after.chosen)) == [(ran, after.chosen)] * world.size
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_the_slowest_ranks_times_decide(own_table):
+    """The last rank's own times would pick the second candidate; on rank 0 it is slow. The
+    proposals are MAX-reduced, so every rank commits to another, the same on all."""
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to choose between")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    n = 1 << 12
+    tuner = c.tuning.tuner
+    names = [t.name for t in c.explain(n, np.float64).tuning.candidates]
+    fast = names[1]
+
+    def injected(name):
+        if name == fast:
+            return 1e-5 if world.rank == world.size - 1 else (1e-2 if world.rank == 0 else 1e-3)
+        return 1e-3 + 1e-4 * names.index(name)
+    record = tuner.record
+    tuner.record = lambda key, name, seconds: record(key, name, injected(name))
+    x = data(n, world.rank)
+    for _ in range(4 * len(names)):
+        out, ref = np.empty(n), np.empty(n)
+        c.Allreduce(x, out)
+        world.Allreduce(x, ref)
+        assert np.array_equal(out, ref)
+    report = c.explain(n, np.float64).tuning
+    assert report.state == "committed" and report.chosen != fast
+    mine = min(names, key=injected)
+    assert (mine == fast) == (world.rank == world.size - 1)
+    assert world.allgather(report.chosen) == [report.chosen] * world.size
+    measured = {t.name: t.measured for t in report.candidates}
+    assert measured[fast] == 1e-2                # rank 0's median: the slowest rank counts
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_a_named_algorithm_never_reaches_the_tuner(own_table):
+    world = MPI.COMM_WORLD
+    for c, asked in ((bmlmpi.Communicator(world, timeout=60), "bml"),
+                     (bmlmpi.Communicator(world, algorithm="bml", timeout=60), None)):
+        for collective in ("allreduce", *FAMILY):
+            for call in range(3):
+                out, ref = run(c, collective, 64, call, algorithm=asked)
+                assert np.array_equal(out, ref)
+        assert c.tuning.tuner.keys() == [] and c.tuning.calls == {}
+        assert not c.tuning.settled       # nor were the prices taken
+        c.Free()
+
+
+@pytest.mark.mpi
+def test_the_next_communicator_starts_from_the_table(own_table):
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to choose between")
+    n = 1 << 14   # 128 KiB: the fixed rule's candidates, bml and native
+    first = bmlmpi.Communicator(world, timeout=60)
+    for call in range(1 + 8):   # the call that takes the prices, then the exploration
+        out, ref = run(first, "allreduce", n // world.size, call)
+        assert np.array_equal(out, ref)
+    committed = first.explain(n, np.float64).chosen
+    assert first.explain(n, np.float64).tuning.state == "committed"
+    first.Free()   # rank 0 merges the commit into the table
+    world.Barrier()
+    second = bmlmpi.Communicator(world, timeout=60)
+    out, ref = run(second, "allreduce", n // world.size, 99)   # takes the prices: the table
+    why = second.explain(n, np.float64)
+    assert why.rule == "table" and why.chosen == committed, str(why)
+    out, ref = run(second, "allreduce", n // world.size, 100)
+    assert np.array_equal(out, ref) and second.recorder.calls()[-1]["chosen"] == committed
+    second.Free()
