@@ -391,13 +391,24 @@ class FamilyCase:
         return lambda: own(recv, root)
 
 
+def tuning_calls(ctx: Communicator) -> int:
+    """The calls ``auto`` may spend on one signature before it runs its choice: the job's
+    first ``auto`` call, after which the prices are taken and exploring starts afresh, then a
+    key's exploration (a warm-up round and the counted rounds over at most ``k`` + 1
+    candidates, docs/tuning.md). The sweep gives ``auto`` these on top of its warm-up, so that
+    its row times ``auto`` after its tuning calls, as a job's later calls run."""
+    tuner = ctx.tuning.tuner
+    return 1 + (1 + tuner.rounds) * (tuner.k + 1)
+
+
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,
             validate: bool, blocks: int = 1, device: str = "host",
             comm: MPI.Comm | None = None, collective: str = "allreduce") -> list[dict[str, Any]]:
     """Time every algorithm at one size; one row per algorithm (:func:`timed_call`: the
     baseline ``native`` runs on ``comm``, the user's communicator, default COMM_WORLD).
 
-    Each algorithm first runs its ``skip`` warm-up iterations, then the ``iters`` timed ones
+    Each algorithm first runs its ``skip`` warm-up iterations (``auto`` also its
+    :func:`tuning_calls`), then the ``iters`` timed ones
     are cut into ``blocks`` blocks taken in turn (block 1 of every algorithm, then block 2,
     ...), so a drift in the machine's load during the size hits all algorithms alike. With
     ``blocks=1`` that is OSU's order. ``avg_us`` is the mean over all timed iterations (OSU's
@@ -450,7 +461,7 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             comm.Barrier()
 
     for a in algorithms:
-        run(a, skip, False, validate)
+        run(a, skip + (tuning_calls(ctx) if a == "auto" else 0), False, validate)
     for b in range(blocks):
         for a in algorithms:
             run(a, bounds[b + 1] - bounds[b], True, validate)
