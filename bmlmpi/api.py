@@ -617,12 +617,17 @@ class Communicator:
             if agreement.repair_after is not None:
                 agreement.repair()  # (collective: every rank's first call after the error)
             carry = _carry(self, reproducible)
+            fast = self._fast_path
+            if carry is None and fast.allreduce(sendbuf, recvbuf, op, algorithm):
+                return
+            if not self.policy.keeps_calls:
+                # the checked path's agreement polls no other call: runs of schedules this
+                # rank started before (which every rank started before this call) are
+                # completed first (docs/api.md, "Blocking calls")
+                self._calls_in_flight.settle()
             if carry is not None:
                 self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm,
                                                            carry)).Wait()
-                return
-            fast = self._fast_path
-            if fast.allreduce(sendbuf, recvbuf, op, algorithm):
                 return
             call = self._prepare_checked(sendbuf, recvbuf, op, algorithm)
             tuning = self._tuning

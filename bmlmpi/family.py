@@ -544,6 +544,10 @@ class FamilyEngine:
         """:meth:`blocking`, the communicator claimed."""
         owner = self.owner
         owner.policy.check_usable()
+        if not owner.policy.keeps_calls:
+            # the agreement of the checked path polls no other call: this rank's outstanding
+            # runs of schedules (started before this call on every rank) complete first
+            owner.calls_in_flight.settle()
         call = owner.policy.prepare_family(collective, algorithm, build, self)
         tuning = owner.tuning
         timing = tuning.explore(call)

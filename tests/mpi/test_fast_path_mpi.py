@@ -165,14 +165,20 @@ def test_the_fast_path_keeps_the_arrays_resizable(comm, ctx):
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", ["native", "auto", "ring"])
+@pytest.mark.parametrize("algorithm", ["native", "auto", "ring", "ring-fresh",
+                                       "ring-reproducible"])
 def test_a_blocking_call_while_some_ranks_have_a_call_outstanding(comm, algorithm):
     """What mpi4py runs, bmlmpi runs: the even ranks start a non-blocking call of a signature
     on the fast path and make the next blocking call before they wait; the odd ranks wait
     first. Every rank must make the same MPI call for the blocking one (MPI never matches a
     blocking collective with a non-blocking one): a rank with calls outstanding completes
-    them first (docs/api.md), for the allreduce and the rest of the family."""
-    ctx = bmlmpi.Communicator(comm, algorithm=algorithm, timeout=30)
+    them first (docs/api.md), for the allreduce and the rest of the family. The checked
+    path too: ``auto`` timing its candidates, a blocking call of a new signature each round
+    (``-fresh``), the reproducible mode (``-reproducible``); its argument check must not
+    wait for ranks that wait for this rank's part of the earlier call."""
+    algorithm, _, mode = algorithm.partition("-")
+    ctx = bmlmpi.Communicator(comm, algorithm=algorithm, timeout=30,
+                              reproducible=mode == "reproducible")
     failures = []
     try:
         n = 24
@@ -185,7 +191,12 @@ def test_a_blocking_call_while_some_ranks_have_a_call_outstanding(comm, algorith
             if comm.rank % 2:
                 req.Wait()
             blocking = np.zeros(n)
-            ctx.Allreduce(send, blocking, MPI.SUM)
+            if mode == "fresh":  # a signature of its own each round: checked every time
+                fresh = np.zeros(n + round_ + 1)
+                ctx.Allreduce(np.resize(send, n + round_ + 1), fresh, MPI.SUM)
+                blocking = fresh[:n]
+            else:
+                ctx.Allreduce(send, blocking, MPI.SUM)
             reduced = np.zeros(n)
             ctx.Reduce(send, reduced, MPI.SUM, root)
             cast = send * (round_ + 1) if comm.rank == root else np.zeros(n)
