@@ -374,8 +374,9 @@ class FastPath:
         ``[array, MPI.DOUBLE]``, calls outstanding, an entry not opened), but MPI never
         matches a blocking collective with a non-blocking one: a rank that cannot take its
         entry still makes the same MPI call. Calls outstanding that only this process's
-        polling advances (schedules' runs) are completed first
-        (:meth:`~bmlmpi.progress.Progress.settle`); MPI's own non-blocking calls progress
+        polling advances (schedules' runs) were completed before the call was prepared (the
+        checked path of every blocking call does that first,
+        :meth:`~bmlmpi.progress.Progress.settle`); MPI's own non-blocking calls progress
         inside the blocking one."""
         pipeline, agreement = self.pipeline, self.agreement
         # a carried call (its call format's words) is started by its carrier, never here
@@ -384,7 +385,6 @@ class FastPath:
                 or not agreement.agreed(call)
                 or agreement.notice_waiting(self.numbers.callno)):
             return False
-        pipeline.calls_in_flight.settle()
         slot = pipeline.call_log.record(call)  # (numbered in prepare; a native call takes no tags)
         self.checked_blocking += 1
         watch = self.watchdog

@@ -140,9 +140,10 @@ class Progress:
 
     def settle(self) -> None:
         """Complete the outstanding calls that only this process's polling advances (the runs
-        of schedules), oldest first, each under its deadline, before a blocking MPI call that
-        cannot poll them (:meth:`bmlmpi.fast_path.FastPath.blocking_native`); MPI's own
-        non-blocking calls progress inside that call. One that fails keeps its error for its
+        of schedules), oldest first, each under its deadline, before a blocking call's checked
+        path, whose argument check polls no other call and whose native form
+        (:meth:`bmlmpi.fast_path.FastPath.blocking_native`) is MPI's blocking call; MPI's own
+        non-blocking calls progress inside those. One that fails keeps its error for its
         request's ``Wait`` and raises it here too: the blocking call is not made."""
         for entry in [e for e in self.active if type(e.run) is not NativeRun]:
             try:
