@@ -652,6 +652,7 @@ class Communicator:
         same), through the one launch (:meth:`bmlmpi.calls.CollectiveCall.launch`). What a
         policy's :meth:`~bmlmpi.call_policy.CallPolicy.track` starts a call with."""
         self._agreement.validate(call, None)
+        self._tuning.launching()  # an exploring call is timed from here: its run alone
         return call.launch(self, label, finish) if launch else None
 
     # -- persistent calls (MPI 4): checked and compiled once, started many times -----------

@@ -43,17 +43,20 @@ from ``auto``'s priced explanation. A blocking call on the plain policy then ask
 names (:meth:`bmlmpi.tuner.Tuner.choose`; the index counts the key's completed blocking
 calls, the same on every rank) and is timed; :meth:`after_call` records its time, and at the
 key's last exploration call every rank MAX-reduces its proposal on the control channel and
-commits. A key that explores opens no fast-path entry, so every rank makes each of its calls
-on the checked path, where the index is counted; once committed, the signature's next call
-opens its entry for the committed algorithm, and the fast path runs it without asking
-anything here. Committed keys are not reviewed (the Tuner's review needs every call of the
-key counted, and the fast path counts nothing). A persistent request takes the choice at its
-``…_init`` (committed, else the prior) and keeps it: its plan is compiled there. Floating
-MIN and MAX are not tuned (the MPI library's own call does not propagate NaN as bmlmpi's
-kernels do, so ``auto`` never hands it those): their ``auto`` is the priced choice. So is the
-fault-tolerant policy's: it neither explores (a call's algorithm is entered in its ledger as
-prepared) nor reads the table (its recovery knows the schedules the fixed rule and the model
-pick, not every one a table may name).
+commits. Its time is its run's alone: it starts where the checked path has agreed on the
+call (:meth:`launching`), so that the first call of each candidate's signature, which gathers
+every rank's signature on the control channel, is timed as the committed signature's fast
+path will run it. A key that explores opens no fast-path entry, so every rank makes each
+of its calls on the checked path, where the index is counted; once committed, the
+signature's next call opens its entry for the committed algorithm, and the fast path runs
+it without asking anything here. Committed keys are not reviewed (the Tuner's review needs
+every call of the key counted, and the fast path counts nothing). A persistent request takes
+the choice at its ``…_init`` (committed, else the prior) and keeps it: its plan is compiled
+there. Floating MIN and MAX are not tuned (the MPI library's own call does not propagate NaN
+as bmlmpi's kernels do, so ``auto`` never hands it those): their ``auto`` is the priced
+choice. So is the fault-tolerant policy's: it neither explores (a call's algorithm is
+entered in its ledger as prepared) nor reads the table (its recovery knows the schedules the
+fixed rule and the model pick, not every one a table may name).
 
 The fault-tolerant policy takes its calibration at construction instead, where its
 algorithm is ``auto`` (:meth:`AutoTuning.at_construction`: every rank is alive there).
@@ -117,13 +120,14 @@ def trusted(calib: Calibration, ranks: int, rank: int) -> Calibration | None:
     return calib
 
 
-@dataclass(frozen=True)
+@dataclass
 class Timing:
     """One blocking call as :meth:`AutoTuning.explore` let it run: its ``key`` and call
-    ``index`` (None: not explored), the candidate ``name`` it runs, when it ``started``
-    (:attr:`AutoTuning.clock`), and whether its signature may open a fast-path entry
-    (``opens``: not while its key explores, nor for the call after which the prices are
-    taken)."""
+    ``index`` (None: not explored), the candidate ``name`` it runs, when its run
+    ``started`` (:attr:`AutoTuning.clock`: at :meth:`AutoTuning.explore`, and again at
+    :meth:`AutoTuning.launching` where the checked path agrees on the call first), and
+    whether its signature may open a fast-path entry (``opens``: not while its key
+    explores, nor for the call after which the prices are taken)."""
 
     key: TuningKey | None
     index: int
@@ -192,6 +196,8 @@ class AutoTuning:
         self.calls: dict[TuningKey, int] = {}
         #: What times a call (a test may put a clock of its own here).
         self.clock = time.perf_counter
+        #: The exploring call between :meth:`explore` and :meth:`after_call` (None: none).
+        self._timed: Timing | None = None
         self._layout: str | None = None
         self._table: _Table | None = None
         self._saver: weakref.finalize | None = None
@@ -299,6 +305,7 @@ class AutoTuning:
         the candidate its call index names runs instead (``call.algorithm``), timed from
         now."""
         opens = not self._settles(call)
+        self._timed = None  # (a call that raised before its after_call left one behind)
         if call.requested != records.AUTO or self.owner.policy.keeps_calls:
             return _PLAIN if opens else Timing(None, 0, "", 0.0, False)
         key = self.key(call.collective, call.total, call.dtype, call.op, call.root)
@@ -306,7 +313,17 @@ class AutoTuning:
             return _PLAIN if opens else Timing(None, 0, "", 0.0, False)
         index = self.calls.get(key, 0)
         name = call.algorithm = self.tuner.choose(key, index)
-        return Timing(key, index, name, self.clock(), False)
+        timing = self._timed = Timing(key, index, name, self.clock(), False)
+        return timing
+
+    def launching(self) -> None:
+        """The checked path agreed on the call it is about to launch: an exploring call's
+        time starts here, so that it is the run's alone, as the committed signature's fast
+        path will run it without any agreement (the first call of each candidate's
+        signature gathers every rank's signature on the control channel first)."""
+        timing = self._timed
+        if timing is not None:
+            timing.started = self.clock()
 
     def after_call(self, call: Any, timing: Timing = _PLAIN) -> bool:
         """After blocking ``call`` completed on this rank: its time recorded and, at its
@@ -314,6 +331,7 @@ class AutoTuning:
         prices taken where this was the first call to take them. True when the call's
         signature may open its fast-path entry."""
         key = timing.key
+        self._timed = None
         if key is not None:
             self.tuner.record(key, timing.name, self.clock() - timing.started)
             self.calls[key] = timing.index + 1

@@ -131,6 +131,50 @@ def test_the_slowest_ranks_times_decide(own_table):
 
 
 @pytest.mark.mpi
+def test_an_explored_call_is_timed_without_the_argument_agreement(own_table, monkeypatch):
+    """The tuner's clock counts the argument agreements (the gathers of every rank's
+    signature on the control channel): each candidate's first call agrees on its signature,
+    yet no explored call's timed interval holds one, since the committed signature's fast
+    path will run without any. The proposals are MAX-reduced as before."""
+    from bmlmpi import agreement
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to explore")
+    gathers = [0]
+    gather = agreement.Mailbox.gather
+
+    def counted(self, *args, **kwargs):
+        gathers[0] += 1
+        return gather(self, *args, **kwargs)
+    monkeypatch.setattr(agreement.Mailbox, "gather", counted)
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    tuning = c.tuning
+    tuning.clock = lambda: float(gathers[0])
+    timed = []
+    record = tuning.tuner.record
+
+    def kept(key, name, seconds):
+        timed.append((key.collective, name, seconds))
+        record(key, name, seconds)
+    tuning.tuner.record = kept
+    explored = 0
+    for collective in ("allreduce", "bcast"):
+        why = c.explain(64 * world.size, np.float64, collective=collective)
+        calls = 4 * len(why.tuning.candidates)
+        explored += calls
+        for call in range(calls):
+            out, ref = run(c, collective, 64, call)
+            assert np.array_equal(out, ref), (collective, call)
+        assert c.explain(64 * world.size, np.float64,
+                         collective=collective).tuning.state == "committed"
+    assert len(timed) == explored and gathers[0] >= 4   # every candidate agreed once
+    assert [t for t in timed if t[2] != 0.0] == []
+    c.Free()
+
+
+@pytest.mark.mpi
 def test_a_named_algorithm_never_reaches_the_tuner(own_table):
     world = MPI.COMM_WORLD
     for c, asked in ((bmlmpi.Communicator(world, timeout=60), "bml"),
