@@ -16,15 +16,19 @@ that it asked for ``auto`` (:meth:`bmlmpi.calls.CollectiveCall.signature`), so e
 agreed that it did, and a rank that refused its arguments raised before it, on every rank. A
 collective taken inside a call's preparation would instead wait for a rank that had refused
 its arguments until the deadline. The prices are the calibration (where
-``BMLMPI_CALIBRATE`` is on: read from the cache or measured) and the tuning table (rank 0
-reads it, every rank gets its entries). From the next call on, ``auto`` prices with them,
-and what was explored before starts afresh. The non-blocking and persistent forms never take
-them (they decide with what there is).
+``BMLMPI_CALIBRATE`` is on: read from the cache that ``bmlmpi-calibrate`` fills; none where
+it holds none, and then the user's calls time every applicable record) and the tuning table
+(rank 0 reads it, every rank gets its entries). Reading both is two broadcasts: no job
+measures a calibration unless ``BMLMPI_RECALIBRATE=1`` asks it to, since a measurement
+costs the user's first call seconds (minutes on a slow network). From the next call on,
+``auto`` prices with them, and what was explored before starts afresh. The non-blocking and
+persistent forms never take them (they decide with what there is).
 
-**The deadline.** A measurement gets the communicator's ``timeout`` (``timeout=``,
-``BMLMPI_TIMEOUT``) for all of its phases together (:func:`bmlmpi.calibrate.measure`'s
-``budget``): past it every rank stops at the same phase, one warning says so, nothing is
-cached, and ``auto`` keeps the fixed rule for this communicator.
+**The deadline.** A measurement that ``BMLMPI_RECALIBRATE=1`` asks for gets the
+communicator's ``timeout`` (``timeout=``, ``BMLMPI_TIMEOUT``) for all of its phases together
+(:func:`bmlmpi.calibrate.measure`'s ``budget``): past it every rank stops at the same phase,
+one warning says so, nothing is cached, and ``auto`` keeps the fixed rule for this
+communicator.
 
 **Impossible numbers.** A calibration, cached or just measured, that
 :func:`bmlmpi.model.plausibility.implausible` finds impossible is refused: one warning on
@@ -226,20 +230,24 @@ class AutoTuning:
             self.give(self.take())
 
     def take(self) -> Calibration | None:
-        """The calibration, read from the cache or measured within the deadline, where it may
-        be true (collective); None without one (``BMLMPI_CALIBRATE=0``)."""
+        """The cached calibration where it may be true (collective); None without one
+        (none cached, ``BMLMPI_CALIBRATE=0``). Measured only where ``BMLMPI_RECALIBRATE``
+        asks, within the deadline."""
         owner = self.owner
         if not selection.calibration_wanted(records.AUTO):
             return None
         try:
-            calib = calibrate(owner.comm, timeout=owner.timeout, budget=owner.timeout)
+            # only the cache: a measurement costs the user's call seconds (minutes on a slow
+            # network); BMLMPI_RECALIBRATE=1 asks for one, within the deadline
+            calib = calibrate(owner.comm, timeout=owner.timeout, budget=owner.timeout,
+                              measure_missing=False)
         except MeasurementOverrun as exc:
             if owner.rank == 0:
                 _log.warning("bmlmpi: %s (the communicator's timeout, timeout= or "
                              "BMLMPI_TIMEOUT); auto uses the fixed rule on this communicator",
                              exc)
             return None
-        return trusted(calib, owner.size, owner.rank)
+        return None if calib is None else trusted(calib, owner.size, owner.rank)
 
     def _take_prices(self) -> None:
         """The calibration and the tuning table (collective); what was explored so far is

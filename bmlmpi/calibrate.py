@@ -621,7 +621,8 @@ def _entry_key(size: int, nodes: int) -> str:
 def _read_cache(path: Path, key: str) -> Calibration | None:
     """The cached entry ``key`` of ``path``; None where there is none (no file, an older
     format, no entry for these ranks) or it cannot be read, which one warning on logger
-    ``bmlmpi`` names (it is then measured again)."""
+    ``bmlmpi`` names (it is then measured again, or ignored where the caller only reads the
+    cache)."""
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -632,7 +633,8 @@ def _read_cache(path: Path, key: str) -> Calibration | None:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         _log.warning("bmlmpi: the cached calibration %s (%s) cannot be read, so it is "
-                     "measured again: %s: %s", path, key, type(exc).__name__, exc)
+                     "not used (bmlmpi-calibrate measures it again): %s: %s", path, key,
+                     type(exc).__name__, exc)
         return None
 
 
@@ -735,10 +737,13 @@ def _unpack(vec: np.ndarray, meta: dict[str, Any]) -> Calibration | None:
 
 
 def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
-              timeout: float | None = None, budget: float | None = None) -> Calibration:
+              timeout: float | None = None, budget: float | None = None,
+              measure_missing: bool = True) -> Calibration | None:
     """The machine's Calibration for ``comm``'s ranks: cached, else measured (collective).
     ``budget``: seconds a measurement may take (:func:`measure`; past it
-    :class:`MeasurementOverrun` on every rank, nothing cached)."""
+    :class:`MeasurementOverrun` on every rank, nothing cached). ``measure_missing`` False:
+    only the cache is read (``BMLMPI_RECALIBRATE`` aside), and None where it holds no entry
+    for these ranks (every rank alike: rank 0's reading is broadcast)."""
     timeout = timeout_from_env(timeout)
     work, req = comm.Idup()
     try:
@@ -755,6 +760,8 @@ def calibrate(comm: MPI.Comm, *, use_cache: bool = True,
         cached = _unpack(vec, {**meta, "source": "cache"})
         if cached is not None:
             return cached
+        if not measure_missing and not fresh:
+            return None
         measured = measure(work, timeout, budget=budget)
         calib = dataclasses.replace(measured, meta={**meta, **measured.meta,
                                                     "source": "measured"})

@@ -184,7 +184,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "measuring the links",
              parse_bool),
     Variable("BMLMPI_RECALIBRATE", "boolean", False, "off",
-             "on: measure the calibration afresh instead of reading the cache", parse_bool),
+             "on: measure the calibration afresh instead of reading the cache (in a job: "
+             "after its first `auto` call, within the communicator's timeout; off, a job only "
+             "reads what `bmlmpi-calibrate` cached)", parse_bool),
     Variable("BMLMPI_CACHE_DIR", "directory", None, "`~/.cache/bmlmpi`",
              "where calibrations (per host, MPI library, rank count) and compiled kernels "
              "(`numba/`) are cached", _path),

@@ -35,6 +35,7 @@ there is no calibration at all.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +113,9 @@ class Explanation:
     (:mod:`bmlmpi.auto_tuning`): ``exploring``, ``measured``, ``table``, ``model``, ``rule``),
     in words (``why``), the ``candidates`` it priced, cheapest first, and the ``tuning``
     report of the signature's measured choice (:class:`bmlmpi.tuner.TuningReport`: per
-    candidate the predicted and the measured time; None where nothing is timed)."""
+    candidate the predicted and the measured time; None where nothing is timed).
+    ``applicable``: where nothing was priced (the fixed rule), every record that opts in to
+    ``auto`` and applies, in registration order: what the user's calls time instead."""
 
     collective: str
     count: int
@@ -123,6 +126,7 @@ class Explanation:
     why: str
     candidates: tuple[Candidate, ...] = ()
     tuning: Any = None
+    applicable: tuple[str, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -172,9 +176,11 @@ def explain(count: int, itemsize: int, size: int, calib=None, shape=None, nodes=
         what = ("no calibration (BMLMPI_CALIBRATE=0, refused, or not taken yet: a "
                 "communicator takes it after its first auto call)" if calib is None
                 else f"the calibration has no {default} {collective} timings")
-        return decided(chosen, "fixed rule",
-                       f"{what}: {default} below BMLMPI_AUTO_BML_BYTES={threshold} B, {fixed} "
-                       f"from it; this call is {count * itemsize} B")
+        return dataclasses.replace(
+            decided(chosen, "fixed rule",
+                    f"{what}: {default} below BMLMPI_AUTO_BML_BYTES={threshold} B, {fixed} "
+                    f"from it; this call is {count * itemsize} B"),
+            applicable=tuple(candidates(count, size, nodes, collective, root, counts)))
     from .model import estimate
 
     names = candidates(count, size, nodes, collective, root, counts)
@@ -239,7 +245,9 @@ def explain_collective(collective: str, count: int, itemsize: int, size: int, ca
         default = records.default(collective).name
         return Explanation(collective, count, itemsize, size, default, "fixed rule",
                            f"no calibration: the family runs {default} (no schedule of these "
-                           f"collectives was measured against {default} here)")
+                           f"collectives was measured against {default} here)",
+                           applicable=tuple(candidates(count, size, nodes, collective, root,
+                                                       counts)))
     return explain(count, itemsize, size, calib, shape, nodes, collective=collective,
                    root=root, counts=counts)
 

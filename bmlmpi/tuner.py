@@ -13,9 +13,10 @@ rank decides alike without a message of the Tuner's own:
    **candidates**, in this order: the model's best ``k`` (default 3) of the records that opt
    in to ``auto`` (cheapest first; the explanation's candidates are priced alike on every
    rank), then the ``default`` record (the MPI library's own call) where it serves the
-   collective and is not among them already. Without prices (the fixed rule) the candidates
-   are the fixed rule's pick and the default record. The model's (or the rule's) pick stays
-   the **prior**.
+   collective and is not among them already. Without prices (the fixed rule: no
+   calibration cached) nothing ranks them, so the candidates are every record that opts in
+   to ``auto`` and applies (the explanation's ``applicable``, registration order), the
+   default record among them. The model's (or the rule's) pick stays the **prior**.
 2. Exploring, :meth:`Tuner.choose` rotates through the ``c`` candidates: call ``i`` of the
    exploration runs candidate ``i mod c``. The first round is a warm-up (plans compiled,
    kernels and caches warm), not counted; then ``rounds`` (default 3) counted rounds. So a
@@ -46,8 +47,9 @@ Decided against the design sketch: a warm-up round before ``rounds`` counted one
 counted the warm-up among its rounds, leaving medians of two), so that each median is of
 three; "measured" also when the measurement confirms the prior (it is what decided); a
 missing time counts as ``inf`` while exploring and 0 in a review, so that it can neither win
-nor contradict. Without prices the candidates are the rule's pick and native only (the
-sketch added the model's best under default α and β: no such default calibration exists).
+nor contradict. Without prices every applicable record is a candidate (the sketch added the
+model's best under default α and β: no such default calibration exists, and a job does not
+measure one: the user's calls rank them instead).
 
 A call that names its algorithm never reaches the Tuner; the pipeline asks it only for
 ``auto``. :meth:`Tuner.report` is what ``explain`` shows: each candidate's predicted time,
@@ -263,7 +265,14 @@ class Tuner:
             algorithm, cands, medians = seeded
             return _State(cands, prior, prior_why, dict(priced), chosen=algorithm,
                           why="table", medians=medians)
-        cands = pick_candidates(key.collective, priced, prior, self.k)
+        if priced:
+            cands = pick_candidates(key.collective, priced, prior, self.k)
+        else:
+            # nothing ranks them: every applicable record is timed (equal prices keep the
+            # registration order)
+            applicable = getattr(explanation, "applicable", ())
+            cands = pick_candidates(key.collective, [(n, 0.0) for n in applicable], prior,
+                                    max(1, len(applicable)))
         return _State(cands, prior, prior_why, dict(priced))
 
     # -- each call ---------------------------------------------------------------------------

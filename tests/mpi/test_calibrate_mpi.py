@@ -101,9 +101,11 @@ def test_shared_memory_is_measured_on_each_node(comm):
 def test_a_named_algorithm_never_calibrates_and_auto_once_after_its_first_call(
         tmp_path_factory, monkeypatch):
     """The measurements counted: a drop-in call naming its algorithm and a communicator
-    built with one take none; an auto communicator takes none at construction and one after
-    its first auto call that prices schedules (on every rank at that call: one rank has no
-    schedule to price); the call after it runs what the prices choose, exactly."""
+    built with one take none; an auto communicator takes none at construction, and none
+    after its first auto call either while the cache holds none (its calls then time every
+    applicable record); where BMLMPI_RECALIBRATE=1 asks, one after its first auto call that
+    prices schedules (on every rank at that call: one rank has no schedule to price); the
+    calls after it run what the prices choose, exactly."""
     import numpy as np
 
     import bmlmpi
@@ -113,7 +115,8 @@ def test_a_named_algorithm_never_calibrates_and_auto_once_after_its_first_call(
     comm = MPI.COMM_WORLD
     where = comm.bcast(str(tmp_path_factory.mktemp("counted")) if comm.rank == 0 else None)
     monkeypatch.setenv("BMLMPI_CACHE_DIR", where)
-    monkeypatch.setenv("BMLMPI_RECALIBRATE", "1")
+    monkeypatch.delenv("BMLMPI_RECALIBRATE", raising=False)
+    monkeypatch.setenv("BMLMPI_TUNING", f"{where}/tuning.jsonl")
     monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
     taken = []
 
@@ -133,6 +136,18 @@ def test_a_named_algorithm_never_calibrates_and_auto_once_after_its_first_call(
         named.Allreduce(x, out)
         assert np.array_equal(out, want) and taken == [] and named.calibration is None
         named.Free()
+        empty = bmlmpi.Communicator(comm, timeout=30)
+        for _ in range(3):
+            out[:] = 0
+            empty.Allreduce(x, out)
+            assert np.array_equal(out, want)
+        assert taken == [] and empty.calibration is None   # an empty cache: nothing measured
+        if comm.size > 1:
+            why = empty.explain(n, np.float64)
+            assert why.applicable and ({t.name for t in why.tuning.candidates}
+                                       == {*why.applicable, "native"})
+        empty.Free()
+        monkeypatch.setenv("BMLMPI_RECALIBRATE", "1")
         auto = bmlmpi.Communicator(comm, timeout=30)
         assert taken == [] and auto.calibration is None
         for _ in range(3):

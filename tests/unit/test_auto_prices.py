@@ -1,6 +1,7 @@
 """auto's prices on one rank (bmlmpi.auto_tuning): a calibration that cannot be true is
-refused with one warning, a cache entry that cannot be read is measured again with one
-warning, and a measurement stops at its deadline, on every rank at the same phase."""
+refused with one warning, a cache entry that cannot be read is not used (one warning), an
+empty cache measures nothing in the job, and a measurement asked for stops at its deadline,
+on every rank at the same phase."""
 
 from __future__ import annotations
 
@@ -87,15 +88,27 @@ def test_an_impossible_cached_entry_is_refused_and_not_measured_again(measured, 
     assert "the native allreduce of 8 B took 26000.0 us, more than 4x its 65536 B" in said
 
 
-def test_a_corrupt_cache_entry_is_measured_again_with_one_warning(measured, caplog):
+def test_a_corrupt_cache_entry_is_not_used_with_one_warning(measured, caplog):
     caplog.set_level(logging.WARNING, logger="bmlmpi")
     path, key = _cache_file()
     path.write_text(json.dumps({"format": calibrate.FORMAT, "entries": {key: {"alpha": "x"}}}))
     tuning = AutoTuning(_one_rank(timeout=7.0))
-    assert tuning.take() == SOUND
-    assert measured == [7.0]                   # within the communicator's deadline
+    assert tuning.take() is None
+    assert measured == []                      # not measured inside the job
     (said,) = warnings_of(caplog)
-    assert "cannot be read, so it is measured again" in said and key in said
+    assert "cannot be read, so it is not used" in said and key in said
+
+
+def test_an_empty_cache_measures_nothing_unless_asked(measured, monkeypatch):
+    """The first auto call's prices: with nothing cached, no measurement at all in the job
+    (the user's calls then time every applicable record); BMLMPI_RECALIBRATE=1 asks for
+    one, given the communicator's deadline as its budget."""
+    tuning = AutoTuning(_one_rank(timeout=7.0))
+    assert tuning.take() is None and measured == []
+    monkeypatch.setenv("BMLMPI_RECALIBRATE", "1")
+    assert tuning.take() == SOUND and measured == [7.0]
+    monkeypatch.delenv("BMLMPI_RECALIBRATE")
+    assert tuning.take() == SOUND and measured == [7.0]   # now cached: read, not measured
 
 
 def test_a_measurement_stops_at_its_deadline(monkeypatch, caplog, tmp_path):

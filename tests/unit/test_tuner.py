@@ -261,3 +261,27 @@ def test_a_preview_opens_nothing_and_tells_what_begin_would():
     seeded = t.preview(small, MODEL)
     assert (seeded.state, seeded.chosen, seeded.why) == ("committed", "ring", "table")
     assert small not in t.keys()
+
+
+def test_without_prices_every_applicable_record_is_a_candidate():
+    """No calibration (none cached: a job measures none): nothing ranks the records, so the
+    user's calls time every one that opts in to auto and applies, the rule's pick kept as
+    the prior within the margin."""
+    from bmlmpi import selection
+
+    ranks = 4
+    why = selection.explain(1 << 17, 8, ranks)   # 1 MiB, no calibration: the fixed rule
+    assert why.rule == "fixed rule" and why.candidates == ()
+    applicable = selection.candidates(1 << 17, ranks)
+    assert why.applicable == tuple(applicable) and len(applicable) >= 3
+    t = Tuner()
+    report = t.begin(KEY, why)
+    names = [c.name for c in report.candidates]
+    assert set(names) == set(applicable) | {"native"} and report.prior == why.chosen
+    assert all(c.predicted is None for c in report.candidates)
+    family = selection.explain_collective("reduce_scatter", 1 << 17, 8, ranks)
+    assert family.rule == "fixed rule" and family.chosen == "native"
+    assert family.applicable == tuple(selection.candidates(1 << 17, ranks,
+                                                           collective="reduce_scatter"))
+    key = TuningKey("reduce_scatter", 1 << 20, "float64", "sum", ranks=ranks, layout="1x4")
+    assert len(t.begin(key, family).candidates) == len(set(family.applicable) | {"native"}) > 1
