@@ -238,6 +238,11 @@ class Tuner:
             raise ValueError(f"{len(medians)} medians for {len(cands)} candidates")
         self._seeds[key] = (algorithm, cands, None if medians is None else tuple(medians))
 
+    def forget_seeds(self) -> None:
+        """Drop the table entries :meth:`seed` gave that no key has begun from yet: a tuning
+        run measures every signature it tunes again (``bmlmpi-calibrate --tune``)."""
+        self._seeds.clear()
+
     def begin(self, key: TuningKey, explanation) -> TuningReport:
         """Open ``key`` from ``auto``'s priced choice ``explanation``
         (:class:`bmlmpi.selection.Explanation`: its ``chosen``, ``rule`` and priced

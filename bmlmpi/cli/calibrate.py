@@ -1,7 +1,9 @@
 """``bmlmpi-calibrate`` (``python -m bmlmpi.cli.calibrate``): measure (or read) the cost-model
 calibration of the ranks it runs on and print it, with the predicted time of every algorithm
 ``auto`` considers and its choice per size. Run it under the launcher, e.g.
-``bmlmpi-run -n 4 bmlmpi-calibrate --fresh``.
+``bmlmpi-run -n 4 bmlmpi-calibrate --fresh``. With ``--tune`` it fills the tuning table
+instead (:mod:`bmlmpi.cli.tune`): ``bmlmpi-run -n 4 bmlmpi-calibrate --tune --sizes 8,1M
+--collectives allreduce,bcast``.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
 from mpi4py import MPI
 
 from .. import selection
 from ..api import Communicator
 from ..calibrate import calibrate
+from . import tune
 
 
 def _fmt(seconds: float) -> str:
@@ -35,7 +39,30 @@ def main(argv: Sequence[str] | None = None,
                          "not price at a size shows -)")
     ap.add_argument("--max-bytes", type=int, default=64 << 20)
     ap.add_argument("--itemsize", type=int, default=4)
+    ap.add_argument("--tune", action="store_true",
+                    help="fill the tuning table instead: time auto's candidates on each "
+                         "collective and size through auto's own calls, commit, and merge the "
+                         "choices into the table (BMLMPI_TUNING, else beside the cache); "
+                         "signatures it holds already are measured again")
+    ap.add_argument("--sizes", default=None,
+                    help="with --tune: sizes of the work buffer, e.g. 8,64K,16M (default: 8 B "
+                         "to 64 MiB, every fourth power of two)")
+    ap.add_argument("--collectives", default="all",
+                    help="with --tune: comma-separated among allreduce, reduce_scatter, "
+                         "allgather, reduce, bcast, or all (the default)")
+    ap.add_argument("--dtype", default="float32",
+                    help="with --tune: the element type of the calls (default float32; the "
+                         "table keys reducing collectives by dtype and op: SUM)")
     args = ap.parse_args(argv)
+    if args.tune:
+        try:
+            sizes = (list(tune.DEFAULT_SIZES) if args.sizes is None
+                     else tune.parse_sizes(args.sizes))
+            collectives = tune.parse_collectives(args.collectives)
+            dtype = np.dtype(args.dtype)
+        except (ValueError, TypeError) as exc:
+            ap.error(str(exc))
+        return tune.tune(MPI.COMM_WORLD, collectives, sizes, dtype, printer)
     runnable = selection.algorithms()[1:]  # every allreduce algorithm but auto
     if args.algorithms is not None:
         asked = [a.strip().lower() for a in args.algorithms.split(",") if a.strip()]
