@@ -241,7 +241,8 @@ def explain_collective(collective: str, count: int, itemsize: int, size: int, ca
     if env and env != records.AUTO and env in records.algorithms(collective):
         return Explanation(collective, count, itemsize, size, env, "BMLMPI_ALGORITHM",
                            f"BMLMPI_ALGORITHM={env} overrides auto")
-    if calib is None and not collective_record(collective).calibrated:
+    if (calib is None and not collective_record(collective).calibrated
+            and count > 0 and size > 1):   # (an empty call, one rank: explain's own rules)
         default = records.default(collective).name
         return Explanation(collective, count, itemsize, size, default, "fixed rule",
                            f"no calibration: the family runs {default} (no schedule of these "
