@@ -87,6 +87,11 @@ def tune(comm: MPI.Comm, collectives: Sequence[str], sizes: Sequence[int],
     """Commit every (collective, size) signature of ``dtype`` (op SUM, root 0) on ``comm``'s
     ranks through ``auto``'s own calls, and merge the commits into the tuning table
     (collective; rank 0 prints each commit and the table's path). 0 on success."""
+    if comm.Get_size() == 1:
+        if comm.Get_rank() == 0:
+            printer("# one rank: nothing to tune (every collective is a copy, native's); "
+                    "no table written")
+        return 0
     ctx = Communicator(comm, timeout=timeout)
     tuning = ctx.tuning
     primed = False
