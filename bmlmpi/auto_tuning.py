@@ -311,10 +311,11 @@ class AutoTuning:
     def explore(self, call: Any) -> Timing:
         """Before a prepared blocking ``call`` runs: while its key explores (plain policy),
         the candidate its call index names runs instead (``call.algorithm``), timed from
-        now."""
+        now. The call after which the prices are taken runs the prior, untimed: what it
+        would measure starts afresh with the prices."""
         opens = not self._settles(call)
         self._timed = None  # (a call that raised before its after_call left one behind)
-        if call.requested != records.AUTO or self.owner.policy.keeps_calls:
+        if call.requested != records.AUTO or self.owner.policy.keeps_calls or not opens:
             return _PLAIN if opens else Timing(None, 0, "", 0.0, False)
         key = self.key(call.collective, call.total, call.dtype, call.op, call.root)
         if key is None or self.tuner.committed(key) is not None:
