@@ -311,15 +311,24 @@ class AutoTuning:
     def explore(self, call: Any) -> Timing:
         """Before a prepared blocking ``call`` runs: while its key explores (plain policy),
         the candidate its call index names runs instead (``call.algorithm``), timed from
-        now. The call after which the prices are taken runs the prior, untimed: what it
-        would measure starts afresh with the prices."""
+        now. The call after which the prices are taken is not timed (what it would measure
+        starts afresh with the prices) and runs the MPI library's own call where ``auto``
+        may hand it this one: a job's first call then compiles no plan and loads no kernels
+        (seconds for a schedule's first run in a fresh process)."""
         opens = not self._settles(call)
         self._timed = None  # (a call that raised before its after_call left one behind)
-        if call.requested != records.AUTO or self.owner.policy.keeps_calls or not opens:
-            return _PLAIN if opens else Timing(None, 0, "", 0.0, False)
+        if not opens:
+            default = records.default(call.collective)
+            if (call.wire is None and default.serves(call.collective)
+                    and self.key(call.collective, call.total, call.dtype, call.op,
+                                 call.root) is not None):
+                call.algorithm = default.name
+            return Timing(None, 0, "", 0.0, False)
+        if call.requested != records.AUTO or self.owner.policy.keeps_calls:
+            return _PLAIN
         key = self.key(call.collective, call.total, call.dtype, call.op, call.root)
         if key is None or self.tuner.committed(key) is not None:
-            return _PLAIN if opens else Timing(None, 0, "", 0.0, False)
+            return _PLAIN
         index = self.calls.get(key, 0)
         name = call.algorithm = self.tuner.choose(key, index)
         timing = self._timed = Timing(key, index, name, self.clock(), False)

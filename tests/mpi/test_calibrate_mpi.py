@@ -142,6 +142,9 @@ def test_a_named_algorithm_never_calibrates_and_auto_once_after_its_first_call(
             empty.Allreduce(x, out)
             assert np.array_equal(out, want)
         assert taken == [] and empty.calibration is None   # an empty cache: nothing measured
+        # the job's first auto call (after which the prices are read) ran the MPI library's
+        # own call: no plan compiled, no kernels loaded
+        assert empty.recorder.calls()[0]["chosen"] == "native"
         if comm.size > 1:
             why = empty.explain(n, np.float64)
             assert why.applicable and ({t.name for t in why.tuning.candidates}
