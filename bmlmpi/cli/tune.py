@@ -65,20 +65,15 @@ def _call(ctx: Communicator, collective: str, nbytes: int,
     per = max(1, nbytes // dtype.itemsize // size)   # elements per rank's block
     total = per * size
     x = ((np.arange(total) * 7 + rank * 13) % 101).astype(dtype)
-    if collective == "allreduce":
-        out = np.empty_like(x)
-        return (lambda: ctx.Allreduce(x, out)), total, 0
-    if collective == "reduce_scatter":
-        out = np.empty(per, dtype)
-        return (lambda: ctx.Reduce_scatter_block(x, out)), total, 0
-    if collective == "allgather":
-        out = np.empty(total, dtype)
-        return (lambda: ctx.Allgather(x[:per], out)), total, 0
-    if collective == "reduce":
-        out = np.empty_like(x)
-        return (lambda: ctx.Reduce(x, out, root=0)), total, 0
-    buf = x.copy()
-    return (lambda: ctx.Bcast(buf, root=0)), total, 0
+    whole, block = np.empty_like(x), np.empty(per, dtype)
+    calls = {  # each collective's blocking call, mpi4py's positional arguments
+        "allreduce": lambda: ctx.Allreduce(x, whole),
+        "reduce_scatter": lambda: ctx.Reduce_scatter_block(x, block),
+        "allgather": lambda: ctx.Allgather(x[:per], whole),
+        "reduce": lambda: ctx.Reduce(x, whole, root=0),
+        "bcast": lambda: ctx.Bcast(x, root=0),
+    }
+    return calls[collective], total, 0
 
 
 def tune(comm: MPI.Comm, collectives: Sequence[str], sizes: Sequence[int],
