@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bmlmpi import config
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SIZES = "8,64,1K,16K,64K,256K,1M,4M,16M,64M"
@@ -51,10 +53,15 @@ def launch(n: int, args: list[str], env: dict, timeout: int) -> subprocess.Compl
 
 
 def fresh_env(folder: Path) -> dict:
-    """An empty calibration cache and tuning table, in ``folder``."""
+    """An empty calibration cache and tuning table, in ``folder``; the kernels numba compiled
+    for this installation stay (its cache folder linked in): they are compiled once per
+    installation, not per job."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("BMLMPI_ALGORITHM", "BMLMPI_RECALIBRATE", "BMLMPI_CALIBRATE")}
     folder.mkdir(parents=True, exist_ok=True)
+    kernels = config.cache_dir() / "numba"
+    if kernels.is_dir() and not (folder / "numba").exists():
+        (folder / "numba").symlink_to(kernels, target_is_directory=True)
     return {**env, "BMLMPI_CACHE_DIR": str(folder), "BMLMPI_TUNING": str(folder / "t.jsonl"),
             "PYTHONUNBUFFERED": "1"}
 
