@@ -33,7 +33,9 @@ def test_the_records_carry_autos_rules():
     assert all(a.margin == 1.0 for a in records if not a.default)
     assert [algorithms.for_empty(c) for c in ("allreduce", "reduce_scatter", "bcast")] == \
         ["bml", "native", "native"]
-    assert {algorithms.fixed_choice(c) for c in algorithms.NAMES} == {"bml"}
+    assert {algorithms.fixed_choice(c) for c in algorithms.NAMES if c != "alltoall"} == {"bml"}
+    # no all-to-all record opts in to auto: the fixed rule keeps the MPI library's own call
+    assert algorithms.fixed_choice("alltoall") == "native"
     assert algorithms.node_tier(True) == "shm" and algorithms.node_tier(False) == "ring"
     # every field auto reads is documented on the record
     for field in ("auto", "default", "margin", "empty", "fixed", "shared_memory", "applies",
