@@ -496,16 +496,18 @@ register(Algorithm(
 register(Algorithm(
     "ps", {"allreduce": _ps_allreduce}, symmetric=frozenset({PORTS, BCUBE}), offered=False,
     doc="P2P parameter server (the BML paper's baseline; priced, never run)"))
-# All-to-all: run where a call names them; not opted in to auto (which runs native for it)
+# All-to-all: opted in to auto, which prices them where the calibration timed the MPI
+# library's own all-to-all, and otherwise times the fixed rule's pick (the first of them, from
+# BMLMPI_AUTO_BML_BYTES) against native on the user's calls (bmlmpi.tuner)
 register(Algorithm(
-    "pairwise", {"alltoall": _pairwise},
+    "pairwise", {"alltoall": _pairwise}, auto=True,
     doc="all-to-all in N-1 rounds, one partner each way (the pairwise exchange)"))
 register(Algorithm(
-    "bruck", {"alltoall": _bruck},
+    "bruck", {"alltoall": _bruck}, auto=True,
     doc="all-to-all in ceil(log2 N) rounds, blocks relayed by the bits of their distance "
         "(Bruck et al., IEEE TPDS 1997)"))
 register(Algorithm(
-    "bcube", {"alltoall": _bcube_exchange},
+    "bcube", {"alltoall": _bcube_exchange}, auto=True,
     doc="all-to-all one BCube digit per step, k rotated pipelines on the k levels (Guo et al., "
         "SIGCOMM 2009)"))
 register(Algorithm(
