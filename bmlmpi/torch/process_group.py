@@ -46,6 +46,7 @@ from .. import config
 from ..execute import timeout_from_env
 from ..ops import AVG
 from ..variants import Communicator
+from .launcher import check_one_world
 from .tensors import (
     UnsupportedCall,
     check_reducible,
@@ -504,6 +505,7 @@ def create(dist_options: Any, pg_options: Options | None) -> ProcessGroupBmlmpi:
     """The creator torch calls for ``init_process_group``/``new_group`` with backend bmlmpi
     (the extended API: ``dist_options`` carries the group's global ranks)."""
     global _world_options
+    check_one_world()
     if pg_options is not None and not isinstance(pg_options, Options):
         raise TypeError(f"pg_options of the bmlmpi backend must be bmlmpi.torch.Options, got "
                         f"{type(pg_options).__name__}")
