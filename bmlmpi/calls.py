@@ -152,14 +152,14 @@ class CollectiveCall:
         size = None if collective_record(self.collective).size_free else self.size
         # a carried call's op names its format: ranks that carry it differently disagree
         op = self.op if self.wire is None else f"{self.op} ({self.wire.name})"
-        return (self.collective, size, len(counts), self.total,
-                _digest(counts) if len(counts) > 1 else "", self.dtype.str, op, self.root,
+        return (self.collective, size, len(counts), sum(counts),
+                _digest(counts) if len(counts) > 1 else "", self.out.dtype.str, op, self.root,
                 self.algorithm, tuple(shape), self.requested == AUTO)
 
     def traced(self) -> Signature:
         """The flight recorder's description of this call."""
         record = collective_record(self.collective)
-        return Signature(self.collective, int(self.total), self.dtype.name,
+        return Signature(self.collective, int(sum(self.counts)), self.out.dtype.name,
                          self.op if record.reduces else None,
                          self.root if record.rooted else None,
                          self.requested, self.algorithm)
