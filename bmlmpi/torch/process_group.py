@@ -532,17 +532,17 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
                                                           out.array, root),
                          outputs, out.finish)
 
-    # -- all-to-all: not served yet ------------------------------------------------------------
+    # -- all-to-all: not served yet (bmlmpi's Alltoall is not wired to torch) -----------------
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                  opts: Any = None) -> Work:
-        raise UnsupportedCall("all_to_all is not served by the bmlmpi backend (bmlmpi has no "
-                              "all-to-all collective to run it on yet)")
+        raise UnsupportedCall("all_to_all is not served by the bmlmpi backend yet (bmlmpi's "
+                              "Alltoall is not wired to torch)")
 
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: list[int], input_split_sizes: list[int],
                           opts: Any = None) -> Work:
-        raise UnsupportedCall("all_to_all_single is not served by the bmlmpi backend (bmlmpi "
-                              "has no all-to-all collective to run it on yet)")
+        raise UnsupportedCall("all_to_all_single is not served by the bmlmpi backend yet "
+                              "(bmlmpi's Alltoall is not wired to torch)")
 
     # -- point-to-point (point_to_point.py) -----------------------------------------------------
     def _p2p(self, what: str) -> MPI.Comm:
