@@ -64,7 +64,7 @@ from .family import (
     scatter,
     scatter_blocks,
 )
-from .fast_path import FastPath, fast_key
+from .fast_path import CARRIED, FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .model.estimate import Calibration
@@ -609,7 +609,8 @@ class Communicator:
         path when its signature may take it (:meth:`bmlmpi.fast_path.FastPath.allreduce`),
         else the checked path, started and waited on, which then opens the signature's
         entry in the fast path. A reproducible call (``reproducible``, None: the
-        communicator's mode) takes the checked path each time."""
+        communicator's mode) has an entry of its own (:meth:`bmlmpi.fast_path.FastPath.
+        carried`)."""
         gate = self._gate
         mine = gate.claim(self.rank)
         try:
@@ -618,18 +619,25 @@ class Communicator:
                 agreement.repair()  # (collective: every rank's first call after the error)
             carry = _carry(self, reproducible)
             fast = self._fast_path
-            if carry is None and fast.allreduce(sendbuf, recvbuf, op, algorithm):
+            if carry is None:
+                if fast.allreduce(sendbuf, recvbuf, op, algorithm):
+                    return
+            elif fast.carried(sendbuf, recvbuf, op, algorithm):
                 return
             if not self.policy.keeps_calls:
                 # the checked path's agreement polls no other call: runs of schedules this
                 # rank started before (which every rank started before this call) are
                 # completed first (docs/api.md, "Blocking calls")
                 self._calls_in_flight.settle()
-            if carry is not None:
-                self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm,
-                                                           carry)).Wait()
+            call = self._prepare_checked(sendbuf, recvbuf, op, algorithm, carry)
+            if call.wire is not None:
+                call.wire.blocking = True
+                self.submit_recorded(call).Wait()
+                fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op, CARRIED),
+                          call, (sendbuf, recvbuf, op), carried=True)
                 return
-            call = self._prepare_checked(sendbuf, recvbuf, op, algorithm)
+            # (a plain call, or a reproducible one whose values pass through: integers,
+            # MIN, MAX)
             tuning = self._tuning
             timing = tuning.explore(call)
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
