@@ -111,6 +111,12 @@ def _carry(comm: Communicator, reproducible: bool | None) -> Any:
     return call_formats.REPRODUCIBLE if wanted else None
 
 
+def _in_key(carry: Any) -> tuple:
+    """What a call format adds to a blocking call's fast-path signature key: a call of the
+    same arrays in another mode is another signature."""
+    return () if carry is None else (CARRIED,)
+
+
 def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
     """``method`` called through a weak reference to its object (a watchdog thread must not
     keep a dropped Communicator alive)."""
@@ -692,51 +698,65 @@ class Communicator:
     # collective, else ``auto``. Each hands its call's builder to the family's engine; a
     # blocking call whose signature ran before takes its fast path (FastPath.repeat).
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                             algorithm: str | None = None) -> None:
-        """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
+                             algorithm: str | None = None,
+                             reproducible: bool | None = None) -> None:
+        """Reduce ``size`` equal blocks over all ranks; rank r receives block r.
+        ``reproducible``: this call's mode, as for :meth:`Allreduce` (the reducing methods
+        below take it too)."""
         args = (sendbuf, recvbuf, op)
-        key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
+        carry = _carry(self, reproducible)
+        key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op,
+                       *_in_key(carry))
         if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("reduce_scatter", algorithm,
-                                 scatter_blocks(self, sendbuf, recvbuf, op), key, args)
+                                 scatter_blocks(self, sendbuf, recvbuf, op, carry), key, args)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                              algorithm: str | None = None) -> Request:
+                              algorithm: str | None = None,
+                              reproducible: bool | None = None) -> Request:
         return self.family.start("reduce_scatter", algorithm,
-                                 scatter_blocks(self, sendbuf, recvbuf, op))
+                                 scatter_blocks(self, sendbuf, recvbuf, op,
+                                                _carry(self, reproducible)))
 
     def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                                  algorithm: str | None = None) -> PersistentRequest:
+                                  algorithm: str | None = None,
+                                  reproducible: bool | None = None) -> PersistentRequest:
         return self.family.init("reduce_scatter", algorithm,
-                                scatter_blocks(self, sendbuf, recvbuf, op))
+                                scatter_blocks(self, sendbuf, recvbuf, op,
+                                               _carry(self, reproducible)))
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                       op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+                       op: Any = MPI.SUM, *, algorithm: str | None = None,
+                       reproducible: bool | None = None) -> None:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
         family, key = self.family, None
+        carry = _carry(self, reproducible)
         if isinstance(recvcounts, (list, tuple)):
             key = fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
-                           tuple(recvcounts))
+                           tuple(recvcounts), *_in_key(carry))
             if key is not None and self._fast_path.repeat(key, (sendbuf, recvbuf, recvcounts, op)):
                 return
         recvcounts = family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         family.blocking("reduce_scatter", algorithm,
-                        scatter(self, sendbuf, recvbuf, recvcounts, op), key,
+                        scatter(self, sendbuf, recvbuf, recvcounts, op, carry), key,
                         (sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+                        op: Any = MPI.SUM, *, algorithm: str | None = None,
+                        reproducible: bool | None = None) -> Request:
         recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         return self.family.start("reduce_scatter", algorithm,
-                                 scatter(self, sendbuf, recvbuf, recvcounts, op))
+                                 scatter(self, sendbuf, recvbuf, recvcounts, op,
+                                         _carry(self, reproducible)))
 
     def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                            op: Any = MPI.SUM, *,
-                            algorithm: str | None = None) -> PersistentRequest:
+                            op: Any = MPI.SUM, *, algorithm: str | None = None,
+                            reproducible: bool | None = None) -> PersistentRequest:
         recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         return self.family.init("reduce_scatter", algorithm,
-                                scatter(self, sendbuf, recvbuf, recvcounts, op))
+                                scatter(self, sendbuf, recvbuf, recvcounts, op,
+                                        _carry(self, reproducible)))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
@@ -767,21 +787,27 @@ class Communicator:
         return self.family.init("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-               algorithm: str | None = None) -> None:
+               algorithm: str | None = None, reproducible: bool | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
         args = (sendbuf, recvbuf, op, root)
-        key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
+        carry = _carry(self, reproducible)
+        key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root, *_in_key(carry))
         if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("reduce", algorithm,
-                                 reduce_to(self, sendbuf, recvbuf, op, root), key, args)
+                                 reduce_to(self, sendbuf, recvbuf, op, root, carry), key, args)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                algorithm: str | None = None) -> Request:
-        return self.family.start("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+                algorithm: str | None = None, reproducible: bool | None = None) -> Request:
+        return self.family.start("reduce", algorithm,
+                                 reduce_to(self, sendbuf, recvbuf, op, root,
+                                           _carry(self, reproducible)))
 
     def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                    algorithm: str | None = None) -> PersistentRequest:
-        return self.family.init("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+                    algorithm: str | None = None,
+                    reproducible: bool | None = None) -> PersistentRequest:
+        return self.family.init("reduce", algorithm,
+                                reduce_to(self, sendbuf, recvbuf, op, root,
+                                          _carry(self, reproducible)))
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""

@@ -358,6 +358,81 @@ def test_reduce_scatter_and_reduce_give_the_reference_bits(repro):
 
 
 @pytest.mark.mpi
+def test_the_family_takes_the_mode_per_call(repro):
+    """``reproducible=`` on Reduce_scatter(_block) and Reduce, blocking, ``I…`` and
+    ``_init``, on a plain communicator: the reference's bits; a plain call of the same arrays
+    before and after (its fast-path entry opened) stays plain, the reproducible one stays
+    reproducible; on the reproducible communicator ``reproducible=False`` runs the plain
+    call (equal to mpi4py's on integer-valued data)."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    per = 70
+    plain = bmlmpi.Communicator(MPI.COMM_WORLD, "native", timeout=60)
+    try:
+        parts = [contribution(k, np.float64, per * size) for k in range(size)]
+        whole = reference(parts)
+        mine, x = whole[rank * per:(rank + 1) * per], parts[rank]
+        for algorithm in ("ring", "native"):
+            for i in range(3):   # the plain signature's entry opens after its first call
+                out = np.empty(per)
+                plain.Reduce_scatter_block(x, out, algorithm=algorithm)
+                out = np.empty(per)
+                plain.Reduce_scatter_block(x, out, algorithm=algorithm, reproducible=True)
+                _check(failures, f"Reduce_scatter_block {algorithm} call {i}", out, mine)
+            out = np.empty(per)
+            plain.Ireduce_scatter_block(x, out, algorithm=algorithm, reproducible=True).Wait()
+            _check(failures, f"Ireduce_scatter_block {algorithm}", out, mine)
+            persistent = plain.Reduce_scatter_block_init(x, out, algorithm=algorithm,
+                                                         reproducible=True)
+            persistent.Start()
+            persistent.Wait()
+            persistent.Free()
+            _check(failures, f"Reduce_scatter_block_init {algorithm}", out, mine)
+            counts = [per] * size
+            for form in ("blocking", "I", "init"):
+                out = np.empty(per)
+                if form == "blocking":
+                    plain.Reduce_scatter(x, out, counts, algorithm=algorithm, reproducible=True)
+                elif form == "I":
+                    plain.Ireduce_scatter(x, out, counts, algorithm=algorithm,
+                                          reproducible=True).Wait()
+                else:
+                    persistent = plain.Reduce_scatter_init(x, out, counts, algorithm=algorithm,
+                                                           reproducible=True)
+                    persistent.Start()
+                    persistent.Wait()
+                    persistent.Free()
+                _check(failures, f"Reduce_scatter {form} {algorithm}", out, mine)
+        for algorithm in ("tree", "native"):
+            for form in ("blocking", "blocking", "I", "init"):
+                out = np.empty_like(parts[rank])
+                if form == "blocking":
+                    plain.Reduce(x, out, root=0, algorithm=algorithm)   # plain, then ...
+                    plain.Reduce(x, out, root=0, algorithm=algorithm, reproducible=True)
+                elif form == "I":
+                    plain.Ireduce(x, out, root=0, algorithm=algorithm,
+                                  reproducible=True).Wait()
+                else:
+                    persistent = plain.Reduce_init(x, out, root=0, algorithm=algorithm,
+                                                   reproducible=True)
+                    persistent.Start()
+                    persistent.Wait()
+                    persistent.Free()
+                if rank == 0:
+                    _check(failures, f"Reduce {form} {algorithm}", out, whole)
+        ints = [((np.arange(per * size) * 7 + k) % 13 - 6.0) for k in range(size)]
+        exact = np.sum(ints, axis=0)
+        out = np.empty(per)
+        c.Reduce_scatter_block(ints[rank], out, algorithm="ring", reproducible=False)
+        _check(failures, "the reproducible communicator's plain call", out,
+               exact[rank * per:(rank + 1) * per])
+    finally:
+        plain.Free()
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
 def test_gradient_buckets_are_reproducible(repro):
     """Per-layer buckets give each array's reference (AVG); one fused bucket gives the same
     bits on two algorithms."""
