@@ -58,7 +58,9 @@ from .family import (
     COLLECTIVES,
     REDUCING,
     FamilyEngine,
+    alltoallv_counts,
     broadcast,
+    exchange,
     gather,
     reduce_to,
     scatter,
@@ -75,7 +77,6 @@ from .plans import PlanCache
 from .progress import Outstanding, Progress
 from .recorder import FlightRecorder, recorder_capacity
 from .schedules import catalog
-from .schedules.types import Schedule
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
 
@@ -117,6 +118,35 @@ def _in_key(carry: Any) -> tuple:
     return () if carry is None else (CARRIED,)
 
 
+def _named(comm: Communicator, algorithm: str | None) -> str:
+    """The checked name of a call's ``algorithm`` on ``comm`` (None: the communicator's); an
+    unknown one is refused on every rank."""
+    if algorithm is None:
+        return comm.algorithm
+    try:
+        return _CHECKED[algorithm]
+    except (KeyError, TypeError):
+        try:
+            name = selection.check_algorithm(algorithm)
+        except (ValueError, TypeError) as exc:
+            comm._agreement.refuse(exc)
+        _CHECKED[algorithm] = name
+        return name
+
+
+def _prepare_checked(comm: Communicator, sendbuf: Any, recvbuf: Any, op: Any,
+                     algorithm: str, carry: Any = None) -> CollectiveCall:
+    """One allreduce of ``comm`` numbered and prepared on the checked path (the caller holds
+    the gate), carried in ``carry`` (a call format, or None); a call this rank refuses is
+    recorded as refused before its error is raised."""
+    try:  # (not a context manager: one costs the I… hot path ~2 µs)
+        return comm._agreement.prepared(prepare_allreduce, comm.rank, comm.size, sendbuf,
+                                        recvbuf, op, algorithm, comm._cache.auto_for, carry)
+    except BaseException as exc:
+        comm.call_log.refused("allreduce", algorithm, op, exc)
+        raise
+
+
 def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
     """``method`` called through a weak reference to its object (a watchdog thread must not
     keep a dropped Communicator alive)."""
@@ -155,7 +185,7 @@ def _still_posted(run: Any) -> bool:
 
 class Communicator:
     """bmlmpi's collectives over an MPI communicator: the allreduce and the rest of the family
-    (reduce-scatter, allgather, reduce, broadcast; run by :class:`bmlmpi.family.
+    (reduce-scatter, allgather, reduce, broadcast, all-to-all; run by :class:`bmlmpi.family.
     FamilyEngine`), blocking, non-blocking (``I…``) and persistent (``…_init``,
     :mod:`bmlmpi.persistent`).
 
@@ -431,37 +461,34 @@ class Communicator:
             return
         mine = gate.claim(self.rank)
         try:
-            self._free()
+            if self._active:
+                raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} call(s) "
+                                   f"started on it have not completed; Wait() on their "
+                                   f"requests first")
+            self._gate.freed = True
+            self._tuning.save()
+            self._watchdog.stop()
+            self._fast_path.close()
+            self._placement.free(collective=self._agreement.revoked is None)
+            mailbox, held_runs = self._agreement.mailbox, self._agreement.held
+            if mailbox is not None:
+                mailbox.close()
+            held = any(isinstance(h, tuple) for h in held_runs)
+            pending = bool(held_runs) and not all(
+                isinstance(h, tuple) or not _still_posted(h) for h in held_runs)
+            for c in [*self._levels, self._comm]:
+                if c != MPI.COMM_NULL and not pending:
+                    drain(c)
+                    c.Free()
+            if self._control is not self._comm and self._control != MPI.COMM_NULL:
+                self._control.Free()
+            self._compression.free()
+            if not held:
+                held_runs.clear()
+            self._levels = []
+            self._cache.clear()
         finally:
             gate.release(mine)
-
-    def _free(self) -> None:
-        if self._active:
-            raise RuntimeError(f"bmlmpi.Communicator.Free(): {len(self._active)} allreduce(s) "
-                               f"started on it have not completed; Wait() on their requests "
-                               f"first")
-        self._gate.freed = True
-        self._tuning.save()
-        self._watchdog.stop()
-        self._fast_path.close()
-        self._placement.free(collective=self._agreement.revoked is None)
-        mailbox, held_runs = self._agreement.mailbox, self._agreement.held
-        if mailbox is not None:
-            mailbox.close()
-        held = any(isinstance(h, tuple) for h in held_runs)
-        pending = bool(held_runs) and not all(
-            isinstance(h, tuple) or not _still_posted(h) for h in held_runs)
-        for c in [*self._levels, self._comm]:
-            if c != MPI.COMM_NULL and not pending:
-                drain(c)
-                c.Free()
-        if self._control is not self._comm and self._control != MPI.COMM_NULL:
-            self._control.Free()
-        self._compression.free()
-        if not held:
-            held_runs.clear()
-        self._levels = []
-        self._cache.clear()
 
     # -- public calls ---------------------------------------------------------------------
     def Allreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
@@ -474,13 +501,57 @@ class Communicator:
 
         After a signature's first call, a native one goes straight to ``MPI_Allreduce``,
         bounded by the watchdog, and a scheduled one runs its cached plan directly, under the
-        executor's deadline (class docstring)."""
+        executor's deadline (class docstring). The module-level drop-in
+        (:func:`bmlmpi.dropin.Allreduce`) is this call."""
         if compression is not None:
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
                             compression=compression, reproducible=reproducible).Wait()
             return
-        self.blocking_allreduce(sendbuf, recvbuf, op, self.algorithm_named(algorithm),
-                                reproducible)
+        algorithm = _named(self, algorithm)
+        # the fast path when the signature may take it (FastPath.allreduce; a reproducible
+        # call's: FastPath.carried), else the checked path, started and waited on, which then
+        # opens the signature's entry there
+        gate = self._gate
+        mine = gate.claim(self.rank)
+        try:
+            agreement = self._agreement
+            if agreement.repair_after is not None:
+                agreement.repair()  # (collective: every rank's first call after the error)
+            carry = _carry(self, reproducible)
+            fast = self._fast_path
+            if carry is None:
+                if fast.allreduce(sendbuf, recvbuf, op, algorithm):
+                    return
+            elif fast.carried(sendbuf, recvbuf, op, algorithm):
+                return
+            if not self.policy.keeps_calls:
+                # the checked path's agreement polls no other call: runs of schedules this
+                # rank started before (which every rank started before this call) are
+                # completed first (docs/api.md, "Blocking calls")
+                self._calls_in_flight.settle()
+            call = _prepare_checked(self, sendbuf, recvbuf, op, algorithm, carry)
+            if call.wire is not None:
+                call.wire.blocking = True
+                self.policy.submit(call).Wait()
+                fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op, CARRIED),
+                          call, (sendbuf, recvbuf, op), carried=True)
+                return
+            # (a plain call, or a reproducible one whose values pass through: integers,
+            # MIN, MAX)
+            tuning = self._tuning
+            timing = tuning.explore(call)
+            key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
+                                                                                 recvbuf, op)
+            if fast.blocking_native(call, key if timing.opens else None, args):
+                tuning.after_call(call, timing)
+                return
+            self.policy.submit(call).Wait()
+            if tuning.after_call(call, timing):
+                fast.open(key, call, args)
+        finally:
+            if mine:
+                gate.owner = None
+
 
     def Iallreduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                    algorithm: str | None = None, compression: Any = None,
@@ -502,30 +573,16 @@ class Communicator:
                 return self._compression.start(sendbuf, recvbuf, op, compression)
             finally:
                 gate.release(mine)
-        algorithm = self.algorithm_named(algorithm)
+        algorithm = _named(self, algorithm)
         self.policy.check_usable()
         mine = self._gate.claim(self.rank)
         try:
-            return self.submit_recorded(self._prepare_checked(sendbuf, recvbuf, op, algorithm,
-                                                              _carry(self, reproducible)))
+            return self.policy.submit(_prepare_checked(self, sendbuf, recvbuf, op,
+                                                                 algorithm,
+                                                                 _carry(self, reproducible)))
         finally:
             if mine:
                 self._gate.owner = None
-
-    def algorithm_named(self, algorithm: str | None) -> str:
-        """The checked name of a call's ``algorithm`` (None: the communicator's); an unknown
-        one is refused on every rank."""
-        if algorithm is None:
-            return self.algorithm
-        try:
-            return _CHECKED[algorithm]
-        except (KeyError, TypeError):
-            try:
-                name = selection.check_algorithm(algorithm)
-            except (ValueError, TypeError) as exc:
-                self._agreement.refuse(exc)
-            _CHECKED[algorithm] = name
-            return name
 
     # -- the compression seam (bmlmpi.compression) ---------------------------------------------
     @property
@@ -535,21 +592,6 @@ class Communicator:
         compressed allreduce with a chosen error-feedback key
         (:class:`bmlmpi.compression.channel.CompressionChannel`)."""
         return self._compression
-
-    def schedule(self, algorithm: str, count: int, itemsize: int) -> Schedule:
-        """This rank's allreduce schedule of ``algorithm`` for ``count`` elements of
-        ``itemsize`` bytes over the current members (what the compression layer runs on
-        16-bit codes; hierarchical's node tier in shared memory where every node's ranks
-        share it; ``shm`` refused on every rank alike when the communicator spans nodes).
-        Not refused after ``Free()``: a compressed call started before it still builds its
-        plans while its ``Wait`` runs it to the end."""
-        return self._cache.schedule(algorithm, count, itemsize)
-
-    def choose(self, count: int, itemsize: int) -> str:
-        """The algorithm ``auto`` picks for an allreduce of ``count`` elements of ``itemsize``
-        bytes on this communicator (local; every rank picks the same)."""
-        self._gate.refuse_freed(self.rank)
-        return self._cache.auto(count, itemsize)
 
     def allreduce(self, array: Any, op: Any = MPI.SUM) -> np.ndarray:
         """Return a new array holding the reduction of ``array`` over all ranks."""
@@ -568,27 +610,6 @@ class Communicator:
     # One engine for both communicators. What differs under failures is the policy's
     # (bmlmpi.call_policy): how a started call is tracked, how a schedule is bound, what an
     # MPI error means.
-    def _prepare_checked(self, sendbuf: Any, recvbuf: Any, op: Any,
-                         algorithm: str, carry: Any = None) -> CollectiveCall:
-        """One allreduce numbered and prepared on the checked path (the caller holds the
-        gate), carried in ``carry`` (a call format, or None); a call this rank refuses is
-        recorded as refused before its error is raised."""
-        with self.call_log.refusing("allreduce", algorithm, op):
-            return self._agreement.prepared(prepare_allreduce, self.rank, self.size, sendbuf,
-                                            recvbuf, op, algorithm, self._cache.auto_for,
-                                            carry)
-
-    def submit_recorded(self, call: CollectiveCall) -> Request:
-        """The call entered in the flight recorder, then started and tracked by the policy
-        (:meth:`~bmlmpi.call_policy.CallPolicy.track`): its request."""
-        log = self.call_log
-        log.record(call)
-        try:
-            return Request(self.policy.track(call))
-        except BaseException as exc:
-            log.failed(call.slot, exc)
-            raise
-
     def agree_compressed(self, recvbuf: Any, op: Any, compression: str) -> None:
         """A compressed allreduce's place among this communicator's calls (called by
         :func:`bmlmpi.compression.layer.start` before its first collective): numbered as
@@ -607,56 +628,6 @@ class Communicator:
             name = op_name(op)
         self._agreement.validate(CompressedCall(count, dtype, name, self.algorithm, compression),
                                  None)
-
-    def blocking_allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str,
-                           reproducible: bool | None = None) -> None:
-        """A blocking allreduce of a checked ``algorithm`` name (:meth:`algorithm_named`):
-        ``Allreduce`` without compression, and the module-level drop-in's entry: the fast
-        path when its signature may take it (:meth:`bmlmpi.fast_path.FastPath.allreduce`),
-        else the checked path, started and waited on, which then opens the signature's
-        entry in the fast path. A reproducible call (``reproducible``, None: the
-        communicator's mode) has an entry of its own (:meth:`bmlmpi.fast_path.FastPath.
-        carried`)."""
-        gate = self._gate
-        mine = gate.claim(self.rank)
-        try:
-            agreement = self._agreement
-            if agreement.repair_after is not None:
-                agreement.repair()  # (collective: every rank's first call after the error)
-            carry = _carry(self, reproducible)
-            fast = self._fast_path
-            if carry is None:
-                if fast.allreduce(sendbuf, recvbuf, op, algorithm):
-                    return
-            elif fast.carried(sendbuf, recvbuf, op, algorithm):
-                return
-            if not self.policy.keeps_calls:
-                # the checked path's agreement polls no other call: runs of schedules this
-                # rank started before (which every rank started before this call) are
-                # completed first (docs/api.md, "Blocking calls")
-                self._calls_in_flight.settle()
-            call = self._prepare_checked(sendbuf, recvbuf, op, algorithm, carry)
-            if call.wire is not None:
-                call.wire.blocking = True
-                self.submit_recorded(call).Wait()
-                fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op, CARRIED),
-                          call, (sendbuf, recvbuf, op), carried=True)
-                return
-            # (a plain call, or a reproducible one whose values pass through: integers,
-            # MIN, MAX)
-            tuning = self._tuning
-            timing = tuning.explore(call)
-            key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
-                                                                                 recvbuf, op)
-            if fast.blocking_native(call, key if timing.opens else None, args):
-                tuning.after_call(call, timing)
-                return
-            self.submit_recorded(call).Wait()
-            if tuning.after_call(call, timing):
-                fast.open(key, call, args)
-        finally:
-            if mine:
-                gate.owner = None
 
     def check_and_launch(self, call: CollectiveCall, label: str,
                          finish: Callable[[], None] | None = None, *,
@@ -823,6 +794,40 @@ class Communicator:
                    algorithm: str | None = None) -> PersistentRequest:
         return self.family.init("bcast", algorithm, broadcast(self, buf, root))
 
+    # -- all-to-all: block j of every rank's sendbuf to rank j (bmlmpi.family) -----------------
+    def Alltoall(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """Send block j of ``sendbuf`` to rank j; block i of ``recvbuf`` comes from rank i
+        (each buffer ``size`` equal blocks; ``sendbuf`` may be ``MPI.IN_PLACE``)."""
+        args = (sendbuf, recvbuf)
+        key = fast_key("Alltoall", algorithm, args)
+        if key is None or not self._fast_path.repeat(key, args):
+            self.family.blocking("alltoall", algorithm, exchange(self, sendbuf, recvbuf), key,
+                                 args)
+
+    def Ialltoall(self, sendbuf: Any, recvbuf: Any, *,
+                  algorithm: str | None = None) -> Request:
+        return self.family.start("alltoall", algorithm, exchange(self, sendbuf, recvbuf))
+
+    def Alltoall_init(self, sendbuf: Any, recvbuf: Any, *,
+                      algorithm: str | None = None) -> PersistentRequest:
+        return self.family.init("alltoall", algorithm, exchange(self, sendbuf, recvbuf))
+
+    def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
+        """All-to-all with per-pair counts and displacements (each buffer as mpi4py's
+        ``[buf, counts, displs, datatype]``): every rank's counts are gathered first."""
+        table = alltoallv_counts(self, sendbuf, recvbuf)
+        self.family.blocking("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table))
+
+    def Ialltoallv(self, sendbuf: Any, recvbuf: Any, *,
+                   algorithm: str | None = None) -> Request:
+        table = alltoallv_counts(self, sendbuf, recvbuf)
+        return self.family.start("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table))
+
+    def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, *,
+                       algorithm: str | None = None) -> PersistentRequest:
+        table = alltoallv_counts(self, sendbuf, recvbuf)
+        return self.family.init("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table))
+
     def adopt_comm(self, comm: MPI.Comm, keep: Sequence[int], shape: Shape) -> None:
         """After the members changed (a fault-tolerant shrink or mask): ``comm`` becomes the
         data communicator, ``keep`` the old ranks of its members in their new order, ``shape``
@@ -874,9 +879,9 @@ class Communicator:
         (:class:`bmlmpi.selection.Explanation`; ``str()`` of it is a small table). Local: no
         communication; every rank reaches the same answer. A communicator built with a named
         algorithm explains that it runs it. ``collective``: also ``reduce_scatter``,
-        ``allgather``, ``reduce`` or ``bcast``, ``count`` then being the elements of all
-        ranks' blocks together (what their ``auto`` runs: :func:`bmlmpi.selection.
-        explain_collective`)."""
+        ``allgather``, ``reduce``, ``bcast`` or ``alltoall``, ``count`` then being the
+        elements of all ranks' blocks together (an all-to-all's: every rank's whole send
+        buffer; what their ``auto`` runs: :func:`bmlmpi.selection.explain_collective`)."""
         self._gate.refuse_freed(self.rank)
         if collective not in ("allreduce", *COLLECTIVES):
             raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "

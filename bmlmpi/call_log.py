@@ -11,8 +11,6 @@ compression layer records its calls itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 from .calls import CollectiveCall, earns_dump
@@ -58,16 +56,6 @@ class CallLog:
             name = op_name(op) if id(op) in FAST_OPS else None
             self.failed(rec.begin(Signature(collective, None, None, name, None, algorithm,
                                             None)), exc)
-
-    @contextmanager
-    def refusing(self, collective: str, algorithm: str, op: Any) -> Iterator[None]:
-        """Around a call's preparation: whatever it raises is recorded as this rank's refusal
-        (:meth:`refused`) before it propagates."""
-        try:
-            yield
-        except BaseException as exc:
-            self.refused(collective, algorithm, op, exc)
-            raise
 
     def in_progress(self) -> int | None:
         """The number of the newest call that has not ended (as its exceptions and the

@@ -23,6 +23,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from .handles import Request
 from .placement import split_levels
 from .schedules import algorithms
 
@@ -67,6 +68,18 @@ class CallPolicy:
         ``engine`` (:meth:`bmlmpi.family.FamilyEngine.prepare`: raising on every rank when
         one rank's are wrong); here the arguments are for the current members."""
         return engine.prepare(collective, algorithm, build)
+
+    def submit(self, call: Any) -> Any:
+        """``call`` (prepared and numbered) entered in the flight recorder, then started and
+        tracked (:meth:`track`): its :class:`~bmlmpi.handles.Request`. What every checked
+        call, blocking or ``I…``, is started with."""
+        log = self.pipeline.call_log
+        log.record(call)
+        try:
+            return Request(self.track(call))
+        except BaseException as exc:
+            log.failed(call.slot, exc)
+            raise
 
     def track(self, call: Any) -> Any:
         """Start ``call`` (prepared, numbered and entered in the flight recorder) and return

@@ -80,6 +80,11 @@ def _digest(values: tuple[int, ...]) -> str:
     return hashlib.blake2b(repr(values).encode(), digest_size=8).hexdigest()
 
 
+def _bytes(a: np.ndarray) -> np.ndarray:
+    """``a``'s memory as bytes (an empty one as no bytes)."""
+    return a.view(np.uint8) if a.size else np.empty(0, np.uint8)
+
+
 def then(first: Any, second: Any) -> Any:
     """``first()`` then ``second()`` (either may be None)."""
     if first is None or second is None:
@@ -110,10 +115,14 @@ class CollectiveCall:
     ``counts``, in rank order, for reduce-scatter and allgather; the count for allreduce,
     reduce and broadcast): ``out`` holds the result and ``src`` this rank's input when it
     is not already in ``out`` (None: it is, and a fault-tolerant re-run restores ``out``
-    first). (Not frozen: a frozen dataclass costs more per call to build.)
+    first). An all-to-all's ``counts`` is the ``size × size`` pair matrix
+    (:mod:`bmlmpi.schedules.collectives`): ``src`` holds this rank's row, ``out`` its
+    column, each block at its displacement. (Not frozen: a frozen dataclass costs more per
+    call to build.)
     """
 
-    collective: str             # allreduce | reduce_scatter | allgather | reduce | bcast
+    collective: str             # allreduce | reduce_scatter | allgather | reduce | bcast |
+    #                             alltoall
     mpi_name: str               # the mpi4py method this call stands for
     algorithm: str              # resolved ("auto" already decided)
     requested: str              # as asked ("auto" stays "auto")
@@ -125,7 +134,10 @@ class CollectiveCall:
     src: np.ndarray | None      # the input when it is not in ``out``
     out: np.ndarray             # reduce_scatter in place: the whole input; see the methods
     result: np.ndarray | None   # reduce_scatter: this rank's block of recvbuf (else None)
-    displs: tuple[int, ...] | None = None  # allgather: slot starts in ``out`` (None: packed)
+    displs: tuple[int, ...] | None = None  # allgather, alltoall: slot starts in ``out``
+    #                                        (None: packed)
+    send_displs: tuple[int, ...] | None = None  # alltoall: block starts in ``src`` (None:
+    #                                             packed; in place: ``displs``)
     staging: Any = None         # DeviceStaging of device buffers (copied back at finish)
     native_block: bool = False  # Reduce_scatter_block / Allgather (equal blocks) natively
     extra: dict = field(default_factory=dict)
@@ -153,14 +165,14 @@ class CollectiveCall:
         size = None if collective_record(self.collective).size_free else self.size
         # a carried call's op names its format: ranks that carry it differently disagree
         op = self.op if self.wire is None else f"{self.op} ({self.wire.name})"
-        return (self.collective, size, len(counts), self.total,
-                _digest(counts) if len(counts) > 1 else "", self.dtype.str, op, self.root,
+        return (self.collective, size, len(counts), sum(counts),
+                _digest(counts) if len(counts) > 1 else "", self.out.dtype.str, op, self.root,
                 self.algorithm, tuple(shape), self.requested == AUTO)
 
     def traced(self) -> Signature:
         """The flight recorder's description of this call."""
         record = collective_record(self.collective)
-        return Signature(self.collective, int(self.total), self.dtype.name,
+        return Signature(self.collective, int(sum(self.counts)), self.out.dtype.name,
                          self.op if record.reduces else None,
                          self.root if record.rooted else None,
                          self.requested, self.algorithm)
@@ -328,6 +340,8 @@ class CollectiveCall:
                     for at, n in zip(displs, counts, strict=True):
                         np.copyto(out[at:at + n], rbuf[at:at + n])
             return "Allgatherv", (sbuf, rspec), deliver
+        if what == "alltoall":
+            return self._alltoall_args(private)
         if what == "reduce":
             op = mpi_op(self.op)
             if self.rank != self.root:
@@ -351,6 +365,42 @@ class CollectiveCall:
         def deliver() -> None:
             np.copyto(dst, rbuf)
         return "Bcast", ([rbuf, MPI.BYTE], self.root), deliver
+
+    def _alltoall_args(self, private: bool) -> tuple[str, tuple, Any]:
+        """An all-to-all's :meth:`native_args`: ``Alltoall`` of equal packed blocks, else
+        ``Alltoallv`` with this rank's row and column of the pair matrix and the
+        displacements, over bytes (any datatype travels unchanged). In place, the blocking
+        call is MPI's ``MPI_IN_PLACE``; a private one reads the input from ``out`` and
+        receives into its own buffer."""
+        item = self.dtype.itemsize
+        size, rank = self.size, self.rank
+        sends = tuple(c * item for c in self.counts[rank * size:(rank + 1) * size])
+        recvs = tuple(self.counts[j * size + rank] * item for j in range(size))
+        rd = (offsets(recvs) if self.displs is None
+              else tuple(d * item for d in self.displs))
+        send_from = self.out if self.src is None else self.src
+        if self.src is None:
+            sd = rd
+        elif self.send_displs is not None:
+            sd = tuple(d * item for d in self.send_displs)
+        else:
+            sd = offsets(sends)
+        out = _bytes(self.out)
+        rbuf = np.empty_like(out) if private else out
+        equal = self.native_block and self.displs is None and self.send_displs is None
+        if private or self.src is not None:
+            sbuf: Any = ([_bytes(send_from)[:sum(sends)], MPI.BYTE] if equal
+                         else [_bytes(send_from), (list(sends), list(sd)), MPI.BYTE])
+        else:
+            sbuf = MPI.IN_PLACE
+        rspec = ([rbuf[:sum(recvs)], MPI.BYTE] if equal
+                 else [rbuf, (list(recvs), list(rd)), MPI.BYTE])
+        deliver = None
+        if private:
+            def deliver() -> None:
+                for at, n in zip(rd, recvs, strict=True):
+                    np.copyto(out[at:at + n], rbuf[at:at + n])
+        return ("Alltoall" if equal else "Alltoallv"), (sbuf, rspec), deliver
 
     # -- the scheduled launch: the schedule's input and output buffers ----------------------
     def schedule_buffers(self) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -378,14 +428,46 @@ class CollectiveCall:
             return self.src, None
         if what == "bcast":
             return (self.out if self.rank == self.root else None), self.out
+        if what == "alltoall":
+            return self._alltoall_buffers()
         # a registered collective (bmlmpi.schedules.collectives.register): its input and its
         # output, the input read from the output where the call is in place
         return (self.out if self.src is None else self.src), self.out
 
+    def _alltoall_buffers(self) -> tuple[np.ndarray, np.ndarray]:
+        """An all-to-all's (packed row, packed column): the caller's own memory where the
+        blocks lie packed, else copies (the row gathered from its displacements now, the
+        column spread to them by :meth:`place`). In place the row is read from ``out``
+        (a copy: the schedule's work buffer takes it before anything is received)."""
+        size, rank = self.size, self.rank
+        sends = self.counts[rank * size:(rank + 1) * size]
+        recvs = tuple(self.counts[j * size + rank] for j in range(size))
+        if self.src is None:
+            source, at = self.out, self.displs
+        else:
+            source, at = self.src, self.send_displs
+        if at is None:
+            row = source[:sum(sends)]
+        else:
+            row = np.empty(sum(sends), self.dtype)
+            for lo, d, n in zip(offsets(sends), at, sends, strict=True):
+                np.copyto(row[lo:lo + n], source[d:d + n])
+        if self.displs is None:
+            return row, self.out[:sum(recvs)]
+        return row, np.empty(sum(recvs), self.dtype)
+
     def place(self, output: np.ndarray | None) -> None:
-        """After a scheduled allgather into a packed buffer: every slot to its displacement."""
-        if self.collective == "allgather" and self.displs is not None:
+        """After a scheduled allgather or all-to-all into a packed buffer: every slot to its
+        displacement."""
+        if self.displs is None:
+            return
+        if self.collective == "allgather":
             for c, lo, d in zip(self.counts, offsets(self.counts), self.displs, strict=True):
+                np.copyto(self.out[d:d + c], output[lo:lo + c])
+        elif self.collective == "alltoall":
+            size = self.size
+            recvs = tuple(self.counts[j * size + self.rank] for j in range(size))
+            for c, lo, d in zip(recvs, offsets(recvs), self.displs, strict=True):
                 np.copyto(self.out[d:d + c], output[lo:lo + c])
 
     def carried(self, words: np.ndarray, per_value: int, rank: int, size: int

@@ -118,3 +118,25 @@ def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.C
     """Drop-in ``comm.Allreduce_init(sendbuf, recvbuf, op)`` (MPI 4 persistent)."""
     ctx = communicator_for(comm)
     return ctx.Allreduce_init(sendbuf, recvbuf, op, algorithm=algorithm)
+
+
+def _exchanging(method: str, doc: str) -> Any:
+    """The module-level ``method`` of the all-to-all calls (all six share mpi4py's signature
+    ``(sendbuf, recvbuf)``): it runs ``method`` of the Communicator kept for ``comm``."""
+    def call(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
+             algorithm: str = "auto") -> Any:
+        return getattr(communicator_for(comm), method)(sendbuf, recvbuf, algorithm=algorithm)
+    call.__name__ = call.__qualname__ = method
+    call.__doc__ = doc
+    return call
+
+
+Alltoall = _exchanging("Alltoall", "Drop-in ``comm.Alltoall(sendbuf, recvbuf)``.")
+Ialltoall = _exchanging("Ialltoall", "Drop-in ``comm.Ialltoall(sendbuf, recvbuf)``: a Request.")
+Alltoall_init = _exchanging("Alltoall_init", "Drop-in ``comm.Alltoall_init(sendbuf, "
+                            "recvbuf)``: a PersistentRequest.")
+Alltoallv = _exchanging("Alltoallv", "Drop-in ``comm.Alltoallv([sbuf, counts, displs, type], "
+                        "[rbuf, counts, displs, type])``.")
+Ialltoallv = _exchanging("Ialltoallv", "Drop-in ``comm.Ialltoallv``: a Request.")
+Alltoallv_init = _exchanging("Alltoallv_init", "Drop-in ``comm.Alltoallv_init``: a "
+                             "PersistentRequest.")

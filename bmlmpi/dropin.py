@@ -61,7 +61,7 @@ def Allreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm =
     last_comm, ctx = _last
     if comm is not last_comm:
         ctx = communicator_for(comm)
-    ctx.blocking_allreduce(sendbuf, recvbuf, op, ctx.algorithm_named(algorithm))
+    ctx.Allreduce(sendbuf, recvbuf, op, algorithm=algorithm)
 
 
 def Iallreduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.Comm = MPI.COMM_WORLD,

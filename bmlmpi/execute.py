@@ -151,11 +151,6 @@ class Plan:
         that runs the whole schedule as messages."""
         if sched.uses_shm:
             raise ValueError("a schedule with shared-memory steps runs on bmlmpi.shm")
-        if any(t.at is not None and t.at != t.lo for st in sched.steps for t in st.recvs):
-            # the posts and deferred.py's input copies assume a receive lands where it was
-            # sent from; an all-to-all's relayed blocks do not, and no call runs them yet
-            raise ValueError(f"{sched.collective} schedule {sched.algorithm!r} receives blocks "
-                             f"at other offsets, which this executor does not run")
         self.sched = sched
         self.comms = comms
         if (sched.streams > 1 and not _placed_on_levels(sched)
@@ -181,12 +176,16 @@ class Plan:
                 recvs, groups, off = [], {}, base
                 for t in picked_recvs:
                     ci, p = level_peer(t.level, t.peer)
+                    # a receive is posted on the range it writes (a relayed block of an
+                    # all-to-all lands at ``at``, not where its sender kept it); messages
+                    # pair by tag and order, never by range
+                    lo, hi = t.target
                     s_off = -1
                     if t.reduce:
                         s_off = off
-                        off += t.hi - t.lo
-                        groups.setdefault((t.lo, t.hi), []).append(s_off)
-                    recvs.append(_Post(ci, p, t.peer, t.lo, t.hi,
+                        off += hi - lo
+                        groups.setdefault((lo, hi), []).append(s_off)
+                    recvs.append(_Post(ci, p, t.peer, lo, hi,
                                        ((first_step + i) * sched.streams + t.stream)
                                        % TAG_STEPS, s_off))
                 need = max(need, off - base)

@@ -1,4 +1,5 @@
-"""The rest of the collective family: reduce-scatter, allgather, reduce and broadcast.
+"""The rest of the collective family: reduce-scatter, allgather, reduce, broadcast and
+all-to-all.
 
 Each call is checked and resolved here into a :class:`~bmlmpi.calls.CollectiveCall`, the
 record an allreduce is too, which the communicator's one launch path (argument agreement,
@@ -32,9 +33,15 @@ Buffer conventions are mpi4py 4.1's (:mod:`bmlmpi.buffers` reads the specs):
 * ``Reduce(sendbuf, recvbuf, op, root)``: ``recvbuf`` is read at the root only (may be None
   elsewhere); ``MPI.IN_PLACE`` only at the root (Open MPI refuses it elsewhere).
 * ``Bcast(buf, root)``.
+* ``Alltoall(sendbuf, recvbuf)``: each buffer ``size`` blocks of one count (an explicit count
+  in a spec is one block's); ``MPI.IN_PLACE``: the blocks are sent from ``recvbuf`` and
+  replaced. ``Alltoallv(sendbuf, recvbuf)``: each side a vector spec read as
+  ``Allgatherv``'s ``recvbuf``; every rank's counts are gathered first
+  (:func:`alltoallv_counts`) into the pair matrix the schedules need, which also shows any
+  pair whose two sides differ; ``MPI.IN_PLACE`` needs symmetric counts (MPI's rule).
 
 Reductions take the dtypes and ops of ``Allreduce`` (``bmlmpi.AVG`` included: a sum divided
-by the number of contributing ranks). Allgather and broadcast move bytes: any datatype
+by the number of contributing ranks). Allgather, broadcast and all-to-all move bytes: any datatype
 mpi4py accepts (``MPI.BYTE``, ``MPI.BOOL``, structured arrays) travels unchanged. Device
 (GPU) buffers are staged through host memory as ``Allreduce``'s (:class:`DeviceStaging`);
 the persistent forms refuse them.
@@ -65,12 +72,12 @@ from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .call_agreement import ARGUMENT_ERRORS, CallAgreement
 from .call_gate import CallGate
-from .calls import CollectiveCall, offsets
+from .calls import ArgumentMismatch, CollectiveCall, offsets
 from .fast_path import FastPath
 from .ops import check_dtype_op, op_name
 
 #: The collectives of this module, in the order of their tag blocks (allreduce is block 0).
-COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast")
+COLLECTIVES = ("reduce_scatter", "allgather", "reduce", "bcast", "alltoall")
 REDUCING = frozenset({"reduce_scatter", "reduce"})
 
 
@@ -491,8 +498,7 @@ class FamilyEngine:
             owner = self.owner
             policy = owner.policy
             policy.check_usable()
-            return owner.submit_recorded(policy.prepare_family(collective, algorithm, build,
-                                                               self))
+            return policy.submit(policy.prepare_family(collective, algorithm, build, self))
         finally:
             gate.release(mine)
 
@@ -554,7 +560,7 @@ class FamilyEngine:
         if self.fast.blocking_native(call, key if timing.opens else None, args):
             tuning.after_call(call, timing)
             return
-        owner.submit_recorded(call).Wait()
+        owner.policy.submit(call).Wait()
         if tuning.after_call(call, timing) and call.algorithm != "native":
             self.fast.open(key, call, args)
 
@@ -638,3 +644,134 @@ def reduce_to(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, root: Any,
 def broadcast(comm: Any, buf: Any, root: Any) -> Callable[[str], Any]:
     """How ``Bcast`` prepares on ``comm``."""
     return lambda alg: prepare_bcast(comm.rank, comm.size, buf, root, alg)
+
+
+# -- all-to-all ---------------------------------------------------------------------------------
+def _alltoallv_spec(spec: Any, size: int, what: str, writable: bool
+                    ) -> tuple[np.ndarray, tuple[int, ...], tuple[int, ...] | None]:
+    """(the flat buffer, counts, displacements or None when packed) of one side of an
+    ``Alltoallv``, read as mpi4py reads a vector spec (the forms of ``Allgatherv``'s
+    ``recvbuf``). A receive side's blocks must not overlap; a send side's may (they are
+    only read)."""
+    if isinstance(spec, (list, tuple)) and not spec:
+        raise BufferSpecError(f"Alltoallv {what}: an empty buffer spec")
+    buf, counts, displs, datatype = _split_vector_spec(spec)
+    resolved = (_recv_spec(buf if datatype is None else [buf, datatype], what, reducing=False)
+                if writable else
+                buffers.resolve(buf if datatype is None else [buf, datatype], what,
+                                reducing=False))
+    flat = resolved.flat
+    counts = _vector_counts(counts, flat.size, size)
+    d = _vector_displs(displs, counts)
+    ends = [x + c for x, c in zip(d, counts, strict=True)]
+    if max(ends, default=0) > flat.size:
+        raise BufferSpecError(f"Alltoallv {what}: a block ends at element {max(ends)}, past "
+                              f"the buffer's {flat.size}")
+    if writable:
+        slots = sorted((x, e) for x, e in zip(d, ends, strict=True) if e > x)
+        if any(a[1] > b[0] for a, b in zip(slots, slots[1:], strict=False)):
+            raise BufferSpecError(f"Alltoallv {what}: the blocks overlap (the result would "
+                                  f"depend on the order of arrival)")
+    return flat, counts, (None if d == offsets(counts) else d)
+
+
+def alltoallv_counts(comm: Any, sendbuf: Any, recvbuf: Any) -> Any:
+    """Every rank's row and column of an ``Alltoallv``, gathered with the communicator's own
+    ``Allgather`` (``2·size`` int64 per rank): the pair matrix a schedule needs and the
+    check that every pair agrees (rank i's send count for j is rank j's receive count from
+    i). A rank whose buffer specs cannot be read sends -1s and gets None back (its own check
+    then raises its error; its row holds -1s, which the others' calls refuse naming it)."""
+    size = comm.size
+    mine = np.full(2 * size, -1, dtype=np.int64)
+    try:
+        staged = DeviceStaging()
+        _, recvs, _ = _alltoallv_spec(staged.host(recvbuf, copy_out=False), size, "recvbuf",
+                                      False)
+        sends = recvs if sendbuf is MPI.IN_PLACE or sendbuf is None else _alltoallv_spec(
+            staged.host(sendbuf, copy_out=False), size, "sendbuf", False)[1]
+        mine[:size], mine[size:] = sends, recvs
+    except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
+        pass
+    every = np.empty(2 * size * size, dtype=np.int64)
+    comm.Allgather(mine, every)
+    return every.reshape(size, 2 * size)
+
+
+def _pair_matrix(table: np.ndarray, name: str) -> tuple[int, ...]:
+    """The pair matrix of the gathered rows and columns (:func:`alltoallv_counts`);
+    :class:`~bmlmpi.calls.ArgumentMismatch` (on every rank alike: every rank holds the same
+    table) where a pair's two sides differ."""
+    size = table.shape[0]
+    rows, columns = table[:, :size], table[:, size:]
+    wrong = [(i, j) for i in range(size) for j in range(size) if rows[i, j] != columns[j, i]]
+    if wrong:
+        i, j = wrong[0]
+        raise ArgumentMismatch(
+            f"{name}: rank {i} sends {rows[i, j]} elements to rank {j}, which expects "
+            f"{columns[j, i]} from it ({len(wrong)} pair(s) differ); every rank's send count "
+            f"for j must be rank j's receive count from it")
+    return tuple(int(c) for c in rows.reshape(-1))
+
+
+def prepare_alltoall(rank: int, size: int, sendbuf: Any, recvbuf: Any, table: Any,
+                     algorithm: str) -> CollectiveCall:
+    """``Alltoall`` (``table`` None: equal blocks, each buffer cut into ``size``) or
+    ``Alltoallv`` (``table``: every rank's row and column, :func:`alltoallv_counts`)."""
+    staged = DeviceStaging()
+    return staged.attach(_alltoall(rank, size, staged.host(sendbuf, copy_out=False),
+                                   staged.host(recvbuf), table, algorithm))
+
+
+def _alltoall(rank: int, size: int, sendbuf: Any, recvbuf: Any, table: Any,
+              algorithm: str) -> CollectiveCall:
+    in_place = sendbuf is MPI.IN_PLACE or sendbuf is None
+    if table is None:
+        name = "Alltoall"
+        flat = _recv_spec(recvbuf, reducing=False, blocks=size).flat
+        if flat.size % size:
+            raise BufferSpecError(f"Alltoall: recvbuf holds {flat.size} elements, not a "
+                                  f"multiple of the {size} ranks")
+        block = flat.size // size
+        src = None
+        if not in_place:
+            send = _send_spec(sendbuf, flat.dtype, reducing=False, blocks=size)
+            if send.count != flat.size:
+                raise BufferSpecError(f"Alltoall: sendbuf holds {send.count} elements, "
+                                      f"recvbuf {flat.size}: each must hold {size} blocks of "
+                                      f"the same count")
+            src = _apart(send.flat, flat)
+            if src is None:
+                raise BufferSpecError("Alltoall: sendbuf and recvbuf are one buffer; use "
+                                      "MPI.IN_PLACE")
+        return CollectiveCall("alltoall", name, algorithm, algorithm, "sum",
+                              (block,) * (size * size), 0, rank, size, src, flat, None,
+                              native_block=True)
+    name = "Alltoallv"
+    flat, recvs, rdispls = _alltoallv_spec(recvbuf, size, "recvbuf", True)
+    src, sdispls = None, None
+    if not in_place:
+        send, _, sdispls = _alltoallv_spec(sendbuf, size, "sendbuf", False)
+        if send.dtype != flat.dtype:
+            raise BufferSpecError(f"{name}: sendbuf dtype {send.dtype} differs from recvbuf "
+                                  f"dtype {flat.dtype}")
+        if np.may_share_memory(send, flat):
+            raise BufferSpecError(f"{name}: sendbuf and recvbuf overlap; use MPI.IN_PLACE")
+        src = send
+    refused = [r for r in range(size) if table[r, 0] < 0]
+    if refused:
+        raise RemoteArgumentError(f"{name}: rank(s) {refused} refused their buffer specs "
+                                  f"while the counts were gathered")
+    counts = _pair_matrix(table, name)
+    if in_place and any(counts[rank * size + j] != counts[j * size + rank]
+                        for j in range(size)):
+        raise ArgumentMismatch(f"{name} in place: every rank must send each rank as many "
+                               f"elements as it receives from it (MPI: the receive counts "
+                               f"are the send counts); the pair counts are not symmetric")
+    return CollectiveCall("alltoall", name, algorithm, algorithm, "sum", counts, 0, rank, size,
+                          src, flat, None, rdispls, send_displs=sdispls)
+
+
+def exchange(comm: Any, sendbuf: Any, recvbuf: Any, table: Any = None) -> Callable[[str], Any]:
+    """How ``Alltoall`` (``table`` None) or ``Alltoallv`` (``table``: as
+    :func:`alltoallv_counts` gave it) prepares on ``comm``."""
+    return lambda alg: prepare_alltoall(comm.rank, comm.size, sendbuf, recvbuf, table, alg)

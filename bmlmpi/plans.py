@@ -52,19 +52,20 @@ class PlanCache:
         return plan
 
     def family_plan(self, call: Any) -> Plan | ShmPlan:
-        """The compiled plan of a scheduled reduce-scatter, allgather, reduce or broadcast
-        (a :class:`~bmlmpi.calls.CollectiveCall`; cached per signature)."""
+        """The compiled plan of a scheduled reduce-scatter, allgather, reduce, broadcast or
+        all-to-all (a :class:`~bmlmpi.calls.CollectiveCall`; cached per signature)."""
         key = call.plan_key()
         plan = self.plans.get(key)
         if plan is not None:
             return plan
         owner = self.owner
         record = algorithms.get(call.algorithm)
-        blocked = collective_record(call.collective).blocked
+        coll = collective_record(call.collective)
         itemsize = call.dtype.itemsize
         sched = record.build(algorithms.Context(
             owner.size, sum(call.counts), itemsize, owner.rank, collective=call.collective,
-            root=call.root, counts=call.counts if blocked else None, shape=owner.shape,
+            root=call.root, counts=call.counts if coll.blocked or coll.relays else None,
+            shape=owner.shape,
             links=owner.links, nodes=owner.nodes() if record.tiered else None,
             intra=self.intra(call.algorithm)))
         plan = self.plans[key] = self.warm(self.bind(sched, itemsize, record.tiered),
@@ -155,9 +156,9 @@ class PlanCache:
     def family_auto(self, call: Any) -> str:
         """``auto``'s choice for a family call (:func:`bmlmpi.selection.choose_collective`,
         then the owner's ``tuning``)."""
-        blocked = collective_record(call.collective).blocked
+        coll = collective_record(call.collective)
         why = self._explained(call.collective, call.total, call.dtype.itemsize, call.root,
-                              call.counts if blocked else None)
+                              call.counts if coll.blocked or coll.relays else None)
         tuning = self.owner.tuning
         return tuning.choice(tuning.key(call.collective, call.total, call.dtype, call.op,
                                         call.root), why)

@@ -96,6 +96,28 @@ def test_sweep_prints_osu_tables_and_validates(tmp_path):
     assert {r["ranks"] for r in rows} == {"3"} and {r["oversubscribed"] for r in rows} == {"True"}
 
 
+def test_alltoall_sweep_prints_osu_alltoall_and_validates():
+    """``--collective alltoall`` at 3 ranks: OSU's all-to-all table for every algorithm, the
+    size one rank-pair block, every row validated (block j of rank r's buffer carries r and
+    j), busbw algbw·(N−1)/N, the baseline mpi4py's own ``comm.Alltoall``."""
+    res = run_ranks(3, ["-m", "bmlmpi.cli.bench", "--collective", "alltoall", "-m", "8:4096",
+                        "-f", "-c", "--busbw", "--algorithms", "all", "-i", "4", "-x", "1",
+                        "--expect-size", "3", "--no-progress"], timeout=300)
+    out = res.stdout
+    assert res.returncode == 0, (out + res.stderr)[-4000:]
+    tables = out.split("# Latency ratio")[0].split(
+        "# OSU MPI All-to-All Personalized Exchange Latency Test")[1:]
+    assert len(tables) == 6, out  # auto, pairwise, bruck, bcube, passthrough, native
+    for table in tables:
+        rows = [line.split() for line in table.splitlines() if line[:1].isdigit()]
+        assert [int(r[0]) for r in rows] == [8 << i for i in range(10)], table
+        assert all("Pass" in r for r in rows), table
+        algbw, busbw = float(rows[-1][5]), float(rows[-1][6])
+        assert busbw == pytest.approx(algbw * 2 / 3, abs=2e-3), table
+    ratio_head = out.split("# Latency ratio to native MPI_Alltoall")[1].splitlines()[1].split()
+    assert ratio_head[2:] == ["auto", "pairwise", "bruck", "bcube", "passthrough"]
+
+
 def test_readme_mpiexec_by_hand(tmp_path):
     """README's quick start: Open MPI's mpiexec started by hand needs --allow-run-as-root as
     root and --oversubscribe on fewer cores than ranks, or refuses to start; with the flags the

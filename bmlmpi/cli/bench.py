@@ -89,6 +89,7 @@ COLLECTIVE_TESTS = {
     "allgather": SweepTest("Allgather", "Allgather"),
     "reduce": SweepTest("Reduce", "Reduce"),
     "bcast": SweepTest("Broadcast", "Bcast"),
+    "alltoall": SweepTest("All-to-All Personalized Exchange", "Alltoall"),
 }
 
 
@@ -128,7 +129,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--algorithms",
                    help=f"comma list, or 'all' ({','.join(sweep_names())}); 'native' is "
                         f"mpi4py's blocking comm.Allreduce, 'passthrough' bmlmpi's "
-                        f"algorithm 'native' (default bml,native)")
+                        f"algorithm 'native' (default bml,native; auto,native for a "
+                        f"collective bml does not serve)")
     p.add_argument("--blocks", type=int,
                    help="cut each size's timed iterations into this many blocks, taken by "
                         "every algorithm in turn (default 1: OSU's order)")
@@ -161,14 +163,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.algorithms = ",".join(overview.ALGORITHMS)
         args.blocks, args.full, args.validation = overview.BLOCKS, True, True
     args.message_size = args.message_size or "4:1048576"
-    args.algorithms = args.algorithms or "bml,native"
+    known = sweep_names(args.collective)
+    # bml against native, where bml serves the collective (all-to-all: auto against native)
+    args.algorithms = args.algorithms or ("bml,native" if "bml" in known else "auto,native")
     args.blocks = 1 if args.blocks is None else args.blocks
     args.min_size, args.max_size = _parse_range(args.message_size)
     if args.blocks < 1:
         p.error(f"--blocks must be at least 1, got {args.blocks}")
     if args.min_size < 1 or args.max_size < args.min_size:
         p.error(f"bad message size range {args.message_size!r}")
-    known = sweep_names(args.collective)
     if not COLLECTIVE_TESTS[args.collective].devices and args.device != "host":
         p.error("--collective other than allreduce runs on host buffers only")
     names = known if args.algorithms == "all" else args.algorithms.split(",")
@@ -340,6 +343,18 @@ class FamilyCase:
             self.expected = _expected(n, size) if rank == self.root else None
             self.size_bytes = self.bus_bytes = n * 4
             self.factor = 1.0
+        elif collective == "alltoall":
+            # the size is one rank-pair block (osu_alltoall's); block j of rank r's send
+            # buffer holds r and j in every element, so a block at the wrong place fails
+            self.send = np.empty(n * size, np.float32)
+            _fill(self.send, rank)
+            self.send += np.repeat(np.arange(size, dtype=np.float32) * 64, n)
+            self.recv = np.empty(n * size, np.float32)
+            mine = np.arange(rank * n, (rank + 1) * n) % 64 + rank * 64
+            self.expected = np.concatenate([(mine + r).astype(np.float32)
+                                            for r in range(size)])
+            self.size_bytes, self.bus_bytes = n * 4, n * 4 * size
+            self.factor = (size - 1) / size
         else:
             self.send = None
             self.recv = np.empty(n, np.float32)
@@ -347,8 +362,8 @@ class FamilyCase:
             self.size_bytes = self.bus_bytes = n * 4
             self.factor = 1.0
         # the elements of all ranks' blocks together (Communicator.explain's count)
-        self.total = {"reduce_scatter": self.recv.size * size,
-                      "allgather": self.recv.size}.get(collective, n)
+        self.total = {"reduce_scatter": self.recv.size * size, "allgather": self.recv.size,
+                      "alltoall": n * size * size}.get(collective, n)
         self.ctx, self.comm = ctx, comm
 
     def reset(self) -> None:
@@ -382,7 +397,7 @@ class FamilyCase:
 
                 def own(*args: Any) -> None:
                     mine(*args, algorithm=algorithm)
-        if self.collective in ("reduce_scatter", "allgather"):
+        if self.collective in ("reduce_scatter", "allgather", "alltoall"):
             if self.collective == "reduce_scatter":
                 return lambda: own(send, recv, MPI.SUM)
             return lambda: own(send, recv)

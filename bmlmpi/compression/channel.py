@@ -20,10 +20,11 @@ It holds:
   the first compressed call that asked (:mod:`.network_price`).
 
 What it asks of its communicator is public: ``comm``, ``timeout``, ``size``, ``rank``,
-``level_comms``, ``schedule()`` and, for the compressed call itself (:mod:`.layer`),
-``algorithm``, ``choose()``, ``calibration``, ``shape``, ``recorder``, ``Iallreduce``,
-``agree_compressed()`` (the call's place in the communicator's first-call agreement) and its
-policy's ``settle_compressed()``, which the fault-tolerant policy settles among the survivors.
+``level_comms``, ``plans`` (its ``schedule()``) and, for the compressed call itself
+(:mod:`.layer`), ``algorithm``, ``plans.auto()``, ``calibration``, ``shape``, ``recorder``,
+``Iallreduce``, ``agree_compressed()`` (the call's place in the communicator's first-call
+agreement) and its policy's ``settle_compressed()``, which the fault-tolerant policy settles
+among the survivors.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class CompressionChannel:
         key = (algorithm, count, itemsize, op)
         plan = self._plans.get(key)
         if plan is None:
-            plan = Plan.flat(self.owner.schedule(algorithm, count, itemsize), self.comm)
+            plan = Plan.flat(self.owner.plans.schedule(algorithm, count, itemsize), self.comm)
             fan_in = max((len(offs) for lane in plan.lanes for st in lane
                           for _, _, offs in st.reduces), default=0)
             if fan_in:

@@ -129,7 +129,7 @@ def _algorithm(comm: Any, count: int, itemsize: int) -> str:
     a wire format, else bml (native, tiered)."""
     alg = comm.algorithm
     if alg == "auto":
-        alg = comm.choose(count, itemsize)
+        alg = comm.plans.auto(count, itemsize)
     return alg if alg in with_wire_format() else "bml"
 
 
@@ -177,7 +177,7 @@ def _exchange(channel: Any, tag: int, alg: str, buf: np.ndarray, op: str,
 def _plain_bytes(comm: Any, alg: str, count: int, itemsize: int) -> int:
     if comm.size == 1:
         return 0
-    return comm.schedule(alg, count, itemsize).sent_elements() * itemsize
+    return comm.plans.schedule(alg, count, itemsize).sent_elements() * itemsize
 
 
 def _reduce(channel: Any, compressor: Compressor, step: Any, problem: str | None,

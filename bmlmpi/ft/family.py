@@ -21,6 +21,9 @@ the frame (its ranks, counts and root). In every case the communicator stays usa
 * **Allgather(v)**: each survivor's slot holds that survivor's contribution; the slots of
   frame members lost are filled with zeros (never stale data) and the call raises
   :class:`ContributionsLost` on every survivor, naming them (original ranks).
+* **All-to-all(v)**: no contract of its own yet. A call whose frame lost a rank writes no
+  survivor's ``recvbuf`` and raises :class:`ContributionsLost` on every survivor, naming
+  the ranks lost.
 
 A rank that dies after delivering everything a call needed from it counts as dying after the
 call (the ledger's rule): the call commits with its data, and the next call recovers.
@@ -93,6 +96,13 @@ def retarget(call: CollectiveCall, members: list[int], rank: int) -> CollectiveC
             return dataclasses.replace(call, extra={**call.extra, "error": err,
                                                     "skip": True})
         return dataclasses.replace(call, rank=rank, size=size, root=members.index(root))
+    if what == "alltoall":
+        # no contract of its own yet: no survivor's recvbuf is written, and every survivor
+        # raises, naming the ranks lost (never a partial exchange passed off as whole)
+        err = ContributionsLost(f"this {call.mpi_name} lost original ranks {list(lost)}; an "
+                                f"all-to-all has no failure contract yet: no recvbuf was "
+                                f"written", lost)
+        return dataclasses.replace(call, extra={**call.extra, "error": err, "skip": True})
     counts = tuple(call.counts[i] for i in keep)
     if what == "reduce_scatter":
         inp = call.out if call.src is None else call.src

@@ -15,8 +15,7 @@ rank of how many, the element count of the work buffer and the item size, the ro
 counts, the BCube shape, the link matrix, the nodes, pipelining — and returns that rank's
 :class:`~bmlmpi.schedules.types.Schedule`. ``native`` (the MPI library's own call through
 mpi4py) is an algorithm too, with no schedule. ``ps`` (the P2P parameter server) has a schedule
-the model prices but is never run nor offered; so have the all-to-all algorithms (``pairwise``,
-``bruck``, ``bcube``) until the call pipeline runs an all-to-all.
+the model prices but is never run nor offered.
 
 Trees are generated once per (size, root, matrix) and kept: the multi-tree set costs seconds of
 CPU at 64 ranks, the single tree milliseconds. Every rank derives the same trees from the same
@@ -34,7 +33,7 @@ import numpy as np
 from .. import config
 from ..topology.bcube import resolve_shape
 from .catalog import binary_tree_for, multi_trees_for
-from .collectives import NAMES, called, collective, every
+from .collectives import NAMES, collective, every
 from .types import Schedule, balanced_bounds
 
 #: ``auto`` offers the tree algorithms up to this many ranks: generating the multi-tree set
@@ -148,7 +147,7 @@ class Algorithm:
     its modelled time. ``symmetric``: the network kinds (``"ports"``: one port per rank, shared
     memory or a Fat-Tree; ``"bcube"``) on which its allreduce schedules are equivariant, so the
     model prices rank 0's alone. ``offered``: listed by :func:`algorithms` and runnable
-    (``ps`` is priced only, and so are the all-to-all records for now). ``max_ranks``:
+    (``ps`` is priced only). ``max_ranks``:
     ``auto`` and calibration consider it only up to this many ranks (its schedules cost too
     much to build beyond).
 
@@ -250,14 +249,8 @@ def get(name: str) -> Algorithm:
 
 
 def algorithms(coll: str = "allreduce") -> list[str]:
-    """The algorithms implemented for collective ``coll``: ``auto`` first, ``native`` last.
-    ValueError for a collective no call runs yet (all-to-all: :func:`scheduled` lists its
-    schedules)."""
+    """The algorithms implemented for collective ``coll``: ``auto`` first, ``native`` last."""
     collective(coll)
-    if coll not in called():
-        raise ValueError(f"{coll} is not callable yet: its schedules "
-                         f"({', '.join(scheduled(coll))}) are verified and priced, but no "
-                         f"call runs them")
     return [AUTO] + [a.name for a in REGISTRY.values() if a.offered and a.serves(coll)]
 
 
@@ -503,17 +496,18 @@ register(Algorithm(
 register(Algorithm(
     "ps", {"allreduce": _ps_allreduce}, symmetric=frozenset({PORTS, BCUBE}), offered=False,
     doc="P2P parameter server (the BML paper's baseline; priced, never run)"))
-# All-to-all: verified and priced, not yet run by any call, so neither offered nor opted in
-# to auto (a record says auto=True once the pipeline runs its schedules).
+# All-to-all: opted in to auto, which prices them where the calibration timed the MPI
+# library's own all-to-all, and otherwise times the fixed rule's pick (the first of them, from
+# BMLMPI_AUTO_BML_BYTES) against native on the user's calls (bmlmpi.tuner)
 register(Algorithm(
-    "pairwise", {"alltoall": _pairwise}, offered=False,
+    "pairwise", {"alltoall": _pairwise}, auto=True,
     doc="all-to-all in N-1 rounds, one partner each way (the pairwise exchange)"))
 register(Algorithm(
-    "bruck", {"alltoall": _bruck}, offered=False,
+    "bruck", {"alltoall": _bruck}, auto=True,
     doc="all-to-all in ceil(log2 N) rounds, blocks relayed by the bits of their distance "
         "(Bruck et al., IEEE TPDS 1997)"))
 register(Algorithm(
-    "bcube", {"alltoall": _bcube_exchange}, offered=False,
+    "bcube", {"alltoall": _bcube_exchange}, auto=True,
     doc="all-to-all one BCube digit per step, k rotated pipelines on the k levels (Guo et al., "
         "SIGCOMM 2009)"))
 register(Algorithm(

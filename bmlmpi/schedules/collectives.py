@@ -23,9 +23,6 @@ rank j's block ``[off_j, off_j + counts[j])`` where ``off = block_offsets(counts
   blocks pass through other ranks, so its receives may land at another offset
   (:attr:`~bmlmpi.schedules.types.Recv.target`, :attr:`Collective.relays`).
 
-All-to-all's schedules exist (verified and priced); no call of the pipeline runs them yet, so
-it is in :data:`EVERY` but not in :data:`NAMES`.
-
 A new collective is one record, registered (:func:`register`): a subclass of
 :class:`Collective` that states its contract (:meth:`~Collective.input_size`,
 :meth:`~Collective.output_size`, :meth:`~Collective.plain_inputs`,
@@ -51,10 +48,9 @@ from .types import Copy, block_offsets
 
 #: The collectives the call pipeline runs, allreduce first (``native``, the MPI library's own
 #: call, serves exactly these).
-NAMES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
-#: Every collective with a contract: :data:`NAMES` and all-to-all, whose schedules exist but
-#: no call runs yet.
-EVERY = (*NAMES, "alltoall")
+NAMES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast", "alltoall")
+#: Every built-in collective with a contract: the ones the call pipeline runs.
+EVERY = NAMES
 #: The blocks of the tag space a registered collective may take (the tag space has eight,
 #: :mod:`bmlmpi.call_numbers`; the built-in collectives hold 0 to 5).
 FREE_TAG_KINDS = (6, 7)

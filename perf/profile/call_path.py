@@ -238,7 +238,7 @@ def measure(args: argparse.Namespace) -> dict:
     out["machine"] = {"host": platform.node(), "cores": os.cpu_count(),
                       "ranks": comm.Get_size(), "python": platform.python_version(),
                       "mpi": MPI.Get_library_version().splitlines()[0],
-                      "auto chose 8 B": ctx.choose(2, 4),
+                      "auto chose 8 B": ctx.plans.auto(2, 4),
                       "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                       "loadavg_start": args.load_start,
                       "loadavg_end": " ".join(f"{x:.2f}" for x in os.getloadavg())}

@@ -248,7 +248,7 @@ def test_algorithm_env_override_and_auto_rule(comm, monkeypatch):
     x = np.ones(1000, dtype=np.float32)
     ctx.Allreduce(x, np.empty_like(x))
     assert ctx.tuning.settled == (comm.size > 1 and selection.calibration_wanted("auto"))
-    picks = [ctx.choose(n, 4) for n in (1, 1000, 1 << 20)]
+    picks = [ctx.plans.auto(n, 4) for n in (1, 1000, 1 << 20)]
     assert all(p in bmlmpi.algorithms() for p in picks)
     assert comm.allgather(picks) == [picks] * comm.size
     ctx.Free()

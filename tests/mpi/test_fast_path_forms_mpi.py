@@ -347,7 +347,6 @@ def _every_call(c, reqs):
         ("Ibcast", lambda: c.Ibcast(y, 0)),
         ("Bcast_init", lambda: c.Bcast_init(y, 0)),
         ("explain", lambda: c.explain(4, np.float64)),
-        ("choose", lambda: c.choose(4, 8)),
     ]
     calls += [(f"Start of {name}", req.Start) for name, req in reqs]
     return calls

@@ -3,7 +3,9 @@ each delivers every block, element for element, to its place, for every N from 1
 sample of larger N up to 64 (primes, powers of two, mixed radices: building and verifying all
 three at every N above 20 costs about a minute on two cores), equal blocks of several sizes
 and uneven pair counts with zeros; the verifier rejects a misplaced block; the records serve
-all-to-all without offering it; the model prices the schedules in the documented order."""
+all-to-all, offered and opted in to ``auto``; the executor posts each receive where the
+schedule lands it; the model prices the schedules in the documented order, and ``auto`` uses
+it where the MPI library's own all-to-all was timed."""
 
 from __future__ import annotations
 
@@ -212,16 +214,15 @@ def test_the_contract_is_rank_js_block_for_rank_r():
 
 # -- the records and the model --------------------------------------------------------------
 
-def test_the_records_serve_alltoall_without_offering_it():
+def test_the_records_serve_alltoall_and_are_offered():
     assert algorithms.scheduled("alltoall") == list(ALLTOALL)
     for name in ALLTOALL:
         record = algorithms.get(name)
         assert record.collectives == ("alltoall",)
-        assert not record.auto and not record.offered and not record.calibrated
-        assert name not in algorithms.candidates(Context(4, 16, collective="alltoall"))
-    assert not algorithms.get("native").serves("alltoall")
-    with pytest.raises(ValueError, match="not callable yet"):
-        algorithms.algorithms("alltoall")
+        assert record.offered and record.auto and not record.calibrated
+        assert name in algorithms.candidates(Context(4, 16, collective="alltoall"))
+    assert algorithms.get("native").serves("alltoall")
+    assert algorithms.algorithms("alltoall") == ["auto", *ALLTOALL, "native"]
     with pytest.raises(ValueError, match="no schedule for allreduce"):
         algorithms.build("bruck", Context(4, 16))
     with pytest.raises(ValueError, match="pair counts"):
@@ -255,3 +256,45 @@ def test_bcube_uses_every_level_of_a_bcube_at_once():
     assert Fraction(on_fat_tree["pairwise"].time) == 8 * b
     assert min(c.time for c in on_fat_tree.values()) == 8 * b
     assert on_bcube["bcube"].time < min(on_bcube["pairwise"].time, on_bcube["bruck"].time)
+
+
+def test_auto_prices_them_where_native_alltoall_was_timed_else_the_fixed_rule():
+    from bmlmpi import selection
+    from bmlmpi.model.estimate import Calibration
+
+    bcast = (tuple(("bcast", b, 1e-3) for b in (8, 1 << 22)))
+    no_alltoall = Calibration(alpha=1e-6, beta=1e-9, natives=bcast)
+    # no timing of the MPI library's all-to-all: native below BMLMPI_AUTO_BML_BYTES, the
+    # first record that opts in from there (the user's calls then time it against native)
+    small = selection.explain_collective("alltoall", 16, 4, 4, no_alltoall)
+    big = selection.explain_collective("alltoall", 1 << 20, 4, 4, no_alltoall)
+    assert (small.chosen, small.rule) == ("native", "fixed rule")
+    assert (big.chosen, big.rule) == ("pairwise", "fixed rule")
+    # no calibration at all: native, as the rest of the family
+    assert selection.explain_collective("alltoall", 1 << 20, 4, 4).chosen == "native"
+    # where native was timed (slow here), the model prices every record against it
+    slow = Calibration(alpha=1e-6, beta=1e-10,
+                       natives=tuple(("alltoall", b, 1.0) for b in (8, 1 << 22)))
+    why = selection.explain_collective("alltoall", 1 << 20, 4, 4, slow)
+    assert why.rule == "cost model" and why.chosen in ALLTOALL
+    assert {c.name for c in why.candidates} == {*ALLTOALL, "native"}
+
+
+@pytest.mark.parametrize("name", ALLTOALL)
+def test_the_executor_posts_each_receive_where_the_schedule_lands_it(name):
+    """A relayed block lands at :attr:`Recv.target`, not at its sender's offset: the plan
+    posts every receive on that range (and its sends on the sender's), so it runs the
+    schedule the verifier proved."""
+    from bmlmpi.execute import Plan
+
+    pairs = uneven(6)
+    for rank in range(6):
+        sched = algorithms.build(name, Context(6, sum(pairs), 4, rank=rank,
+                                               collective="alltoall", counts=pairs))
+        plan = Plan.flat(sched, None)
+        posted = [[(p.world_peer, p.lo, p.hi) for p in sp.recvs] for lane in plan.lanes
+                  for sp in lane]
+        wanted = [[(t.peer, *t.target) for t in st.recvs] for st in sched.steps]
+        assert posted == wanted
+        moved = [t for st in sched.steps for t in st.recvs if t.target != (t.lo, t.hi)]
+        assert moved  # blocks land past the row, not at their sender's offset

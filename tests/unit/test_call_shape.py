@@ -18,8 +18,8 @@ RECORDS = {"bmlmpi/calls.py", "bmlmpi/schedules/algorithms.py",
 FACADE = {"bmlmpi/api.py", "bmlmpi/dropin.py"}
 
 #: The most methods :class:`bmlmpi.Communicator` may have, inherited ones included (dunder
-#: methods aside): a ceiling that may only go down, to 40.
-METHOD_CEILING = 40
+#: methods aside): a ceiling that may only go down, to 39.
+METHOD_CEILING = 39
 
 
 def sources() -> dict[str, ast.Module]:

@@ -247,9 +247,7 @@ def test_the_records_list_each_collectives_algorithms():
     assert "ring" in selection.algorithms("reduce_scatter")
     with pytest.raises(ValueError, match="unknown collective"):
         selection.algorithms("alltoallw")
-    # all-to-all has schedules (tests/unit/test_alltoall_schedules.py) but no call yet
-    with pytest.raises(ValueError, match="alltoall is not callable yet"):
-        selection.algorithms("alltoall")
+    assert selection.algorithms("alltoall") == ["auto", "pairwise", "bruck", "bcube", "native"]
     with pytest.raises(ValueError, match="implemented for reduce_scatter"):
         selection.check_algorithm("hierarchical_not", "reduce_scatter")
 

@@ -23,17 +23,19 @@ def test_selection_names_no_algorithm():
 
 def test_the_records_carry_autos_rules():
     records = list(algorithms.REGISTRY.values())
-    # the algorithms offered to auto before opting in existed, and only they
+    # the algorithms offered to auto before opting in existed, the all-to-all's, and only they
     assert [a.name for a in records if a.auto] == ["bml", "ring", "tree", "multitree",
                                                     "hierarchical", "shm", "rabenseifner",
-                                                    "native"]
+                                                    "pairwise", "bruck", "bcube", "native"]
     assert all(a.offered for a in records if a.auto)
     assert [a.name for a in records if a.default] == ["native"]
     assert algorithms.default().margin == algorithms.NATIVE_MARGIN > 1
     assert all(a.margin == 1.0 for a in records if not a.default)
     assert [algorithms.for_empty(c) for c in ("allreduce", "reduce_scatter", "bcast")] == \
         ["bml", "native", "native"]
-    assert {algorithms.fixed_choice(c) for c in algorithms.NAMES} == {"bml"}
+    assert {algorithms.fixed_choice(c) for c in algorithms.NAMES if c != "alltoall"} == {"bml"}
+    # bml has no all-to-all: the first record that opts in and has a schedule for it
+    assert algorithms.fixed_choice("alltoall") == "pairwise"
     assert algorithms.node_tier(True) == "shm" and algorithms.node_tier(False) == "ring"
     # every field auto reads is documented on the record
     for field in ("auto", "default", "margin", "empty", "fixed", "shared_memory", "applies",

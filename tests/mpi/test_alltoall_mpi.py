@@ -1,0 +1,232 @@
+"""All-to-all: ``Alltoall`` and ``Alltoallv``, blocking, ``I…`` and persistent, in place and
+not, with every algorithm (``pairwise``, ``bruck``, ``bcube``, ``native``, ``auto``), an
+integer and a float dtype, equal blocks and uneven counts with zeros at displacements of
+their own, against mpi4py's own ``Alltoall(v)`` on the same inputs (exact), with position-
+and rank-dependent data; and the refusals (docs/contracts.md): counts that differ between
+the two sides of a pair, a block past the buffer's end, dtypes that differ. One test per
+algorithm loops over its cases (few test ids; beyond 6 ranks, where every rank count of
+the suite is oversubscribed, one dtype and the uneven case not in place)."""
+
+import functools
+
+import numpy as np
+import pytest
+from conftest import all_ranks_agree
+from mpi4py import MPI
+
+import bmlmpi
+from bmlmpi.buffers import BufferSpecError
+
+ALGORITHMS = ["pairwise", "bruck", "bcube", "native", "auto"]
+
+
+@pytest.fixture(scope="module")
+def c():
+    """One communicator for the module's calls (building one costs more than the calls at
+    the oversubscribed rank counts)."""
+    communicator = bmlmpi.Communicator(MPI.COMM_WORLD)
+    yield communicator
+    communicator.Free()
+
+
+def _dtypes(size: int) -> list:
+    return [np.float64, np.int32] if size <= 6 else [np.float64]
+
+
+def _values(n: int, rank: int, dtype, salt: int = 0) -> np.ndarray:
+    """Position- and rank-dependent values, exact in every dtype used here."""
+    return ((np.arange(n) * 7 + rank * 1009 + salt * 31) % 100003).astype(dtype)
+
+
+def _pairs(size: int) -> np.ndarray:
+    """Uneven pair counts with zeros: rank i sends ``m[i, j]`` elements to rank j (the
+    diagonal included, some rows and columns empty)."""
+    i, j = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    m = (i * 3 + j * 5 + 1) % 4
+    if size > 2:
+        m[size - 1, :] = 0  # the last rank sends nothing
+    return m
+
+
+def _symmetric_pairs(size: int) -> np.ndarray:
+    """Uneven symmetric counts with zeros (an in-place Alltoallv sends what it receives)."""
+    i, j = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    m = (np.minimum(i, j) * 3 + np.maximum(i, j) + 2) % 4
+    m[0, 0] = 0
+    if size > 2:
+        m[0, size - 1] = m[size - 1, 0] = 0
+    return m
+
+
+def _spaced(counts, gap: int) -> list[int]:
+    """Displacements with ``gap`` elements between blocks, in reverse rank order (MPI allows
+    any order)."""
+    displs, at = [0] * len(counts), 0
+    for r in reversed(range(len(counts))):
+        displs[r] = at
+        at += counts[r] + gap
+    return displs
+
+
+def _check(failures: list, what: str, got: np.ndarray, want: np.ndarray) -> None:
+    if not np.array_equal(got, want):
+        failures.append(f"{what}: got {got.tolist()[:12]} want {want.tolist()[:12]}")
+
+
+def _run(c, form: str, algorithm: str, sendbuf, recvbuf, vector: bool, refill=None):
+    """One call of ``form``: blocking (twice: the second takes the fast path where it
+    opened), ``I`` or persistent (two starts); ``refill()`` before each (an in-place call's
+    input restored)."""
+    name = "Alltoallv" if vector else "Alltoall"
+    refill = refill or (lambda: None)
+    if form == "blocking":
+        for _ in range(2):
+            refill()
+            getattr(c, name)(sendbuf, recvbuf, algorithm=algorithm)
+    elif form == "I":
+        refill()
+        getattr(c, "I" + name.lower())(sendbuf, recvbuf, algorithm=algorithm).Wait()
+    else:
+        req = getattr(c, name + "_init")(sendbuf, recvbuf, algorithm=algorithm)
+        for _ in range(2):
+            refill()
+            req.Start()
+            req.Wait()
+        req.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_alltoall_matches_mpi4py(comm, c, algorithm):
+    size, rank = comm.size, comm.rank
+    failures: list = []
+    for d, dtype in enumerate(_dtypes(size)):
+        # every form with the first dtype, the blocking one with the second (the forms
+        # share the call's preparation and its executor; the dtype only its byte counts)
+        forms = ["blocking", "I", "persistent"] if d == 0 else ["blocking"]
+        mpitype = MPI.INT32_T if np.dtype(dtype).kind == "i" else MPI.DOUBLE
+        if size <= 6:
+            # equal blocks, not in place and in place
+            block = 3
+            send = _values(block * size, rank, dtype)
+            want = np.zeros_like(send)
+            comm.Alltoall(send, want)
+            for form in forms:
+                got = np.full_like(send, -1)
+                _run(c, form, algorithm, send, got, False)
+                _check(failures, f"Alltoall {form} {dtype.__name__}", got, want)
+                buf = send.copy()
+                _run(c, form, algorithm, MPI.IN_PLACE, buf, False,
+                     functools.partial(np.copyto, buf, send))
+                _check(failures, f"Alltoall in place {form} {dtype.__name__}", buf, want)
+        # uneven counts with zeros, blocks at displacements of their own (gaps, reversed)
+        m = _pairs(size)
+        scounts, rcounts = list(m[rank, :]), list(m[:, rank])
+        sdispls, rdispls = _spaced(scounts, 1), _spaced(rcounts, 2)
+        send = _values(sum(scounts) + size, rank, dtype)
+        rlen = sum(rcounts) + 2 * size
+        want = np.full(rlen, -1, dtype)
+        comm.Alltoallv([send, (scounts, sdispls), mpitype],
+                       [want, (rcounts, rdispls), mpitype])
+        for form in forms:
+            got = np.full(rlen, -1, dtype)
+            _run(c, form, algorithm, [send, (scounts, sdispls), mpitype],
+                 [got, (rcounts, rdispls), mpitype], True)
+            _check(failures, f"Alltoallv {form} {dtype.__name__}", got, want)
+        if size > 6:
+            continue
+        # in place: symmetric uneven counts with zeros at spaced displacements
+        m = _symmetric_pairs(size)
+        counts = list(m[rank, :])
+        displs = _spaced(counts, 1)
+        start = _values(sum(counts) + size, rank, dtype, salt=1)
+        want = start.copy()
+        comm.Alltoallv(MPI.IN_PLACE, [want, (counts, displs), mpitype])
+        for form in forms:
+            buf = start.copy()
+            _run(c, form, algorithm, MPI.IN_PLACE, [buf, (counts, displs), mpitype], True,
+                 functools.partial(np.copyto, buf, start))
+            _check(failures, f"Alltoallv in place {form} {dtype.__name__}", buf, want)
+    all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+def test_the_module_level_drop_ins(comm):
+    size, rank = comm.size, comm.rank
+    send = _values(2 * size, rank, np.int64)
+    want = np.zeros_like(send)
+    comm.Alltoall(send, want)
+    got = np.zeros_like(send)
+    bmlmpi.Alltoall(send, got, comm=comm, algorithm="pairwise")
+    assert np.array_equal(got, want)
+    got[:] = 0
+    bmlmpi.Ialltoall(send, got, comm=comm).Wait()
+    assert np.array_equal(got, want)
+    counts = [2] * size
+    got[:] = 0
+    req = bmlmpi.Alltoallv_init([send, counts], [got, counts], comm=comm, algorithm="bruck")
+    req.Start()
+    req.Wait()
+    req.Free()
+    assert np.array_equal(got, want)
+
+
+def _refused_everywhere(comm, call, here, elsewhere=None) -> None:
+    """``call(c)`` raises ``here`` on this rank (``elsewhere`` on the others: None, the same)
+    on a fresh communicator, which is usable afterwards."""
+    c = bmlmpi.Communicator(comm)
+    try:
+        with pytest.raises(here if elsewhere is None else elsewhere):
+            call(c)
+        send = np.arange(comm.size, dtype=np.int32)
+        got = np.zeros_like(send)
+        c.Alltoall(send, got, algorithm="pairwise")  # usable: every rank's next call runs
+        want = np.zeros_like(send)
+        comm.Alltoall(send, want)
+        assert np.array_equal(got, want)
+    finally:
+        c.Free()
+
+
+@pytest.mark.mpi
+def test_refusals_on_every_rank(comm):
+    size, rank = comm.size, comm.rank
+    if size < 2 or size > 6:
+        pytest.skip("a refusal between ranks needs 2 of them; the same code beyond 6")
+    m = _pairs(size)
+    scounts, rcounts = list(m[rank, :]), list(m[:, rank])
+
+    def mismatched(c):
+        # rank 1 expects one element more from rank 0 than rank 0 sends it
+        mine = list(rcounts)
+        if rank == 1:
+            mine[0] += 1
+        c.Alltoallv([np.zeros(sum(scounts)), scounts],
+                    [np.zeros(sum(mine)), mine], algorithm="pairwise")
+    _refused_everywhere(comm, mismatched, bmlmpi.ArgumentMismatch)
+
+    def past_the_end(c):
+        displs = _spaced(rcounts, 0)
+        if rank == 0:
+            displs[0] = sum(rcounts) + 5  # block 0 lands past the buffer's end
+        c.Alltoallv([np.zeros(sum(scounts)), scounts],
+                    [np.zeros(sum(rcounts)), (rcounts, displs)], algorithm="bruck")
+    _refused_everywhere(comm, past_the_end,
+                        BufferSpecError if rank == 0 else bmlmpi.RemoteArgumentError)
+
+    def dtypes_differ(c):
+        dtype = np.float32 if rank == 0 else np.int32
+        c.Alltoall(np.zeros(size, dtype), np.zeros(size, dtype), algorithm="native")
+    _refused_everywhere(comm, dtypes_differ, bmlmpi.ArgumentMismatch)
+
+    def blocks_differ(c):
+        n = 2 if rank == size - 1 else 1
+        c.Alltoall(np.zeros(n * size), np.zeros(n * size), algorithm="bcube")
+    _refused_everywhere(comm, blocks_differ, bmlmpi.ArgumentMismatch)
+
+    def send_and_receive_differ(c):
+        # locally wrong: the send and receive buffers differ in dtype on rank 0
+        recv = np.zeros(size, np.float64 if rank == 0 else np.int32)
+        c.Alltoall(np.zeros(size, np.int32), recv)
+    _refused_everywhere(comm, send_and_receive_differ,
+                        BufferSpecError if rank == 0 else bmlmpi.RemoteArgumentError)
