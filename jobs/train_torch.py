@@ -43,9 +43,13 @@ import signal
 import sys
 import time
 
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+except ImportError:
+    sys.exit("train_torch: needs PyTorch, the torch extra: pip install '.[torch]' (the CPU "
+             "build: see docs/torch.md)")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -218,6 +222,10 @@ def train(a: argparse.Namespace) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    try:
+        import sklearn  # noqa: F401 - load_data's
+    except ImportError:
+        sys.exit("train_torch: needs scikit-learn, the train extra: pip install '.[train]'")
     if a.fault_tolerant:
         from bmlmpi import ft
         ft.install_exit_handlers()

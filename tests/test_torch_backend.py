@@ -71,7 +71,14 @@ def test_backend_against_gloo(venv, n):
                  "ibatch_hook_planned", "zero_equals_ddp",
                  "fsdp2_equals_ddp", "fsdp1_equals_ddp", "refused_band", "future_without_wait",
                  "store_on_given_host",
-                 "reduce_scatter_list[4099,torch.int64]", "reduce[5,torch.float32,root1]"):
+                 "reduce_scatter_list[4099,torch.int64]", "reduce[5,torch.float32,root1]",
+                 "batch_isend_irecv", "send_recv_blocking", "recv_by_tag_out_of_order",
+                 "recv_from_any_rank", "isend_irecv_ring[1000,torch.bfloat16]",
+                 "gather[4099,torch.float64,root1]", "scatter[4099,torch.int32,root1]",
+                 "gather_object", "scatter_object_list", "all_gather_coalesced[torch.int64]",
+                 "all_reduce_coalesced[torch.float32]", "coalescing_manager[cpu]",
+                 "refused_all_to_all_single", "refused_all_to_all", "recv_deadline",
+                 "recv_of_a_shorter_message", "monitored_barrier_is_torchs_gloo_only"):
         assert name in checks, f"check {name} did not run\n{tail}"
     if n > 2:
         assert "subgroup_all_reduce" in checks

@@ -28,6 +28,14 @@ A bare ``python``/``python3`` program is replaced by the interpreter ``bmlmpi-ru
 under (as ``torchrun`` does), and that interpreter's folder goes first on the ranks' PATH, so
 ``.venv/bin/bmlmpi-run -n 2 python train.py`` uses the venv without activating it.
 
+torch's variables: a Python program (a program named ``python``, ``python3`` or ``python3.N``,
+bare or by its path) starts behind :mod:`.rank_env`, which sets ``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` from the MPI launcher's numbers for that rank and then
+becomes the program; ``MASTER_ADDR`` (127.0.0.1 on one node, else this host's name) and
+``MASTER_PORT`` (a free port) are set once for the job where the environment has none, so
+torch's ``env://`` and scripts written for ``torchrun`` work unchanged. torchrun's own form,
+``bmlmpi-run --nproc_per_node 4 train.py``, is read by :mod:`.torchrun_form`.
+
 The exit status (docs/launching.md): without ``--ft`` it is mpiexec's. With ``--ft`` the
 launcher stays in between: a rank's uncaught error or non-zero exit fails the job, even where
 Open MPI's launcher would return 0 (an error turned into SIGKILL by the exit handlers); a
@@ -62,6 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config
+from . import torchrun_form
 
 #: Launcher options of bmlmpi-run itself (removed before mpiexec sees the arguments).
 OWN_FLAGS = ("--ft", "--dry-run", "--tolerate-lost")
@@ -167,6 +176,82 @@ def own_python(args: list[str]) -> list[str]:
     return out
 
 
+#: the program every Python program of the job starts behind (module docstring)
+RANK_ENV = Path(__file__).with_name("rank_env.py")
+#: mpiexec's options that name the hosts of a job (Open MPI's and hydra's spellings)
+HOST_OPTIONS = ("--host", "-H", "-host", "--hostfile", "-hostfile", "--machinefile",
+                "-machinefile", "-f", "-hosts", "--default-hostfile")
+
+
+#: mpiexec's options (Open MPI's, hydra's) followed by values, and how many: what comes
+#: after them is not the program
+VALUED = {**dict.fromkeys(("--mca", "-mca", "--gmca", "-gmca", "--prtemca", "--pmixmca",
+                           "-genv", "-env"), 2),
+          **dict.fromkeys(("-n", "-np", "--n", "--np", "-c", "-x", "--map-by", "-map-by",
+                           "--bind-to", "-bind-to", "--rank-by", "-rank-by", "--wdir", "-wdir",
+                           "-wd", "--prefix", "--output", "--output-filename", "-ppn",
+                           "--npernode", "-npernode", "--with-ft", "-genvlist", "--app",
+                           "--personality", "--timeout", "--preload-files", "-launcher",
+                           "-bootstrap", "-iface", *HOST_OPTIONS), 1)}
+
+
+def with_rank_env(args: list[str]) -> list[str]:
+    """``args`` with the program of each MPMD part (``:``-separated: the first word that is
+    neither an option nor an option's value), where it is a Python (named ``python``,
+    ``python3`` or ``python3.N``, bare or by its path), started behind :mod:`.rank_env`
+    (``python -S -I rank_env.py PROGRAM ...``)."""
+    out: list[str] = []
+    skip, found = 0, False
+    for a in args:
+        if a == ":":
+            found = False
+        elif skip:
+            skip -= 1
+        elif found:
+            pass
+        elif a.startswith("-"):
+            skip = VALUED.get(a, 0)
+        else:
+            found = True
+            if BARE_PYTHON.fullmatch(os.path.basename(a)):
+                out += [sys.executable, "-S", "-I", str(RANK_ENV)]
+        out.append(a)
+    return out
+
+
+def several_nodes(args: list[str], env: dict[str, str] | None = None) -> bool:
+    """Whether the job may span nodes: mpiexec is given hosts or a placement per node, or runs
+    in a Slurm allocation of several nodes."""
+    env = os.environ if env is None else env
+    nodes = env.get("SLURM_JOB_NUM_NODES", "")
+    return (any(a.split("=", 1)[0] in HOST_OPTIONS or a == "-ppn" or a.startswith("ppr:")
+                for a in args)
+            or (nodes.isdigit() and int(nodes) > 1))
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on ``host`` now (the system picks it)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def job_environment(args: list[str], env: dict[str, str]) -> dict[str, str]:
+    """``MASTER_ADDR`` and ``MASTER_PORT`` for every rank where ``env`` has none: the
+    torchrun form's ``--master_addr``/``--master_port``, else 127.0.0.1 on one node and this
+    host's name on several (mpiexec starts rank 0 on the first host, normally this one), and
+    a port free here."""
+    own = [a for a in args if a not in OWN_FLAGS]
+    form = torchrun_form.parse(own) if torchrun_form.applies(own) else None
+    addr = (form and form.master_addr) or env.get("MASTER_ADDR")
+    if not addr:
+        spread = several_nodes(own, env) or (form is not None and form.nnodes > 1)
+        addr = socket.gethostname() if spread else "127.0.0.1"
+    port = ((form and form.master_port) or env.get("MASTER_PORT")
+            or str(free_port("127.0.0.1" if addr == "127.0.0.1" else "")))
+    return {"MASTER_ADDR": addr, "MASTER_PORT": port}
+
+
 def rank_environment(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for the ranks: this interpreter's folder first on PATH."""
     env = dict(os.environ if env is None else env)
@@ -181,7 +266,10 @@ def build_command(args: list[str], mpiexec: str | None = None,
     mpiexec = mpiexec or find_mpiexec()
     kind = kind or flavour(mpiexec)
     ft = "--ft" in args
-    args = own_python([a for a in args if a not in OWN_FLAGS])
+    args = [a for a in args if a not in OWN_FLAGS]
+    if torchrun_form.applies(args):
+        args = torchrun_form.mpiexec_args(torchrun_form.parse(args), sys.executable, kind)
+    args = with_rank_env(own_python(args))
     extra: list[str] = []
     if kind == "openmpi":
         if os.geteuid() == 0 and "--allow-run-as-root" not in args:
@@ -200,6 +288,8 @@ def build_command(args: list[str], mpiexec: str | None = None,
             extra += ["--with-ft", "ulfm"]
         if ft:
             extra += ["-x", "BMLMPI_STATUS_DIR"]  # to the ranks on other nodes too
+        if several_nodes(args):  # only local ranks get mpiexec's environment unasked
+            extra += ["-x", "MASTER_ADDR", "-x", "MASTER_PORT"]
     elif ft:
         raise SystemExit(f"bmlmpi-run: --ft needs an MPI with ULFM (the Open MPI wheel); "
                          f"{mpiexec} is {kind}")
@@ -440,7 +530,10 @@ def help_parser() -> argparse.ArgumentParser:
                     "this Python, else\nmpiexec on PATH, or BMLMPI_MPIEXEC), adding the flags "
                     "this machine needs. A bare\npython, python3 or python3.N as PROGRAM is "
                     "the Python bmlmpi-run runs under, whose folder\ngoes first on the ranks' "
-                    "PATH: .venv/bin/bmlmpi-run works without activating the venv.",
+                    "PATH: .venv/bin/bmlmpi-run works without activating the venv.\n"
+                    "A Python program gets torch's RANK, LOCAL_RANK, WORLD_SIZE, "
+                    "LOCAL_WORLD_SIZE, MASTER_ADDR\nand MASTER_PORT. torchrun's form: "
+                    "bmlmpi-run [--ft] --nproc_per_node N [--nnodes K] SCRIPT ...",
         epilog="flags added when missing (Open MPI): --allow-run-as-root (as root); "
                "--oversubscribe and\n--mca mpi_yield_when_idle 1 (more ranks than cores); "
                "--with-ft ulfm (--ft); --mca osc ^ucx\n(no RDMA device); --mca "
@@ -477,9 +570,10 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(cmd))
         return 0
     env = rank_environment()
+    env.update(job_environment(args, env))
     if "--ft" in args:
         tolerate = "--tolerate-lost" in args or config.get("BMLMPI_TOLERATE_LOST", os.environ)
-        return run_fault_tolerant(cmd, env, tolerate, _ranks(args))
+        return run_fault_tolerant(cmd, env, tolerate, _ranks(cmd))
     os.execve(cmd[0], cmd, env)
     return 127  # not reached
 

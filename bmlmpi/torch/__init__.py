@@ -11,13 +11,15 @@ MASTER_PORT). The bmlmpi backend itself needs no store: rank and size come from 
 torch (and a gloo group made beside it with ``new_group(backend="gloo")``) still has a working
 one, :func:`init_process_group` and the ``bmlmpi://`` init method make it from MPI: rank 0
 starts a ``TCPStore`` on a free port (on 127.0.0.1 when every rank shares its node, else on
-its host name) and broadcasts the address with MPI. No environment variable is read.
-``dist.init_process_group("bmlmpi")`` with no ``init_method``/``store`` still goes through
-torch's ``env://`` and needs those variables.
+its host name) and broadcasts the address with MPI. The environment is read only to refuse a
+worker that torchrun started on its own (:mod:`.launcher`: N one-rank MPI worlds, never one
+job). ``dist.init_process_group("bmlmpi")`` with no ``init_method``/``store`` still goes
+through torch's ``env://`` and needs those variables, which ``bmlmpi-run`` exports.
 
 Modules: :mod:`.process_group` (the process group, its options and the fault-tolerance
-contract), :mod:`.work` (work objects, the progress thread), :mod:`.tensors` (tensor views,
-op and dtype mapping), :mod:`.hooks` (DDP comm hooks: bmlmpi's compressors and bucket plans).
+contract), :mod:`.launcher` (torchrun's lone workers refused), :mod:`.work` (work objects,
+the progress thread), :mod:`.tensors` (tensor views, op and dtype mapping), :mod:`.hooks`
+(DDP comm hooks: bmlmpi's compressors and bucket plans).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from mpi4py import MPI
 from torch.distributed.rendezvous import register_rendezvous_handler
 
 from ..execute import timeout_from_env
+from .launcher import SeparateWorlds, check_one_world
 from .process_group import BACKEND, Options, ProcessGroupBmlmpi, create
 from .tensors import UnsupportedCall
 from .work import Work
@@ -48,7 +51,12 @@ def store_from_mpi(comm: MPI.Comm = MPI.COMM_WORLD, timeout: float | None = None
     ``host``: the address rank 0 serves it on, which every rank must reach (default:
     127.0.0.1 when MPI puts every rank on rank 0's node, else rank 0's host name). Give it
     where ranks that MPI sees on one node do not share its network (a container or network
-    namespace each: the emulated testbed of ``perf/testbed``)."""
+    namespace each: the emulated testbed of ``perf/testbed``).
+
+    A worker that torchrun started on its own (an MPI world of one rank where ``WORLD_SIZE``
+    says more) is refused with :class:`SeparateWorlds` (:func:`~.launcher.check_one_world`):
+    its store would make it a one-rank job."""
+    check_one_world()
     seconds = timeout_from_env(timeout)
     from ..execute import wait_request
     # Split_type blocks without a deadline: every rank meets first in a bounded barrier
@@ -122,5 +130,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["BACKEND", "Options", "ProcessGroupBmlmpi", "UnsupportedCall", "Work",
-           "init_process_group", "store_from_mpi"]
+__all__ = ["BACKEND", "Options", "ProcessGroupBmlmpi", "SeparateWorlds", "UnsupportedCall",
+           "Work", "init_process_group", "store_from_mpi"]

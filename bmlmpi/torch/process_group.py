@@ -47,6 +47,8 @@ from ..call_formats import ReproducibleRefused
 from ..execute import timeout_from_env
 from ..ops import AVG
 from ..variants import Communicator
+from .launcher import check_one_world
+from .point_to_point import ReceiveWork, duplicate, start_recv, start_send
 from .tensors import (
     UnsupportedCall,
     check_reducible,
@@ -173,6 +175,11 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
             from ..compression import parse
             self._compressor = parse(options.compression)
         self._driver = Driver(self._lock, options.timeout, f"bmlmpi rank {rank}")
+        #: point-to-point's own communicator (point_to_point.py: no message of torch's can
+        #: match one of bmlmpi's collectives)
+        self._p2p_comm = duplicate(comm, options.timeout)
+        #: the works started between torch's _start_coalescing and _end_coalescing, else None
+        self._coalesced: list[Work] | None = None
 
     def _ft_arguments(self) -> dict:
         o = self.options
@@ -223,6 +230,7 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         with self._lock:
             if not self.communicator.failed:
                 self.communicator.Free()
+                self._p2p_comm.Free()
 
     def abort(self) -> None:
         self._driver.close(0.0)
@@ -236,7 +244,13 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
     def _track(self, started: Started) -> Work:
         with self._lock:
             self._driver.add(started)
-        return Work(self._driver, started)
+        return self._record(Work(self._driver, started))
+
+    def _record(self, work: Work) -> Work:
+        """``work``, kept for torch's coalescing manager while it coalesces."""
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def _done(self, what: str, result: Any, finish=None) -> Work:
         s = Started(what, lambda: True, lambda: None, finish, result)
@@ -251,7 +265,7 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
             s = Started(what, req.Test, lambda: wait_mpi(req, timeout, what), finish, result,
                         keep=start)
             self._driver.add(s)
-        return Work(self._driver, s)
+        return self._record(Work(self._driver, s))
 
     # -- all_reduce ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -440,6 +454,151 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
                  for o, i in zip(outputs, inputs, strict=True)]
         return _Joined(works, outputs, self)
 
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
+                                    inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """torch's coalescing manager's name for :meth:`allgather_into_tensor_coalesced`."""
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """torch's coalescing manager's name for :meth:`reduce_scatter_tensor_coalesced`."""
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def allgather_coalesced(self, outputs: list[list[torch.Tensor]],
+                            inputs: list[torch.Tensor], opts: Any = None) -> Work:
+        """``all_gather_coalesced``: ``outputs[r][i]`` receives rank r's ``inputs[i]``, the
+        inputs gathered as one concatenated array by bmlmpi's allgather."""
+        n = self.size()
+        sizes = [t.numel() for t in inputs]
+        if len(outputs) != n or any(len(outs) != len(inputs) or
+                                    any(o.numel() != k for o, k in zip(outs, sizes, strict=True))
+                                    for outs in outputs):
+            raise UnsupportedCall(f"all_gather_coalesced: need {n} output lists of "
+                                  f"{len(inputs)} tensors of {sizes} elements")
+        same_layout([*inputs, *(o for outs in outputs for o in outs)], "all_gather_coalesced")
+        dtype = inputs[0].dtype if inputs else torch.float32
+        flat_in = torch.cat([t.detach().reshape(-1).cpu() for t in inputs]) if inputs \
+            else torch.empty(0, dtype=dtype)
+        total = flat_in.numel()
+        flat_out = torch.empty(n * total, dtype=dtype)
+        src, dst = view(flat_in, copy_only=True), view(flat_out, copy_only=True)
+        what = f"bmlmpi all_gather_coalesced (rank {self.rank()})"
+        c = self.communicator
+
+        def copy_out() -> None:
+            with torch.no_grad():
+                for r, outs in enumerate(outputs):
+                    at = r * total
+                    for o in outs:
+                        o.copy_(flat_out[at:at + o.numel()].view(o.shape))
+                        at += o.numel()
+
+        return self._family(what, lambda: c.Iallgather(src.array, dst.array), outputs,
+                            [src, dst, _Then(copy_out)])
+
+    # -- gather and scatter: MPI's, on the communicator bmlmpi sends on ------------------------
+    def gather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+               opts: Any) -> Work:
+        """``gather``: ``MPI_Igather`` into one array at the root, copied out into its list."""
+        root, n = opts.rootRank, self.size()
+        if len(inputs) != 1:
+            raise UnsupportedCall(f"gather takes one input tensor, not {len(inputs)}")
+        t = inputs[0]
+        at_root = self.rank() == root
+        if at_root and (len(outputs) != 1 or len(outputs[0]) != n
+                        or any(o.numel() != t.numel() for o in outputs[0])):
+            raise UnsupportedCall(f"gather: the root needs {n} output tensors of {t.numel()} "
+                                  f"elements")
+        if at_root:
+            same_layout([t, *outputs[0]], "gather")
+        src = view(t, copy_only=True, device_path=False)
+        flat = torch.empty(n * t.numel() if at_root else 0, dtype=t.dtype)
+        dst = view(flat, copy_only=True)
+        what = f"bmlmpi gather to rank {root} (rank {self.rank()})"
+
+        def copy_out() -> None:
+            if at_root:
+                with torch.no_grad():
+                    for o, piece in zip(outputs[0], flat.view(n, t.numel()), strict=True):
+                        o.copy_(piece.view(o.shape))
+
+        return self._mpi(what, lambda comm: comm.Igather(src.array, dst.array if at_root
+                                                         else None, root),
+                         outputs, copy_out)
+
+    def scatter(self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]],
+                opts: Any) -> Work:
+        """``scatter``: the root's list concatenated into one array, ``MPI_Iscatter``."""
+        root, n = opts.rootRank, self.size()
+        if len(outputs) != 1:
+            raise UnsupportedCall(f"scatter takes one output tensor, not {len(outputs)}")
+        t = outputs[0]
+        at_root = self.rank() == root
+        if at_root and (len(inputs) != 1 or len(inputs[0]) != n
+                        or any(i.numel() != t.numel() for i in inputs[0])):
+            raise UnsupportedCall(f"scatter: the root needs {n} input tensors of {t.numel()} "
+                                  f"elements")
+        if at_root:
+            same_layout([t, *inputs[0]], "scatter")
+            flat = torch.cat([i.detach().reshape(-1).cpu() for i in inputs[0]])
+        else:
+            flat = torch.empty(0, dtype=t.dtype)
+        src = view(flat, copy_only=True)
+        out = view(t, copy_only=True, device_path=False)
+        what = f"bmlmpi scatter from rank {root} (rank {self.rank()})"
+        return self._mpi(what, lambda comm: comm.Iscatter(src.array if at_root else None,
+                                                          out.array, root),
+                         outputs, out.finish)
+
+    # -- all-to-all: not served yet (bmlmpi's Alltoall is not wired to torch) -----------------
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                 opts: Any = None) -> Work:
+        raise UnsupportedCall("all_to_all is not served by the bmlmpi backend yet (bmlmpi's "
+                              "Alltoall is not wired to torch)")
+
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: list[int], input_split_sizes: list[int],
+                          opts: Any = None) -> Work:
+        raise UnsupportedCall("all_to_all_single is not served by the bmlmpi backend yet "
+                              "(bmlmpi's Alltoall is not wired to torch)")
+
+    # -- point-to-point (point_to_point.py) -----------------------------------------------------
+    def _p2p(self, what: str) -> MPI.Comm:
+        if self.communicator.failed:
+            raise UnsupportedCall(f"{what} after a failure: the survivors' ranks were "
+                                  f"renumbered, and point-to-point runs on the group as made")
+        return self._p2p_comm
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
+        comm = self._p2p("send")
+        with self._lock:
+            s = start_send(comm, tensors, dst, tag, self.rank(), self.options.timeout)
+            self._driver.add(s)
+        return self._record(Work(self._driver, s))
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
+        return self._receive(tensors, src, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
+        return self._receive(tensors, MPI.ANY_SOURCE, tag)
+
+    def _receive(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
+        comm = self._p2p("recv")
+        with self._lock:
+            s, status = start_recv(comm, tensors, src, tag, self.rank(), self.options.timeout)
+            self._driver.add(s)
+        return self._record(ReceiveWork(self._driver, s, status))
+
+    # -- torch's coalescing manager with a device: one work for the calls in between -----------
+    def _start_coalescing(self, device: Any = None) -> None:
+        if self._coalesced is not None:
+            raise RuntimeError("bmlmpi: _start_coalescing while coalescing already")
+        self._coalesced = []
+
+    def _end_coalescing(self, device: Any = None) -> Work:
+        works, self._coalesced = self._coalesced or [], None
+        return _Joined(works, [], self)
+
     # -- barrier --------------------------------------------------------------------------------
     def barrier(self, opts: Any = None) -> Work:
         return self._mpi(f"bmlmpi barrier (rank {self.rank()})", lambda comm: comm.Ibarrier(),
@@ -522,6 +681,7 @@ def create(dist_options: Any, pg_options: Options | None) -> ProcessGroupBmlmpi:
     """The creator torch calls for ``init_process_group``/``new_group`` with backend bmlmpi
     (the extended API: ``dist_options`` carries the group's global ranks)."""
     global _world_options
+    check_one_world()
     if pg_options is not None and not isinstance(pg_options, Options):
         raise TypeError(f"pg_options of the bmlmpi backend must be bmlmpi.torch.Options, got "
                         f"{type(pg_options).__name__}")

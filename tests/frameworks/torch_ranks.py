@@ -1,5 +1,6 @@
 """Rank program of the torch backend tests: every collective of backend ``bmlmpi`` against
-backend ``gloo`` on the same inputs, work objects, DDP and its hooks, ZeRO and FSDP.
+backend ``gloo`` on the same inputs, work objects, DDP and its hooks, ZeRO and FSDP; point-to-point,
+gather, scatter and the coalesced calls (``torch_p2p_ranks.py``).
 
 Started by ``tests/test_torch_backend.py`` as ``bmlmpi-run -n N python
 tests/frameworks/torch_ranks.py`` in the torch venv (never collected by pytest: it needs
@@ -17,6 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from torch_p2p_ranks import checks as p2p_checks
 
 import bmlmpi.torch
 from bmlmpi.torch import Options, UnsupportedCall, hooks
@@ -411,6 +413,7 @@ def main() -> int:
         groups[alg] = dist.new_group(backend="bmlmpi", pg_options=Options(algorithm=alg))
     try:
         collectives(rank, n, gloo, groups)
+        p2p_checks(rank, n, gloo, check)
         ddp_checks(rank, n, gloo)
     except Exception:
         traceback.print_exc()
