@@ -66,7 +66,7 @@ from .family import (
     scatter,
     scatter_blocks,
 )
-from .fast_path import FastPath, fast_key
+from .fast_path import CARRIED, FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .model.estimate import Calibration
@@ -110,6 +110,12 @@ def _carry(comm: Communicator, reproducible: bool | None) -> Any:
     ``reproducible`` says so (None: the communicator's own mode), else None."""
     wanted = comm.reproducible if reproducible is None else reproducible
     return call_formats.REPRODUCIBLE if wanted else None
+
+
+def _in_key(carry: Any) -> tuple:
+    """What a call format adds to a blocking call's fast-path signature key: a call of the
+    same arrays in another mode is another signature."""
+    return () if carry is None else (CARRIED,)
 
 
 def _named(comm: Communicator, algorithm: str | None) -> str:
@@ -502,9 +508,9 @@ class Communicator:
                             compression=compression, reproducible=reproducible).Wait()
             return
         algorithm = _named(self, algorithm)
-        # the fast path when the signature may take it (FastPath.allreduce), else the checked
-        # path, started and waited on, which then opens the signature's entry there; a
-        # reproducible call takes the checked path each time
+        # the fast path when the signature may take it (FastPath.allreduce; a reproducible
+        # call's: FastPath.carried), else the checked path, started and waited on, which then
+        # opens the signature's entry there
         gate = self._gate
         mine = gate.claim(self.rank)
         try:
@@ -513,18 +519,25 @@ class Communicator:
                 agreement.repair()  # (collective: every rank's first call after the error)
             carry = _carry(self, reproducible)
             fast = self._fast_path
-            if carry is None and fast.allreduce(sendbuf, recvbuf, op, algorithm):
+            if carry is None:
+                if fast.allreduce(sendbuf, recvbuf, op, algorithm):
+                    return
+            elif fast.carried(sendbuf, recvbuf, op, algorithm):
                 return
             if not self.policy.keeps_calls:
                 # the checked path's agreement polls no other call: runs of schedules this
                 # rank started before (which every rank started before this call) are
                 # completed first (docs/api.md, "Blocking calls")
                 self._calls_in_flight.settle()
-            if carry is not None:
-                self.policy.submit(_prepare_checked(self, sendbuf, recvbuf, op, algorithm,
-                                                           carry)).Wait()
+            call = _prepare_checked(self, sendbuf, recvbuf, op, algorithm, carry)
+            if call.wire is not None:
+                call.wire.blocking = True
+                self.policy.submit(call).Wait()
+                fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op, CARRIED),
+                          call, (sendbuf, recvbuf, op), carried=True)
                 return
-            call = _prepare_checked(self, sendbuf, recvbuf, op, algorithm)
+            # (a plain call, or a reproducible one whose values pass through: integers,
+            # MIN, MAX)
             tuning = self._tuning
             timing = tuning.explore(call)
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
@@ -657,51 +670,65 @@ class Communicator:
     # collective, else ``auto``. Each hands its call's builder to the family's engine; a
     # blocking call whose signature ran before takes its fast path (FastPath.repeat).
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                             algorithm: str | None = None) -> None:
-        """Reduce ``size`` equal blocks over all ranks; rank r receives block r."""
+                             algorithm: str | None = None,
+                             reproducible: bool | None = None) -> None:
+        """Reduce ``size`` equal blocks over all ranks; rank r receives block r.
+        ``reproducible``: this call's mode, as for :meth:`Allreduce` (the reducing methods
+        below take it too)."""
         args = (sendbuf, recvbuf, op)
-        key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op)
+        carry = _carry(self, reproducible)
+        key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op,
+                       *_in_key(carry))
         if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("reduce_scatter", algorithm,
-                                 scatter_blocks(self, sendbuf, recvbuf, op), key, args)
+                                 scatter_blocks(self, sendbuf, recvbuf, op, carry), key, args)
 
     def Ireduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                              algorithm: str | None = None) -> Request:
+                              algorithm: str | None = None,
+                              reproducible: bool | None = None) -> Request:
         return self.family.start("reduce_scatter", algorithm,
-                                 scatter_blocks(self, sendbuf, recvbuf, op))
+                                 scatter_blocks(self, sendbuf, recvbuf, op,
+                                                _carry(self, reproducible)))
 
     def Reduce_scatter_block_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
-                                  algorithm: str | None = None) -> PersistentRequest:
+                                  algorithm: str | None = None,
+                                  reproducible: bool | None = None) -> PersistentRequest:
         return self.family.init("reduce_scatter", algorithm,
-                                scatter_blocks(self, sendbuf, recvbuf, op))
+                                scatter_blocks(self, sendbuf, recvbuf, op,
+                                               _carry(self, reproducible)))
 
     def Reduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                       op: Any = MPI.SUM, *, algorithm: str | None = None) -> None:
+                       op: Any = MPI.SUM, *, algorithm: str | None = None,
+                       reproducible: bool | None = None) -> None:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
         family, key = self.family, None
+        carry = _carry(self, reproducible)
         if isinstance(recvcounts, (list, tuple)):
             key = fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
-                           tuple(recvcounts))
+                           tuple(recvcounts), *_in_key(carry))
             if key is not None and self._fast_path.repeat(key, (sendbuf, recvbuf, recvcounts, op)):
                 return
         recvcounts = family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         family.blocking("reduce_scatter", algorithm,
-                        scatter(self, sendbuf, recvbuf, recvcounts, op), key,
+                        scatter(self, sendbuf, recvbuf, recvcounts, op, carry), key,
                         (sendbuf, recvbuf, recvcounts, op))
 
     def Ireduce_scatter(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                        op: Any = MPI.SUM, *, algorithm: str | None = None) -> Request:
+                        op: Any = MPI.SUM, *, algorithm: str | None = None,
+                        reproducible: bool | None = None) -> Request:
         recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         return self.family.start("reduce_scatter", algorithm,
-                                 scatter(self, sendbuf, recvbuf, recvcounts, op))
+                                 scatter(self, sendbuf, recvbuf, recvcounts, op,
+                                         _carry(self, reproducible)))
 
     def Reduce_scatter_init(self, sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
-                            op: Any = MPI.SUM, *,
-                            algorithm: str | None = None) -> PersistentRequest:
+                            op: Any = MPI.SUM, *, algorithm: str | None = None,
+                            reproducible: bool | None = None) -> PersistentRequest:
         recvcounts = self.family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         return self.family.init("reduce_scatter", algorithm,
-                                scatter(self, sendbuf, recvbuf, recvcounts, op))
+                                scatter(self, sendbuf, recvbuf, recvcounts, op,
+                                        _carry(self, reproducible)))
 
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
@@ -732,21 +759,27 @@ class Communicator:
         return self.family.init("allgather", algorithm, gather(self, sendbuf, recvbuf, True))
 
     def Reduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-               algorithm: str | None = None) -> None:
+               algorithm: str | None = None, reproducible: bool | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
         args = (sendbuf, recvbuf, op, root)
-        key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root)
+        carry = _carry(self, reproducible)
+        key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root, *_in_key(carry))
         if key is None or not self._fast_path.repeat(key, args):
             self.family.blocking("reduce", algorithm,
-                                 reduce_to(self, sendbuf, recvbuf, op, root), key, args)
+                                 reduce_to(self, sendbuf, recvbuf, op, root, carry), key, args)
 
     def Ireduce(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                algorithm: str | None = None) -> Request:
-        return self.family.start("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+                algorithm: str | None = None, reproducible: bool | None = None) -> Request:
+        return self.family.start("reduce", algorithm,
+                                 reduce_to(self, sendbuf, recvbuf, op, root,
+                                           _carry(self, reproducible)))
 
     def Reduce_init(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
-                    algorithm: str | None = None) -> PersistentRequest:
-        return self.family.init("reduce", algorithm, reduce_to(self, sendbuf, recvbuf, op, root))
+                    algorithm: str | None = None,
+                    reproducible: bool | None = None) -> PersistentRequest:
+        return self.family.init("reduce", algorithm,
+                                reduce_to(self, sendbuf, recvbuf, op, root,
+                                          _carry(self, reproducible)))
 
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""

@@ -27,12 +27,18 @@ The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproduci
    bytes of those blocks' elements OR-reduced (``MPI_Iallreduce`` of uint8, started here);
 4. the words' integer SUM: the same collective's plain call of the words
    (:meth:`bmlmpi.calls.CollectiveCall.carried`), the call's algorithm run by the same
-   launch;
+   launch; a blocking allreduce on the plain communicator whose algorithm serves both
+   halves sums them by halves instead (:meth:`ReproducibleCarrier.by_halves`): the words'
+   reduce-scatter (:meth:`bmlmpi.calls.CollectiveCall.halves`);
 5. once both exchanges completed: the words decoded into the caller's result (a
-   reduce-scatter's block of this rank, a reduce's on the root), rounded once.
+   reduce-scatter's block of this rank, a reduce's on the root; by halves, this rank's block
+   of the allreduce's result), rounded once;
+6. by halves: the decoded values' allgather in place on the result, by the same algorithm.
 
 Every rank issues the two small exchanges and starts the words' call in the same order as
-its calls, so MPI's collectives on the communicator pair up across ranks.
+its calls, so MPI's collectives on the communicator pair up across ranks. A blocking
+allreduce's later calls of a signature are started by its fast-path entry
+(:meth:`bmlmpi.fast_path.FastPath.carried`) with the same calls, in the same order.
 """
 
 from __future__ import annotations
@@ -56,38 +62,86 @@ class ReproducibleRefused(ValueError):
 
 class ReproducibleRun:
     """A reproducible call's run: the words' run (any executor's, or MPI's own call), the
-    special bytes' exchange, then the decode into the caller's result and ``finish``. Polled
-    as any run (``test``, ``progress``, ``reqs``, ``cancel``, ``describe_timeout``).
-    ``held``: the arrays MPI may read or write until the exchanges complete (the words sent,
-    the special bytes sent), kept as long as the run is (a call given up at its deadline
-    keeps its run, so MPI never touches freed memory)."""
+    special bytes' exchange, then the decode into the caller's result, then (an allreduce
+    summed by halves) the allgather of the decoded values, and ``finish``. Polled as any run
+    (``test``, ``progress``, ``reqs``, ``cancel``, ``describe_timeout``) or driven
+    (:meth:`drive`). ``held``: the arrays MPI may read or write until the exchanges complete
+    (the words sent, the special bytes sent), kept as long as the run is (a call given up at
+    its deadline keeps its run, so MPI never touches freed memory). ``gather``: None, or
+    what starts the allgather's run once the decode is done."""
 
-    __slots__ = ("words_run", "specials", "decode", "finish", "step", "held")
+    __slots__ = ("words_run", "specials", "decode", "finish", "step", "held", "gather",
+                 "fresh")
+
+    #: steps: the words' run, the special bytes and the decode, the allgather, done
+    WORDS, DECODE, GATHER, DONE = range(4)
 
     def __init__(self, words_run: Any, specials: MPI.Request | None,
                  decode: Callable[[], None], finish: Callable[[], None] | None,
-                 held: tuple = ()):
+                 held: tuple = (), gather: Callable[[], Any] | None = None):
         self.words_run = words_run
         self.specials = specials
         self.decode = decode
         self.finish = finish
-        self.step = 0
+        self.step = self.WORDS
         self.held = held
+        self.gather = gather
+        #: ``words_run`` was neither polled nor driven yet: :meth:`drive` may drive it (a
+        #: schedule's drive posts its first step itself)
+        self.fresh = True
 
     def test(self) -> bool:
-        if self.step == 0 and self.words_run.test():
-            self.step = 1
-        if self.step == 1 and (self.specials is None or self.specials.Test()):
+        if self.step == self.WORDS:
+            self.fresh = False
+            if self.words_run.test():
+                self.step = self.DECODE
+        if self.step == self.DECODE and (self.specials is None or self.specials.Test()):
             self.decode()
-            if self.finish is not None:
-                self.finish()
-            self.step = 2
-        return self.step == 2
+            if self.gather is not None:
+                self.held = (*self.held, self.words_run)
+                self.words_run = self.gather()
+                self.fresh = True
+                self.step = self.GATHER
+                return False   # the allgather's run is polled, or driven, from here on
+            self._done()
+        elif self.step == self.GATHER:
+            self.fresh = False
+            if self.words_run.test():
+                self._done()
+        return self.step == self.DONE
+
+    def _done(self) -> None:
+        if self.finish is not None:
+            self.finish()
+        self.step = self.DONE
+
+    def drive(self, timeout: float, interrupt: Callable[[], None] | None = None) -> None:
+        """Run to completion in the calling thread (a blocking call's fast path,
+        :meth:`bmlmpi.fast_path.FastPath.carried`): a schedule's run (the words', the
+        allgather's) driven by its own loop while nothing polled it yet (its drive posts
+        its steps itself), the rest polled; DeadlineExceeded after ``timeout`` s without
+        progress."""
+        while True:
+            if self.fresh and self.step in (self.WORDS, self.GATHER):
+                drive = getattr(self.words_run, "drive", None)
+                if drive is not None:
+                    self.fresh = False
+                    drive(timeout, interrupt)
+            step = self.step
+            if self.test():
+                return
+            if self.step == step:   # poll until the next step (or the end)
+                wait_for(lambda step=step: self.test() or self.step != step, timeout,
+                         self.describe_timeout, progress=lambda: self.progress,
+                         interrupt=interrupt)
+                if self.step == self.DONE:
+                    return
 
     @property
     def progress(self) -> int:
-        """Grows with every step of the words' run and of this run (a count, as a Run's)."""
-        return self.words_run.progress + self.step
+        """Grows with every step of the words' (then the allgather's) run and of this run (a
+        count, as a Run's)."""
+        return self.words_run.progress + 1000 * self.step
 
     @property
     def reqs(self) -> list[MPI.Request]:
@@ -99,20 +153,51 @@ class ReproducibleRun:
         return [*self.words_run.cancel(bound), *extra]
 
     def describe_timeout(self, timeout: float) -> str:
-        if self.step == 0:
+        if self.step == self.WORDS:
             return f"reproducible words: {self.words_run.describe_timeout(timeout)}"
+        if self.step == self.GATHER:
+            return (f"reproducible allgather of the decoded values: "
+                    f"{self.words_run.describe_timeout(timeout)}")
         return f"the reproducible special values' exchange made no progress in {timeout:g} s"
 
 
 class ReproducibleCarrier:
     """One reproducible call's carrier: the format of its dtype (:class:`bmlmpi.
-    reproducible.format.Format`; complex values as two real positions)."""
+    reproducible.format.Format`; complex values as two real positions). ``kept``: the words
+    buffer a blocking signature's fast-path entry reuses from call to call (None: each call
+    allocates its own; :meth:`keep`, :meth:`release`)."""
 
-    __slots__ = ("fmt",)
+    __slots__ = ("fmt", "kept", "keeps", "blocking")
     name = "reproducible"
 
     def __init__(self, fmt: rf.Format):
         self.fmt = fmt
+        self.kept: np.ndarray | None = None
+        self.keeps = False
+        #: whether the calls it starts are blocking ones, started and completed in turn with
+        #: no other call of the communicator started meanwhile (:meth:`by_halves`)
+        self.blocking = False
+
+    def keep(self) -> ReproducibleCarrier:
+        """This carrier, made to reuse one words buffer for the calls it starts (a fast-path
+        entry's, whose calls run one at a time to completion): the allocation and the first
+        touch of every page of twice the values' bytes are paid once, not every call."""
+        self.keeps = True
+        return self
+
+    def release(self) -> None:
+        """Forget the kept words buffer (a call that did not complete may leave it with MPI:
+        the next call allocates another)."""
+        self.kept = None
+
+    def _words_buffer(self, n: int) -> np.ndarray:
+        kept = self.kept
+        if kept is not None and kept.size == n:
+            return kept
+        words = np.empty(n, np.int64)
+        if self.keeps:
+            self.kept = words
+        return words
 
     def words(self, count: int, dtype: np.dtype) -> int:
         """How many int64 words carry ``count`` values of ``dtype``."""
@@ -133,7 +218,7 @@ class ReproducibleCarrier:
         mine = rf.block_exponents(values)
         agreed = np.empty_like(mine)
         _exchange(pipeline, comm.Iallreduce(mine, agreed, MPI.MAX), label, (mine, agreed))
-        words = np.empty(self.words(values.size, values.dtype), np.int64)
+        words = self._words_buffer(self.words(values.size, values.dtype))
         rf.encode(values, agreed, out=words.reshape(-1, fmt.words) if fmt.words > 1
                   else words)
         reals = words.size // fmt.words
@@ -144,8 +229,18 @@ class ReproducibleCarrier:
             specials = np.empty_like(local)
             req = comm.Iallreduce(local, specials, MPI.BOR)
         reals_per_value = 2 if values.dtype.kind == "c" else 1
-        words_call, summed, out, first = call.carried(words, reals_per_value * fmt.words,
-                                                      pipeline.rank, pipeline.size)
+        per_value = reals_per_value * fmt.words
+        gather = None
+        if self.by_halves(call, pipeline):
+            words_call, summed, first, gather_call = call.halves(words, per_value,
+                                                                 pipeline.rank, pipeline.size)
+            out = call.out[first:first + summed.size // per_value]
+
+            def gather() -> Any:
+                return gather_call.launch(pipeline, label, None)
+        else:
+            words_call, summed, out, first = call.carried(words, per_value, pipeline.rank,
+                                                          pipeline.size)
         words_run = words_call.launch(pipeline, label, None)
         if not pipeline.policy.keeps_calls:
             defer_behind(words_run, (e.run for e in pipeline.calls_in_flight.active))
@@ -162,7 +257,22 @@ class ReproducibleCarrier:
                 special = everywhere[start:start + n]
             rf.decode(summed.reshape(-1, fmt.words) if fmt.words > 1 else summed, agreed,
                       out.dtype, special, out=out, start=start)
-        return ReproducibleRun(words_run, req, decode, finish, (words, local, specials))
+        return ReproducibleRun(words_run, req, decode, finish, (words, local, specials),
+                               gather)
+
+    def by_halves(self, call: CollectiveCall, pipeline: Any) -> bool:
+        """Whether ``call`` is an allreduce this carrier sums by halves (:meth:`bmlmpi.calls.
+        CollectiveCall.halves`): the reduce-scatter of the words, each rank's block decoded,
+        the allgather of the values, which moves half the bytes of the words' allreduce's
+        second half and decodes a rank's block only. Only a blocking call (:attr:`blocking`)
+        on a communicator that does not keep its calls (the plain policy) whose algorithm
+        serves both collectives, with more than one rank: the allgather's start waits for
+        the reduce-scatter, and a call started while others of this communicator may start
+        theirs would make that start's place among them differ between ranks (MPI pairs a
+        communicator's collectives in the order they start). The bits are those of the
+        words' allreduce: the words' exact sum decoded once."""
+        return (self.blocking and pipeline.size > 1 and not pipeline.policy.keeps_calls
+                and call.halves_serve())
 
 
 class _GivenUp:

@@ -27,6 +27,7 @@ from .handles import NativeRun
 from .ops import check_dtype_op, mpi_op, op_name
 from .recorder import Signature
 from .schedules.algorithms import AUTO
+from .schedules.algorithms import get as algorithm_record
 from .schedules.collectives import COLLECTIVES
 from .schedules.collectives import collective as collective_record
 from .topology.bcube import Shape
@@ -300,7 +301,10 @@ class CollectiveCall:
             return "Allreduce", (sbuf, rbuf, op), deliver
         if what == "reduce_scatter":
             op = mpi_op(self.op)
-            if private:
+            if private and self.extra.get("owned", False):
+                # buffers of bmlmpi's own (a carried call's words and block, held by its run)
+                sbuf, rbuf = self.src, self.result
+            elif private:
                 # in place, MPI reads the whole input from ``out`` and writes this rank's
                 # block to its start: the same call with the input as sendbuf
                 sbuf = self.out if self.src is None else self.src
@@ -342,7 +346,9 @@ class CollectiveCall:
             op = mpi_op(self.op)
             if self.rank != self.root:
                 return "Reduce", (self.src, None, op, self.root), None
-            if private:
+            if private and self.extra.get("owned", False) and self.src is not None:
+                sbuf, rbuf = self.src, self.out   # bmlmpi's own, as a reduce-scatter's above
+            elif private:
                 sbuf = self.out if self.src is None else self.src
                 rbuf, dst = np.empty_like(self.out), self.out
 
@@ -476,17 +482,51 @@ class CollectiveCall:
             block = np.empty(counts[rank], np.int64)
             call = CollectiveCall("reduce_scatter", self.mpi_name, self.algorithm,
                                   self.requested, "sum", counts, 0, rank, size, words, block,
-                                  block, native_block=self.native_block)
+                                  block, native_block=self.native_block,
+                                  extra={"owned": True})
             return call, block, self.result, offsets(self.counts)[rank]
         if self.collective == "reduce":
             mine = rank == self.root
             out = np.empty(words.size if mine else 0, np.int64)
             call = CollectiveCall("reduce", "Reduce", self.algorithm, self.requested, "sum",
-                                  counts, self.root, rank, size, words, out, None)
+                                  counts, self.root, rank, size, words, out, None,
+                                  extra={"owned": True})
             return call, (out if mine else None), (self.out if mine else None), 0
+        # the words are the carrier's own, held by its run: MPI may sum them in place
         call = CollectiveCall(self.collective, self.mpi_name, self.algorithm, self.requested,
-                              "sum", counts, 0, rank, size, None, words, None)
+                              "sum", counts, 0, rank, size, None, words, None,
+                              extra={"owned": True})
         return call, words, self.out, 0
+
+    def halves_serve(self) -> bool:
+        """Whether :meth:`halves` applies: an allreduce into a contiguous result whose
+        algorithm serves the reduce-scatter and the allgather."""
+        if self.collective != "allreduce" or not self.out.flags.c_contiguous:
+            return False
+        record = algorithm_record(self.algorithm)
+        return record.serves("reduce_scatter") and record.serves("allgather")
+
+    def halves(self, words: np.ndarray, per_value: int, rank: int, size: int
+               ) -> tuple[CollectiveCall, np.ndarray, int, CollectiveCall]:
+        """An allreduce's carried words summed by halves (:mod:`bmlmpi.call_formats`), on
+        ``rank`` of ``size`` ranks now: the reduce-scatter of ``words`` (``per_value`` a
+        value) into balanced blocks of whole values, and the allgather of the decoded values
+        in place on ``out``'s bytes, both by this call's algorithm: (the reduce-scatter's
+        call, the words of this rank's block once it completed, the position of the block's
+        first value, the allgather's call). Only the reduce-scatter carries words; the
+        allgather moves the values themselves."""
+        n = self.out.size
+        counts = tuple(n // size + (r < n % size) for r in range(size))
+        wcounts = tuple(c * per_value for c in counts)
+        block = np.empty(wcounts[rank], np.int64)
+        scatter = CollectiveCall("reduce_scatter", "Reduce_scatter", self.algorithm,
+                                 self.requested, "sum", wcounts, 0, rank, size, words, block,
+                                 block, extra={"owned": True})
+        item = self.out.itemsize
+        gather = CollectiveCall("allgather", "Allgather", self.algorithm, self.requested,
+                                "sum", tuple(c * item for c in counts), 0, rank, size, None,
+                                self.out.view(np.uint8), None)
+        return scatter, block, offsets(counts)[rank], gather
 
     def compiled(self, plans: Any) -> Any:
         """This call's schedule compiled for ``plans``' communicator (cached per signature,
@@ -649,12 +689,16 @@ def _start_native_allreduce(call: CollectiveCall, comm: MPI.Comm, rank: int,
                             finish: Callable[[], None] | None,
                             is_failure: Callable[[MPI.Exception], bool]) -> NativeRun:
     """An allreduce's :meth:`CollectiveCall.start_native`: ``MPI_Iallreduce`` into a private
-    buffer, with the errors of a count or dtype this MPI cannot take named."""
+    buffer (in place where the buffer is bmlmpi's own: ``extra["owned"]``, a carried call's
+    words), with the errors of a count or dtype this MPI cannot take named."""
     out = call.out
-    sbuf = out if call.src is None else call.src
-    private = np.empty_like(out)
+    # buffers of bmlmpi's own (a carried call's words, which its run holds while MPI may use
+    # them) are summed in place; the caller's through a private result
+    owned = call.src is None and call.extra.get("owned", False)
+    sbuf = MPI.IN_PLACE if owned else out if call.src is None else call.src
+    private = None if owned else np.empty_like(out)
     try:
-        req = comm.Iallreduce(sbuf, private, mpi_op(call.op))
+        req = comm.Iallreduce(sbuf, out if owned else private, mpi_op(call.op))
     except (KeyError, ValueError, MPI.Exception) as exc:
         if isinstance(exc, MPI.Exception) and is_failure(exc):
             raise
@@ -665,4 +709,4 @@ def _start_native_allreduce(call: CollectiveCall, comm: MPI.Comm, rank: int,
                 f"(ring, bml) for it: {exc}") from exc
         raise TypeError(f"native MPI_Allreduce cannot reduce dtype {call.out.dtype} "
                         f"with this MPI: {exc}") from exc
-    return NativeRun(req, finish, rank, private=private, out=out)
+    return NativeRun(req, finish, rank, private=private, out=None if owned else out)

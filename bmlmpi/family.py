@@ -67,7 +67,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import buffers, call_formats
+from . import buffers
 from .agreement import RemoteArgumentError
 from .buffers import BufferSpecError
 from .call_agreement import ARGUMENT_ERRORS, CallAgreement
@@ -601,30 +601,31 @@ class _RefusedCounts:
 # -- how each public method's call prepares, given the algorithm (the facade's builders) ------
 # The communicator's rank and size are read when the call is prepared, not when the builder
 # is made: a fault-tolerant communicator prepares a call for its frame (bmlmpi.ft.family).
-def carried(comm: Any, call: CollectiveCall) -> CollectiveCall:
-    """A reducing family call of ``comm`` carried in the reproducible call format where
-    ``comm`` is in reproducible mode (:mod:`bmlmpi.call_formats`; PROD on floating-point
-    values refused)."""
-    if comm.reproducible:
-        call.wire = call_formats.REPRODUCIBLE.carrier(call.dtype, call.op)
+def carried(call: CollectiveCall, carry: Any) -> CollectiveCall:
+    """A reducing family call carried in the call format ``carry`` (the reproducible one,
+    :mod:`bmlmpi.call_formats`: PROD on floating-point values refused), or as it is where
+    ``carry`` is None."""
+    if carry is not None:
+        call.wire = carry.carrier(call.dtype, call.op)
     return call
 
 
-def scatter_blocks(comm: Any, sendbuf: Any, recvbuf: Any, op: Any) -> Callable[[str], Any]:
-    """How ``Reduce_scatter_block`` prepares on ``comm``."""
-    return lambda alg: carried(comm, prepare_reduce_scatter(comm.rank, comm.size, sendbuf,
-                                                            recvbuf, None, op, True, alg))
+def scatter_blocks(comm: Any, sendbuf: Any, recvbuf: Any, op: Any,
+                   carry: Any = None) -> Callable[[str], Any]:
+    """How ``Reduce_scatter_block`` prepares on ``comm`` (``carry``: its call format, or
+    None; the reducing builders below take it too)."""
+    return lambda alg: carried(prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf,
+                                                      None, op, True, alg), carry)
 
 
 def scatter(comm: Any, sendbuf: Any, recvbuf: Any, recvcounts: Any,
-            op: Any) -> Callable[[str], Any]:
+            op: Any, carry: Any = None) -> Callable[[str], Any]:
     """How ``Reduce_scatter`` prepares on ``comm``, ``recvcounts`` as
     :meth:`FamilyEngine.reduce_scatter_counts` gave them."""
     if isinstance(recvcounts, _RefusedCounts):
         return recvcounts.refuse
-    return lambda alg: carried(comm, prepare_reduce_scatter(comm.rank, comm.size, sendbuf,
-                                                            recvbuf, recvcounts, op, False,
-                                                            alg))
+    return lambda alg: carried(prepare_reduce_scatter(comm.rank, comm.size, sendbuf, recvbuf,
+                                                      recvcounts, op, False, alg), carry)
 
 
 def gather(comm: Any, sendbuf: Any, recvbuf: Any, vector: bool) -> Callable[[str], Any]:
@@ -633,10 +634,11 @@ def gather(comm: Any, sendbuf: Any, recvbuf: Any, vector: bool) -> Callable[[str
     return lambda alg: prepare_allgather(comm.rank, comm.size, sendbuf, recvbuf, vector, alg)
 
 
-def reduce_to(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, root: Any) -> Callable[[str], Any]:
+def reduce_to(comm: Any, sendbuf: Any, recvbuf: Any, op: Any, root: Any,
+              carry: Any = None) -> Callable[[str], Any]:
     """How ``Reduce`` prepares on ``comm``."""
-    return lambda alg: carried(comm, prepare_reduce(comm.rank, comm.size, sendbuf, recvbuf, op,
-                                                    root, alg))
+    return lambda alg: carried(prepare_reduce(comm.rank, comm.size, sendbuf, recvbuf, op,
+                                              root, alg), carry)
 
 
 def broadcast(comm: Any, buf: Any, root: Any) -> Callable[[str], Any]:

@@ -42,6 +42,9 @@ FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
 #: The ops a signature may have: MPI's own and AVG (a scheduled run divides afterwards).
 _KEY_OPS = frozenset((*FAST_OPS, id(AVG)))
 _IN_PLACE = MPI.IN_PLACE
+#: The last part of a carried call's signature key before its buffers (:meth:`FastPath.
+#: carried`): a reproducible call and a plain one of the same arrays are two signatures.
+CARRIED = "reproducible"
 
 
 def fast_key(method: str, algorithm: str | None, bufs: tuple, op: Any = MPI.SUM,
@@ -168,13 +171,15 @@ class FastEntry:
     divide lie in the call's arguments (:func:`locate`)."""
 
     __slots__ = ("what", "traced", "plan", "plan_again", "collective", "kind", "sig", "op",
-                 "dtype", "inp", "output", "averaged", "calls", "native")
+                 "dtype", "inp", "output", "averaged", "calls", "native", "wire", "algorithm",
+                 "requested")
 
     def __init__(self, what: str, traced: Signature, *, native: NativeArgs | None = None,
                  plan: Any = None, plan_again: Any = None, collective: str = "",
                  kind: int = 0, sig: int = 0,
                  op: str = "sum", dtype: np.dtype | None = None, inp: Any = None,
-                 output: Any = None, averaged: Any = None):
+                 output: Any = None, averaged: Any = None, wire: Any = None,
+                 algorithm: str = "", requested: str = ""):
         self.what = what        # native: the watchdog's description; schedule: the Run's label
         self.traced = traced    # the flight recorder's signature of these calls
         self.native = native
@@ -188,7 +193,10 @@ class FastEntry:
         self.inp = inp
         self.output = output
         self.averaged = averaged  # AVG: the result a scheduled run divides afterwards
-        self.calls = 0          # schedules: later calls that took this path
+        self.calls = 0          # schedules and carried calls: later calls that took this path
+        self.wire = wire        # a carried call's carrier (its words buffer kept), else None
+        self.algorithm = algorithm  # a carried call's: the algorithm that sums its words
+        self.requested = requested  # ... and as asked ("auto" stays "auto")
 
 
 class Repeat:
@@ -325,6 +333,47 @@ class FastPath:
             s.t1 = _now()
             if rec.timeline is not None:
                 rec.timeline.call(rec, s)
+        return True
+
+    def carried(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> bool:
+        """A blocking allreduce carried in the reproducible call format (the communicator
+        claimed) through its signature's entry; False: the checked path.
+
+        The call's record is built from the entry (no argument resolution, no request, no
+        progress engine) and its carrier starts it exactly as the checked launch does, with
+        the same MPI calls in the same order (the block exponents' ``MPI_Iallreduce``, the
+        special bytes' where a block is flagged, the words' run of the entry's algorithm),
+        so ranks that take different paths for one call still match; the run is driven here
+        under the communicator's deadline. The carrier reuses one words buffer from call to
+        call, forgotten when a call fails. Like :meth:`allreduce`, it does not poll the
+        control channel (an allreduce needs every rank's data)."""
+        if not self.enabled or type(recvbuf) is not np.ndarray:
+            return False
+        entry = self.entries.get(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op,
+                                          CARRIED))
+        if entry is None or not self.fast_open():
+            return False
+        flags = recvbuf.flags
+        if not (flags.c_contiguous and flags.writeable) or (
+                sendbuf is not _IN_PLACE and (not sendbuf.flags.c_contiguous
+                                              or np.may_share_memory(sendbuf, recvbuf))):
+            return False  # the checked path says what is wrong with the buffers
+        args = (sendbuf, recvbuf, op)
+        out = carve(entry.output, args)
+        call = CollectiveCall("allreduce", "Allreduce", entry.algorithm, entry.requested,
+                              entry.op, (out.size,), 0, self.rank, self.size,
+                              carve(entry.inp, args), out, None, wire=entry.wire)
+        n = self.numbers.take()
+        entry.calls += 1
+        size = self.size
+        finish = (lambda: call.finish(size)) if entry.op == "avg" else None
+        wire = entry.wire
+        try:
+            run = wire.start(call, self.pipeline, f"{entry.what}, call {n})", finish)
+            self.drive(run, n, entry.traced)
+        except BaseException:
+            wire.release()
+            raise
         return True
 
     def repeat(self, key: tuple, args: tuple) -> bool:
@@ -506,16 +555,19 @@ class FastPath:
                 rec.timeline.call(rec, s)
 
     # -- opening and closing entries ------------------------------------------------------------
-    def open(self, key: tuple | None, call: CollectiveCall, args: tuple) -> None:
+    def open(self, key: tuple | None, call: CollectiveCall, args: tuple, *,
+             carried: bool = False) -> None:
         """After the checked first call of a blocking signature (``key``; ``args``: the
         public method's arguments, its buffers first): open its entry where one applies:
         the plain communicator, numpy arrays (a key), no device staging, no allgather or
         all-to-all displacements to place, input and output not spelled as two names of one memory
         (the entry would read the input from the output on every later call); a native call
         only where MPI's blocking call is allowed and its op is MPI's (AVG divides
-        afterwards), a schedule whose plan is cached. A carried call opens none: its carrier
-        starts each of its calls (:mod:`bmlmpi.call_formats`)."""
-        if (key is None or not self.enabled or key in self.entries or call.wire is not None
+        afterwards), a schedule whose plan is cached. A carried allreduce (``carried``, its
+        ``key`` made with :data:`CARRIED`) opens one for :meth:`carried`, whose carrier
+        keeps its words buffer; the other carried calls open none (their carrier starts each
+        call through the checked path, :mod:`bmlmpi.call_formats`)."""
+        if (key is None or not self.enabled or key in self.entries
                 or call.staging is not None or call.displs is not None
                 or call.send_displs is not None):
             return
@@ -524,6 +576,15 @@ class FastPath:
             return
         traced = call.slot.sig if call.slot is not None else call.traced()
         try:
+            if call.wire is not None:
+                if carried:
+                    self.entries[key] = FastEntry(
+                        f"bmlmpi reproducible {call.algorithm} allreduce (rank {self.rank}",
+                        traced, collective=call.collective, op=call.op, dtype=call.dtype,
+                        inp=locate(call.src, args), output=locate(call.out, args),
+                        wire=call.wire.keep(), algorithm=call.algorithm,
+                        requested=call.requested)
+                return
             if call.algorithm == "native":
                 if not self.allow_native or call.op == "avg":
                     return

@@ -3,6 +3,7 @@
     bmlmpi-run -n 4 python jobs/train_torch.py --epochs 10
     bmlmpi-run -n 4 python jobs/train_torch.py --compression fp16
     bmlmpi-run -n 4 python jobs/train_torch.py --plan ibatch --bucket-cap-mb 0.01
+    bmlmpi-run -n 3 python jobs/train_torch.py --reproducible --algorithm ring
     bmlmpi-run --ft --tolerate-lost -n 4 python jobs/train_torch.py --fault-tolerant \
         --kill-rank 2 --kill-step 37
 
@@ -16,6 +17,10 @@ bmlmpi hook with ``--compression`` (``bmlmpi.torch.hooks.compression_hook``), ``
 (``bucket_plan_hook``) or ``--fault-tolerant`` (``allreduce_hook``: bmlmpi's AVG divides by
 the survivors).
 
+``--reproducible`` runs the backend in bmlmpi's reproducible mode (``Options(reproducible=
+True)``): every gradient all_reduce returns bits that depend on the gradients alone, so the
+final parameters are the same bits whichever ``--algorithm`` ran.
+
 ``--fault-tolerant`` runs the backend on bmlmpi's fault-tolerant communicator (start with
 ``bmlmpi-run --ft``); ``--kill-rank R --kill-step S`` makes original rank R die (SIGKILL) at
 global step S, before its forward pass. The survivors finish the step with the gradient
@@ -24,12 +29,14 @@ averaged over themselves and train on, at N−1.
 ``--backend gloo`` runs the same training on torch's gloo (the store made through MPI), for
 comparison. Rank 0 prints each epoch's mean training loss and the held-out accuracy and writes
 ``--out`` (JSON: losses, accuracies, ranks per epoch, failures, whether the parameters are
-identical on every rank, seconds). Exit status 3 when they are not.
+identical on every rank, the SHA-256 of rank 0's final parameters' bytes, seconds). Exit
+status 3 when they are not identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -62,6 +69,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--plan", default=None, choices=["ibatch", "layer", "single", "threshold"],
                    help="bmlmpi bucket plan over DDP's buckets (bucket_plan_hook)")
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap")
+    p.add_argument("--reproducible", action="store_true",
+                   help="reproducible reductions: the same bits whatever the algorithm")
     p.add_argument("--fault-tolerant", action="store_true")
     p.add_argument("--kill-rank", type=int, default=None)
     p.add_argument("--kill-step", type=int, default=None)
@@ -121,7 +130,8 @@ def init(a: argparse.Namespace):
         return dist.group.WORLD
     options = bmlmpi.torch.Options(algorithm=a.algorithm, topology=a.topology,
                                    fault_tolerant=a.fault_tolerant,
-                                   hang_timeout=a.hang_timeout, timeout=a.timeout)
+                                   hang_timeout=a.hang_timeout, timeout=a.timeout,
+                                   reproducible=a.reproducible or None)
     return bmlmpi.torch.init_process_group(options=options)
 
 
@@ -197,6 +207,8 @@ def train(a: argparse.Namespace) -> dict:
                   f"{record['loss']:.4f}  accuracy {record['accuracy']:.4f}", flush=True)
     seconds = time.perf_counter() - started
     same = identical(pg, model)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
     failed = list(getattr(pg, "failed", ()))
     return {"backend": a.backend, "algorithm": a.algorithm, "compression": a.compression,
             "plan": a.plan, "fault_tolerant": a.fault_tolerant, "world_size": world,
@@ -204,7 +216,8 @@ def train(a: argparse.Namespace) -> dict:
             "steps_per_epoch": steps_per_epoch, "batch_per_rank": a.batch,
             "history": history, "losses": [h["loss"] for h in history],
             "accuracy": history[-1]["accuracy"] if history else None,
-            "params_identical": same, "seconds": seconds, "rank": dist.get_rank()}
+            "params_identical": same, "params_sha256": digest,
+            "reproducible": a.reproducible, "seconds": seconds, "rank": dist.get_rank()}
 
 
 def main(argv: list[str] | None = None) -> int:

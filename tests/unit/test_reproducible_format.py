@@ -260,3 +260,45 @@ def test_the_parameters_fit_their_words():
     from bmlmpi.kernels import reproducible as rk
     assert (rk.SENTINEL, rk.SPLIT, rk.NAN, rk.POS_INF, rk.NEG_INF, rk.NOT_NEG_ZERO) == (
         rf.SENTINEL, rf.SPLIT, rf.NAN, rf.POS_INF, rf.NEG_INF, rf.NOT_NEG_ZERO)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("count, size", [(1000, 2), (700, 3), (5, 4), (0, 3), (513, 7)])
+def test_an_allreduce_decoded_by_halves_gives_the_whole_decode_bits(dtype, count, size):
+    """What a reproducible allreduce summed by halves decodes (:meth:`bmlmpi.calls.
+    CollectiveCall.halves`: each rank's block of the words' reduce-scatter, at its first real
+    position) is, put together, the whole sum's decode: the same bits on every block, with
+    blocks of the format cut anywhere and blocks of no values."""
+    from bmlmpi.calls import CollectiveCall
+    rng = np.random.default_rng(count + size)
+    real = np.dtype(dtype).kind == "c"
+    parts = []
+    for _ in range(size):
+        x = rng.standard_normal(count) * 10.0 ** rng.integers(-8, 8, count)
+        if real:
+            x = x + 1j * rng.standard_normal(count)
+        parts.append(x.astype(dtype))
+    if count:
+        parts[0][count // 2] = np.inf   # a flagged block
+    agreed = np.max([rf.block_exponents(p) for p in parts], axis=0)
+    fmt = rf.format_for(dtype)
+    words = sum(rf.encode(p, agreed) for p in parts).reshape(-1)
+    special = np.bitwise_or.reduce([rf.specials(p, agreed) for p in parts])
+    whole = rf.decode(words.reshape(-1, fmt.words) if fmt.words > 1 else words, agreed,
+                      dtype, special)
+    per_value = (2 if real else 1) * fmt.words
+    pieces = []
+    for rank in range(size):
+        out = np.empty(count, dtype)
+        call = CollectiveCall("allreduce", "Allreduce", "ring", "ring", "sum", (count,), 0,
+                              rank, size, None, out, None)
+        scatter, block, first, gather = call.halves(words, per_value, rank, size)
+        n = scatter.counts[rank]
+        assert block.size == n and gather.counts[rank] == n // per_value * out.itemsize
+        mine = words[sum(scatter.counts[:rank]):][:n]
+        reals = (2 if real else 1)
+        start = first * reals
+        got = rf.decode(mine.reshape(-1, fmt.words) if fmt.words > 1 else mine, agreed,
+                        dtype, special[start:start + n // fmt.words], start=start)
+        pieces.append(got)
+    assert np.concatenate(pieces).tobytes() == whole.tobytes()
