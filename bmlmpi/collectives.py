@@ -58,9 +58,10 @@ def Reduce_scatter_init(sendbuf: Any, recvbuf: Any, recvcounts: Any = None,
                                                       algorithm=algorithm)
 
 
-def _gathering(method: str, doc: str) -> Any:
-    """The module-level ``method`` of the allgather calls (all six share mpi4py's signature
-    ``(sendbuf, recvbuf)``): it runs ``method`` of the Communicator kept for ``comm``."""
+def _buffer_pair(method: str, doc: str) -> Any:
+    """The module-level ``method`` of a call with mpi4py's signature ``(sendbuf, recvbuf)``
+    (the allgather and all-to-all calls, six each): it runs ``method`` of the Communicator
+    kept for ``comm``."""
     def call(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
              algorithm: str = "auto") -> Any:
         return getattr(communicator_for(comm), method)(sendbuf, recvbuf, algorithm=algorithm)
@@ -69,16 +70,16 @@ def _gathering(method: str, doc: str) -> Any:
     return call
 
 
-Allgather = _gathering("Allgather", "Drop-in ``comm.Allgather(sendbuf, recvbuf)``.")
-Iallgather = _gathering("Iallgather", "Drop-in ``comm.Iallgather(sendbuf, recvbuf)``: a "
-                        "Request.")
-Allgather_init = _gathering("Allgather_init", "Drop-in ``comm.Allgather_init(sendbuf, "
-                            "recvbuf)``: a PersistentRequest.")
-Allgatherv = _gathering("Allgatherv", "Drop-in ``comm.Allgatherv(sendbuf, [buf, counts, "
-                        "displs, datatype])``.")
-Iallgatherv = _gathering("Iallgatherv", "Drop-in ``comm.Iallgatherv``: a Request.")
-Allgatherv_init = _gathering("Allgatherv_init", "Drop-in ``comm.Allgatherv_init``: a "
-                             "PersistentRequest.")
+Allgather = _buffer_pair("Allgather", "Drop-in ``comm.Allgather(sendbuf, recvbuf)``.")
+Iallgather = _buffer_pair("Iallgather", "Drop-in ``comm.Iallgather(sendbuf, recvbuf)``: a "
+                          "Request.")
+Allgather_init = _buffer_pair("Allgather_init", "Drop-in ``comm.Allgather_init(sendbuf, "
+                              "recvbuf)``: a PersistentRequest.")
+Allgatherv = _buffer_pair("Allgatherv", "Drop-in ``comm.Allgatherv(sendbuf, [buf, counts, "
+                          "displs, datatype])``.")
+Iallgatherv = _buffer_pair("Iallgatherv", "Drop-in ``comm.Iallgatherv``: a Request.")
+Allgatherv_init = _buffer_pair("Allgatherv_init", "Drop-in ``comm.Allgatherv_init``: a "
+                               "PersistentRequest.")
 
 
 def Reduce(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, root: int = 0, *,
@@ -120,23 +121,12 @@ def Allreduce_init(sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *, comm: MPI.C
     return ctx.Allreduce_init(sendbuf, recvbuf, op, algorithm=algorithm)
 
 
-def _exchanging(method: str, doc: str) -> Any:
-    """The module-level ``method`` of the all-to-all calls (all six share mpi4py's signature
-    ``(sendbuf, recvbuf)``): it runs ``method`` of the Communicator kept for ``comm``."""
-    def call(sendbuf: Any, recvbuf: Any, *, comm: MPI.Comm = _WORLD,
-             algorithm: str = "auto") -> Any:
-        return getattr(communicator_for(comm), method)(sendbuf, recvbuf, algorithm=algorithm)
-    call.__name__ = call.__qualname__ = method
-    call.__doc__ = doc
-    return call
-
-
-Alltoall = _exchanging("Alltoall", "Drop-in ``comm.Alltoall(sendbuf, recvbuf)``.")
-Ialltoall = _exchanging("Ialltoall", "Drop-in ``comm.Ialltoall(sendbuf, recvbuf)``: a Request.")
-Alltoall_init = _exchanging("Alltoall_init", "Drop-in ``comm.Alltoall_init(sendbuf, "
-                            "recvbuf)``: a PersistentRequest.")
-Alltoallv = _exchanging("Alltoallv", "Drop-in ``comm.Alltoallv([sbuf, counts, displs, type], "
-                        "[rbuf, counts, displs, type])``.")
-Ialltoallv = _exchanging("Ialltoallv", "Drop-in ``comm.Ialltoallv``: a Request.")
-Alltoallv_init = _exchanging("Alltoallv_init", "Drop-in ``comm.Alltoallv_init``: a "
-                             "PersistentRequest.")
+Alltoall = _buffer_pair("Alltoall", "Drop-in ``comm.Alltoall(sendbuf, recvbuf)``.")
+Ialltoall = _buffer_pair("Ialltoall", "Drop-in ``comm.Ialltoall(sendbuf, recvbuf)``: a Request.")
+Alltoall_init = _buffer_pair("Alltoall_init", "Drop-in ``comm.Alltoall_init(sendbuf, "
+                             "recvbuf)``: a PersistentRequest.")
+Alltoallv = _buffer_pair("Alltoallv", "Drop-in ``comm.Alltoallv([sbuf, counts, displs, type], "
+                         "[rbuf, counts, displs, type])``.")
+Ialltoallv = _buffer_pair("Ialltoallv", "Drop-in ``comm.Ialltoallv``: a Request.")
+Alltoallv_init = _buffer_pair("Alltoallv_init", "Drop-in ``comm.Alltoallv_init``: a "
+                              "PersistentRequest.")
