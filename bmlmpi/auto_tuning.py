@@ -380,6 +380,15 @@ class AutoTuning:
         (:class:`bmlmpi.tuner.TuningReport`). Local: opens nothing."""
         if key is None or self.owner.policy.keeps_calls:
             return explanation
+        if not self.settled and selection.auto_decides(key.collective, explanation.count,
+                                                       self.owner.size):
+            default = records.default(key.collective)
+            if default.serves(key.collective):  # as explore() hands the call over
+                return dataclasses.replace(
+                    explanation, chosen=default.name, rule="first call",
+                    why=(f"{default.name}, untimed: this communicator's first blocking auto "
+                         f"call runs the MPI library's own call, and auto takes its prices "
+                         f"(calibration, tuning table) after it"))
         report: TuningReport = self.tuner.preview(key, explanation)
         if report.state == "committed":
             if report.why == "rule":
