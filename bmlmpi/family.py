@@ -326,6 +326,20 @@ def _vector_displs(displs: Any, counts: tuple[int, ...]) -> tuple[int, ...]:
     return d
 
 
+
+def _vector_slots(counts: Any, displs: Any, flat_size: int, size: int,
+                  where: str) -> tuple[list[int], list[int], list[int]]:
+    """A v-call's per-rank counts, displacements and block ends in a buffer of ``flat_size``
+    elements (mpi4py's defaults filled in); a block past the end is refused, ``where``
+    naming the call and the buffer."""
+    counts = _vector_counts(counts, flat_size, size)
+    d = _vector_displs(displs, counts)
+    ends = [x + c for x, c in zip(d, counts, strict=True)]
+    if max(ends, default=0) > flat_size:
+        raise BufferSpecError(f"{where}: a block ends at element {max(ends)}, past the "
+                              f"buffer's {flat_size}")
+    return counts, d, ends
+
 def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ...],
                                                        tuple[int, ...] | None]:
     """(the flat receive buffer, counts, displacements or None when packed) of an
@@ -335,12 +349,7 @@ def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ..
     buf, counts, displs, datatype = _split_vector_spec(recvbuf)
     spec = _recv_spec(buf if datatype is None else [buf, datatype], reducing=False)
     flat = spec.flat
-    counts = _vector_counts(counts, flat.size, size)
-    d = _vector_displs(displs, counts)
-    ends = [x + c for x, c in zip(d, counts, strict=True)]
-    if max(ends, default=0) > flat.size:
-        raise BufferSpecError(f"Allgatherv: a slot ends at element {max(ends)}, past recvbuf's "
-                              f"{flat.size}")
+    counts, d, ends = _vector_slots(counts, displs, flat.size, size, "Allgatherv recvbuf")
     slots = sorted((x, e) for x, e in zip(d, ends, strict=True) if e > x)
     if any(a[1] > b[0] for a, b in zip(slots, slots[1:], strict=False)):
         raise BufferSpecError("Allgatherv: the slots of recvbuf overlap (the result would "
@@ -661,12 +670,7 @@ def _alltoallv_spec(spec: Any, size: int, what: str, writable: bool
                 buffers.resolve(buf if datatype is None else [buf, datatype], what,
                                 reducing=False))
     flat = resolved.flat
-    counts = _vector_counts(counts, flat.size, size)
-    d = _vector_displs(displs, counts)
-    ends = [x + c for x, c in zip(d, counts, strict=True)]
-    if max(ends, default=0) > flat.size:
-        raise BufferSpecError(f"Alltoallv {what}: a block ends at element {max(ends)}, past "
-                              f"the buffer's {flat.size}")
+    counts, d, ends = _vector_slots(counts, displs, flat.size, size, f"Alltoallv {what}")
     if writable:
         slots = sorted((x, e) for x, e in zip(d, ends, strict=True) if e > x)
         if any(a[1] > b[0] for a, b in zip(slots, slots[1:], strict=False)):
