@@ -20,10 +20,13 @@ PRICES = Calibration(alpha=1e-5, beta=1e-9, native=((8, 2e-5), (1 << 20, 1e-3)),
 
 @pytest.fixture
 def own_table(tmp_path_factory, monkeypatch):
-    """A tuning table of this test's own (none at first), and no calibration measured."""
+    """A tuning table of this test's own (none at first), no calibration measured, and
+    exploration blocks of one call: four calls per candidate, so that these tests of the
+    pipeline stay short (the blocks' statistics are tests/unit/test_tuner_noise.py's)."""
     comm = MPI.COMM_WORLD
     where = comm.bcast(str(tmp_path_factory.mktemp("tuning")) if comm.rank == 0 else None)
     monkeypatch.setenv("BMLMPI_TUNING", f"{where}/table.jsonl")
+    monkeypatch.setenv("BMLMPI_TUNING_BLOCK", "1")
     monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
     monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
     return f"{where}/table.jsonl"
