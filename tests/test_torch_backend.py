@@ -79,7 +79,13 @@ def test_backend_against_gloo(venv, n):
                  "gather[4099,torch.float64,root1]", "scatter[4099,torch.int32,root1]",
                  "gather_object", "scatter_object_list", "all_gather_coalesced[torch.int64]",
                  "all_reduce_coalesced[torch.float32]", "coalescing_manager[cpu]",
-                 "refused_all_to_all_single", "refused_all_to_all", "recv_deadline",
+                 "all_to_all_single_equal[5,torch.int64]",
+                 "all_to_all_single_uneven[torch.float32]", "all_to_all_single_uneven[bcube]",
+                 "all_to_all_single_future[torch.int32]", "all_to_all_list_uneven[torch.int64]",
+                 "all_to_all_list[torch.float32]", "all_to_all_single_bad_split_sizes",
+                 "all_to_all_single_bad_split_sizes_elsewhere",
+                 "all_to_all_single_pairs_disagree", "all_to_all_single_after_refusals",
+                 "recv_deadline",
                  "recv_of_a_shorter_message", "monitored_barrier_is_torchs_gloo_only"):
         assert name in checks, f"check {name} did not run\n{tail}"
     if n > 2:

@@ -1,6 +1,7 @@
 """Rank program of the torch backend tests: every collective of backend ``bmlmpi`` against
 backend ``gloo`` on the same inputs, work objects, DDP and its hooks, ZeRO and FSDP; point-to-point,
-gather, scatter and the coalesced calls (``torch_p2p_ranks.py``).
+gather, scatter and the coalesced calls (``torch_p2p_ranks.py``); all-to-all
+(``torch_alltoall_ranks.py``).
 
 Started by ``tests/test_torch_backend.py`` as ``bmlmpi-run -n N python
 tests/frameworks/torch_ranks.py`` in the torch venv (never collected by pytest: it needs
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from torch_alltoall_ranks import checks as alltoall_checks
 from torch_p2p_ranks import checks as p2p_checks
 
 import bmlmpi.torch
@@ -444,6 +446,7 @@ def main() -> int:
         auto_commits(rank, n, pg)
         collectives(rank, n, gloo, groups)
         p2p_checks(rank, n, gloo, check)
+        alltoall_checks(rank, n, gloo, check)
         ddp_checks(rank, n, gloo)
     except Exception:
         traceback.print_exc()
