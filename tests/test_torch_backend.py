@@ -57,7 +57,9 @@ def launch(py: Path, n: int, args: list[str], *, ft: bool = False, timeout: floa
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_backend_against_gloo(venv, n):
-    res = launch(venv, n, ["tests/frameworks/torch_ranks.py"], timeout=LAUNCH_TIMEOUT)
+    # auto explores in blocks of one call (4 calls per candidate): its check stays short
+    res = launch(venv, n, ["tests/frameworks/torch_ranks.py"], timeout=LAUNCH_TIMEOUT,
+                 env={"BMLMPI_TUNING_BLOCK": "1"})
     out = res.stdout + res.stderr
     tail = out[-6000:]
     failed = [line for line in res.stdout.splitlines() if " FAIL" in line]
@@ -68,7 +70,7 @@ def test_backend_against_gloo(venv, n):
     checks = {line.split()[1] for line in res.stdout.splitlines() if line.startswith("CHECK ")}
     for name in ("ddp_equals_gloo", "fp16_hook_step1_gradient_matches_torch",
                  "tdf:0.002:0.5:0.5_error_feedback", "topk:0.05_error_feedback",
-                 "ibatch_hook_planned", "zero_equals_ddp",
+                 "ibatch_hook_planned", "zero_equals_ddp", "auto_commits_through_the_tuner",
                  "fsdp2_equals_ddp", "fsdp1_equals_ddp", "refused_band", "future_without_wait",
                  "store_on_given_host",
                  "reduce_scatter_list[4099,torch.int64]", "reduce[5,torch.float32,root1]",

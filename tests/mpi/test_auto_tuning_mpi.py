@@ -213,6 +213,12 @@ def test_the_next_communicator_starts_from_the_table(own_table):
     assert why.rule == "table" and why.chosen == committed, str(why)
     out, ref = run(second, "allreduce", n // world.size, 100)
     assert np.array_equal(out, ref) and second.recorder.calls()[-1]["chosen"] == committed
+    # the non-blocking form of the tabled signature runs the table's choice too
+    x = data(n, world.rank, 101)
+    out, ref = np.empty_like(x), np.empty_like(x)
+    second.Iallreduce(x, out).Wait()
+    world.Allreduce(x, ref)
+    assert np.array_equal(out, ref) and second.recorder.calls()[-1]["chosen"] == committed
     second.Free()
 
 
@@ -271,4 +277,52 @@ def test_a_committed_signature_runs_the_named_algorithms_fast_path(own_table, co
     assert asked == []
     ran = [r for r in c.recorder.calls() if r["seq"] > before]
     assert {r["chosen"] for r in ran} == {"native"}, ran
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_the_other_forms_and_buckets_run_what_the_blocking_calls_committed(own_table):
+    """docs/tuning.md's "the other forms": after the blocking calls of a signature commit
+    (injected times make a candidate other than the prior win), its Iallreduce, its
+    persistent Allreduce_init and a GradientBuckets allreduce of the same signature run the
+    committed algorithm (the flight recorder says which ran), exactly."""
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to commit")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    n = 64    # 64 float64 per rank's block: a 512 B x N allreduce
+    why = c.explain(n * world.size, np.float64)
+    names = [t.name for t in why.tuning.candidates]
+    winner = next(name for name in reversed(names) if name not in (why.chosen, "native"))
+    tuner = c.tuning.tuner
+    record = tuner.record
+    tuner.record = lambda key, name, seconds: record(key, name,
+                                                     1e-5 if name == winner else 1e-3)
+    for call in range(4 * len(names)):   # blocks of one call
+        out, ref = run(c, "allreduce", n, call)
+        assert np.array_equal(out, ref)
+    after = c.explain(n * world.size, np.float64)
+    assert (after.chosen, after.rule) == (winner, "measured"), str(after)
+    x = data(n * world.size, world.rank, 7)
+    ref = np.empty_like(x)
+    world.Allreduce(x, ref)
+    ran = {}
+    out = np.empty_like(x)
+    c.Iallreduce(x, out).Wait()
+    ran["Iallreduce"] = (c.recorder.calls()[-1]["chosen"], np.array_equal(out, ref))
+    out = np.empty_like(x)
+    req = c.Allreduce_init(x, out)
+    for _ in range(2):
+        out[:] = -1
+        req.Start()
+        req.Wait()
+        ran["Allreduce_init"] = (c.recorder.calls()[-1]["chosen"], np.array_equal(out, ref))
+    req.Free()
+    grad = x.copy()
+    buckets = bmlmpi.GradientBuckets([grad], comm=c, op=MPI.SUM, plan="layer")
+    buckets.mark_ready(0)
+    buckets.wait()
+    ran["GradientBuckets"] = (c.recorder.calls()[-1]["chosen"], np.array_equal(grad, ref))
+    assert ran == {form: (winner, True) for form in ran}, ran
     c.Free()
