@@ -39,8 +39,9 @@ decode and the accumulator are compiled once per signature and called by both fo
 than inlined into each: numba's parallel passes over an inlined block body took most of the
 kernels' compile time (a cold compile of every format's kernels took 2.4x longer, measured),
 and a call per block of 256 values costs nothing measurable. The block exponents' function
-stays inlined: called, its max loop was no longer vectorised (9x slower, measured). Kernels release the GIL and are cached on disk
-(:mod:`.numba_cache`). Importing this module imports numba.
+stays inlined: called, its max loop was no longer vectorised (9x slower, measured). Kernels
+release the GIL and are cached on disk (:mod:`.numba_cache`). Importing this module imports
+numba.
 """
 
 from __future__ import annotations
