@@ -71,7 +71,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="the bmlmpi world group's algorithm (its all_reduce's)")
     p.add_argument("--alltoall", default=None,
                    help="run the experts' exchanges on a bmlmpi group of their own with this "
-                        "all-to-all algorithm: pairwise, bruck, bcube, native (default: the "
+                        "all-to-all algorithm (bmlmpi.algorithms('alltoall'); default: the "
                         "world group)")
     p.add_argument("--timeout", type=float, default=None, help="deadline of every wait (s)")
     p.add_argument("--check-gloo", action="store_true",
