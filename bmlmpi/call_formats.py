@@ -28,7 +28,7 @@ The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproduci
 4. the words' integer SUM: the same collective's plain call of the words
    (:meth:`bmlmpi.calls.CollectiveCall.carried`), the call's algorithm run by the same
    launch; a blocking allreduce on the plain communicator whose algorithm serves both
-   halves sums them by halves instead (:meth:`ReproducibleCarrier.by_halves`): the words'
+   halves (``native`` excepted) sums them by halves instead (:meth:`ReproducibleCarrier.by_halves`): the words'
    reduce-scatter (:meth:`bmlmpi.calls.CollectiveCall.halves`);
 5. once both exchanges completed: the words decoded into the caller's result (a
    reduce-scatter's block of this rank, a reduce's on the root; by halves, this rank's block
@@ -270,9 +270,12 @@ class ReproducibleCarrier:
         the reduce-scatter, and a call started while others of this communicator may start
         theirs would make that start's place among them differ between ranks (MPI pairs a
         communicator's collectives in the order they start). The bits are those of the
-        words' allreduce: the words' exact sum decoded once."""
+        words' allreduce: the words' exact sum decoded once. Not ``native``: MPI's own
+        reduce-scatter of int64 took longer than its allreduce of the same words (Open MPI
+        5, N = 2, 16 MiB of float32: 186 against 133 ms, perf/reproducible/), so the whole
+        words' allreduce is the faster of the two there."""
         return (self.blocking and pipeline.size > 1 and not pipeline.policy.keeps_calls
-                and call.halves_serve())
+                and call.algorithm != "native" and call.halves_serve())
 
 
 class _GivenUp:
