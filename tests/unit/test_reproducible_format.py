@@ -302,3 +302,26 @@ def test_an_allreduce_decoded_by_halves_gives_the_whole_decode_bits(dtype, count
                         dtype, special[start:start + n // fmt.words], start=start)
         pieces.append(got)
     assert np.concatenate(pieces).tobytes() == whole.tobytes()
+
+
+@pytest.mark.parametrize("algorithm, halves", [("ring", True), ("bml", True), ("shm", True),
+                                               ("native", False), ("tree", False)])
+def test_a_blocking_allreduce_sums_by_halves_only_where_the_reduce_scatter_pays(algorithm,
+                                                                                halves):
+    """:meth:`bmlmpi.call_formats.ReproducibleCarrier.by_halves` on a blocking allreduce of
+    the plain communicator: the algorithms serving both halves take them, except ``native``,
+    whose MPI reduce-scatter of int64 words is slower than its allreduce of them; ``tree``
+    serves no reduce-scatter."""
+    from types import SimpleNamespace
+
+    from bmlmpi.call_formats import REPRODUCIBLE
+    from bmlmpi.calls import CollectiveCall
+    carrier = REPRODUCIBLE.carrier(np.dtype(np.float32), "sum")
+    carrier.blocking = True
+    out = np.empty(1000, np.float32)
+    call = CollectiveCall("allreduce", "Allreduce", algorithm, algorithm, "sum", (1000,), 0, 0,
+                          2, None, out, None)
+    plain = SimpleNamespace(size=2, policy=SimpleNamespace(keeps_calls=False))
+    assert carrier.by_halves(call, plain) is halves
+    carrier.blocking = False   # an I... or persistent call: never by halves
+    assert carrier.by_halves(call, plain) is False
