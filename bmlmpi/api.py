@@ -816,18 +816,21 @@ class Communicator:
     def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """All-to-all with per-pair counts and displacements (each buffer as mpi4py's
         ``[buf, counts, displs, datatype]``): every rank's counts are gathered first."""
-        table = alltoallv_counts(self, sendbuf, recvbuf)
-        self.family.blocking("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table))
+        table, frame = alltoallv_counts(self, sendbuf, recvbuf)
+        self.family.blocking("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table),
+                             frame=frame)
 
     def Ialltoallv(self, sendbuf: Any, recvbuf: Any, *,
                    algorithm: str | None = None) -> Request:
-        table = alltoallv_counts(self, sendbuf, recvbuf)
-        return self.family.start("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table))
+        table, frame = alltoallv_counts(self, sendbuf, recvbuf)
+        return self.family.start("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table),
+                                 frame)
 
     def Alltoallv_init(self, sendbuf: Any, recvbuf: Any, *,
                        algorithm: str | None = None) -> PersistentRequest:
-        table = alltoallv_counts(self, sendbuf, recvbuf)
-        return self.family.init("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table))
+        table, frame = alltoallv_counts(self, sendbuf, recvbuf)
+        return self.family.init("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table),
+                                frame)
 
     def adopt_comm(self, comm: MPI.Comm, keep: Sequence[int], shape: Shape) -> None:
         """After the members changed (a fault-tolerant shrink or mask): ``comm`` becomes the

@@ -44,8 +44,9 @@ TuningKey` (:meth:`AutoTuning.key`). Its preparation (every form) asks :meth:`ch
 key's committed algorithm, else the prior (the model's or the rule's pick), opening the key
 from ``auto``'s priced explanation. A blocking call on the plain policy then asks
 :meth:`explore`: while its key explores, the call runs the candidate the key's call index
-names (:meth:`bmlmpi.tuner.Tuner.choose`; the index counts the key's completed blocking
-calls, the same on every rank) and is timed; :meth:`after_call` records its time, and at the
+names (:meth:`bmlmpi.tuner.Tuner.choose`: the candidates' blocks of consecutive calls in
+turn; the index counts the key's completed blocking calls, the same on every rank) and is
+timed; :meth:`after_call` records its time, and at the
 key's last exploration call every rank MAX-reduces its proposal on the control channel and
 commits. Its time is its run's alone: it starts where the checked path has agreed on the
 call (:meth:`launching`), so that the first call of each candidate's signature, which gathers
@@ -83,7 +84,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import selection, tuning_table
+from . import config, selection, tuning_table
 from .calibrate import MeasurementOverrun, calibrate, mpi_library
 from .execute import wait_request
 from .model.estimate import Calibration
@@ -195,7 +196,7 @@ class AutoTuning:
         #: Whether the prices were taken (or given, or refused): they are taken once.
         self.settled = False
         #: Per-key exploration and commit (:class:`bmlmpi.tuner.Tuner`).
-        self.tuner = Tuner()
+        self.tuner = _new_tuner()
         #: Each exploring key's completed blocking calls: its next call's index.
         self.calls: dict[TuningKey, int] = {}
         #: What times a call (a test may put a clock of its own here).
@@ -253,7 +254,7 @@ class AutoTuning:
         """The calibration and the tuning table (collective); what was explored so far is
         dropped (priced without them) and the table's entries seed a fresh Tuner."""
         self.give(self.take())
-        self.tuner, self.calls = Tuner(), {}
+        self.tuner, self.calls = _new_tuner(), {}
         owner = self.owner
         layout = self.layout()
         lines = None
@@ -400,13 +401,20 @@ class AutoTuning:
         index = self.calls.get(key, 0)
         begun = key in self.tuner.keys()
         nxt = self.tuner.choose(key, index) if begun else names[0]
-        calls = (1 + self.tuner.rounds) * len(names)
+        block = self.tuner.block_calls_at(key.size)
+        calls = (1 + self.tuner.rounds) * len(names) * block
         return dataclasses.replace(
             explanation, chosen=nxt, rule="exploring", tuning=report,
             why=(f"blocking call {index + 1} of the {calls} that time the candidates "
-                 f"{', '.join(names)} on this signature runs {nxt}; then every rank commits "
-                 f"to the fastest (the slowest rank's median counts), {report.prior} unless "
-                 f"another is more than {100 * (self.tuner.margin - 1):.0f} % faster"))
+                 f"{', '.join(names)} in blocks of {block} on this signature runs {nxt}; then "
+                 f"every rank commits to the fastest median block (the slowest rank's blocks "
+                 f"count), {report.prior} unless another is more than "
+                 f"{100 * (self.tuner.margin - 1):.0f} % faster and faster in every block"))
+
+
+def _new_tuner() -> Tuner:
+    """A Tuner whose exploration blocks hold ``BMLMPI_TUNING_BLOCK`` calls at small sizes."""
+    return Tuner(block_calls=config.get("BMLMPI_TUNING_BLOCK"))
 
 
 def _committed_why(report: TuningReport) -> str:
@@ -416,4 +424,4 @@ def _committed_why(report: TuningReport) -> str:
         return (f"{report.chosen}: the fastest of the candidates timed on this signature's "
                 f"calls (the slowest rank's median)")
     return (f"{report.chosen} kept ({report.why}'s pick): no candidate timed more than "
-            f"the margin faster")
+            f"the margin faster in its median block and faster in every block")

@@ -12,6 +12,7 @@ methods (``abandon_calls``, ``move_to``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import secrets
 from collections.abc import Callable
@@ -28,6 +29,9 @@ from .finalize import bound_finalize
 from .topology.bcube import format_shape
 
 
+# A program repeats a handful of signatures; every checked call (the I… and persistent
+# starts among them) hashes its own, which costs more than the rest of its check.
+@functools.lru_cache(maxsize=1024)
 def signature_hash(parts: tuple) -> int:
     """The 63-bit hash of a call's signature that ranks compare."""
     digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()

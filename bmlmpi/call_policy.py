@@ -21,6 +21,7 @@ import contextlib
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from .handles import Request
@@ -63,11 +64,26 @@ class CallPolicy:
         (the fault-tolerant policy's rank masked out); here every rank may."""
 
     def prepare_family(self, collective: str, algorithm: str | None,
-                       build: Callable[[str], Any], engine: Any) -> Any:
+                       build: Callable[[str], Any], engine: Any,
+                       frame: tuple[int, ...] | None = None) -> Any:
         """A family call's checked record, its arguments read by ``build`` and checked by
         ``engine`` (:meth:`bmlmpi.family.FamilyEngine.prepare`: raising on every rank when
-        one rank's are wrong); here the arguments are for the current members."""
+        one rank's are wrong); here the arguments are for the current members (``frame``,
+        what :meth:`pair_counts` returned, is None here)."""
         return engine.prepare(collective, algorithm, build)
+
+    def pair_counts(self, row_and_column: Callable[[int], Any]) -> tuple[Any, Any]:
+        """An ``Alltoallv``'s counts from every rank: ``row_and_column(size)`` is this rank's
+        ``2·size`` int64 (what it sends each rank, then what it receives from each) for a
+        call over ``size`` ranks; returns the ``size × 2·size`` table of every rank's and the
+        members the call's arguments are for, to be handed to :meth:`prepare_family` (here
+        None: the current ones). Here one ``Allgather`` of the communicator's own."""
+        pipeline = self.pipeline
+        size = pipeline.size
+        mine = row_and_column(size)
+        every = np.empty(mine.size * size, dtype=np.int64)
+        pipeline.Allgather(mine, every)
+        return every.reshape(size, mine.size), None
 
     def submit(self, call: Any) -> Any:
         """``call`` (prepared and numbered) entered in the flight recorder, then started and

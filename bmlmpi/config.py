@@ -194,6 +194,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "in the cache folder",
              "the tuning table file `bmlmpi.tuning_table.table_path` names (docs/tuning.md)",
              _path),
+    Variable("BMLMPI_TUNING_BLOCK", "calls", 16, "16",
+             "consecutive calls `auto` times as one block of a candidate while it explores a "
+             "small signature (fewer from 256 KiB, one from 4 MiB; docs/tuning.md); 1 times "
+             "single calls", _count(1)),
     Variable("BMLMPI_AUTO_BML_BYTES", "bytes", 64 * 1024, "65536",
              "fixed rule without calibration: native below this many bytes, bml from it",
              _count(0)),

@@ -499,28 +499,35 @@ class FamilyEngine:
             agreement.announce_refusal(exc)
             raise
 
-    def start(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """A non-blocking call: its :class:`~bmlmpi.handles.Request`."""
+    def start(self, collective: str, algorithm: str | None, build: Any,
+              frame: tuple[int, ...] | None = None) -> Any:
+        """A non-blocking call: its :class:`~bmlmpi.handles.Request`. ``frame``: the members
+        its arguments were given for where it gathered them first (an ``Alltoallv``'s counts,
+        :func:`alltoallv_counts`); None: the current ones (the policy's
+        :meth:`~bmlmpi.call_policy.CallPolicy.prepare_family`)."""
         gate = self.gate
         mine = gate.claim(self.owner.rank)  # one call at a time: a second thread raises here
         try:
             owner = self.owner
             policy = owner.policy
             policy.check_usable()
-            return policy.submit(policy.prepare_family(collective, algorithm, build, self))
+            return policy.submit(policy.prepare_family(collective, algorithm, build, self,
+                                                       frame))
         finally:
             gate.release(mine)
 
-    def init(self, collective: str, algorithm: str | None, build: Any) -> Any:
-        """A persistent call (host buffers only)."""
+    def init(self, collective: str, algorithm: str | None, build: Any,
+             frame: tuple[int, ...] | None = None) -> Any:
+        """A persistent call (host buffers only); ``frame`` as :meth:`start`'s."""
         gate = self.gate
         mine = gate.claim(self.owner.rank)
         try:
-            return self.make_persistent(collective, algorithm, build)
+            return self.make_persistent(collective, algorithm, build, frame)
         finally:
             gate.release(mine)
 
-    def make_persistent(self, collective: str, algorithm: str | None, build: Any) -> Any:
+    def make_persistent(self, collective: str, algorithm: str | None, build: Any,
+                        frame: tuple[int, ...] | None = None) -> Any:
         """:meth:`init`, the communicator claimed."""
         owner = self.owner
         policy = owner.policy
@@ -534,10 +541,11 @@ class FamilyEngine:
                                       f"every start)")
             return call
         return owner.persistent_calls.make(policy.prepare_family(collective, algorithm,
-                                                                 host_only, self))
+                                                                 host_only, self, frame))
 
     def blocking(self, collective: str, algorithm: str | None, build: Any,
-                 key: tuple | None = None, args: tuple = ()) -> None:
+                 key: tuple | None = None, args: tuple = (),
+                 frame: tuple[int, ...] | None = None) -> None:
         """A blocking call, checked (its signature's later calls take the fast path:
         :meth:`bmlmpi.fast_path.FastPath.repeat`). Once its signature has been agreed on, a
         native call on the plain communicator is mpi4py's blocking call itself on every rank
@@ -546,16 +554,18 @@ class FamilyEngine:
         (``BMLMPI_BLOCKING=watchdog``, the default: past ``timeout`` seconds it reports the
         call and aborts the job); otherwise the call is started and waited on under the
         deadline. Either way it opens the signature's entry in the fast path (``key``:
-        :func:`bmlmpi.fast_path.fast_key`; ``args``: the public method's arguments)."""
+        :func:`bmlmpi.fast_path.fast_key`; ``args``: the public method's arguments;
+        ``frame`` as :meth:`start`'s)."""
         gate = self.gate
         mine = gate.claim(self.owner.rank)  # one call at a time: a second thread raises here
         try:
-            self.checked(collective, algorithm, build, key, args)
+            self.checked(collective, algorithm, build, key, args, frame)
         finally:
             gate.release(mine)
 
     def checked(self, collective: str, algorithm: str | None, build: Any,
-                key: tuple | None, args: tuple) -> None:
+                key: tuple | None, args: tuple,
+                frame: tuple[int, ...] | None = None) -> None:
         """:meth:`blocking`, the communicator claimed."""
         owner = self.owner
         owner.policy.check_usable()
@@ -563,7 +573,7 @@ class FamilyEngine:
             # the agreement of the checked path polls no other call: this rank's outstanding
             # runs of schedules (started before this call on every rank) complete first
             owner.calls_in_flight.settle()
-        call = owner.policy.prepare_family(collective, algorithm, build, self)
+        call = owner.policy.prepare_family(collective, algorithm, build, self, frame)
         tuning = owner.tuning
         timing = tuning.explore(call)
         if self.fast.blocking_native(call, key if timing.opens else None, args):
@@ -679,26 +689,28 @@ def _alltoallv_spec(spec: Any, size: int, what: str, writable: bool
     return flat, counts, (None if d == offsets(counts) else d)
 
 
-def alltoallv_counts(comm: Any, sendbuf: Any, recvbuf: Any) -> Any:
-    """Every rank's row and column of an ``Alltoallv``, gathered with the communicator's own
-    ``Allgather`` (``2·size`` int64 per rank): the pair matrix a schedule needs and the
-    check that every pair agrees (rank i's send count for j is rank j's receive count from
-    i). A rank whose buffer specs cannot be read sends -1s and gets None back (its own check
-    then raises its error; its row holds -1s, which the others' calls refuse naming it)."""
-    size = comm.size
-    mine = np.full(2 * size, -1, dtype=np.int64)
-    try:
-        staged = DeviceStaging()
-        _, recvs, _ = _alltoallv_spec(staged.host(recvbuf, copy_out=False), size, "recvbuf",
-                                      False)
-        sends = recvs if sendbuf is MPI.IN_PLACE or sendbuf is None else _alltoallv_spec(
-            staged.host(sendbuf, copy_out=False), size, "sendbuf", False)[1]
-        mine[:size], mine[size:] = sends, recvs
-    except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
-        pass
-    every = np.empty(2 * size * size, dtype=np.int64)
-    comm.Allgather(mine, every)
-    return every.reshape(size, 2 * size)
+def alltoallv_counts(comm: Any, sendbuf: Any, recvbuf: Any
+                     ) -> tuple[np.ndarray, tuple[int, ...] | None]:
+    """Every rank's row and column of an ``Alltoallv``, gathered by the communicator's policy
+    (:meth:`bmlmpi.call_policy.CallPolicy.pair_counts`: the communicator's own ``Allgather``
+    of ``2·size`` int64 per rank), and the members they were given for (None: the current
+    ones): the pair matrix a schedule needs and the check that every pair agrees (rank i's
+    send count for j is rank j's receive count from i). A rank whose buffer specs cannot be
+    read sends -1s and gets its own error at the call; its row holds -1s, which the others'
+    calls refuse naming it."""
+    def row_and_column(size: int) -> np.ndarray:
+        mine = np.full(2 * size, -1, dtype=np.int64)
+        try:
+            staged = DeviceStaging()
+            _, recvs, _ = _alltoallv_spec(staged.host(recvbuf, copy_out=False), size,
+                                          "recvbuf", False)
+            sends = recvs if sendbuf is MPI.IN_PLACE or sendbuf is None else _alltoallv_spec(
+                staged.host(sendbuf, copy_out=False), size, "sendbuf", False)[1]
+            mine[:size], mine[size:] = sends, recvs
+        except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
+            pass
+        return mine
+    return comm.policy.pair_counts(row_and_column)
 
 
 def _pair_matrix(table: np.ndarray, name: str) -> tuple[int, ...]:

@@ -17,20 +17,32 @@ rank decides alike without a message of the Tuner's own:
    calibration cached) nothing ranks them, so the candidates are every record that opts in
    to ``auto`` and applies (the explanation's ``applicable``, registration order), the
    default record among them. The model's (or the rule's) pick stays the **prior**.
-2. Exploring, :meth:`Tuner.choose` rotates through the ``c`` candidates: call ``i`` of the
-   exploration runs candidate ``i mod c``. The first round is a warm-up (plans compiled,
-   kernels and caches warm), not counted; then ``rounds`` (default 3) counted rounds. So a
-   key explores for ``(1 + rounds) · c`` calls (16 with 4 candidates), every one the user's
-   real call, exact whichever candidate runs. :meth:`Tuner.record` stores a call's local
-   seconds.
+2. Exploring, :meth:`Tuner.choose` runs the ``c`` candidates in **blocks** of ``b``
+   consecutive calls (:meth:`Tuner.block_calls_at`: ``block_calls`` (default 16) at small
+   sizes, fewer from ``block_bytes`` / ``block_calls`` up, one call from ``block_bytes``
+   (default 4 MiB)). First one warm-up call per candidate (plans compiled, kernels and caches
+   warm), not counted; then ``rounds`` (default 3) counted rounds of blocks, the candidates'
+   blocks interleaved: block ``j`` runs candidate ``j mod c``, so a drift in the machine's
+   load hits every candidate alike. So a key explores for ``c · (1 + rounds · b)`` calls
+   (196 with 4 candidates at 8 B, 16 from 4 MiB), every one the user's real call, exact
+   whichever candidate runs. :meth:`Tuner.record` stores a
+   call's local seconds in its block; a block's time is the mean of its calls. One call's
+   time can be a scheduler's time slice (a loaded machine preempts a rank mid-call, and a
+   schedule that yields while it polls loses the core more often than the MPI library's
+   call): a block's mean counts such calls as often as a user's loop meets them, where a
+   median of single calls would drop them.
 3. After the last exploration call (:meth:`Tuner.due` says so at that call's index), the
-   pipeline MAX-reduces :meth:`Tuner.proposal` — the local medians in candidate order, ``inf``
-   for a candidate without a time — across ranks (an allreduce ends when its slowest rank
-   does), and hands the agreed vector to :meth:`Tuner.commit`. The winner is the argmin
-   (ties: the earlier candidate), but the prior is kept unless the winner is faster by more
-   than :data:`MARGIN` (5 %): a near-tie is noise, not a reason to leave the model's pick.
-   ``why`` is ``"measured"`` when the measurement chose, ``"model"`` or ``"rule"`` when the
-   prior was kept (or nothing was measured).
+   pipeline MAX-reduces :meth:`Tuner.proposal` — the local block means, candidate by
+   candidate, ``inf`` for a block without a time — across ranks (a block of calls ends
+   when its slowest rank does), and hands the agreed vector to :meth:`Tuner.commit`. Each
+   candidate's agreed time is the median of its blocks, its **spread** the range of its
+   blocks. The winner is the fastest median (ties: the earlier candidate), but the prior is
+   kept unless the winner is faster by more than :data:`MARGIN` (5 %) **and** by more than
+   their spreads: the winner's slowest block must be faster than the prior's fastest one
+   (median gap > the winner's spread above its median + the prior's spread below its
+   median). A near-tie, or a gap that one preempted block could make, is noise, not a
+   reason to leave the model's pick. ``why`` is ``"measured"`` when the measurement chose,
+   ``"model"`` or ``"rule"`` when the prior was kept (or nothing was measured).
 4. Committed, every ``sample_every``-th call (default 16) of the key is timed (:meth:`Tuner.timed`)
    and every ``review_samples`` such calls (default 5, so every 80 calls) :meth:`Tuner.due`
    asks for a **review**: the proposal is the committed algorithm's median of those samples
@@ -43,17 +55,19 @@ rank decides alike without a message of the Tuner's own:
 Each commit, and each review that sends a key back to exploring, is logged once at DEBUG on
 the ``bmlmpi`` logger.
 
-Decided against the design sketch: a warm-up round before ``rounds`` counted ones (the sketch
-counted the warm-up among its rounds, leaving medians of two), so that each median is of
-three; "measured" also when the measurement confirms the prior (it is what decided); a
-missing time counts as ``inf`` while exploring and 0 in a review, so that it can neither win
-nor contradict. Without prices every applicable record is a candidate (the sketch added the
-model's best under default α and β: no such default calibration exists, and a job does not
-measure one: the user's calls rank them instead).
+Decided against the design sketch: a warm-up call before ``rounds`` counted blocks (the
+sketch counted the warm-up among its rounds, leaving medians of two), so that each median is
+of three blocks; blocks of consecutive calls rather than single calls, so that a call that
+lost the core to another process counts as often as it happens; "measured" also when the
+measurement confirms the prior (it is what decided); a missing time counts as ``inf`` while
+exploring and 0 in a review, so that it can neither win nor contradict. Without prices every
+applicable record is a candidate (the sketch added the model's best under default α and β:
+no such default calibration exists, and a job does not measure one: the user's calls rank
+them instead).
 
 A call that names its algorithm never reaches the Tuner; the pipeline asks it only for
 ``auto``. :meth:`Tuner.report` is what ``explain`` shows: each candidate's predicted time,
-measured median and sample count, and why the chosen one won.
+measured median, sample count and agreed blocks, and why the chosen one won.
 """
 
 from __future__ import annotations
@@ -70,11 +84,17 @@ from .schedules.collectives import collective as contract
 
 _log = logging.getLogger("bmlmpi")
 
-__all__ = ["CONTRADICTED", "MARGIN", "TUNED_RULES", "WHYS", "CandidateTiming", "TuningKey",
-           "TuningReport", "Tuner", "pick_candidates", "size_class"]
+__all__ = ["BLOCK_BYTES", "BLOCK_CALLS", "CONTRADICTED", "MARGIN", "TUNED_RULES", "WHYS",
+           "CandidateTiming", "TuningKey", "TuningReport", "Tuner", "pick_candidates",
+           "size_class"]
 
-#: the prior is kept unless the measured winner is faster by more than this factor
+#: the prior is kept unless the measured winner is faster by more than this factor (and
+#: than the spread of their blocks)
 MARGIN = 1.05
+#: the calls of one exploration block at small sizes
+BLOCK_CALLS = 16
+#: the size class from which one exploration block is one call
+BLOCK_BYTES = 4 << 20
 #: a committed choice whose agreed median exceeds another candidate's by this factor is
 #: explored afresh
 CONTRADICTED = 1.2
@@ -148,14 +168,16 @@ def pick_candidates(collective: str, priced: Sequence[tuple[str, float]], prior:
 @dataclass(frozen=True)
 class CandidateTiming:
     """One candidate as ``explain`` shows it: ``predicted`` seconds (the model's; None
-    without a price), ``measured`` (the agreed median; None before a commit by
-    measurement) and ``samples`` (this rank's counted calls: so far while exploring, those
-    behind the commit once committed)."""
+    without a price), ``measured`` (the agreed median of its blocks' mean call times; None
+    before a commit by measurement), ``samples`` (this rank's counted calls: so far while
+    exploring, those behind the commit once committed) and ``blocks`` (the agreed block
+    means behind ``measured``; empty where there are none)."""
 
     name: str
     predicted: float | None
     measured: float | None
     samples: int
+    blocks: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -180,8 +202,10 @@ class TuningReport:
             pred = "-" if c.predicted is None else f"{c.predicted * 1e6:.1f} us"
             meas = "-" if c.measured is None else f"{c.measured * 1e6:.1f} us"
             mark = "  <- chosen" if c.name == self.chosen else ""
+            spread = (f", blocks {min(c.blocks) * 1e6:.1f}-{max(c.blocks) * 1e6:.1f} us"
+                      if c.blocks and all(map(math.isfinite, c.blocks)) else "")
             lines.append(f"  {c.name:<13} predicted {pred:>12}  measured {meas:>12} "
-                         f"({c.samples} samples){mark}")
+                         f"({c.samples} samples{spread}){mark}")
         return "\n".join(lines)
 
 
@@ -192,30 +216,38 @@ class _State:
     prior_why: str  # "model" or "rule"
     predicted: dict[str, float]
     start: int = 0  # the key's call index where the current exploration began
-    samples: dict[str, list[float]] = field(default_factory=dict)
-    warmed: set[str] = field(default_factory=set)
+    # exploring: each candidate's counted calls by round; committed: the committed
+    # algorithm's sampled calls under round 0
+    samples: dict[str, dict[int, list[float]]] = field(default_factory=dict)
     chosen: str | None = None
     why: str | None = None
     committed_at: int = 0
     medians: tuple[float, ...] | None = None  # agreed, in candidate order
+    blocks: tuple[tuple[float, ...], ...] | None = None  # agreed block means, per candidate
     counted: tuple[int, ...] | None = None  # this rank's samples behind the commit
     last_index: int = -1
 
 
 class Tuner:
     """Per-key exploration and commit (see the module's docstring). ``k``: the model's
-    candidates explored; ``rounds``: counted rounds after the warm-up; ``margin``: the
-    prior's margin; ``sample_every`` and ``review_samples``: how often a committed key is
-    timed and reviewed."""
+    candidates explored; ``rounds``: counted rounds of blocks after the warm-up;
+    ``block_calls`` and ``block_bytes``: a block's calls at small sizes and the size from
+    which a block is one call (:meth:`block_calls_at`); ``margin``: the prior's margin;
+    ``sample_every`` and ``review_samples``: how often a committed key is timed and
+    reviewed."""
 
-    def __init__(self, *, k: int = 3, rounds: int = 3, margin: float = MARGIN,
+    def __init__(self, *, k: int = 3, rounds: int = 3, block_calls: int = BLOCK_CALLS,
+                 block_bytes: int = BLOCK_BYTES, margin: float = MARGIN,
                  sample_every: int = 16, review_samples: int = 5,
                  contradicted: float = CONTRADICTED) -> None:
-        if k < 1 or rounds < 1 or sample_every < 1 or review_samples < 1:
-            raise ValueError("k, rounds, sample_every and review_samples are at least 1")
+        if (k < 1 or rounds < 1 or block_calls < 1 or block_bytes < 1 or sample_every < 1
+                or review_samples < 1):
+            raise ValueError("k, rounds, block_calls, block_bytes, sample_every and "
+                             "review_samples are at least 1")
         if not (margin >= 1 and contradicted >= 1):
             raise ValueError("margin and contradicted are factors of at least 1")
         self.k, self.rounds, self.margin = k, rounds, margin
+        self.block_calls, self.block_bytes = block_calls, block_bytes
         self.sample_every, self.review_samples = sample_every, review_samples
         self.contradicted = contradicted
         self._states: dict[TuningKey, _State] = {}
@@ -282,9 +314,28 @@ class Tuner:
 
     # -- each call ---------------------------------------------------------------------------
 
+    def block_calls_at(self, size: int) -> int:
+        """The calls in one exploration block of a key of ``size`` (its size class, bytes):
+        ``block_calls`` up to ``block_bytes / block_calls``, then fewer as the size grows,
+        one from ``block_bytes`` (a call that long outlasts a scheduler's time slice)."""
+        return max(1, min(self.block_calls, self.block_bytes // max(1, size)))
+
     def exploration_calls(self, key: TuningKey) -> int:
-        """How many calls one exploration of ``key`` takes: (1 + rounds) per candidate."""
-        return (1 + self.rounds) * len(self._state(key).candidates)
+        """How many calls one exploration of ``key`` takes: per candidate, one warm-up call
+        and ``rounds`` blocks."""
+        block = self.block_calls_at(key.size)
+        return len(self._state(key).candidates) * (1 + self.rounds * block)
+
+    def _place(self, key: TuningKey, st: _State, index: int) -> tuple[str, int] | None:
+        """Exploring: the candidate call ``index`` runs and its round (0: the warm-up);
+        None past the exploration."""
+        at, c = index - st.start, len(st.candidates)
+        if not 0 <= at < self.exploration_calls(key):
+            return None
+        if at < c:
+            return st.candidates[at], 0
+        block = (at - c) // self.block_calls_at(key.size)
+        return st.candidates[block % c], 1 + block // c
 
     def choose(self, key: TuningKey, index: int) -> str:
         """The algorithm call ``index`` of ``key`` runs (``index``: this key's calls before
@@ -295,10 +346,9 @@ class Tuner:
         st.last_index = index
         if st.chosen is not None:
             return st.chosen
-        at = index - st.start
-        if 0 <= at < self.exploration_calls(key):
-            return st.candidates[at % len(st.candidates)]
-        return st.prior  # past the exploration without a commit: the prior, on every rank
+        place = self._place(key, st, index)
+        # past the exploration without a commit: the prior, on every rank
+        return st.prior if place is None else place[0]
 
     def timed(self, key: TuningKey, index: int) -> bool:
         """Whether call ``index`` of ``key`` should be timed and :meth:`record` ed: every
@@ -310,20 +360,24 @@ class Tuner:
         return at > 0 and at % self.sample_every == 0
 
     def record(self, key: TuningKey, candidate: str, seconds: float) -> None:
-        """Store a call's local ``seconds`` for ``candidate``. Exploring, each candidate's
-        first time is its warm-up and is dropped; committed, only the committed algorithm's
-        times count (they feed the next review)."""
+        """Store the local ``seconds`` of the call :meth:`choose` last placed, which ran
+        ``candidate``. Exploring, the time goes to that call's block (the warm-up round's
+        are dropped; a call past the exploration or of another candidate than its block's
+        counts nowhere); committed, only the committed algorithm's times count (they feed
+        the next review)."""
         if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds >= 0):
             raise ValueError(f"a call's time is finite and >= 0 seconds, got {seconds!r}")
         st = self._state(key)
         if candidate not in st.candidates:
             raise ValueError(f"{candidate} is not a candidate of {key}: {st.candidates}")
-        if st.chosen is None and candidate not in st.warmed:
-            st.warmed.add(candidate)
+        if st.chosen is not None:
+            if candidate == st.chosen:
+                st.samples.setdefault(candidate, {}).setdefault(0, []).append(float(seconds))
             return
-        if st.chosen is not None and candidate != st.chosen:
+        place = self._place(key, st, st.last_index)
+        if place is None or place[0] != candidate or place[1] == 0:
             return
-        st.samples.setdefault(candidate, []).append(float(seconds))
+        st.samples.setdefault(candidate, {}).setdefault(place[1], []).append(float(seconds))
 
     def due(self, key: TuningKey, index: int) -> bool:
         """Whether call ``index`` of ``key`` ends with an agreement: the last exploration
@@ -336,15 +390,17 @@ class Tuner:
                 and at % (self.sample_every * self.review_samples) == 0)
 
     def proposal(self, key: TuningKey) -> tuple[float, ...]:
-        """This rank's vector for the agreement, in candidate order: exploring, each
-        candidate's median (``inf`` without a time: it cannot win); reviewing, the committed
-        algorithm's median since the last review (0 without one: it cannot contradict) and
-        the others' agreed medians."""
+        """This rank's vector for the agreement: exploring, each candidate's ``rounds``
+        block means in turn, candidate by candidate (``inf`` for a block without a time: the
+        candidate cannot win); reviewing, in candidate order, the committed algorithm's
+        median since the last review (0 without one: it cannot contradict) and the others'
+        agreed medians."""
         st = self._state(key)
         if st.chosen is None:
-            return tuple(statistics.median(st.samples[c]) if st.samples.get(c) else math.inf
-                         for c in st.candidates)
-        mine = st.samples.get(st.chosen)
+            return tuple(statistics.fmean(st.samples[c][r])
+                         if st.samples.get(c, {}).get(r) else math.inf
+                         for c in st.candidates for r in range(1, self.rounds + 1))
+        mine = st.samples.get(st.chosen, {}).get(0)
         fresh = statistics.median(mine) if mine else 0.0
         base = st.medians if st.medians is not None else (0.0,) * len(st.candidates)
         return tuple(fresh if c == st.chosen else base[i] for i, c in enumerate(st.candidates))
@@ -355,13 +411,15 @@ class Tuner:
         the same ``agreed`` vector reaches the same state."""
         st = self._state(key)
         agreed = tuple(float(x) for x in agreed)
-        if len(agreed) != len(st.candidates) or any(math.isnan(x) or x < 0 for x in agreed):
-            raise ValueError(f"agreed medians {agreed} do not fit the candidates "
+        width = len(st.candidates) * (self.rounds if st.chosen is None else 1)
+        if len(agreed) != width or any(math.isnan(x) or x < 0 for x in agreed):
+            raise ValueError(f"agreed times {agreed} do not fit the candidates "
                              f"{st.candidates} of {key}")
         if st.chosen is None:
             self._settle(st, agreed)
-            _log.debug("auto committed %s: %s (%s), agreed medians %s", key, st.chosen,
-                       st.why, dict(zip(st.candidates, agreed, strict=True)))
+            _log.debug("auto committed %s: %s (%s), agreed medians %s, blocks %s", key,
+                       st.chosen, st.why, dict(zip(st.candidates, st.medians, strict=True)),
+                       dict(zip(st.candidates, st.blocks, strict=True)))
         else:
             self._review(st, agreed)
             if st.chosen is None:
@@ -370,20 +428,28 @@ class Tuner:
         return self.report(key)
 
     def _settle(self, st: _State, agreed: tuple[float, ...]) -> None:
-        finite = [i for i, x in enumerate(agreed) if math.isfinite(x)]
+        r = self.rounds
+        blocks = tuple(agreed[i * r:(i + 1) * r] for i in range(len(st.candidates)))
+        # a candidate with a block some rank did not time cannot win
+        medians = tuple(statistics.median(b) if all(map(math.isfinite, b)) else math.inf
+                        for b in blocks)
+        finite = [i for i, x in enumerate(medians) if math.isfinite(x)]
         prior_at = st.candidates.index(st.prior) if st.prior in st.candidates else None
         if not finite:
             st.chosen, st.why = st.prior, st.prior_why
         else:
-            best = min(finite, key=lambda i: agreed[i])  # ties: the earlier candidate
+            best = min(finite, key=lambda i: medians[i])  # ties: the earlier candidate
             kept = (prior_at is not None and prior_at != best
-                    and agreed[prior_at] <= self.margin * agreed[best])
+                    and math.isfinite(medians[prior_at])
+                    and not (medians[prior_at] > self.margin * medians[best]
+                             and max(blocks[best]) < min(blocks[prior_at])))
             if kept:
                 st.chosen, st.why = st.prior, st.prior_why
             else:
                 st.chosen, st.why = st.candidates[best], "measured"
-        st.medians = agreed
-        st.counted = tuple(len(st.samples.get(c, ())) for c in st.candidates)
+        st.medians, st.blocks = medians, blocks
+        st.counted = tuple(sum(map(len, st.samples.get(c, {}).values()))
+                           for c in st.candidates)
         st.committed_at = st.last_index
         st.samples = {}
 
@@ -393,8 +459,7 @@ class Tuner:
         st.samples = {}
         if others and agreed[at] > self.contradicted * min(others):
             st.chosen = st.why = None
-            st.medians = st.counted = None
-            st.warmed = set()
+            st.medians = st.counted = st.blocks = None
             st.start = st.last_index + 1
 
     # -- reading -----------------------------------------------------------------------------
@@ -418,8 +483,9 @@ class Tuner:
             measured = (st.medians[i] if st.medians is not None
                         and 0 < st.medians[i] < math.inf else None)
             samples = (st.counted[i] if st.counted is not None
-                       else len(st.samples.get(c, ())))
-            rows.append(CandidateTiming(c, st.predicted.get(c), measured, samples))
+                       else sum(map(len, st.samples.get(c, {}).values())))
+            blocks = st.blocks[i] if st.blocks is not None else ()
+            rows.append(CandidateTiming(c, st.predicted.get(c), measured, samples, blocks))
         return TuningReport(key, "exploring" if st.chosen is None else "committed",
                             st.chosen, st.why, st.prior, tuple(rows))
 

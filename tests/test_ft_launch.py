@@ -503,3 +503,45 @@ def test_family_contracts_n8():
     # the reduce whose root was gone before it: RootFailed on every survivor
     call6 = {s["results"][6]["raised"] for s in records if "survivor" in s}
     assert call6 == {"RootFailed"}, call6
+
+
+def test_alltoall_contract_kills_before_and_during_blocking_and_nonblocking():
+    """The all-to-all's failure contract (bmlmpi.ft.family): the survivors' blocks among
+    themselves delivered exactly, the blocks from the ranks lost zeros, the gaps between
+    receive blocks untouched, ContributionsLost naming the same ranks on every survivor.
+    Ialltoallv (native, uneven counts with zeros): a rank dies during one call, another
+    before a later one (lost while the counts were gathered); the blocking Alltoallv and
+    Alltoall in place on pairwise: a rank gone before the first, one killed 50 ms into the
+    second; Ialltoall on bruck at N = 3: a rank dies during the first call."""
+    groups = [
+        {"size": 4, "collectives": ["alltoallv"], "calls": 3, "algorithm": "native",
+         "kills": [{"call": 0, "rank": 1, "when": "during", "how": "kill"},
+                   {"call": 2, "rank": 3, "when": "before", "how": "kill"}]},
+        {"size": 4, "collectives": ["alltoallv", "alltoall"], "calls": 3,
+         "algorithm": "pairwise", "blocking": True, "in_place": True,
+         "kills": [{"call": 0, "rank": 2, "when": "before", "how": "kill"},
+                   {"call": 1, "rank": 0, "when": "during", "how": "kill"}]},
+        {"size": 3, "collectives": ["alltoall"], "calls": 2, "algorithm": "bruck",
+         "kills": [{"call": 0, "rank": 2, "when": "during", "how": "kill"}]},
+    ]
+    spec = {"timeout": 60, "hang_timeout": 10, "groups": groups}
+    res, records = launch_spec("tests/ft/family_ranks.py", spec, 11, "FAMILY-JSON",
+                               timeout=LAUNCH_TIMEOUT)
+    _family_check(groups, res, records)
+    survivors = {gi: [s["results"] for s in records if s.get("group") == gi
+                      and "survivor" in s] for gi in range(len(groups))}
+    for gi, results in survivors.items():
+        lost = [[r["lost"] for r in s] for s in results]
+        assert all(x == lost[0] for x in lost), (gi, lost)
+    # a rank gone before the call (the Alltoallv's counts gathered without it, the blocking
+    # call in place): lost on every survivor, the others' blocks delivered
+    assert {(r[2]["raised"], tuple(r[2]["lost"])) for r in survivors[0]} == {
+        ("ContributionsLost", (3,))}, survivors[0]
+    assert {(r[0]["raised"], tuple(r[0]["lost"])) for r in survivors[1]} == {
+        ("ContributionsLost", (2,))}, survivors[1]
+    # a rank killed during a call is lost to it, or to the next call where it had delivered
+    # all of it first (small native blocks leave at the start): reported once either way
+    assert sorted(x for r in survivors[0][0][:2] for x in r["lost"]) == [1], survivors[0]
+    assert {r[1]["size"] for r in survivors[0]} == {3}
+    assert {r[-1]["size"] for r in survivors[1]} == {2}
+    assert {r[-1]["size"] for r in survivors[2]} == {2}

@@ -21,11 +21,15 @@ LAUNCH_TIMEOUT = int(os.environ.get("BMLMPI_TEST_LAUNCH_TIMEOUT", "900"))
 def run_ranks(n: int, args: list[str], timeout: int = LAUNCH_TIMEOUT,
               env: dict | None = None) -> subprocess.CompletedProcess:
     """``args`` run by ``n`` ranks. Each launch has a tuning table of its own (none at first):
-    what ``auto`` runs in it does not depend on what an earlier launch or job committed."""
+    what ``auto`` runs in it does not depend on what an earlier launch or job committed; and
+    ``auto`` explores in blocks of one call (``BMLMPI_TUNING_BLOCK=1``: four calls per
+    candidate, the exploration's blocks are tests/unit/test_tuner_noise.py's), so that a
+    launch that runs signatures until they commit stays short."""
     cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable, *args]
     with tempfile.TemporaryDirectory(prefix="bmlmpi-tuning-") as tables:
         full_env = {**os.environ, "BMLMPI_TIMEOUT": "60", "PYTHONUNBUFFERED": "1",
-                    "BMLMPI_TUNING": str(Path(tables) / "tuning.jsonl"), **(env or {})}
+                    "BMLMPI_TUNING": str(Path(tables) / "tuning.jsonl"),
+                    "BMLMPI_TUNING_BLOCK": "1", **(env or {})}
         try:
             return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                                   timeout=timeout, env=full_env)

@@ -57,7 +57,9 @@ def launch(py: Path, n: int, args: list[str], *, ft: bool = False, timeout: floa
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_backend_against_gloo(venv, n):
-    res = launch(venv, n, ["tests/frameworks/torch_ranks.py"], timeout=LAUNCH_TIMEOUT)
+    # auto explores in blocks of one call (4 calls per candidate): its check stays short
+    res = launch(venv, n, ["tests/frameworks/torch_ranks.py"], timeout=LAUNCH_TIMEOUT,
+                 env={"BMLMPI_TUNING_BLOCK": "1"})
     out = res.stdout + res.stderr
     tail = out[-6000:]
     failed = [line for line in res.stdout.splitlines() if " FAIL" in line]
@@ -68,7 +70,7 @@ def test_backend_against_gloo(venv, n):
     checks = {line.split()[1] for line in res.stdout.splitlines() if line.startswith("CHECK ")}
     for name in ("ddp_equals_gloo", "fp16_hook_step1_gradient_matches_torch",
                  "tdf:0.002:0.5:0.5_error_feedback", "topk:0.05_error_feedback",
-                 "ibatch_hook_planned", "zero_equals_ddp",
+                 "ibatch_hook_planned", "zero_equals_ddp", "auto_commits_through_the_tuner",
                  "fsdp2_equals_ddp", "fsdp1_equals_ddp", "refused_band", "future_without_wait",
                  "store_on_given_host",
                  "reduce_scatter_list[4099,torch.int64]", "reduce[5,torch.float32,root1]",
@@ -77,7 +79,13 @@ def test_backend_against_gloo(venv, n):
                  "gather[4099,torch.float64,root1]", "scatter[4099,torch.int32,root1]",
                  "gather_object", "scatter_object_list", "all_gather_coalesced[torch.int64]",
                  "all_reduce_coalesced[torch.float32]", "coalescing_manager[cpu]",
-                 "refused_all_to_all_single", "refused_all_to_all", "recv_deadline",
+                 "all_to_all_single_equal[5,torch.int64]",
+                 "all_to_all_single_uneven[torch.float32]", "all_to_all_single_uneven[bcube]",
+                 "all_to_all_single_future[torch.int32]", "all_to_all_list_uneven[torch.int64]",
+                 "all_to_all_list[torch.float32]", "all_to_all_single_bad_split_sizes",
+                 "all_to_all_single_bad_split_sizes_elsewhere",
+                 "all_to_all_single_pairs_disagree", "all_to_all_single_after_refusals",
+                 "recv_deadline",
                  "recv_of_a_shorter_message", "monitored_barrier_is_torchs_gloo_only"):
         assert name in checks, f"check {name} did not run\n{tail}"
     if n > 2:

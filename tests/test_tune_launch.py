@@ -33,7 +33,9 @@ c.Free()
 
 def test_tune_fills_the_table_and_a_job_reads_it(tmp_path):
     table = tmp_path / "tuning.jsonl"
-    env = {"BMLMPI_TUNING": str(table), "BMLMPI_CACHE_DIR": str(tmp_path / "cache")}
+    # the exploration's default blocks (16 calls at 8 B, 4 at 1 MiB), as a tuning run makes
+    env = {"BMLMPI_TUNING": str(table), "BMLMPI_CACHE_DIR": str(tmp_path / "cache"),
+           "BMLMPI_TUNING_BLOCK": "16"}
     res = run_ranks(2, ["-m", "bmlmpi.cli.calibrate", "--tune", "--sizes", "8,1M",
                         "--collectives", "allreduce,reduce_scatter"], timeout=120, env=env)
     out = res.stdout + res.stderr

@@ -51,6 +51,7 @@ from mpi4py import MPI
 from .. import __version__, config
 from ..api import Communicator
 from ..selection import algorithms as implemented
+from ..tuner import size_class
 from . import overview
 
 LARGE_MESSAGE = 8192
@@ -406,16 +407,17 @@ class FamilyCase:
         return lambda: own(recv, root)
 
 
-def tuning_calls(ctx: Communicator, collective: str = "allreduce") -> int:
-    """The calls ``auto`` may spend on one signature of ``collective`` before it runs its
-    choice: the job's first ``auto`` call, after which the prices are taken and exploring
-    starts afresh, then a key's exploration (a warm-up round and the counted rounds over at
-    most ``k`` + 1 candidates, or, with nothing priced, every algorithm the collective has,
-    docs/tuning.md). The sweep gives ``auto`` these on top of its warm-up, so that its row
-    times ``auto`` after its tuning calls, as a job's later calls run."""
+def tuning_calls(ctx: Communicator, collective: str = "allreduce", nbytes: int = 0) -> int:
+    """The calls ``auto`` may spend on one signature of ``collective`` (a work buffer of
+    ``nbytes``) before it runs its choice: the job's first ``auto`` call, after which the
+    prices are taken and exploring starts afresh, then a key's exploration (a warm-up call
+    and the counted rounds of blocks over at most ``k`` + 1 candidates, or, with nothing
+    priced, every algorithm the collective has, docs/tuning.md). The sweep gives ``auto``
+    these on top of its warm-up, so that its row times ``auto`` after its tuning calls, as a
+    job's later calls run."""
     tuner = ctx.tuning.tuner
     most = max(tuner.k + 1, len(implemented(collective)) - 1)   # (auto is not a candidate)
-    return 1 + (1 + tuner.rounds) * most
+    return 1 + most * (1 + tuner.rounds * tuner.block_calls_at(size_class(nbytes)))
 
 
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,
@@ -478,7 +480,8 @@ def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, s
             comm.Barrier()
 
     for a in algorithms:
-        run(a, skip + (tuning_calls(ctx, collective) if a == "auto" else 0), False, validate)
+        run(a, skip + (tuning_calls(ctx, collective, size_bytes) if a == "auto" else 0),
+            False, validate)
     for b in range(blocks):
         for a in algorithms:
             run(a, bounds[b + 1] - bounds[b], True, validate)

@@ -19,14 +19,22 @@ from mpi4py import MPI
 from .. import tuning_table
 from ..api import Communicator
 from ..calibrate import mpi_library
+from ..selection import algorithms
+from ..tuner import size_class
 
 #: What ``--collectives all`` tunes: every collective with a blocking ``auto`` call.
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
 #: The default sizes: 8 B to 64 MiB, every fourth power of two.
 DEFAULT_SIZES = tuple(8 << (2 * i) for i in range(13))
 
-#: A bound on one signature's calls: its exploration takes (1 + rounds) calls per candidate.
-_MOST_CALLS = 256
+
+def _most_calls(ctx: Communicator, collective: str, nbytes: int) -> int:
+    """A bound on one signature's calls: its exploration takes a warm-up call and ``rounds``
+    blocks per candidate, and every algorithm of the collective may be one."""
+    tuner = ctx.tuning.tuner
+    block = tuner.block_calls_at(size_class(nbytes))
+    return 1 + len(algorithms(collective)) * (1 + tuner.rounds * block)
+
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -102,14 +110,15 @@ def tune(comm: MPI.Comm, collectives: Sequence[str], sizes: Sequence[int],
                     tuning.tuner.forget_seeds()
                     primed = True
                 key = tuning.key(collective, total, dtype, "sum", root)
-                for _ in range(_MOST_CALLS):
+                most = _most_calls(ctx, collective, total * dtype.itemsize)
+                for _ in range(most):
                     if key is None or tuning.tuner.committed(key) is not None:
                         break
                     call()
                 else:
                     raise RuntimeError(f"bmlmpi-calibrate --tune: {collective} of "
                                        f"{total * dtype.itemsize} B did not commit within "
-                                       f"{_MOST_CALLS} calls")
+                                       f"{most} calls")
                 report = ctx.explain(total, dtype, collective=collective)
                 if ctx.rank == 0:
                     printer(str(report.tuning) if report.tuning is not None else

@@ -46,8 +46,8 @@ Re-partitioning (which schedule the survivors run, :func:`.recovery.bcube_preser
   ``MAX_PLANNED_SERVERS``) the fresh schedule is used instead. Other algorithms always run
   fresh.
 
-The rest of the collective family (reduce-scatter, allgather, reduce, broadcast, and the
-persistent forms) runs on the same ledger; each collective's failure contract — what the
+The rest of the collective family (reduce-scatter, allgather, reduce, broadcast, all-to-all,
+and the persistent forms) runs on the same ledger; each collective's failure contract — what the
 survivors hold, what raises (:class:`RootFailed`, :class:`ContributionsLost`), where the next
 call runs — is in :mod:`bmlmpi.ft.family`.
 

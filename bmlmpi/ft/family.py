@@ -21,9 +21,14 @@ the frame (its ranks, counts and root). In every case the communicator stays usa
 * **Allgather(v)**: each survivor's slot holds that survivor's contribution; the slots of
   frame members lost are filled with zeros (never stale data) and the call raises
   :class:`ContributionsLost` on every survivor, naming them (original ranks).
-* **All-to-all(v)**: no contract of its own yet. A call whose frame lost a rank writes no
-  survivor's ``recvbuf`` and raises :class:`ContributionsLost` on every survivor, naming
-  the ranks lost.
+* **All-to-all(v)**: the survivors' blocks among themselves are delivered exactly (each
+  where the frame's counts and displacements put it); the blocks from frame members lost
+  are filled with zeros in every survivor's ``recvbuf`` (in place too: there they held this
+  rank's blocks for the lost ranks, which nobody receives), and the call raises
+  :class:`ContributionsLost` on every survivor, naming them (original ranks). A member
+  lost while an ``Alltoallv``'s counts were gathered (before its exchange started) is
+  lost to the call the same way: the call is still made for the frame
+  (:meth:`~.policy.FaultTolerantPolicy.pair_counts`).
 
 A rank that dies after delivering everything a call needed from it counts as dying after the
 call (the ledger's rule): the call commits with its data, and the next call recovers.
@@ -39,10 +44,10 @@ meets is left to the next ``Test``/``Wait``), and a recovery restarts every unco
 in start order, over the survivors by the contracts above: a call whose frame lost a rank
 before it was even started (the rank died after the frame was set) raises as if the rank had
 died during it — :class:`RootFailed` for its root, :class:`ContributionsLost` for an
-allgather. Ranks already gone when the frame was set are not its concern: the frame holds
-only the members then. Calls started with nothing outstanding after a recovery are made for
-the survivors: give their counts, displacements and root for the new ``size``, in the new
-ranks.
+allgather or all-to-all. Ranks already gone when the frame was set are not its concern: the
+frame holds only the members then. Calls started with nothing outstanding after a recovery
+are made for the survivors: give their counts, displacements and root for the new ``size``,
+in the new ranks.
 """
 
 from __future__ import annotations
@@ -66,13 +71,15 @@ class RootFailed(FaultToleranceError):
 
 
 class ContributionsLost(FaultToleranceError):
-    """An allgather lost the contributions of ranks that died during it: their slots hold
-    zeros, every survivor's slot its data. Raised on every survivor; the communicator stays
-    usable (over the survivors)."""
+    """An allgather or all-to-all lost the contributions of ranks that died during it
+    (``lost``): an allgather's slots of theirs hold zeros, every survivor's slot its data;
+    an all-to-all's blocks from them hold zeros, the survivors' blocks among themselves
+    were delivered. Raised on every survivor; the communicator stays usable (over the
+    survivors)."""
 
     def __init__(self, message: str, lost: tuple[int, ...]):
         super().__init__(message)
-        self.lost = lost  # original ranks whose slots are zero
+        self.lost = lost  # original ranks whose slots (blocks) are zero
 
 
 def retarget(call: CollectiveCall, members: list[int], rank: int) -> CollectiveCall:
@@ -97,12 +104,7 @@ def retarget(call: CollectiveCall, members: list[int], rank: int) -> CollectiveC
                                                     "skip": True})
         return dataclasses.replace(call, rank=rank, size=size, root=members.index(root))
     if what == "alltoall":
-        # no contract of its own yet: no survivor's recvbuf is written, and every survivor
-        # raises, naming the ranks lost (never a partial exchange passed off as whole)
-        err = ContributionsLost(f"this {call.mpi_name} lost original ranks {list(lost)}; an "
-                                f"all-to-all has no failure contract yet: no recvbuf was "
-                                f"written", lost)
-        return dataclasses.replace(call, extra={**call.extra, "error": err, "skip": True})
+        return _exchange_among(call, before, keep, lost, rank)
     counts = tuple(call.counts[i] for i in keep)
     if what == "reduce_scatter":
         inp = call.out if call.src is None else call.src
@@ -121,6 +123,48 @@ def retarget(call: CollectiveCall, members: list[int], rank: int) -> CollectiveC
     return dataclasses.replace(call, rank=rank, size=size, counts=counts,
                                displs=tuple(displs[i] for i in keep), native_block=False,
                                extra={**call.extra, "error": err})
+
+
+def _exchange_among(call: CollectiveCall, before: list[int], keep: list[int],
+                    lost: tuple[int, ...], rank: int) -> CollectiveCall:
+    """An all-to-all made for ``before`` as it runs over the survivors (``keep``: their
+    positions in ``before``): the pair matrix's rows and columns of the survivors, each
+    block where the frame's displacements put it; the blocks from the ranks ``lost``
+    zeroed in ``out`` (never stale data: in place they held this rank's blocks for them)."""
+    n = len(before)
+    old = call.rank
+    rows = call.counts
+    sends = rows[old * n:(old + 1) * n]
+    recvs = tuple(rows[j * n + old] for j in range(n))
+    rd = call.displs or offsets(recvs)
+    kept = set(keep)
+    for i in range(n):
+        if i not in kept:
+            call.out[rd[i]:rd[i] + recvs[i]] = 0
+    send_displs = None
+    if call.src is not None:  # in place the blocks are sent from ``out`` at ``displs``
+        sd = call.send_displs or offsets(sends)
+        send_displs = tuple(sd[i] for i in keep)
+    err = ContributionsLost(f"this {call.mpi_name} lost original ranks {list(lost)}: the "
+                            f"survivors' blocks among themselves were delivered, the blocks "
+                            f"from the ranks lost hold zeros", lost)
+    return dataclasses.replace(call, rank=rank, size=len(keep),
+                               counts=tuple(rows[i * n + j] for i in keep for j in keep),
+                               displs=tuple(rd[i] for i in keep), send_displs=send_displs,
+                               native_block=False, extra={**call.extra, "error": err})
+
+
+def complete_lost_counts(table: np.ndarray, lost: list[int]) -> None:
+    """An ``Alltoallv``'s gathered counts (``size × 2·size``: every rank's send counts, then
+    its receive counts) whose rows at the positions ``lost`` were lost while they were
+    gathered: each lost row rebuilt from what the others' rows say of it (what it sends
+    rank j is what j expects from it; what it receives from j, what j sends it). The
+    blocks of those ranks are not exchanged (:func:`retarget`); their counts only keep the
+    call's pair matrix whole, the same on every survivor."""
+    size = table.shape[0]
+    for i in lost:
+        table[i, :size] = table[:, size + i]
+        table[i, size:] = table[:, i]
 
 
 class Skipped:

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from ..call_policy import CallPolicy
@@ -31,7 +32,7 @@ from ..schedules.collectives import collective as collective_record
 from .compressed import settle
 from .errors import RankMasked, is_failure
 from .exit import LIVE, started
-from .family import Skipped, retarget
+from .family import ContributionsLost, Skipped, complete_lost_counts, retarget
 from .grow import Growth
 from .heartbeat import Heartbeat
 from .ledger import Call, Ledger
@@ -106,16 +107,39 @@ class FaultTolerantPolicy(CallPolicy):
         return self.frame
 
     def prepare_family(self, collective: str, algorithm: str | None,
-                       build: Callable[[str], Any], engine: Any) -> Any:
+                       build: Callable[[str], Any], engine: Any,
+                       frame: tuple[int, ...] | None = None) -> Any:
         """The family's call, its arguments checked against the members of its frame and
         remembering them (``call.extra["members"]``): each attempt runs it over the members
-        then by its collective's contract (:mod:`.family`)."""
-        frame = self.frame_now()
+        then by its collective's contract (:mod:`.family`). ``frame``: the frame its
+        arguments were gathered for (:meth:`pair_counts`), kept even where that gathering
+        lost ranks; None: :meth:`frame_now`."""
+        now = self.frame_now()
+        frame = now if frame is None else frame
         if list(frame) != self.membership.members:
             build = self.framed(build, frame)
         call = engine.prepare(collective, algorithm, build)
         call.extra["members"] = frame
         return call
+
+    def pair_counts(self, row_and_column: Callable[[int], Any]) -> tuple[Any, Any]:
+        """An ``Alltoallv``'s counts from every member of the call's frame (the plain
+        policy's contract), gathered by the ledger's ``Allgather``, and that frame. A
+        member lost while they were gathered leaves its row and column as the others'
+        counts give them (what each sends it, what each expects from it), so the call is
+        still made for the frame, the same on every survivor, and runs over the survivors by
+        the all-to-all's contract (:func:`.family.retarget`)."""
+        frame = self.frame_now()
+        size = len(frame)
+        mine = row_and_column(size)
+        every = np.empty(mine.size * size, dtype=np.int64)
+        try:
+            self.pipeline.Allgather(mine, every)
+        except ContributionsLost as exc:
+            table = every.reshape(size, mine.size)
+            complete_lost_counts(table, [frame.index(o) for o in exc.lost])
+            return table, frame
+        return every.reshape(size, mine.size), frame
 
     def framed(self, build: Callable[[str], Any], frame: tuple[int, ...]
                ) -> Callable[[str], Any]:

@@ -20,6 +20,8 @@ Which path each collective takes:
   agreement, deadlines, the fault-tolerant ledger; whichever algorithm the family serves for
   that collective, ``bmlmpi.algorithms(collective)``). CUDA tensors are staged through host
   memory on this path.
+* ``all_to_all_single`` (equal or uneven split sizes) and ``all_to_all`` (list form):
+  ``Communicator.Ialltoallv`` (:mod:`.all_to_all`; CUDA tensors staged through host memory).
 * ``barrier``: ``MPI_Ibarrier`` on the communicator bmlmpi sends on (``Communicator.comm``:
   after a failure, the survivors'), waited on with the deadline.
 
@@ -47,6 +49,7 @@ from ..call_formats import ReproducibleRefused
 from ..execute import timeout_from_env
 from ..ops import AVG
 from ..variants import Communicator
+from . import all_to_all
 from .launcher import check_one_world
 from .point_to_point import ReceiveWork, duplicate, start_recv, start_send
 from .tensors import (
@@ -550,17 +553,24 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
                                                           out.array, root),
                          outputs, out.finish)
 
-    # -- all-to-all: not served yet (bmlmpi's Alltoall is not wired to torch) -----------------
-    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                 opts: Any = None) -> Work:
-        raise UnsupportedCall("all_to_all is not served by the bmlmpi backend yet (bmlmpi's "
-                              "Alltoall is not wired to torch)")
-
+    # -- all-to-all: bmlmpi's Ialltoallv (all_to_all.py) ---------------------------------------
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
                           output_split_sizes: list[int], input_split_sizes: list[int],
                           opts: Any = None) -> Work:
-        raise UnsupportedCall("all_to_all_single is not served by the bmlmpi backend yet "
-                              "(bmlmpi's Alltoall is not wired to torch)")
+        with self._lock:
+            ex = all_to_all.single(self.communicator, output, input, output_split_sizes,
+                                   input_split_sizes)
+        return self._family(f"bmlmpi all_to_all_single (rank {self.rank()})", ex.start,
+                            [output], ex.views)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                 opts: Any = None) -> Work:
+        with self._lock:
+            ex = all_to_all.listed(self.communicator, outputs, inputs)
+        return self._family(f"bmlmpi all_to_all (rank {self.rank()})", ex.start, outputs,
+                            ex.views)
 
     # -- point-to-point (point_to_point.py) -----------------------------------------------------
     def _p2p(self, what: str) -> MPI.Comm:

@@ -187,12 +187,6 @@ def refusals(rank: int, n: int, check: Callable) -> None:
         else:
             check(name, False, "not refused")
 
-    refused("refused_all_to_all_single",
-            lambda: dist.all_to_all_single(torch.zeros(n), torch.zeros(n)), UnsupportedCall,
-            "all_to_all_single")
-    refused("refused_all_to_all",
-            lambda: dist.all_to_all([torch.zeros(1)] * n, [torch.zeros(1)] * n),
-            UnsupportedCall, "all_to_all")
     refused("refused_negative_tag", lambda: dist.isend(torch.zeros(1), (rank + 1) % n, tag=-1),
             UnsupportedCall, "tag -1")
     # torch 2.13 serves monitored_barrier for gloo only, before it reaches any other backend

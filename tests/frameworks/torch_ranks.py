@@ -1,6 +1,7 @@
 """Rank program of the torch backend tests: every collective of backend ``bmlmpi`` against
 backend ``gloo`` on the same inputs, work objects, DDP and its hooks, ZeRO and FSDP; point-to-point,
-gather, scatter and the coalesced calls (``torch_p2p_ranks.py``).
+gather, scatter and the coalesced calls (``torch_p2p_ranks.py``); all-to-all
+(``torch_alltoall_ranks.py``).
 
 Started by ``tests/test_torch_backend.py`` as ``bmlmpi-run -n N python
 tests/frameworks/torch_ranks.py`` in the torch venv (never collected by pytest: it needs
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
+from torch_alltoall_ranks import checks as alltoall_checks
 from torch_p2p_ranks import checks as p2p_checks
 
 import bmlmpi.torch
@@ -396,6 +398,35 @@ def conserved(c, seen, n, sizes) -> tuple[bool, str]:
     return True, f"{len(c.history)} calls, result within {worst:.3g} of the average sent"
 
 
+def auto_commits(rank: int, n: int, pg: dist.ProcessGroup) -> None:
+    """The backend's ``auto`` is its communicator's (docs/tuning.md): a signature's blocking
+    torch all_reduces explore the candidates through the same Tuner, in its blocks, then every
+    rank commits alike and the later calls run the committed algorithm, exactly."""
+    c = pg.communicator
+    dist.all_reduce(torch.ones(3))   # a blocking auto call: the prices are taken after it
+    c.tuning.tuner.forget_seeds()    # measured here, whatever a tuning table holds
+    size = 777   # float64: an 8 KiB class no other check uses
+    key = c.tuning.key("allreduce", size, np.dtype(np.float64), "sum", 0)
+    exact, calls, after = True, 0, []
+    while len(after) < 3 and calls < 400:   # 6 candidates: 294 calls (24 in blocks of one)
+        t = data(size, torch.float64, rank, calls)
+        dist.all_reduce(t)
+        exact &= torch.equal(t, sum(data(size, torch.float64, r, calls) for r in range(n)))
+        calls += 1
+        if c.tuning.tuner.committed(key) is not None:
+            after.append(c.recorder.calls()[-1]["chosen"])
+    report = c.tuning.tuner.report(key)
+    # every candidate ran its counted blocks (the warm-up call is not counted)
+    blocks = {t.name: (t.samples, len(t.blocks)) for t in report.candidates}
+    block = c.tuning.tuner.block_calls_at(key.size)
+    agreed = MPI.COMM_WORLD.allgather((report.chosen, [t.measured for t in report.candidates]))
+    check("auto_commits_through_the_tuner",
+          exact and report.state == "committed" and report.why in ("measured", "rule")
+          and len(blocks) > 1 and set(blocks.values()) == {(3 * block, 3)}
+          and after[1:] == [report.chosen] * 2 and agreed == [agreed[0]] * n,
+          f"{report.chosen} ({report.why}) after {calls} calls; candidates {blocks}")
+
+
 def main() -> int:
     pg = bmlmpi.torch.init_process_group()
     rank, n = dist.get_rank(), dist.get_world_size()
@@ -412,8 +443,10 @@ def main() -> int:
     for alg in ("bml", "ring", "tree"):
         groups[alg] = dist.new_group(backend="bmlmpi", pg_options=Options(algorithm=alg))
     try:
+        auto_commits(rank, n, pg)
         collectives(rank, n, gloo, groups)
         p2p_checks(rank, n, gloo, check)
+        alltoall_checks(rank, n, gloo, check)
         ddp_checks(rank, n, gloo)
     except Exception:
         traceback.print_exc()

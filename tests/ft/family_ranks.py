@@ -11,7 +11,10 @@ SPEC`` (never collected by pytest). ``SPEC`` is JSON::
 The world is cut into independent groups, each with its own fault-tolerant communicator.
 Call c of a group runs over the members left then (the counts, root and layout for its
 current size): reduce-scatter with uneven ``recvcounts``, allgatherv with displacements in
-reverse rank order, reduce and broadcast from root ``c % size``. ``when``: ``before`` the
+reverse rank order, reduce and broadcast from root ``c % size``, all-to-all (``alltoall``:
+equal blocks; ``alltoallv``: uneven pair counts with zeros, blocks received in reverse rank
+order with gaps that must stay untouched; ``blocking``: the blocking calls instead of the
+``I…`` ones). ``when``: ``before`` the
 call, or ``during`` it (the victim starts the call and dies at once); ``rank`` is an original
 rank or ``"root"`` (the call's root). Call c runs ``collectives[c % len]``.
 ``ranks_per_node`` (optional): the group's nodes, as ``BMLMPI_RANKS_PER_NODE`` pretends them
@@ -27,6 +30,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
@@ -63,7 +68,7 @@ def subsets(must: list[int], maybe: list[int]):
 
 
 def run_call(comm, collective: str, call: int, op_name: str, in_place: bool, victim: dict | None,
-             algorithm: str):
+             algorithm: str, blocking: bool = False):
     """Start call ``call``; the victim dies right after starting it; the others wait.
     Returns (what the check needs, the error raised or None)."""
     size, rank, me = comm.size, comm.rank, comm.original_rank
@@ -106,6 +111,9 @@ def run_call(comm, collective: str, call: int, op_name: str, in_place: bool, vic
         else:
             req = comm.Ireduce(x, out if rank == root else None, op, root, algorithm=algorithm)
         state.update(n=n, out=out)
+    elif collective in ("alltoall", "alltoallv"):
+        return run_exchange(comm, collective, call, in_place, victim, algorithm, blocking,
+                            state)
     else:
         n = 41
         buf = data(n, me, call)
@@ -118,6 +126,72 @@ def run_call(comm, collective: str, call: int, op_name: str, in_place: bool, vic
         req.Wait()
         return state, None
     except (ft.RootFailed, ft.ContributionsLost) as exc:
+        return state, exc
+
+
+def pair_count(src: int, dst: int, call: int, symmetric: bool, equal: bool) -> int:
+    """Elements original rank ``src`` sends ``dst`` in call ``call`` (zeros too)."""
+    if equal:
+        return 3
+    if symmetric:
+        return (src + dst + call) % 4
+    return (src * 5 + dst * 3 + call) % 4
+
+
+def block(n: int, src: int, dst: int, call: int) -> np.ndarray:
+    """What original rank ``src`` sends ``dst``: position-, sender- and receiver-dependent."""
+    i = np.arange(n)
+    return ((i * 7 + src * 3 + dst * 5 + call) % 11 + src * 1000 + dst * 10
+            + call * 100_000).astype(np.float64)
+
+
+def run_exchange(comm, collective: str, call: int, in_place: bool, victim: dict | None,
+                 algorithm: str, blocking: bool, state: dict):
+    """An all-to-all over the members now: ``alltoall`` equal blocks, packed; ``alltoallv``
+    uneven pair counts with zeros (symmetric in place), received in reverse rank order with
+    a gap of one element before each block, sent packed. The victim of a ``during`` kill
+    starts the call and dies at once (``blocking``: a thread kills it 50 ms into the call)."""
+    members, me = state["members"], comm.original_rank
+    equal = collective == "alltoall"
+    sends = [pair_count(me, o, call, in_place, equal) for o in members]
+    recvs = [pair_count(o, me, call, in_place, equal) for o in members]
+    if equal:
+        rdispls = [sum(recvs[:j]) for j in range(len(members))]
+        at = sum(recvs)
+    else:
+        rdispls, at = [0] * len(members), 1
+        for j in reversed(range(len(members))):
+            rdispls[j] = at
+            at += recvs[j] + 1
+    out = np.full(at, -1.0)
+    x = np.concatenate([block(c, me, o, call) for c, o in zip(sends, members, strict=True)])
+    if in_place:
+        for j, o in enumerate(members):
+            out[rdispls[j]:rdispls[j] + recvs[j]] = block(recvs[j], me, o, call)
+    send = MPI.IN_PLACE if in_place else x
+    if equal:
+        args = (send, out)
+        name = "Alltoall"
+    else:
+        args = (send if in_place else [x, sends], [out, recvs, rdispls, MPI.DOUBLE])
+        name = "Alltoallv"
+    state.update(recvs=recvs, rdispls=rdispls, out=out)
+    if victim is not None and blocking:
+        emit(victim=me, call=call)
+        threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    try:
+        if blocking:
+            getattr(comm, name)(*args, algorithm=algorithm)
+            if victim is not None:  # the call completed first: the kill comes after it
+                time.sleep(60)
+        else:
+            req = getattr(comm, "I" + name.lower())(*args, algorithm=algorithm)
+            if victim is not None:
+                emit(victim=me, call=call)
+                os.kill(os.getpid(), signal.SIGKILL)
+            req.Wait()
+        return state, None
+    except ft.ContributionsLost as exc:
         return state, exc
 
 
@@ -150,6 +224,21 @@ def check(collective: str, call: int, op: str, state: dict, error, victims: list
             want = np.zeros(counts[i]) if o in lost else data(counts[i], o, call)
             if not np.array_equal(slot, want):
                 return f"slot of original rank {o} wrong (lost {sorted(lost)}): {slot[:4]}"
+        return None
+    if collective in ("alltoall", "alltoallv"):
+        recvs, rdispls = state["recvs"], state["rdispls"]
+        lost = set(error.lost) if error is not None else set()
+        if lost - set(dead):
+            return f"lost {sorted(lost)} names ranks that did not die in the call"
+        if gone_before and not set(gone_before) <= lost:
+            return f"lost {sorted(lost)} leaves out {gone_before}, gone before the call"
+        expect = np.full(out.size, -1.0)
+        for j, o in enumerate(members):
+            want = np.zeros(recvs[j]) if o in lost else block(recvs[j], o, me, call)
+            expect[rdispls[j]:rdispls[j] + recvs[j]] = want
+        if not np.array_equal(out, expect):
+            wrong = np.flatnonzero(out != expect)[:4]
+            return f"recvbuf wrong at {wrong.tolist()} (lost {sorted(lost)}): {out[wrong]}"
         return None
     root_orig = members[root]
     if isinstance(error, ft.RootFailed):
@@ -209,7 +298,7 @@ def main() -> int:
         mine = [k for k in kills if k["rank"] == me and k["when"] == "during"]
         state, error = run_call(comm, collective, call, g.get("op", "sum"),
                                 g.get("in_place", False), mine[0] if mine else None,
-                                g.get("algorithm", "native"))
+                                g.get("algorithm", "native"), g.get("blocking", False))
         # the ranks this call may have lost: its victims, and any earlier victim that the
         # previous call committed without noticing (it died after delivering its part)
         lost = [k["rank"] for k in kills] + [o for o in state["members"]
@@ -218,6 +307,7 @@ def main() -> int:
         why = check(collective, call, g.get("op", "sum"), state, error, lost, gone_before, me)
         results.append({"call": call, "collective": collective, "ok": why is None, "why": why,
                         "raised": type(error).__name__ if error is not None else None,
+                        "lost": sorted(getattr(error, "lost", ())),
                         "size": comm.size})
     ran = sorted({s.sig.chosen for s in (comm.recorder.slots if comm.recorder else ())
                   if s.seq >= 0 and s.sig is not None and s.sig.chosen})

@@ -20,10 +20,13 @@ PRICES = Calibration(alpha=1e-5, beta=1e-9, native=((8, 2e-5), (1 << 20, 1e-3)),
 
 @pytest.fixture
 def own_table(tmp_path_factory, monkeypatch):
-    """A tuning table of this test's own (none at first), and no calibration measured."""
+    """A tuning table of this test's own (none at first), no calibration measured, and
+    exploration blocks of one call: four calls per candidate, so that these tests of the
+    pipeline stay short (the blocks' statistics are tests/unit/test_tuner_noise.py's)."""
     comm = MPI.COMM_WORLD
     where = comm.bcast(str(tmp_path_factory.mktemp("tuning")) if comm.rank == 0 else None)
     monkeypatch.setenv("BMLMPI_TUNING", f"{where}/table.jsonl")
+    monkeypatch.setenv("BMLMPI_TUNING_BLOCK", "1")
     monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
     monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
     return f"{where}/table.jsonl"
@@ -210,4 +213,116 @@ def test_the_next_communicator_starts_from_the_table(own_table):
     assert why.rule == "table" and why.chosen == committed, str(why)
     out, ref = run(second, "allreduce", n // world.size, 100)
     assert np.array_equal(out, ref) and second.recorder.calls()[-1]["chosen"] == committed
+    # the non-blocking form of the tabled signature runs the table's choice too
+    x = data(n, world.rank, 101)
+    out, ref = np.empty_like(x), np.empty_like(x)
+    second.Iallreduce(x, out).Wait()
+    world.Allreduce(x, ref)
+    assert np.array_equal(out, ref) and second.recorder.calls()[-1]["chosen"] == committed
     second.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
+def test_a_committed_signature_runs_the_named_algorithms_fast_path(own_table, collective,
+                                                                   monkeypatch):
+    """Once an 8 B signature has committed native (injected times), its calls take the same
+    kind of fast-path entry as a call that names native (mpi4py's blocking call, the same
+    method and arguments), and the fast path asks nothing of auto: no call reaches
+    AutoTuning or the Tuner, so the committed auto call costs what the named one does."""
+    from bmlmpi.auto_tuning import AutoTuning
+    from bmlmpi.tuner import Tuner
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to commit")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    tuner = c.tuning.tuner
+    record = tuner.record
+    tuner.record = lambda key, name, seconds: record(key, name,
+                                                     1e-5 if name == "native" else 1e-3)
+    n = 1   # one float64 per rank's block: 8 B a rank, 8 B x N the work buffer
+    why = c.explain(n * world.size, np.float64, collective=collective)
+    for call in range(4 * len(why.tuning.candidates) + 1):   # blocks of one call
+        out, ref = run(c, collective, n, call)
+        assert np.array_equal(out, ref)
+        if c.explain(n * world.size, np.float64, collective=collective).tuning.state \
+                == "committed":
+            break
+    assert c.explain(n * world.size, np.float64, collective=collective).chosen == "native"
+    for call in range(2):   # the committed call opens its entry; the named one its own
+        run(c, collective, n, 100 + call)
+        run(c, collective, n, 200 + call, algorithm="native")
+    entries = c._fast_path.entries
+    method = "Allreduce" if collective == "allreduce" else "Reduce_scatter_block"
+    # (the family keys the communicator's own algorithm, auto here, as None)
+    auto = [e for k, e in entries.items() if k[0] == method and k[1] in ("auto", None)]
+    named = [e for k, e in entries.items() if k[:2] == (method, "native")]
+    assert len(auto) == len(named) == 1, list(entries)
+    for e in (auto[0], named[0]):
+        assert e.plan is None and e.native is not None   # mpi4py's blocking call
+    assert (auto[0].native.method, auto[0].native.direct) == (named[0].native.method,
+                                                              named[0].native.direct)
+    asked = []
+    for cls in (AutoTuning, Tuner):
+        for name, fn in vars(cls).items():
+            if callable(fn) and not name.startswith("__"):
+                monkeypatch.setattr(cls, name, (lambda f, n: lambda *a, **k: (
+                    asked.append(n), f(*a, **k))[1])(fn, f"{cls.__name__}.{name}"))
+    before = c.recorder.calls()[-1]["seq"] if c.recorder.calls() else -1
+    for call in range(20):
+        out, ref = run(c, collective, n, 300 + call)
+        assert np.array_equal(out, ref)
+    assert asked == []
+    ran = [r for r in c.recorder.calls() if r["seq"] > before]
+    assert {r["chosen"] for r in ran} == {"native"}, ran
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_the_other_forms_and_buckets_run_what_the_blocking_calls_committed(own_table):
+    """docs/tuning.md's "the other forms": after the blocking calls of a signature commit
+    (injected times make a candidate other than the prior win), its Iallreduce, its
+    persistent Allreduce_init and a GradientBuckets allreduce of the same signature run the
+    committed algorithm (the flight recorder says which ran), exactly."""
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to commit")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    n = 64    # 64 float64 per rank's block: a 512 B x N allreduce
+    why = c.explain(n * world.size, np.float64)
+    names = [t.name for t in why.tuning.candidates]
+    winner = next(name for name in reversed(names) if name not in (why.chosen, "native"))
+    tuner = c.tuning.tuner
+    record = tuner.record
+    tuner.record = lambda key, name, seconds: record(key, name,
+                                                     1e-5 if name == winner else 1e-3)
+    for call in range(4 * len(names)):   # blocks of one call
+        out, ref = run(c, "allreduce", n, call)
+        assert np.array_equal(out, ref)
+    after = c.explain(n * world.size, np.float64)
+    assert (after.chosen, after.rule) == (winner, "measured"), str(after)
+    x = data(n * world.size, world.rank, 7)
+    ref = np.empty_like(x)
+    world.Allreduce(x, ref)
+    ran = {}
+    out = np.empty_like(x)
+    c.Iallreduce(x, out).Wait()
+    ran["Iallreduce"] = (c.recorder.calls()[-1]["chosen"], np.array_equal(out, ref))
+    out = np.empty_like(x)
+    req = c.Allreduce_init(x, out)
+    for _ in range(2):
+        out[:] = -1
+        req.Start()
+        req.Wait()
+        ran["Allreduce_init"] = (c.recorder.calls()[-1]["chosen"], np.array_equal(out, ref))
+    req.Free()
+    grad = x.copy()
+    buckets = bmlmpi.GradientBuckets([grad], comm=c, op=MPI.SUM, plan="layer")
+    buckets.mark_ready(0)
+    buckets.wait()
+    ran["GradientBuckets"] = (c.recorder.calls()[-1]["chosen"], np.array_equal(grad, ref))
+    assert ran == {form: (winner, True) for form in ran}, ran
+    c.Free()

@@ -84,19 +84,24 @@ def test_candidates_are_the_model_best_three_then_native_in_one_order():
     assert pick_candidates("allreduce", [], "bml") == ("bml", "native")
 
 
-def test_exploration_rotates_and_drops_each_candidate_first_run():
+def test_exploration_rotates_blocks_and_drops_each_candidate_first_call():
     t = Tuner()
     report = t.begin(KEY, MODEL)
     assert report.state == "exploring" and report.prior == "bml"
     cands = [c.name for c in report.candidates]
-    assert t.exploration_calls(KEY) == 4 * len(cands)
+    block = t.block_calls_at(KEY.size)
+    assert block == 4    # 1 MiB: a quarter of the 4 MiB from which a block is one call
+    assert t.exploration_calls(KEY) == len(cands) * (1 + 3 * block)
     runs = [t.choose(KEY, i) for i in range(t.exploration_calls(KEY))]
-    assert runs == cands * 4
+    assert runs == cands + [c for c in cands for _ in range(block)] * 3
     for i, name in enumerate(runs):
-        t.record(KEY, name, 1.0 if i < len(cands) else 1e-3 * (cands.index(name) + 1))
-    # the warm-up (1 s) is not counted: three samples each, medians from the counted rounds
-    assert [c.samples for c in t.report(KEY).candidates] == [3] * len(cands)
-    assert t.proposal(KEY) == tuple(1e-3 * (i + 1) for i in range(len(cands)))
+        t.choose(KEY, i)
+        t.record(KEY, name, 1.0 if i < len(cands)
+                 else 1e-3 * (cands.index(name) + 1) * (1 + i % 2))
+    # the warm-up call (1 s) is not counted: three blocks each, each block's mean proposed
+    assert [c.samples for c in t.report(KEY).candidates] == [3 * block] * len(cands)
+    assert t.proposal(KEY) == tuple(1.5e-3 * (i + 1) for i in range(len(cands))
+                                    for _ in range(3))
 
 
 def test_every_rank_commits_alike_though_one_rank_alone_would_pick_another():
@@ -153,7 +158,8 @@ def test_a_candidate_without_a_time_on_one_rank_cannot_win():
         ranks[0].record(KEY, name, {"ring": 1e-5}.get(name, 1e-3))
         if name != "ring":  # rank 1 never timed ring
             ranks[1].record(KEY, name, 1e-3)
-    assert math.isinf(ranks[1].proposal(KEY)[1])
+    rounds = ranks[1].rounds   # ring's blocks, the second candidate's
+    assert all(map(math.isinf, ranks[1].proposal(KEY)[rounds:2 * rounds]))
     agreed = [max(a, b) for a, b in zip(ranks[0].proposal(KEY), ranks[1].proposal(KEY),
                                         strict=True)]
     for t in ranks:
@@ -245,7 +251,8 @@ def test_the_report_renders_predicted_measured_and_why():
     explore([t], KEY, [{"bml": 1e-4, "ring": 3e-4, "tree": 6e-4, "native": 7e-4}])
     text = str(t.report(KEY))
     assert "bml (measured)" in text and "<- chosen" in text
-    assert "predicted     300.0 us  measured     100.0 us (3 samples)  <- chosen" in text
+    assert ("predicted     300.0 us  measured     100.0 us (12 samples, blocks 100.0-100.0 us)"
+            "  <- chosen") in text
 
 
 

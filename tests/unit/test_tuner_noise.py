@@ -1,0 +1,135 @@
+"""auto's exploration on a loaded machine (bmlmpi.tuner): one call's time can be a scheduler's
+time slice, so the Tuner times blocks of consecutive calls, interleaves the candidates'
+blocks, compares the median block means and keeps the prior unless a candidate beats it in
+every block. Per-call timings are injected as functions of the candidate's own call count, so
+each scenario reads the same whatever the block length; several ranks are several Tuners, and
+the MAX the pipeline takes across ranks is taken here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bmlmpi import selection
+from bmlmpi.tuner import Tuner, TuningKey
+
+RANKS = 2
+#: an 8 B allreduce: a block of 16 calls by default
+KEY = TuningKey("allreduce", 8, "float32", "sum", RANKS, "1x2")
+US = 1e-6
+#: the calls of one of its exploration blocks (the last test holds it)
+BLOCK = 16
+
+
+def rule_pick() -> selection.Explanation:
+    """auto without a calibration at 8 B on two ranks: the fixed rule picks native, every
+    applicable record is a candidate."""
+    why = selection.explain(2, 4, RANKS)
+    assert (why.rule, why.chosen) == ("fixed rule", "native")
+    assert {"tree", "ring", "native"} <= set(why.applicable)
+    return why
+
+
+def explore(tuners: list[Tuner], time_of: Callable[[int, str, int], float]) -> list[str]:
+    """One exploration of KEY on every rank's Tuner: call ``index`` runs the candidate every
+    rank chooses alike; ``time_of(rank, name, k)`` is that rank's seconds for the ``k``-th
+    call of ``name`` (0 first, the warm-up's included). Then the MAX over ranks is agreed and
+    committed. Returns each rank's commit."""
+    why = rule_pick()
+    for t in tuners:
+        t.begin(KEY, why)
+    calls = tuners[0].exploration_calls(KEY)
+    count: dict[str, int] = {}
+    for index in range(calls):
+        names = {t.choose(KEY, index) for t in tuners}
+        assert len(names) == 1
+        name = names.pop()
+        k = count[name] = count.get(name, -1) + 1
+        for rank, t in enumerate(tuners):
+            t.record(KEY, name, time_of(rank, name, k))
+        assert {t.due(KEY, index) for t in tuners} == {index == calls - 1}
+    agreed = [max(col) for col in zip(*(t.proposal(KEY) for t in tuners), strict=True)]
+    for t in tuners:
+        t.commit(KEY, agreed)
+    return [t.committed(KEY) for t in tuners]
+
+
+def steady(name: str) -> float:
+    """Candidates no scenario disturbs: native 70 us, the others 100 us (a little jitter)."""
+    return 70 * US if name == "native" else 100 * US
+
+
+def test_a_schedule_whose_calls_lose_the_core_does_not_win_on_its_median_call():
+    """At load above the core count tree (a schedule that yields while it polls) runs 50 us,
+    but every third call waits out another process's time slice (5 ms): its single calls'
+    median is 50 us, a user's loop of it 1.7 ms a call. Native is kept."""
+    def time_of(rank, name, k):
+        if name == "tree":
+            return 5000 * US if k % 3 == 0 else 50 * US
+        return steady(name) * (1 + 0.01 * (k % 5))
+    tuners = [Tuner() for _ in range(RANKS)]
+    assert explore(tuners, time_of) == ["native"] * RANKS
+    tree = next(c for c in tuners[0].report(KEY).candidates if c.name == "tree")
+    assert tree.measured > 1000 * US and len(tree.blocks) == 3
+
+
+def test_a_median_gap_within_the_blocks_spread_keeps_the_prior():
+    """tree's median block (60 us) beats native's (70 us) by more than the margin, but one of
+    its three blocks ran while the machine was busy (3 ms a call): the gap is within tree's
+    spread, so it is noise, and native stays (why: the rule's pick kept)."""
+    def time_of(rank, name, k):
+        if name == "tree":
+            busy = BLOCK < k <= 2 * BLOCK   # the second counted block (k 0: the warm-up)
+            return 3000 * US if busy else 60 * US
+        return steady(name)
+    tuners = [Tuner() for _ in range(RANKS)]
+    assert explore(tuners, time_of) == ["native"] * RANKS
+    report = tuners[0].report(KEY)
+    assert report.why == "rule"
+    tree = next(c for c in report.candidates if c.name == "tree")
+    assert tree.measured == 60 * US and max(tree.blocks) == 3000 * US
+
+
+def test_a_clear_winner_wins_though_its_single_calls_alternate():
+    """ring's calls alternate 10 us and 50 us (30 us a call in any block) and every one of
+    its blocks beats every one of native's: ring is committed, measured. tree looks faster
+    call by call (20 us) but loses every fourth call to another process (5 ms)."""
+    def time_of(rank, name, k):
+        if name == "ring":
+            return (10 if k % 2 == 0 else 50) * US
+        if name == "tree":
+            return 5000 * US if k % 4 == 0 else 20 * US
+        return steady(name)
+    tuners = [Tuner() for _ in range(RANKS)]
+    assert explore(tuners, time_of) == ["ring"] * RANKS
+    report = tuners[0].report(KEY)
+    assert report.why == "measured"
+    assert next(c for c in report.candidates if c.name == "ring").measured == 30 * US
+
+
+def test_every_rank_commits_alike_when_one_ranks_blocks_alone_would_pick_another():
+    """On rank 1 tree runs a steady 40 us and would win alone; on rank 0 every third tree
+    call loses the core. A block ends when its slowest rank does: the agreed blocks are
+    rank 0's, and both ranks keep native."""
+    def time_of(rank, name, k):
+        if name == "tree":
+            return 5000 * US if rank == 0 and k % 3 == 0 else 40 * US
+        return steady(name)
+    alone = Tuner()
+    assert explore([alone], lambda rank, name, k: time_of(1, name, k)) == ["tree"]
+    assert explore([Tuner() for _ in range(RANKS)], time_of) == ["native"] * RANKS
+
+
+def test_exploration_runs_whole_blocks_interleaved_and_costs_what_the_docs_say():
+    """Blocks of 16 calls at 8 B, fewer from 256 KiB, one call from 4 MiB; a warm-up call
+    per candidate, then three counted rounds of the candidates' blocks in turn."""
+    t = Tuner()
+    why = rule_pick()
+    t.begin(KEY, why)
+    cands = [c.name for c in t.report(KEY).candidates]
+    assert t.block_calls_at(KEY.size) == BLOCK
+    assert t.exploration_calls(KEY) == len(cands) * (1 + 3 * BLOCK)
+    runs = [t.choose(KEY, i) for i in range(t.exploration_calls(KEY))]
+    assert runs == cands + [c for _ in range(3) for c in cands for _ in range(BLOCK)]
+    sizes = {1 << 18: 16, 1 << 20: 4, 1 << 21: 2, 4 << 20: 1, 64 << 20: 1}
+    for size, block in sizes.items():
+        assert t.block_calls_at(size) == block
