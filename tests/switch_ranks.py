@@ -4,7 +4,8 @@ and one rank refuses its arguments while the others run an agreed signature on a
 still to be set up. ``python tests/switch_ranks.py SCENARIO``; each rank prints one line
 ``SWITCH {"rank": r, "failures": [...], "cases": [...]}``.
 
-Scenarios: ``registry`` (every algorithm of every collective in the registry, blocking),
+Scenarios: ``registry`` (every algorithm of every collective in the registry, blocking; the
+all-to-all at ``ALLTOALL_RANKS`` ranks),
 ``shm``, ``hierarchical`` and ``auto`` (the shared-memory tier: blocking, ``I…`` and
 persistent), ``refuse`` (a refusal meeting the node tier's set-up). The deadline is
 ``BMLMPI_TIMEOUT``.
@@ -30,13 +31,17 @@ failures: list[str] = []
 cases: list[dict] = []
 ROOT = 0          # the rooted collectives' root
 SWITCHER = 1      # the rank that switches (or the one that accepts, in ``refuse``)
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast", "alltoall")
+#: the rank count at which the registry scenario runs the all-to-all (each of its schedules
+#: waits out one deadline: once is enough, and it costs the suite seconds)
+ALLTOALL_RANKS = 4
 #: the mpi4py name of each collective's call (``I…`` and ``…_init`` are formed from it)
 NAMES = {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter_block",
-         "allgather": "Allgather", "reduce": "Reduce", "bcast": "Bcast"}
+         "allgather": "Allgather", "reduce": "Reduce", "bcast": "Bcast",
+         "alltoall": "Alltoall"}
 #: what the second signature changes, per collective (the registry scenario)
 CHANGES = {"allreduce": "op", "reduce_scatter": "dtype", "allgather": "count",
-           "reduce": "op", "bcast": "count"}
+           "reduce": "op", "bcast": "count", "alltoall": "count"}
 RAISED = ("DeadlineExceeded", "CommunicatorRevoked")
 
 
@@ -68,15 +73,15 @@ class Signature:
         self.coll = coll
         self.m, self.dtype, self.op = sig
         m, dt = self.m, self.dtype
-        self.send = np.zeros(size * m if coll == "reduce_scatter" else m, dt)
-        self.recv = np.zeros(size * m if coll == "allgather" else m, dt)
+        self.send = np.zeros(size * m if coll in ("reduce_scatter", "alltoall") else m, dt)
+        self.recv = np.zeros(size * m if coll in ("allgather", "alltoall") else m, dt)
         self.request = None
 
     def args(self) -> tuple:
         coll = self.coll
         if coll == "bcast":
             return (self.send, ROOT)
-        if coll == "allgather":
+        if coll in ("allgather", "alltoall"):
             return (self.send, self.recv)
         if coll == "reduce":
             return (self.send, self.recv, self.op, ROOT)
@@ -100,6 +105,9 @@ class Signature:
             return np.concatenate([contribution(m, r, call, dt) for r in range(size)])
         if coll == "reduce":
             return reduced(m, call, dt, op) if rank == ROOT else None
+        if coll == "alltoall":  # block ``rank`` of every rank's input
+            return np.concatenate([contribution(size * m, r, call, dt)[rank * m:(rank + 1) * m]
+                                   for r in range(size)])
         return contribution(m, ROOT, call, dt)
 
     def run(self, ctx, form: str) -> None:
@@ -206,6 +214,8 @@ def scenario_registry() -> None:
     every-call check (with the first-call check its contract is MPI's: none)."""
     timeout = float(os.environ["BMLMPI_TIMEOUT"])
     for coll in COLLECTIVES:
+        if coll == "alltoall" and size != ALLTOALL_RANKS:
+            continue
         for algorithm in bmlmpi.algorithms(coll):
             if algorithm == "auto":  # a choice among the others (the auto scenario)
                 continue

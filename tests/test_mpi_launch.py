@@ -111,7 +111,8 @@ def test_alltoall_sweep_prints_osu_alltoall_and_validates():
     assert res.returncode == 0, (out + res.stderr)[-4000:]
     tables = out.split("# Latency ratio")[0].split(
         "# OSU MPI All-to-All Personalized Exchange Latency Test")[1:]
-    assert len(tables) == 6, out  # auto, pairwise, bruck, bcube, passthrough, native
+    # auto, hierarchical, shm, pairwise, bruck, bcube, passthrough, native
+    assert len(tables) == 8, out
     for table in tables:
         rows = [line.split() for line in table.splitlines() if line[:1].isdigit()]
         assert [int(r[0]) for r in rows] == [8 << i for i in range(10)], table
@@ -119,7 +120,8 @@ def test_alltoall_sweep_prints_osu_alltoall_and_validates():
         algbw, busbw = float(rows[-1][5]), float(rows[-1][6])
         assert busbw == pytest.approx(algbw * 2 / 3, abs=2e-3), table
     ratio_head = out.split("# Latency ratio to native MPI_Alltoall")[1].splitlines()[1].split()
-    assert ratio_head[2:] == ["auto", "pairwise", "bruck", "bcube", "passthrough"]
+    assert ratio_head[2:] == ["auto", "hierarchical", "shm", "pairwise", "bruck", "bcube",
+                              "passthrough"]
 
 
 def test_readme_mpiexec_by_hand(tmp_path):

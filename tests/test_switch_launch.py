@@ -22,6 +22,7 @@ PROGRAM = "tests/switch_ranks.py"
 LAUNCH_TIMEOUT = 600
 DEADLINE = "3"   # BMLMPI_TIMEOUT: every switched call waits it out
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "reduce", "bcast")
+ALLTOALL_RANKS = 4  # the launch that runs the all-to-all's (switch_ranks.ALLTOALL_RANKS)
 
 
 def launch(scenario: str, n: int, trace: Path, env: dict | None = None) -> list[dict]:
@@ -57,10 +58,12 @@ def test_a_switch_to_a_signature_already_run_never_returns_a_wrong_result(n, tmp
     nothing from the switching rank, which returns its exact result; the communicator is
     revoked on every rank afterwards. ``native`` runs with ``check="every-call"`` (every
     rank raises ArgumentMismatch, the next call is right): with the first-call check its
-    later calls are MPI's own, where MPI defines nothing."""
+    later calls are MPI's own, where MPI defines nothing. The all-to-all (block count
+    changed; every rank reads from the switching one, so every rank raises) at N = 4 only:
+    each of its schedules waits out one deadline."""
     records = launch("registry", n, tmp_path)
     tried = {(c["algorithm"], c["collective"]): c for c in records[0]["cases"]}
-    for coll in COLLECTIVES:
+    for coll in COLLECTIVES + (("alltoall",) if n == ALLTOALL_RANKS else ()):
         for algorithm in bmlmpi.algorithms(coll):
             if algorithm == "auto":
                 continue
@@ -73,6 +76,10 @@ def test_a_switch_to_a_signature_already_run_never_returns_a_wrong_result(n, tmp
     switcher = {c["label"]: c["outcome"] for c in records[1]["cases"]
                 if c["collective"] != "reduce"}
     assert all(v != "returned" for v in switcher.values()), switcher
+    # an all-to-all's every rank reads the switching rank's blocks: none returns
+    exchanged = [(r["rank"], c["label"], c["outcome"]) for r in records for c in r["cases"]
+                 if c["collective"] == "alltoall" and c["outcome"] == "returned"]
+    assert not exchanged, exchanged
 
 
 @pytest.mark.parametrize("scenario,n", [("shm", 3), ("shm", 4), ("hierarchical", 4),

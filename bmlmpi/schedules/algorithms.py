@@ -409,6 +409,17 @@ def _hierarchical_rooted(ctx: Context) -> Schedule:
                                         itemsize=ctx.itemsize, chunk_bytes=shm_chunk_bytes())
 
 
+def _shm_alltoall(ctx: Context) -> Schedule:
+    from .shm import shm_alltoall_schedule
+    return shm_alltoall_schedule(ctx.rank, ctx.size, ctx.pairs(), ctx.itemsize,
+                                 shm_chunk_bytes())
+
+
+def _hierarchical_exchange(ctx: Context) -> Schedule:
+    from .hierarchical_exchange import hierarchical_exchange_schedule
+    return hierarchical_exchange_schedule(ctx.rank, ctx.size, ctx.pairs(), ctx.node_map())
+
+
 def _pairwise(ctx: Context) -> Schedule:
     from .pairwise import pairwise_schedule
     return pairwise_schedule(ctx.rank, ctx.size, ctx.pairs())
@@ -480,12 +491,15 @@ register(Algorithm(
 register(Algorithm(
     "hierarchical", {"allreduce": _hierarchical_allreduce,
                      "reduce_scatter": _hierarchical_blocks, "allgather": _hierarchical_blocks,
-                     "reduce": _hierarchical_rooted, "bcast": _hierarchical_rooted},
+                     "reduce": _hierarchical_rooted, "bcast": _hierarchical_rooted,
+                     "alltoall": _hierarchical_exchange},
     applies=_hierarchical_applies, tiered=True, auto=True,
-    doc="inside each node, then BML or ring across nodes"))
+    doc="inside each node, then BML or ring across nodes (all-to-all: inside the node, "
+        "across nodes, inside again)"))
 register(Algorithm(
     "shm", {"allreduce": _shm_allreduce, "reduce_scatter": _shm_collective,
-            "allgather": _shm_collective, "reduce": _shm_collective, "bcast": _shm_collective},
+            "allgather": _shm_collective, "reduce": _shm_collective, "bcast": _shm_collective,
+            "alltoall": _shm_alltoall},
     applies=_shm_applies, calibrated=True, auto=True, shared_memory=True,
     doc="one node's ranks through a shared MPI-3 window: copy in, reduce each slice from "
         "every peer's segment, copy out (IJHPCA 2025; Open MPI's XHC)"))
@@ -497,10 +511,10 @@ register(Algorithm(
     "ps", {"allreduce": _ps_allreduce}, symmetric=frozenset({PORTS, BCUBE}), offered=False,
     doc="P2P parameter server (the BML paper's baseline; priced, never run)"))
 # All-to-all: opted in to auto, which prices them where the calibration timed the MPI
-# library's own all-to-all, and otherwise times the fixed rule's pick (the first of them, from
+# library's own all-to-all, and otherwise times the fixed rule's pick (pairwise, from
 # BMLMPI_AUTO_BML_BYTES) against native on the user's calls (bmlmpi.tuner)
 register(Algorithm(
-    "pairwise", {"alltoall": _pairwise}, auto=True,
+    "pairwise", {"alltoall": _pairwise}, auto=True, fixed=frozenset({"alltoall"}),
     doc="all-to-all in N-1 rounds, one partner each way (the pairwise exchange)"))
 register(Algorithm(
     "bruck", {"alltoall": _bruck}, auto=True,

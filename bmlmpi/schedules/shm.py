@@ -71,6 +71,7 @@ from .types import (
     FETCH,
     PUBLISH,
     REDUCE,
+    Copy,
     Schedule,
     ShmOp,
     Step,
@@ -323,6 +324,82 @@ def shm_collective_schedule(collective: str, rank: int, size: int, count: int,
                     outputs=coll.plain_outputs(rank, count, root, blocks))
 
 
+def alltoall_slots(size: int, pairs: Sequence[int]) -> list[int]:
+    """The ``size + 1`` boundaries of an all-to-all's slots in :func:`shm_alltoall_schedule`'s
+    work buffer: slot k holds every block that travels k ranks on (rank s's block for rank
+    (s + k) mod size), as wide as the largest of them."""
+    width = [max(pairs[s * size + (s + k) % size] for s in range(size)) for k in range(size)]
+    return block_offsets(width)
+
+
+def shm_alltoall_schedule(rank: int, size: int, pairs: Sequence[int], itemsize: int = 4,
+                          chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                          max_chunks: int = MAX_CHUNKS) -> Schedule:
+    """Rank ``rank``'s shared-memory all-to-all of the ``size × size`` pair matrix ``pairs``
+    (row s: what rank s sends each rank) over ``size`` ranks of one node.
+
+    Every block keeps one work position on both sides: the block of rank s for rank d lies in
+    slot (d − s) mod size (:func:`alltoall_slots`), in s's segment and in d's result alike,
+    and no two blocks of one row or of one column share a slot (a Latin square). The input
+    copies put the row's blocks in their slots; per chunk c (piece c of every block) G(c)
+    publishes this rank's pieces for the others and copies its own block's piece (slot 0)
+    into the result, F(c) fetches the piece of every block for this rank from its sender's
+    segment once the sender completed G(c); the output copies lay the column out. Each block
+    is copied twice (into the sender's segment, out of it by its receiver), no message
+    carries data; steps 2C, pipelined as the allreduce's (G(t), F(t − 1)). Memory: the work
+    buffer and each segment hold one slot per distance, at most ``size`` times the largest
+    block (the row's size for equal blocks)."""
+    check_arguments(rank, size, 0)
+    pairs = tuple(pairs)
+    if len(pairs) != size * size or min(pairs, default=0) < 0:
+        raise ValueError(f"pair counts {pairs} must be {size}x{size} = {size * size} "
+                         f"counts >= 0")
+    slot = alltoall_slots(size, pairs)
+    count = slot[-1]
+    row = pairs[rank * size:(rank + 1) * size]
+    col = tuple(pairs[s * size + rank] for s in range(size))
+    row_at, col_at = block_offsets(row), block_offsets(col)
+    inputs = tuple(Copy(row_at[d], row_at[d + 1], slot[(d - rank) % size])
+                   for d in range(size) if row[d])
+    outputs = tuple(Copy(slot[(rank - s) % size], slot[(rank - s) % size] + col[s], col_at[s])
+                    for s in range(size) if col[s])
+    steps: list[Step] = []
+    if count:
+        nchunks = chunk_count(count, itemsize, size, chunk_bytes, max_chunks)
+
+        # chunk c of a slot is the same range for the block this rank sends from it and
+        # the block it receives into it: a chunk's input is read (G) before its result is
+        # written (F), whatever the two blocks' sizes
+        cuts = [balanced_bounds(slot[k], slot[k + 1], nchunks) for k in range(size)]
+
+        def piece(n: int, k: int, c: int) -> tuple[int, int]:
+            return cuts[k][c], min(cuts[k][c + 1], slot[k] + n)
+        index: dict[tuple[str, int], int] = {}
+        order: list[tuple[str, int]] = []
+        for t in range(nchunks + 1):
+            for kind, c in (("G", t), ("F", t - 1)):
+                if 0 <= c < nchunks:
+                    index[(kind, c)] = len(order)
+                    order.append((kind, c))
+        for kind, c in order:
+            ops: list[ShmOp] = []
+            if kind == "G":
+                for d in range(size):
+                    lo, hi = piece(row[d], (d - rank) % size, c)
+                    if hi > lo:
+                        ops.append(ShmOp(REDUCE, lo, hi) if d == rank else
+                                   ShmOp(PUBLISH, lo, hi))
+            else:
+                for s in range(size):
+                    lo, hi = piece(col[s], (rank - s) % size, c)
+                    if hi > lo and s != rank:
+                        ops.append(ShmOp(FETCH, lo, hi, (s,), ((s, index[("G", c)]),)))
+            steps.append(Step(shm=tuple(ops)))
+        _wait_for_readers(steps, {d for d in range(size) if d != rank and row[d]})
+    return Schedule("shm", rank, size, count, tuple(steps), meta={"chunk_bytes": chunk_bytes},
+                    collective="alltoall", counts=pairs, inputs=inputs, outputs=outputs)
+
+
 def shm_schedules(size: int, count: int, itemsize: int = 4,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                   max_chunks: int = MAX_CHUNKS) -> list[Schedule]:
@@ -331,5 +408,6 @@ def shm_schedules(size: int, count: int, itemsize: int = 4,
             for r in range(size)]
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "block_chunks", "chunk_count", "node_steps",
-           "shm_collective_schedule", "shm_schedule", "shm_schedules", "slices"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "alltoall_slots", "block_chunks", "chunk_count",
+           "node_steps", "shm_alltoall_schedule", "shm_collective_schedule", "shm_schedule",
+           "shm_schedules", "slices"]

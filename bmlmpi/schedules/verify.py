@@ -68,8 +68,11 @@ A collective that relays blocks (the all-to-all: ``counts`` is the pair matrix, 
 sizes are a rank's row and column) is checked by its own rule:
 
 12. only its copy-receives may land at another offset (:attr:`~bmlmpi.schedules.types.Recv.target`,
-    inside the buffer; rule 3 holds for the landing ranges); it reduces nothing and has no
-    shared-memory steps. Its blocks move, so no segmentation is common to all ranks: every
+    inside the buffer; rule 3 holds for the landing ranges); it reduces nothing. In
+    shared-memory steps (which keep every range at its position: a block lies at one work
+    position in its sender's segment and its receiver's result) it is checked by rules
+    10-11 as the other collectives are, each element's input position followed by its
+    offset; in messages its blocks move, so no segmentation is common to all ranks: every
     element carries a label — whose input it is and its position there — from the input
     copies through every receive to the output copies, in blocks of the largest element count
     every boundary is a multiple of; every output element must hold the label the contract
@@ -288,11 +291,12 @@ class _SameEverywhere:
 
 def _check_landing(s: Schedule, relays: bool) -> None:
     """Rule 12: only a relaying collective's copy-receives land elsewhere, inside the buffer;
-    such a collective reduces nothing and moves its data in messages."""
+    such a collective reduces nothing."""
     for i, step in enumerate(s.steps):
-        if relays and step.shm:
-            raise ScheduleError(f"step {i} rank {s.rank}: {s.collective} in shared-memory "
-                                f"steps (its blocks move in messages)")
+        if relays and any(o.peers and o.kind == REDUCE for o in step.shm):
+            raise ScheduleError(f"step {i} rank {s.rank}: reduces from the segments of "
+                                f"ranks {list(step.shm[0].peers)}, but {s.collective} "
+                                f"reduces nothing")
         for t in step.recvs:
             if relays and t.reduce:
                 raise ScheduleError(f"step {i} rank {s.rank}: reduces [{t.lo},{t.hi}) from "
@@ -423,11 +427,11 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
                       coll.input_size(s.rank, count, root, counts), count)
         _check_copies(s, "output", s.output_copies(), count,
                       coll.output_size(s.rank, count, root, counts))
-    if coll.relays:
-        _simulate_relays(by_rank, live_l, count, nsteps, coll)
-        return
     if any(s.uses_shm for s in scheds):
         _ShmSimulation(by_rank, live_l, size, count, nsteps, coll).run()
+        return
+    if coll.relays:
+        _simulate_relays(by_rank, live_l, count, nsteps, coll)
         return
 
     cuts = {0, count}

@@ -215,14 +215,16 @@ def test_the_contract_is_rank_js_block_for_rank_r():
 # -- the records and the model --------------------------------------------------------------
 
 def test_the_records_serve_alltoall_and_are_offered():
-    assert algorithms.scheduled("alltoall") == list(ALLTOALL)
+    # shm and hierarchical (tests/unit/test_alltoall_tiers.py) serve the rest of the family too
+    assert algorithms.scheduled("alltoall") == ["hierarchical", "shm", *ALLTOALL]
     for name in ALLTOALL:
         record = algorithms.get(name)
         assert record.collectives == ("alltoall",)
         assert record.offered and record.auto and not record.calibrated
         assert name in algorithms.candidates(Context(4, 16, collective="alltoall"))
     assert algorithms.get("native").serves("alltoall")
-    assert algorithms.algorithms("alltoall") == ["auto", *ALLTOALL, "native"]
+    assert algorithms.algorithms("alltoall") == ["auto", "hierarchical", "shm", *ALLTOALL,
+                                                 "native"]
     with pytest.raises(ValueError, match="no schedule for allreduce"):
         algorithms.build("bruck", Context(4, 16))
     with pytest.raises(ValueError, match="pair counts"):

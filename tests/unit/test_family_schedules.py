@@ -247,7 +247,8 @@ def test_the_records_list_each_collectives_algorithms():
     assert "ring" in selection.algorithms("reduce_scatter")
     with pytest.raises(ValueError, match="unknown collective"):
         selection.algorithms("alltoallw")
-    assert selection.algorithms("alltoall") == ["auto", "pairwise", "bruck", "bcube", "native"]
+    assert selection.algorithms("alltoall") == ["auto", "hierarchical", "shm", "pairwise",
+                                                "bruck", "bcube", "native"]
     with pytest.raises(ValueError, match="implemented for reduce_scatter"):
         selection.check_algorithm("hierarchical_not", "reduce_scatter")
 
