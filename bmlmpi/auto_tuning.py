@@ -402,14 +402,15 @@ class AutoTuning:
         begun = key in self.tuner.keys()
         nxt = self.tuner.choose(key, index) if begun else names[0]
         block = self.tuner.block_calls_at(key.size)
-        calls = (1 + self.tuner.rounds) * len(names) * block
+        calls = len(names) * (1 + self.tuner.rounds * block)   # Tuner.exploration_calls
         return dataclasses.replace(
             explanation, chosen=nxt, rule="exploring", tuning=report,
             why=(f"blocking call {index + 1} of the {calls} that time the candidates "
                  f"{', '.join(names)} in blocks of {block} on this signature runs {nxt}; then "
                  f"every rank commits to the fastest median block (the slowest rank's blocks "
-                 f"count), {report.prior} unless another is more than "
-                 f"{100 * (self.tuner.margin - 1):.0f} % faster and faster in every block"))
+                 f"count), {report.prior} unless another's is more than "
+                 f"{100 * (self.tuner.margin - 1):.0f} % faster and its slowest block faster "
+                 f"than {report.prior}'s fastest"))
 
 
 def _new_tuner() -> Tuner:
@@ -423,5 +424,6 @@ def _committed_why(report: TuningReport) -> str:
     if report.why == "measured":
         return (f"{report.chosen}: the fastest of the candidates timed on this signature's "
                 f"calls (the slowest rank's median)")
-    return (f"{report.chosen} kept ({report.why}'s pick): no candidate timed more than "
-            f"the margin faster in its median block and faster in every block")
+    return (f"{report.chosen} kept ({report.why}'s pick): no candidate's median block was "
+            f"more than the margin faster with its slowest block faster than "
+            f"{report.chosen}'s fastest")

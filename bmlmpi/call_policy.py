@@ -21,10 +21,10 @@ import contextlib
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 from mpi4py import MPI
 
 from .handles import Request
+from .pair_tables import PairTables
 from .placement import split_levels
 from .schedules import algorithms
 
@@ -44,6 +44,8 @@ class CallPolicy:
         """Serve ``pipeline`` (the :class:`~bmlmpi.api.Communicator` being built), once its
         parts exist; the policy reads and calls only its public side."""
         self.pipeline = pipeline
+        #: the ``Alltoallv`` counts it gathered (:meth:`pair_counts`)
+        self.pair_tables = PairTables()
 
     # -- the communicators a communicator builds ----------------------------------------------
     def control_channel(self, data: MPI.Comm) -> MPI.Comm:
@@ -77,13 +79,10 @@ class CallPolicy:
         ``2·size`` int64 (what it sends each rank, then what it receives from each) for a
         call over ``size`` ranks; returns the ``size × 2·size`` table of every rank's and the
         members the call's arguments are for, to be handed to :meth:`prepare_family` (here
-        None: the current ones). Here one ``Allgather`` of the communicator's own."""
+        None: the current ones). Here the communicator's own ``Allgather``, once per set of
+        counts: a repeated exchange agrees on a digest instead (:mod:`bmlmpi.pair_tables`)."""
         pipeline = self.pipeline
-        size = pipeline.size
-        mine = row_and_column(size)
-        every = np.empty(mine.size * size, dtype=np.int64)
-        pipeline.Allgather(mine, every)
-        return every.reshape(size, mine.size), None
+        return self.pair_tables.agreed(row_and_column(pipeline.size), pipeline), None
 
     def submit(self, call: Any) -> Any:
         """``call`` (prepared and numbered) entered in the flight recorder, then started and

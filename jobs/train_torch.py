@@ -19,7 +19,11 @@ the survivors).
 
 ``--reproducible`` runs the backend in bmlmpi's reproducible mode (``Options(reproducible=
 True)``): every gradient all_reduce returns bits that depend on the gradients alone, so the
-final parameters are the same bits whichever ``--algorithm`` ran.
+final parameters are the same bits whichever ``--algorithm`` ran. ``--compare-plain`` (with
+``--reproducible``) then trains the same model again from the same seed on a plain process
+group of the same ``--algorithm`` (``new_group`` with ``Options(reproducible=False)``) and
+reports its parameters' digest too, so one launch shows both modes. ``--steps S`` ends each
+epoch after S steps (default: the whole epoch).
 
 ``--fault-tolerant`` runs the backend on bmlmpi's fault-tolerant communicator (start with
 ``bmlmpi-run --ft``); ``--kill-rank R --kill-step S`` makes original rank R die (SIGKILL) at
@@ -71,6 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="DDP's bucket cap")
     p.add_argument("--reproducible", action="store_true",
                    help="reproducible reductions: the same bits whatever the algorithm")
+    p.add_argument("--compare-plain", action="store_true",
+                   help="with --reproducible: train again on a plain process group and "
+                        "report both digests")
+    p.add_argument("--steps", type=int, default=None,
+                   help="steps per epoch at most (default: the whole epoch)")
     p.add_argument("--fault-tolerant", action="store_true")
     p.add_argument("--kill-rank", type=int, default=None)
     p.add_argument("--kill-step", type=int, default=None)
@@ -88,6 +97,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("choose one of --compression and --plan")
     if a.fault_tolerant and a.plan:
         p.error("--plan does not run on the fault-tolerant backend")
+    if a.compare_plain and (not a.reproducible or a.fault_tolerant or a.backend != "bmlmpi"):
+        p.error("--compare-plain needs --reproducible on the plain bmlmpi backend")
+    if a.steps is not None and a.steps < 1:
+        p.error("--steps must be at least 1")
     return a
 
 
@@ -136,7 +149,8 @@ def init(a: argparse.Namespace):
 
 
 def wrap(model: torch.nn.Module, a: argparse.Namespace, pg) -> torch.nn.Module:
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=a.bucket_cap_mb)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pg,
+                                                    bucket_cap_mb=a.bucket_cap_mb)
     if a.backend == "gloo":
         return ddp
     from bmlmpi.torch import hooks
@@ -165,9 +179,45 @@ def identical(pg, model: torch.nn.Module) -> bool:
     return bool(torch.equal(hi, lo))
 
 
+def digest(model: torch.nn.Module) -> str:
+    """The SHA-256 of the model's parameters' bytes."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+
+
+def plain_digest(a: argparse.Namespace) -> str:
+    """--compare-plain: the same training on a plain process group of the same algorithm;
+    the digest of its final parameters."""
+    import bmlmpi.torch
+    options = bmlmpi.torch.Options(algorithm=a.algorithm, topology=a.topology,
+                                   timeout=a.timeout, reproducible=False)
+    pg = dist.new_group(backend="bmlmpi", pg_options=options)
+    model, _, _, _ = fit(a, pg)
+    return digest(model)
+
+
 def train(a: argparse.Namespace) -> dict:
     pg = init(a)
     world = dist.get_world_size()
+    model, history, seconds, steps_per_epoch = fit(a, pg)
+    same = identical(pg, model)
+    failed = list(getattr(pg, "failed", ()))
+    plain = plain_digest(a) if a.compare_plain else None
+    return {"backend": a.backend, "algorithm": a.algorithm, "compression": a.compression,
+            "plan": a.plan, "fault_tolerant": a.fault_tolerant, "world_size": world,
+            "survivors": dist.get_world_size(), "failed": failed, "epochs": a.epochs,
+            "steps_per_epoch": steps_per_epoch, "batch_per_rank": a.batch,
+            "history": history, "losses": [h["loss"] for h in history],
+            "accuracy": history[-1]["accuracy"] if history else None,
+            "params_identical": same, "params_sha256": digest(model),
+            "plain_params_sha256": plain,
+            "reproducible": a.reproducible, "seconds": seconds, "rank": dist.get_rank()}
+
+
+def fit(a: argparse.Namespace, pg) -> tuple[torch.nn.Module, list, float, int]:
+    """Train a fresh model (seeded) with DDP on ``pg``: the model, the epochs' records, the
+    seconds and the steps per epoch."""
+    world = dist.get_world_size(pg)
     original_rank = dist.get_rank()
     torch.manual_seed(a.seed)
     model = Net()
@@ -176,6 +226,8 @@ def train(a: argparse.Namespace) -> dict:
     xtr, ytr, xte, yte = load_data()
     global_batch = a.batch * world
     steps_per_epoch = len(xtr) // global_batch
+    if a.steps is not None:
+        steps_per_epoch = min(steps_per_epoch, a.steps)
     # the learning rate falls linearly to zero over the run, so the last epochs settle
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda t: 1.0 - t / max(1, a.epochs * steps_per_epoch))
@@ -205,19 +257,7 @@ def train(a: argparse.Namespace) -> dict:
         if dist.get_rank() == 0:
             print(f"epoch {record['epoch']:3d}  ranks {record['ranks']}  loss "
                   f"{record['loss']:.4f}  accuracy {record['accuracy']:.4f}", flush=True)
-    seconds = time.perf_counter() - started
-    same = identical(pg, model)
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    digest = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
-    failed = list(getattr(pg, "failed", ()))
-    return {"backend": a.backend, "algorithm": a.algorithm, "compression": a.compression,
-            "plan": a.plan, "fault_tolerant": a.fault_tolerant, "world_size": world,
-            "survivors": dist.get_world_size(), "failed": failed, "epochs": a.epochs,
-            "steps_per_epoch": steps_per_epoch, "batch_per_rank": a.batch,
-            "history": history, "losses": [h["loss"] for h in history],
-            "accuracy": history[-1]["accuracy"] if history else None,
-            "params_identical": same, "params_sha256": digest,
-            "reproducible": a.reproducible, "seconds": seconds, "rank": dist.get_rank()}
+    return model, history, time.perf_counter() - started, steps_per_epoch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,8 +34,14 @@ vectorises those (indexing the whole arrays from a per-block offset, or a count 
 per block, kept the loops scalar: 4-8x slower, measured). Every kernel has a one-thread form
 and a parallel form (``prange`` over blocks), chosen as :mod:`.numba_backend` chooses
 (:func:`.numba_backend.uses_parallel`); both give the same bits, since one thread works on a
-block and nothing is reassociated. Kernels release the GIL and are cached on disk
-(:mod:`.numba_cache`). Importing this module imports numba.
+block and nothing is reassociated. The per-block functions of encode, the special bytes,
+decode and the accumulator are compiled once per signature and called by both forms rather
+than inlined into each: numba's parallel passes over an inlined block body took most of the
+kernels' compile time (a cold compile of every format's kernels took 2.4x longer, measured),
+and a call per block of 256 values costs nothing measurable. The block exponents' function
+stays inlined: called, its max loop was no longer vectorised (9x slower, measured). Kernels
+release the GIL and are cached on disk (:mod:`.numba_cache`). Importing this module imports
+numba.
 """
 
 from __future__ import annotations
@@ -227,7 +233,7 @@ def _encode_range(values, out, lo, count, s1, s2, limit, kind, two):
     return wrong
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _encode_block(values, agreed, out, bad, b, start, first, block, kind, P, W, two):
     lo = max(b * block - start, 0)
     hi = min((b + 1) * block - start, values.size)
@@ -259,7 +265,7 @@ def _encode_n(values, agreed, out, bad, start, first, last, block, kind, P, W, t
 
 # -- special-value bits --------------------------------------------------------------------
 
-@njit(inline="always")
+@njit(nogil=True)
 def _specials_block(bits, agreed, out, b, start, block, nbits, mbits, emask):
     lo = max(b * block - start, 0)
     hi = min((b + 1) * block - start, bits.size)
@@ -348,7 +354,7 @@ def _round_bits(neg, hm, lm, c, nbits, mbits, bias, emask):
     return sign | r
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _exact_bits(words, i, c, two, nbits, mbits, bias, emask):
     """The bits of position i's integer times 2^c, rounded by integers (any size, any cut)."""
     if two:
@@ -413,7 +419,7 @@ def _quick_range(words, out, lo, count, scale, two):
     return slow
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _decode_block(words, agreed, sp, out, bits, b, start, block, nbits, mbits, bias, emask,
                   P, W, two, fast, cmin):
     lo = max(b * block - start, 0)
@@ -499,7 +505,7 @@ def _add_range(bits, bins, lo, count, base, nbits, mbits, bias, emask, W):
             row[k] += np.int32(piece - 2 * sign * piece)
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _add_block(bits, bins, top, flags, spec, newtop, b, block, nbits, mbits, bias, emask, P,
                W):
     lo = b * block
@@ -584,7 +590,7 @@ def _export_range(bins, out, lo, count, base, first, W, two):
                 os[k] += np.int64(row[k]) << off
 
 
-@njit(inline="always")
+@njit(nogil=True)
 def _export_block(bins, top, agreed, out, bad, b, block, P, W, two):
     n = bins.shape[1]
     lo = b * block

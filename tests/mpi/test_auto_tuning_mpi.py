@@ -326,3 +326,21 @@ def test_the_other_forms_and_buckets_run_what_the_blocking_calls_committed(own_t
     ran["GradientBuckets"] = (c.recorder.calls()[-1]["chosen"], np.array_equal(grad, ref))
     assert ran == {form: (winner, True) for form in ran}, ran
     c.Free()
+
+
+@pytest.mark.mpi
+def test_explain_counts_the_exploration_in_blocks(own_table, monkeypatch):
+    """While a signature explores, explain names the exploration's calls as the Tuner makes
+    them: per candidate one warm-up call and three blocks (two calls each here)."""
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to explore")
+    monkeypatch.setenv("BMLMPI_TUNING_BLOCK", "2")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    why = c.explain(64 * world.size, np.float64)
+    names = [t.name for t in why.tuning.candidates]
+    assert why.rule == "exploring"
+    assert f"blocking call 1 of the {len(names) * 7} " in why.why, why.why
+    assert "in blocks of 2" in why.why, why.why
+    c.Free()
