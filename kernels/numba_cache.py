@@ -6,8 +6,12 @@ pip did not install and will not remove, so after an uninstall (or a later edita
 ``site-packages/bmlmpi/`` survives as a namespace package that shadows the real one. A
 read-only install gets no cache at all. So these kernels are cached under
 ``config.cache_dir() / "numba"`` (``$BMLMPI_CACHE_DIR``, else ``~/.cache/bmlmpi``, the
-calibration cache's base), one subfolder per source folder (numba's own naming: the folder
-name and a hash of its path, so two installs never share entries).
+calibration cache's base), one subfolder per version of the kernel sources: the folder's name
+and a hash of the contents of its ``.py`` files. Two installs of the same sources (the
+README's non-editable install and the editable one beside it, a test's venv, another clone)
+share one subfolder and compile each kernel once between them; an install whose sources differ
+in any byte gets a subfolder of its own. Within one, numba checks each entry as it always does:
+against a hash of the function's source file, its own version and the CPU it was compiled for.
 
 How: :func:`cached` gives one dispatcher a cache whose only locator is
 :class:`KernelCacheLocator`, the same way numba's ``Dispatcher.enable_caching`` does it with
@@ -20,6 +24,8 @@ directory cannot be created or written, the kernels are compiled in every proces
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -35,8 +41,8 @@ def cache_root() -> Path:
 
 
 class KernelCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLocator):
-    """numba cache locator: ``cache_root()/<folder>_<sha1 of the folder's path>``; freshness
-    from the source file, as numba's own file-backed locators."""
+    """numba cache locator: ``cache_root()/<folder>_<sha1 of the folder's sources>``;
+    freshness from the source file, as numba's own file-backed locators."""
 
     def __init__(self, py_func, py_file):
         self._py_file = py_file
@@ -45,6 +51,22 @@ class KernelCacheLocator(caching._SourceFileBackedLocatorMixin, caching._CacheLo
 
     def get_cache_path(self) -> str:
         return self._cache_path
+
+    @classmethod
+    def get_suitable_cache_subpath(cls, py_file: str) -> str:
+        """``<folder>_<hash of the folder's sources>`` for the folder holding ``py_file``."""
+        folder = os.path.dirname(os.path.abspath(py_file))
+        return f"{os.path.basename(folder)}_{sources_digest(folder)}"
+
+
+@functools.cache
+def sources_digest(folder: str) -> str:
+    """A hash of the names and contents of the ``.py`` files in ``folder``: the same for two
+    copies of the kernel sources, different when any file differs."""
+    digest = hashlib.sha1()
+    for path in sorted(Path(folder).glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 class _KernelCacheImpl(caching.CompileResultCacheImpl):

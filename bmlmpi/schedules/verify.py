@@ -464,29 +464,32 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
             shift[r][sl] = c.at - c.lo
             tree[r][sl] = r
     for i in range(nsteps):
-        snapshot = {r: state[r].copy() for r in live_l}
-        snap_shift = {r: shift[r].copy() for r in live_l}
-        snap_tree = {r: tree[r].copy() for r in live_l}
+        # A step's receives read what the senders held before it: every range received is
+        # read (copied) first, then the receives are applied in the executor's order.
+        arrivals = []
         for r in live_l:
             s = by_rank[r]
             if i >= len(s.steps):
                 continue
             for t in _executor_order(s.steps[i].recvs):
                 sl = segs(t.lo, t.hi)
-                tree[r][sl] = (trees.combine(tree[r][sl], snap_tree[t.peer][sl]) if t.reduce
-                               else snap_tree[t.peer][sl])
-                if t.reduce:
-                    mine, theirs = shift[r][sl], snap_shift[t.peer][sl]
-                    clean = (mine != _GARBAGE) & (theirs != _GARBAGE)
-                    if (clean & (mine != theirs)).any():
-                        raise ScheduleError(
-                            f"step {i} rank {r}: reduces [{t.lo},{t.hi}) from rank {t.peer} "
-                            f"into data of other input positions")
-                    shift[r][sl] = np.where(clean, mine, _GARBAGE)
-                    state[r][sl] += snapshot[t.peer][sl]
-                else:
-                    state[r][sl] = snapshot[t.peer][sl]
-                    shift[r][sl] = snap_shift[t.peer][sl]
+                arrivals.append((r, t, sl, state[t.peer][sl].copy(), shift[t.peer][sl].copy(),
+                                 tree[t.peer][sl].copy()))
+        for r, t, sl, their_state, their_shift, their_tree in arrivals:
+            tree[r][sl] = (trees.combine(tree[r][sl], their_tree) if t.reduce
+                           else their_tree)
+            if t.reduce:
+                mine, theirs = shift[r][sl], their_shift
+                clean = (mine != _GARBAGE) & (theirs != _GARBAGE)
+                if (clean & (mine != theirs)).any():
+                    raise ScheduleError(
+                        f"step {i} rank {r}: reduces [{t.lo},{t.hi}) from rank {t.peer} "
+                        f"into data of other input positions")
+                shift[r][sl] = np.where(clean, mine, _GARBAGE)
+                state[r][sl] += their_state
+            else:
+                state[r][sl] = their_state
+                shift[r][sl] = their_shift
     same = _SameEverywhere(trees)
     for r in live_l:
         _check_result(by_rank[r], coll.regions(r, live_l, count, root, counts), state[r],

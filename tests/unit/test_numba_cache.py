@@ -79,3 +79,25 @@ def test_unwritable_cache_dir_compiles_without_a_cache(tmp_path):
     assert "cannot write the kernel cache" in res.stderr
     assert "BMLMPI_CACHE_DIR" in res.stderr
     assert _numba_files(PACKAGE) == before
+
+
+def test_two_copies_of_the_kernel_sources_share_one_cache_folder(tmp_path):
+    """The README's two installs (site-packages, then the editable one) and a test's venv
+    compile each kernel once between them: the cache folder is named after the sources, not
+    after where they lie; a copy that differs in one byte gets a folder of its own."""
+    import shutil
+
+    from bmlmpi.kernels.numba_cache import KernelCacheLocator
+
+    copies = [tmp_path / "one" / "kernels", tmp_path / "two" / "kernels"]
+    for copy in copies:
+        shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    name = KernelCacheLocator.get_suitable_cache_subpath
+    here = name(str(PACKAGE / "numba_backend.py"))
+    assert here.startswith("kernels_")
+    assert {name(str(c / "numba_backend.py")) for c in copies} == {here}
+    changed = tmp_path / "three" / "kernels"
+    shutil.copytree(PACKAGE, changed, ignore=shutil.ignore_patterns("__pycache__"))
+    limits = changed / "limits.py"
+    limits.write_text(limits.read_text() + "\n")
+    assert name(str(changed / "numba_backend.py")) != here
