@@ -29,7 +29,8 @@ The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproduci
    (:meth:`bmlmpi.calls.CollectiveCall.carried`), the call's algorithm run by the same
    launch; a blocking allreduce on the plain communicator whose algorithm serves both
    halves (``native`` excepted) sums them by halves instead
-   (:meth:`ReproducibleCarrier.by_halves`): the words' reduce-scatter (:meth:`bmlmpi.calls.CollectiveCall.halves`);
+   (:meth:`ReproducibleCarrier.by_halves`): the words' reduce-scatter
+   (:meth:`bmlmpi.calls.CollectiveCall.halves`);
 5. once both exchanges completed: the words decoded into the caller's result (a
    reduce-scatter's block of this rank, a reduce's on the root; by halves, this rank's block
    of the allreduce's result), rounded once;
