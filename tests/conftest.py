@@ -14,9 +14,20 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from torch_venv import python, torch_venv
 
 MPI_DIR = Path(__file__).parent / "mpi"
 UNIT_DIR = "tests/unit/"
+
+
+@pytest.fixture(scope="module")
+def torch_python() -> Path:
+    """The python of the torch tests' venv (:mod:`torch_venv`: made once, kept under /tmp); the
+    tests that take it skip with the reason where it cannot be made."""
+    why = torch_venv()
+    if why:
+        pytest.skip(why)
+    return python()
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -23,18 +23,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from torch_venv import python, torch_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT = int(os.environ.get("BMLMPI_TORCH_LAUNCH_TIMEOUT", "600"))
-
-
-@pytest.fixture(scope="module")
-def venv() -> Path:
-    why = torch_venv()
-    if why:
-        pytest.skip(why)
-    return python()
 
 
 def launch(py: Path, n: int, args: list[str], *, ft: bool = False, timeout: float,
@@ -56,9 +47,9 @@ def launch(py: Path, n: int, args: list[str], *, ft: bool = False, timeout: floa
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
-def test_backend_against_gloo(venv, n):
+def test_backend_against_gloo(torch_python, n):
     # auto explores in blocks of one call (4 calls per candidate): its check stays short
-    res = launch(venv, n, ["tests/frameworks/torch_ranks.py"], timeout=LAUNCH_TIMEOUT,
+    res = launch(torch_python, n, ["tests/frameworks/torch_ranks.py"], timeout=LAUNCH_TIMEOUT,
                  env={"BMLMPI_TUNING_BLOCK": "1"})
     out = res.stdout + res.stderr
     tail = out[-6000:]
@@ -101,7 +92,7 @@ def run_job(py: Path, n: int, tmp_path: Path, name: str, args: list[str], *, ft:
     return json.loads(out.read_text()), res, tail
 
 
-def test_train_torch_survives_a_rank_killed_at_a_random_step(venv, tmp_path):
+def test_train_torch_survives_a_rank_killed_at_a_random_step(torch_python, tmp_path):
     """Under the fault-tolerant backend, original rank 1..3 dies (SIGKILL) at a random step
     of jobs/train_torch.py at N = 4: the survivors finish every epoch with identical
     parameters and an accuracy within 1 point of the undisturbed run, nothing hangs."""
@@ -111,10 +102,10 @@ def test_train_torch_survives_a_rank_killed_at_a_random_step(venv, tmp_path):
     victim, step = rng.randint(1, n - 1), rng.randint(1, steps - 2)
     common = ["--epochs", str(epochs), "--batch", str(batch), "--lr", "0.1",
               "--fault-tolerant", "--hang-timeout", "20"]
-    calm, res, tail = run_job(venv, n, tmp_path, "calm", common, ft=True)
+    calm, res, tail = run_job(torch_python, n, tmp_path, "calm", common, ft=True)
     assert res.returncode == 0, tail
     assert calm["params_identical"] and calm["survivors"] == n and not calm["failed"], tail
-    hit, res, tail = run_job(venv, n, tmp_path, "killed",
+    hit, res, tail = run_job(torch_python, n, tmp_path, "killed",
                              [*common, "--kill-rank", str(victim), "--kill-step", str(step)],
                              ft=True)
     where = f"rank {victim} killed at step {step} of {steps}\n{tail}"
@@ -127,7 +118,7 @@ def test_train_torch_survives_a_rank_killed_at_a_random_step(venv, tmp_path):
         f"accuracy {hit['accuracy']:.4f} killed vs {calm['accuracy']:.4f} undisturbed; {where}")
 
 
-def test_train_torch_reproducible_parameters_do_not_depend_on_the_algorithm(venv, tmp_path):
+def test_train_torch_reproducible_parameters_do_not_depend_on_the_algorithm(torch_python, tmp_path):
     """jobs/train_torch.py at N = 3 (at N = 2 every algorithm adds one pair, a sum whose bits
     do not depend on the order), eight steps, one launch per algorithm: with
     ``--reproducible``, ``--algorithm ring`` and ``bml`` end with bitwise identical
@@ -138,7 +129,7 @@ def test_train_torch_reproducible_parameters_do_not_depend_on_the_algorithm(venv
               "--compare-plain"]
     digests = {}
     for algorithm in ("ring", "bml"):
-        report, res, tail = run_job(venv, 3, tmp_path, algorithm,
+        report, res, tail = run_job(torch_python, 3, tmp_path, algorithm,
                                     [*common, "--algorithm", algorithm])
         assert res.returncode == 0, f"{algorithm}\n{tail}"
         assert report["params_identical"] and report["reproducible"], f"{algorithm}\n{tail}"
@@ -149,14 +140,14 @@ def test_train_torch_reproducible_parameters_do_not_depend_on_the_algorithm(venv
     assert digests[False, "ring"] != digests[False, "bml"], digests
 
 
-def test_train_torch_mpirun_script_with_compression(venv, tmp_path):
+def test_train_torch_mpirun_script_with_compression(torch_python, tmp_path):
     """jobs/train-torch-mpirun.sh at N = 2 with the fp16 hook: the report, losses falling."""
     out = tmp_path / "job"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "BMLMPI_", "OMPI_", "PMIX_"))}
     if "OMPI_MCA_btl_sm_backing_directory" in os.environ:  # tests/conftest.py
         env["OMPI_MCA_btl_sm_backing_directory"] = os.environ["OMPI_MCA_btl_sm_backing_directory"]
-    env.update(PATH=f"{venv.parent}:{env.get('PATH', '')}", BMLMPI_PYTHON=str(venv),
+    env.update(PATH=f"{torch_python.parent}:{env.get('PATH', '')}", BMLMPI_PYTHON=str(torch_python),
                BMLMPI_RANKS="2", BMLMPI_OUT=str(out), BMLMPI_CALIBRATE="0",
                BMLMPI_TRAIN_ARGS="--epochs 3 --compression fp16")
     try:
@@ -172,13 +163,13 @@ def test_train_torch_mpirun_script_with_compression(venv, tmp_path):
     assert "check_world: 2 ranks" in res.stdout + res.stderr, tail
 
 
-def test_family_calls_under_kills_on_the_fault_tolerant_backend(venv):
+def test_family_calls_under_kills_on_the_fault_tolerant_backend(torch_python):
     """reduce_scatter_tensor, all_gather_into_tensor, broadcast and reduce through torch on
     the fault-tolerant backend, a rank killed in each (before or during the call), at N = 6:
     every survivor sees bmlmpi's family contract (tests/frameworks/torch_ft_family_ranks.py:
     RootFailed for the lost root, the survivors' sums, the own block, ContributionsLost with
     zeros for the lost slot) and the same errors, and the 2 left go on exactly (about 10 s)."""
-    res = launch(venv, 6, ["tests/frameworks/torch_ft_family_ranks.py"], ft=True,
+    res = launch(torch_python, 6, ["tests/frameworks/torch_ft_family_ranks.py"], ft=True,
                  timeout=LAUNCH_TIMEOUT)
     tail = (res.stdout + res.stderr)[-6000:]
     assert res.returncode == 0, tail

@@ -9,11 +9,8 @@ N = 3 and 4 and the gloo control run by hand (docs/torch.md: the commands, the c
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-import pytest
 from test_torch_backend import LAUNCH_TIMEOUT, launch
-from torch_venv import python, torch_venv
 
 #: units that must pass: what the backend serves beyond all_reduce and DDP
 MUST_PASS = ("test_send_recv", "test_isend", "test_irecv", "test_batch_isend_irecv_gloo",
@@ -22,16 +19,8 @@ MUST_PASS = ("test_send_recv", "test_isend", "test_irecv", "test_batch_isend_ire
              "test_DistributedDataParallelCPU")
 
 
-@pytest.fixture(scope="module")
-def venv() -> Path:
-    why = torch_venv()
-    if why:
-        pytest.skip(why)
-    return python()
-
-
-def test_torch_own_units_at_2_ranks(venv):
-    res = launch(venv, 2, ["-W", "ignore", "tests/frameworks/torch_dist_suite_ranks.py",
+def test_torch_own_units_at_2_ranks(torch_python):
+    res = launch(torch_python, 2, ["-W", "ignore", "tests/frameworks/torch_dist_suite_ranks.py",
                            "--backend", "bmlmpi", "--unit-timeout", "90"],
                  timeout=LAUNCH_TIMEOUT, env={"BMLMPI_TIMEOUT": "30"})
     out = res.stdout + res.stderr

@@ -7,24 +7,13 @@ end with bitwise identical parameters and losses."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 from test_torch_backend import LAUNCH_TIMEOUT, launch
-from torch_venv import python, torch_venv
 
 
-@pytest.fixture(scope="module")
-def venv() -> Path:
-    why = torch_venv()
-    if why:
-        pytest.skip(why)
-    return python()
-
-
-def test_moe_job_matches_gloo_bit_for_bit(venv, tmp_path):
+def test_moe_job_matches_gloo_bit_for_bit(torch_python, tmp_path):
     out = tmp_path / "moe.json"
-    res = launch(venv, 2, ["jobs/train_moe.py", "--epochs", "1", "--check-gloo", "--out",
+    res = launch(torch_python, 2, ["jobs/train_moe.py", "--epochs", "1", "--check-gloo", "--out",
                            str(out)], timeout=LAUNCH_TIMEOUT)
     tail = (res.stdout + res.stderr)[-5000:]
     assert res.returncode == 0, tail

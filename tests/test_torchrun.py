@@ -18,20 +18,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from torch_venv import python, torch_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a hang guard, not a timing: a refusal takes seconds, the imports most of them
 TIMEOUT = 180
 N = 2
-
-
-@pytest.fixture(scope="module")
-def venv() -> Path:
-    why = torch_venv()
-    if why:
-        pytest.skip(why)
-    return python()
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -60,11 +51,11 @@ def torchrun(py: Path) -> list[str]:
 FORMS = ("bmlmpi", "init_method", "plain")
 
 
-def test_torchrun_is_refused_on_every_worker_with_the_bmlmpi_run_line(venv, tmp_path):
+def test_torchrun_is_refused_on_every_worker_with_the_bmlmpi_run_line(torch_python, tmp_path):
     """Each start form under torchrun (one launch tries them in turn): every worker raises
     SeparateWorlds naming the bmlmpi-run line that starts the job as one world, none runs a
     collective, every worker and the job fail."""
-    res = run([*torchrun(venv), "tests/frameworks/torch_torchrun_ranks.py", ",".join(FORMS),
+    res = run([*torchrun(torch_python), "tests/frameworks/torch_torchrun_ranks.py", ",".join(FORMS),
                str(tmp_path)])
     tail = (res.stdout + res.stderr)[-5000:]
     assert res.returncode != 0, tail
@@ -80,13 +71,14 @@ def test_torchrun_is_refused_on_every_worker_with_the_bmlmpi_run_line(venv, tmp_
     assert res.stderr.count("SeparateWorlds") >= N, tail   # each worker raised, exit status 1
 
 
-def test_a_torchrun_script_runs_unchanged_under_bmlmpi_run_with_gloos_losses(venv, tmp_path):
+def test_a_torchrun_script_runs_unchanged_under_bmlmpi_run_with_gloos_losses(torch_python,
+                                                                             tmp_path):
     """jobs/ddp_torchrun.py (LOCAL_RANK, env://, the backend from the command line) under
     torchrun with gloo and under bmlmpi-run's torchrun form with bmlmpi: the same losses on
     every rank, and each rank's LOCAL_RANK and RANK those of its MPI rank."""
     reports = {}
-    for backend, launcher in (("gloo", torchrun(venv)),
-                              ("bmlmpi", [str(venv), "-m", "bmlmpi.cli.launch",
+    for backend, launcher in (("gloo", torchrun(torch_python)),
+                              ("bmlmpi", [str(torch_python), "-m", "bmlmpi.cli.launch",
                                           "--nproc_per_node", str(N)])):
         out = tmp_path / f"{backend}.json"
         res = run([*launcher, "jobs/ddp_torchrun.py", "--backend", backend, "--steps", "12",

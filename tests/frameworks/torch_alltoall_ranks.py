@@ -12,12 +12,11 @@ small-integer floats).
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
+from alone import run_alone
 
 import bmlmpi
 import bmlmpi.torch
@@ -194,28 +193,5 @@ def checks(rank: int, n: int, gloo, check: Callable) -> None:
     dist.barrier()
 
 
-def main() -> int:
-    failed, count = [], [0]
-
-    def check(name: str, ok: bool, detail: str = "") -> None:
-        count[0] += 1
-        if not ok:
-            failed.append(name)
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".rstrip(), flush=True)
-
-    bmlmpi.torch.init_process_group()
-    rank, n = dist.get_rank(), dist.get_world_size()
-    gloo = dist.new_group(backend="gloo")
-    try:
-        checks(rank, n, gloo, check)
-    except Exception:
-        traceback.print_exc()
-        check("no_exception", False)
-    dist.destroy_process_group()
-    print(f"TORCH-ALLTOALL DONE {count[0]} failed {len(failed)} {failed[:5]} "
-          f"rank {MPI.COMM_WORLD.rank}", flush=True)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_alone("TORCH-ALLTOALL", checks))

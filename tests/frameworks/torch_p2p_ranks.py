@@ -11,12 +11,11 @@ wrong tensor, or a block at the wrong place, fails); every comparison is exact.
 from __future__ import annotations
 
 import sys
-import traceback
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from mpi4py import MPI
+from alone import run_alone
 
 import bmlmpi
 import bmlmpi.torch
@@ -213,28 +212,5 @@ def checks(rank: int, n: int, gloo, check: Callable) -> None:
     refusals(rank, n, check)
 
 
-def main() -> int:
-    failed, count = [], [0]
-
-    def check(name: str, ok: bool, detail: str = "") -> None:
-        count[0] += 1
-        if not ok:
-            failed.append(name)
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".rstrip(), flush=True)
-
-    bmlmpi.torch.init_process_group()
-    rank, n = dist.get_rank(), dist.get_world_size()
-    gloo = dist.new_group(backend="gloo")
-    try:
-        checks(rank, n, gloo, check)
-    except Exception:
-        traceback.print_exc()
-        check("no_exception", False)
-    dist.destroy_process_group()
-    print(f"TORCH-P2P DONE {count[0]} failed {len(failed)} {failed[:5]} "
-          f"rank {MPI.COMM_WORLD.rank}", flush=True)
-    return 1 if failed else 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_alone("TORCH-P2P", checks))
