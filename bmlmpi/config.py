@@ -189,7 +189,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "reads what `bmlmpi-calibrate` cached)", parse_bool),
     Variable("BMLMPI_CACHE_DIR", "directory", None, "`~/.cache/bmlmpi`",
              "where calibrations (per host, MPI library, rank count) and compiled kernels "
-             "(`numba/`) are cached", _path),
+             "(`numba/`, one folder per version of the kernel sources, shared by every "
+             "install of that version) are cached", _path),
     Variable("BMLMPI_TUNING", "file", None, "`tuning-<host>-<mpi>-n<ranks>-<layout>.jsonl` "
              "in the cache folder",
              "the tuning table file `bmlmpi.tuning_table.table_path` names (docs/tuning.md)",
@@ -269,6 +270,7 @@ OTHER_NAMES = frozenset((
     "BMLMPI_FT_LAUNCH_TIMEOUT", "BMLMPI_TEST_RANKS", "BMLMPI_TEST_LAUNCH_TIMEOUT",
     "BMLMPI_PLOT_PYTHON", "BMLMPI_TORCH_VENV", "BMLMPI_TORCH_LAUNCH_TIMEOUT",
     "BMLMPI_TORCH_PYTHON", "BMLMPI_PEER_CACHE", "BMLMPI_PEER_RANKS",
+    "BMLMPI_DIST_SUITE_TRACEBACKS",
 ))
 
 #: Environment variables that hold this process's rank under the launchers bmlmpi meets
