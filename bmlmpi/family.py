@@ -326,7 +326,6 @@ def _vector_displs(displs: Any, counts: tuple[int, ...]) -> tuple[int, ...]:
     return d
 
 
-
 def _vector_slots(counts: Any, displs: Any, flat_size: int, size: int,
                   where: str) -> tuple[list[int], list[int], list[int]]:
     """A v-call's per-rank counts, displacements and block ends in a buffer of ``flat_size``
@@ -339,6 +338,7 @@ def _vector_slots(counts: Any, displs: Any, flat_size: int, size: int,
         raise BufferSpecError(f"{where}: a block ends at element {max(ends)}, past the "
                               f"buffer's {flat_size}")
     return counts, d, ends
+
 
 def _allgatherv_recv(recvbuf: Any, size: int) -> tuple[np.ndarray, tuple[int, ...],
                                                        tuple[int, ...] | None]:
