@@ -75,7 +75,7 @@ from .persistent import PersistentCalls, PersistentRequest
 from .placement import Placement
 from .plans import PlanCache
 from .progress import Outstanding, Progress
-from .recorder import FlightRecorder, recorder_capacity
+from .recorder import FlightRecorder, recorder_capacity, world_members
 from .schedules import catalog
 from .topology.bcube import Shape, format_shape, resolve_shape
 from .watchdog import Watchdog, mpi_abort
@@ -329,7 +329,8 @@ class Communicator:
         native_fast = config.get("BMLMPI_BLOCKING") == "watchdog" and self.check == "first-call"
         capacity = recorder_capacity()
         self._recorder = (FlightRecorder(capacity, self.rank, self.size, type(self).__name__,
-                                         self.timeout) if capacity else None)
+                                         self.timeout, world_members(self._comm),
+                                         comm.Get_name()) if capacity else None)
         if self._recorder is not None:
             from .timeline import attach
             attach(self._recorder)

@@ -253,6 +253,11 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "the most flight-recorder files one process writes on its own (failed calls, "
              "clean ends); rewriting a communicator's file, SIGUSR1 and `dump_trace()` are "
              "not counted; 0: none", _count(0)),
+    Variable("BMLMPI_TRACE_TORCH", "prefix", None, "off",
+             "a file-name prefix: every flight-recorder dump also writes the process's "
+             "recorders to `<prefix><world rank>` in PyTorch's Flight Recorder format, for "
+             "`python -m torch.distributed.flight_recorder.fr_trace` (as torch's "
+             "`TORCH_FR_DUMP_TEMP_FILE`)", _text),
     Variable("BMLMPI_TIMELINE", "directory", None, "off",
              "write a Chrome-trace timeline (Perfetto) of every call and step of each rank into "
              "this folder; `bmlmpi-trace --timeline DIR` merges the ranks", _path),

@@ -32,7 +32,15 @@ communicator on all ranks line up by call number; communicators are told apart b
 creation order in the process (``c<index>``), which is the same on every rank of an SPMD
 program.
 
-Core layer: imports only :mod:`bmlmpi.config`.
+Where ``BMLMPI_TRACE_TORCH`` names a file-name prefix, every dump also writes all recorders of
+the process into ``<prefix><world rank>`` in PyTorch's Flight Recorder format
+(:mod:`bmlmpi.fr_format`), one file per rank, which torch's analyzer ``python -m
+torch.distributed.flight_recorder.fr_trace`` reads; a clean end's is removed with the clean
+end's own files. Each recorder names its process group there: ``c<index>`` and the MPI
+communicator's name, or torch's group name and description (:meth:`FlightRecorder.name_group`,
+which the torch backend calls), with its members' ranks in ``MPI_COMM_WORLD``.
+
+Core layer: imports only :mod:`bmlmpi.config` and :mod:`bmlmpi.fr_format`.
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import config
+from . import config, fr_format
 
 FORMAT = "bmlmpi-flight-recorder/1"
 #: the clock of start and end times: ``perf_counter`` (the cheapest Python clock, half the
@@ -100,6 +108,8 @@ _live: weakref.WeakSet[FlightRecorder] = weakref.WeakSet()
 _ending: deque[FlightRecorder] = deque(maxlen=max(1, config.get("BMLMPI_TRACE_FILES")))
 #: the dump files this process wrote (BMLMPI_TRACE_FILES bounds the automatic ones)
 _files: set[str] = set()
+#: the files in PyTorch's format it wrote (BMLMPI_TRACE_TORCH; not counted: one per process)
+_torch_files: set[str] = set()
 _capped = [False]
 _created = [0]
 _signal_lock = threading.Lock()
@@ -111,10 +121,11 @@ class FlightRecorder:
     communicator; ``kind``: the communicator's class name."""
 
     __slots__ = ("slots", "next", "capacity", "rank", "size", "kind", "index", "timeline",
-                 "timeout", "dumps", "__weakref__")
+                 "timeout", "dumps", "members", "group", "__weakref__")
 
     def __init__(self, capacity: int, rank: int, size: int, kind: str = "Communicator",
-                 timeout: float = 0.0):
+                 timeout: float = 0.0, members: tuple[int, ...] | None = None,
+                 description: str = ""):
         if capacity < 1:
             raise ValueError("a flight recorder keeps at least one call (0 means none: "
                              "build no recorder)")
@@ -129,6 +140,10 @@ class FlightRecorder:
         _created[0] += 1
         self.timeline: Any = None     # a bmlmpi.timeline.Timeline fed each finished call
         self.dumps: list[str] = []    # paths written
+        #: the members' ranks in MPI_COMM_WORLD (default: the communicator's own ranks)
+        self.members = tuple(range(size)) if members is None else tuple(members)
+        #: the process group torch's format names it by: (name, description)
+        self.group = (f"c{self.index}", description)
         _live.add(self)
         if size > 1:
             if not _ending:
@@ -149,6 +164,13 @@ class FlightRecorder:
         s.run = run
         s.t0 = now()
         return s
+
+    def name_group(self, name: str | None = None, description: str | None = None) -> None:
+        """Name this communicator's process group in torch's format (the torch backend gives
+        torch's group name and description); None keeps what it was."""
+        old_name, old_desc = self.group
+        self.group = (old_name if name is None else str(name),
+                      old_desc if description is None else str(description))
 
     def withdraw(self, s: Slot) -> None:
         """Take back ``s``, the newest entry: its call never started (mpi4py refused the
@@ -207,7 +229,7 @@ class FlightRecorder:
             "pid": os.getpid(), "world_rank": world_rank(), "comm": self.index,
             "kind": self.kind, "rank": self.rank, "size": self.size,
             "capacity": self.capacity, "recorded": self.next - 1, "next": self.next,
-            "timeout": self.timeout,
+            "timeout": self.timeout, "group": list(self.group), "members": list(self.members),
             "calls": self.calls(),
         }
 
@@ -231,11 +253,54 @@ class FlightRecorder:
         tmp.write_text(json.dumps(self.snapshot(reason), indent=1))
         os.replace(tmp, target)
         self.dumps.append(str(target))
+        torch_file = write_torch_format(self.rank)
         if announce:
             _to_stderr(f"bmlmpi flight recorder: rank {self.rank} of {self.size} wrote "
                        f"{target} ({reason}); read every rank's with: bmlmpi-trace "
                        f"{target.parent}")
+            if torch_file is not None:
+                _to_stderr(f"bmlmpi flight recorder: and {torch_file} in PyTorch's Flight "
+                           f"Recorder format (python -m torch.distributed.flight_recorder."
+                           f"fr_trace {torch_file.parent})")
         return target
+
+
+def write_torch_format(rank: int = -1) -> Path | None:
+    """Where ``BMLMPI_TRACE_TORCH`` names a prefix: write every recorder of this process into
+    ``<prefix><world rank>`` in PyTorch's Flight Recorder format (:mod:`bmlmpi.fr_format`),
+    one file per rank (``rank``: the file's number where MPI does not give a world rank);
+    its path, or None when the variable is unset."""
+    prefix = config.get("BMLMPI_TRACE_TORCH")
+    if prefix is None:
+        return None
+    recorders = {id(r): r for r in (*_ending, *_live)}
+    doc = fr_format.document([r.snapshot("torch") for r in recorders.values()],
+                             fr_format.library_version())
+    wr = world_rank()
+    try:
+        target = fr_format.write(prefix, wr if wr >= 0 else rank, doc)
+    except OSError as exc:
+        _to_stderr(f"bmlmpi flight recorder: could not write PyTorch's format to "
+                   f"{prefix}{wr}: {exc}")
+        return None
+    _torch_files.add(str(target))
+    return target
+
+
+def world_members(comm: Any) -> tuple[int, ...]:
+    """The ranks in ``MPI_COMM_WORLD`` of ``comm``'s members, in ``comm``'s order (its own
+    ranks where a member is not in the world: a communicator joined from another job)."""
+    from mpi4py import MPI
+    size = comm.Get_size()
+    group, world = comm.Get_group(), MPI.COMM_WORLD.Get_group()
+    try:
+        ranks = MPI.Group.Translate_ranks(group, list(range(size)), world)
+    finally:
+        group.Free()
+        world.Free()
+    if any(r == MPI.UNDEFINED for r in ranks):
+        return tuple(range(size))
+    return tuple(int(r) for r in ranks)
 
 
 def _where(run: Any) -> tuple[int, int, list[tuple[str, int]] | None]:
@@ -415,6 +480,11 @@ def end_cleanly() -> list[Path]:
     for p in written:
         with contextlib.suppress(OSError):
             p.unlink()
+    if _files <= {str(p) for p in written}:
+        # the file in torch's format holds nothing but the clean ends just removed
+        for name in _torch_files:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
     if config.get("BMLMPI_TRACE_DIR") is None:
         for d in folders:
             with contextlib.suppress(OSError):
