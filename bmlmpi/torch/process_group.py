@@ -215,6 +215,7 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
 
     def _set_group_name(self, name: str) -> None:
         self._group_name = name
+        self._name_recorded_group()
 
     @property
     def group_desc(self) -> str:  # type: ignore[override]
@@ -222,6 +223,14 @@ class ProcessGroupBmlmpi(dist.ProcessGroup):
 
     def _set_group_desc(self, desc: str) -> None:
         self._group_desc = desc
+        self._name_recorded_group()
+
+    def _name_recorded_group(self) -> None:
+        """The flight recorder's process group named as torch names this group (its dumps in
+        PyTorch's format, ``BMLMPI_TRACE_TORCH``, line up with torch's own)."""
+        recorder = self.communicator.recorder
+        if recorder is not None:
+            recorder.name_group(self._group_name or None, self._group_desc or None)
 
     def __repr__(self) -> str:
         return f"ProcessGroupBmlmpi({self.communicator!r})"
