@@ -94,9 +94,11 @@ def test_a_programs_help_leaves_nothing(folders, program):
 @openmpi
 def test_a_job_with_refused_calls_leaves_nothing(folders):
     # a call every rank refuses and one that rank 0 refuses (the others: RemoteArgumentError)
-    # are errors reported on every rank, not hangs: no dump; the clean end's records are
-    # removed once every rank has finalized
+    # are errors reported on every rank, not hangs: no dump; the clean end's records (its
+    # files in PyTorch's format included) are removed once every rank has finalized
     env, shm, tmp = folders
+    # the dumps in PyTorch's format asked for go with the clean end's own
+    env = {**env, "BMLMPI_TRACE_TORCH": str(tmp / "fr-rank_")}
     res = run([sys.executable, "-m", "bmlmpi.cli.launch", "-n", "3", "python", PROGRAM,
                "clean"], env)
     out = res.stdout + res.stderr
