@@ -269,17 +269,18 @@ def write_torch_format(rank: int = -1) -> Path | None:
     """Where ``BMLMPI_TRACE_TORCH`` names a prefix: write every recorder of this process into
     ``<prefix><world rank>`` in PyTorch's Flight Recorder format (:mod:`bmlmpi.fr_format`),
     one file per rank (``rank``: the file's number where MPI does not give a world rank);
-    its path, or None when the variable is unset."""
+    its path, or None when the variable is unset or the file could not be written (said on
+    stderr: bmlmpi's own dump, written before, stays)."""
     prefix = config.get("BMLMPI_TRACE_TORCH")
     if prefix is None:
         return None
-    recorders = {id(r): r for r in (*_ending, *_live)}
-    doc = fr_format.document([r.snapshot("torch") for r in recorders.values()],
-                             fr_format.library_version())
     wr = world_rank()
     try:
+        recorders = {id(r): r for r in (*_ending, *_live)}
+        doc = fr_format.document([r.snapshot("torch") for r in recorders.values()],
+                                 fr_format.library_version())
         target = fr_format.write(prefix, wr if wr >= 0 else rank, doc)
-    except OSError as exc:
+    except Exception as exc:  # noqa: BLE001 - bmlmpi's own dump is written: keep its path
         _to_stderr(f"bmlmpi flight recorder: could not write PyTorch's format to "
                    f"{prefix}{wr}: {exc}")
         return None
