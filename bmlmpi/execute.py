@@ -24,12 +24,17 @@ from . import config
 from .deferred import Deferred, Ranges, analyse
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
-from .schedules.types import Schedule, streams_are_independent
+from .schedules.types import INPUT, OUTPUT, WORK, Schedule, merged_ranges, streams_are_independent
 
 DEFAULT_TIMEOUT: float = config.variable("BMLMPI_TIMEOUT").default
 TAG_STEPS = 4096  # tag slots per call: (step·streams + stream) folded modulo this
 _BYTE = MPI.BYTE
 _testall = MPI.Request.Testall
+#: The buffers of a run a post reads or writes, by index (:attr:`Run.bufs`): the work buffer
+#: (an allreduce's result), the input, the output, the input's ranges saved before an
+#: in-place run overwrites them (:meth:`Plan.saved_in_place`).
+_BUFFER = {WORK: 0, INPUT: 1, OUTPUT: 2}
+_SAVED = 3
 
 
 def timeout_from_env(value: float | None = None, name: str = "timeout") -> float:
@@ -89,6 +94,7 @@ class _Post:
     hi: int
     tag: int         # offset added to the call's tag base
     scratch: int     # reduce-receive: element offset in scratch; -1 otherwise
+    buffer: int = 0  # the run's buffer [lo, hi) lies in (:data:`_BUFFER`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +114,11 @@ class _StepProgram:
     looking up attributes)."""
 
     before_post: tuple[tuple[int, int], ...]
-    # (comm.Irecv, peer, tag, lo, hi, scratch offset or -1 for a copy-receive into [lo, hi))
-    recvs: tuple[tuple[Callable, int, int, int, int, int], ...]
-    # (comm.Isend, peer, tag, lo, hi, read the input instead of the result)
-    sends: tuple[tuple[Callable, int, int, int, int, bool], ...]
+    # (comm.Irecv, peer, tag, lo, hi, scratch offset or -1 for a copy-receive into [lo, hi)
+    # of the buffer of that index, :data:`_BUFFER`)
+    recvs: tuple[tuple[Callable, int, int, int, int, int, int], ...]
+    # (comm.Isend, peer, tag, lo, hi, the index of the buffer it reads)
+    sends: tuple[tuple[Callable, int, int, int, int, int], ...]
     # (lo, hi, scratch offsets, one pass input <op> scratch, copies from the input first)
     reduces: tuple[tuple[int, int, tuple[int, ...], bool, tuple[tuple[int, int], ...]], ...]
 
@@ -154,7 +161,7 @@ class Plan:
         self.sched = sched
         self.comms = comms
         if (sched.streams > 1 and not _placed_on_levels(sched)
-                and streams_are_independent(sched)):
+                and streams_are_independent(sched)):  # (never one that reads its input)
             keys = sorted({t.stream for st in sched.steps for t in (*st.sends, *st.recvs)})
         else:
             keys = [None]
@@ -172,7 +179,7 @@ class Plan:
                     ci, p = level_peer(t.level, t.peer)
                     sends.append(_Post(ci, p, t.peer, t.lo, t.hi,
                                        ((first_step + i) * sched.streams + t.stream)
-                                       % TAG_STEPS, -1))
+                                       % TAG_STEPS, -1, _BUFFER[t.buffer]))
                 recvs, groups, off = [], {}, base
                 for t in picked_recvs:
                     ci, p = level_peer(t.level, t.peer)
@@ -187,7 +194,7 @@ class Plan:
                         groups.setdefault((lo, hi), []).append(s_off)
                     recvs.append(_Post(ci, p, t.peer, lo, hi,
                                        ((first_step + i) * sched.streams + t.stream)
-                                       % TAG_STEPS, s_off))
+                                       % TAG_STEPS, s_off, _BUFFER[t.into]))
                 need = max(need, off - base)
                 steps.append(_StepPlan(i, tuple(sends), tuple(recvs),
                                        tuple((lo, hi, tuple(o)) for (lo, hi), o in groups.items())))
@@ -201,7 +208,9 @@ class Plan:
         self._work: list[np.ndarray] = []
         self._read_out: Ranges | None = None
         self._deferred: Deferred | None = None
-        self._programs: dict[bool, tuple[tuple[_StepProgram, ...], ...]] = {}
+        self._programs: dict[tuple[bool, bool], tuple[tuple[_StepProgram, ...], ...]] = {}
+        self._saved: Ranges | None = None
+        self._saved_pool: list[np.ndarray] = []
 
     def deferred(self) -> Deferred:
         """The input copies of a run with a separate input buffer (:mod:`bmlmpi.deferred`),
@@ -210,23 +219,62 @@ class Plan:
             self._deferred = analyse(self.lanes, self.sched.count)
         return self._deferred
 
-    def program(self, separate_input: bool) -> tuple[tuple[_StepProgram, ...], ...]:
+    def saved_in_place(self) -> Ranges:
+        """The input ranges a run whose input is its output, element for element (an
+        all-to-all with ``sendbuf`` IN_PLACE), must save before step 0: each range a step
+        sends from the input that a receive of that step or an earlier one lands on in the
+        output (the receive may complete first), and the source of each through copy that
+        moves its block (made at the end, after the receives). The rest is sent from the
+        input itself."""
+        if self._saved is None:
+            sched = self.sched
+            landed: list[tuple[int, int]] = []
+            saved = [(c.lo, c.hi) for c in sched.through if c.lo != c.at]
+            for st in sched.steps:
+                landed += [t.target for t in st.recvs if t.into == OUTPUT]
+                saved += [(t.lo, t.hi) for t in st.sends if t.buffer == INPUT
+                          and any(a < t.hi and t.lo < b for a, b in landed)]
+            self._saved = tuple(merged_ranges(saved))
+        return self._saved
+
+    def take_saved(self, dtype: np.dtype, n: int) -> np.ndarray:
+        """A buffer for :meth:`saved_in_place`'s ranges of an input of ``n`` elements, kept
+        between runs (as :meth:`take_work`)."""
+        while self._saved_pool:
+            b = self._saved_pool.pop()
+            if b.dtype == dtype and b.size == n:
+                return b
+        return np.empty(n, dtype=dtype)
+
+    def give_saved(self, b: np.ndarray) -> None:
+        self._saved_pool.append(b)
+
+    def program(self, separate_input: bool, in_place: bool = False
+                ) -> tuple[tuple[_StepProgram, ...], ...]:
         """Per lane, its steps as :class:`_StepProgram` s, for a run whose input is in the
         result already (``separate_input`` False) or in its own buffer (the copies of
-        :meth:`deferred`); built on first use."""
-        prog = self._programs.get(separate_input)
+        :meth:`deferred`); ``in_place``: a relaying run whose input is its output, whose
+        sends of :meth:`saved_in_place`'s ranges read the saved copy; built on first use."""
+        prog = self._programs.get((separate_input, in_place))
         if prog is not None:
             return prog
+        saved = self.saved_in_place() if in_place else ()
+
+        def reads(p: _Post) -> int:
+            if p.buffer == _BUFFER[INPUT] and any(a <= p.lo and p.hi <= b for a, b in saved):
+                return _SAVED
+            return p.buffer
         copies = self.deferred().lanes if separate_input else [None] * len(self.lanes)
         lanes = []
         for lane, lane_copies in zip(self.lanes, copies, strict=True):
             steps = []
             for k, sp in enumerate(lane):
                 cp = None if lane_copies is None else lane_copies[k]
-                recvs = tuple((self.comms[p.comm].Irecv, p.peer, p.tag, p.lo, p.hi, p.scratch)
-                              for p in sp.recvs)
+                recvs = tuple((self.comms[p.comm].Irecv, p.peer, p.tag, p.lo, p.hi, p.scratch,
+                               p.buffer) for p in sp.recvs)
                 sends = tuple((self.comms[p.comm].Isend, p.peer, p.tag, p.lo, p.hi,
-                               cp is not None and cp.send_from_input[j])
+                               _BUFFER[INPUT] if cp is not None and cp.send_from_input[j]
+                               else reads(p))
                               for j, p in enumerate(sp.sends))
                 reduces = tuple((lo, hi, offs, cp is not None and cp.combine[r],
                                  () if cp is None else cp.before_reduce[r])
@@ -234,7 +282,7 @@ class Plan:
                 steps.append(_StepProgram(() if cp is None else cp.before_post, recvs, sends,
                                           reduces))
             lanes.append(tuple(steps))
-        prog = self._programs[separate_input] = tuple(lanes)
+        prog = self._programs[(separate_input, in_place)] = tuple(lanes)
         return prog
 
     @classmethod
@@ -341,22 +389,31 @@ class Run:
 
     __slots__ = ("plan", "buf", "src", "prog", "kop", "tag_base", "_label", "finish", "pos",
                  "lane_reqs", "progress", "done", "scratch", "observer", "stalled", "final",
-                 "after")
+                 "after", "bufs")
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
                  label: str | Callable[[], str], finish: Callable[[], None] | None = None,
-                 src: np.ndarray | None = None, final: Ranges | None = None):
+                 src: np.ndarray | None = None, final: Ranges | None = None,
+                 io: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
+                 | None = None):
         """``src``: the input, when it is not already in ``buf``; the run then copies only
         what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``. ``final``: the
         input ranges to copy at the end (default: every range no step touched). ``label``
-        names the run in a timeout's message (a callable: built only then)."""
+        names the run in a timeout's message (a callable: built only then). ``io``: a
+        relaying schedule's (input, output, saved input ranges or None) that its transfers
+        read and land in directly (:attr:`~bmlmpi.schedules.types.Transfer.buffer`)."""
         self.plan = plan
         self.buf = buf
         if src is not None and not buf.size:
             src = None
         self.src = src
         self.final = final
-        self.prog = plan.program(src is not None)
+        if io is None:
+            self.prog = plan.program(src is not None)
+            self.bufs = (buf, src, None, None)
+        else:
+            self.prog = plan.program(False, io[2] is not None)
+            self.bufs = (buf, *io)
         self.kop = kernel_op(op)
         self.tag_base = tag_base
         self._label = label
@@ -414,18 +471,15 @@ class Run:
         if observer is not None:
             observer.post(self, lane)
         sp = self.prog[lane][self.pos[lane]]
-        buf, scratch, base, src = self.buf, self.scratch, self.tag_base, self.src
+        buf, scratch, base, src, bufs = self.buf, self.scratch, self.tag_base, self.src, self.bufs
         for lo, hi in sp.before_post:
             np.copyto(buf[lo:hi], src[lo:hi])
         # Receives first so that eager messages land directly in place.
-        reqs = [irecv([buf[lo:hi] if s < 0 else scratch[s:s + hi - lo], _BYTE], peer, base + tag)
-                for irecv, peer, tag, lo, hi, s in sp.recvs]
-        if src is None:
-            reqs += [isend([buf[lo:hi], _BYTE], peer, base + tag)
-                     for isend, peer, tag, lo, hi, _ in sp.sends]
-        else:
-            reqs += [isend([(src if from_input else buf)[lo:hi], _BYTE], peer, base + tag)
-                     for isend, peer, tag, lo, hi, from_input in sp.sends]
+        reqs = [irecv([bufs[b][lo:hi] if s < 0 else scratch[s:s + hi - lo], _BYTE], peer,
+                      base + tag)
+                for irecv, peer, tag, lo, hi, s, b in sp.recvs]
+        reqs += [isend([bufs[b][lo:hi], _BYTE], peer, base + tag)
+                 for isend, peer, tag, lo, hi, b in sp.sends]
         self.lane_reqs[lane] = reqs
         if observer is not None:
             observer.posted(self, lane)
@@ -763,9 +817,12 @@ def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, o
     copied whole into the work buffer is left to the Run's deferred copies
     (:mod:`bmlmpi.deferred`: only the ranges the schedule needs before it writes them); other
     input copies are made before step 0 (a copy of memory onto itself is skipped: an
-    in-place allgather's slot, a broadcast root's buffer)."""
+    in-place allgather's slot, a broadcast root's buffer). A relaying schedule that reads its
+    input or lands in its output directly runs as :func:`_direct_run`."""
     from .schedules.types import Copy
     sched = plan.sched
+    if sched.through or sched.uses_io:
+        return _direct_run(plan, inp, out, op, tag_base, label, finish, dtype)
     count = sched.count
     identity = (Copy(0, count, 0),) if count else ()
     outs = sched.output_copies()
@@ -796,3 +853,45 @@ def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, o
 
     return Run(plan, work, op, tag_base, label, copied_out, src=src,
                final=None if src is None else plan.read_out())
+
+
+def _direct_run(plan: Plan, inp: np.ndarray, out: np.ndarray, op: str, tag_base: int,
+                label: str | Callable[[], str], finish: Callable[[], None] | None,
+                dtype: np.dtype | None) -> Run:
+    """:func:`collective_run` of a schedule whose transfers read ``inp`` and land in ``out``
+    themselves (a relaying collective's first and last hops): only the relayed pieces go
+    through the work buffer (its input copies before step 0, its output copies after the
+    last), and the through copies move the own block. With the input the output itself
+    (``sendbuf`` IN_PLACE: the same memory, element for element), a receive could land on a
+    block not yet sent: the ranges :meth:`Plan.saved_in_place` names are copied aside
+    first and sent, or moved at the end, from there. Any other overlap copies the input."""
+    sched = plan.sched
+    work = plan.take_work(dtype if dtype is not None else out.dtype)
+    in_place = np.may_share_memory(inp, out)
+    if in_place and not (inp.ctypes.data == out.ctypes.data and inp.dtype == out.dtype
+                         and inp.strides == out.strides):
+        inp, in_place = inp.copy(), False
+    for c in sched.input_copies():
+        np.copyto(work[c.at:c.at + c.n], inp[c.lo:c.hi])
+    saved = None
+    if in_place:
+        saved = plan.take_saved(inp.dtype, inp.size)
+        for lo, hi in plan.saved_in_place():
+            np.copyto(saved[lo:hi], inp[lo:hi])
+    else:
+        for c in sched.through:
+            np.copyto(out[c.at:c.at + c.n], inp[c.lo:c.hi])
+
+    def copied_out() -> None:
+        if saved is not None:
+            for c in sched.through:
+                if c.lo != c.at:
+                    np.copyto(out[c.at:c.at + c.n], saved[c.lo:c.hi])
+            plan.give_saved(saved)
+        for c in sched.output_copies():
+            np.copyto(out[c.at:c.at + c.n], work[c.lo:c.hi])
+        plan.give_work(work)
+        if finish is not None:
+            finish()
+
+    return Run(plan, work, op, tag_base, label, copied_out, io=(inp, out, saved))

@@ -15,7 +15,7 @@ one pipeline: on BCube hardware all k NICs of a server carry a phase at once. Wi
 pipelines (``pipelines=1``) step w uses level w alone and k − 1 NICs idle. The pieces cost
 transfers: a piece is a transfer of its own wherever its neighbours in the layout of
 :mod:`.exchange` are not contiguous with it on both sides (at N = 64, BCube(2,6), equal
-blocks: 666 transfers per server over the 6 steps, against 89 with one pipeline), so small
+blocks: 666 transfers per server over the 6 steps, against 88 with one pipeline), so small
 blocks are better served by :mod:`.bruck`.
 
 Steps: k. At level l a server sends the pieces whose destination digit l differs from its
@@ -25,8 +25,9 @@ each server holds N·b elements of each pipeline's pieces throughout, so step w 
 level, equal radices n): k·α + (n − 1)/n · N·b·β — against (N − 1)·b·β for any all-to-all
 through one NIC (a Fat-Tree server: every block but its own must cross it); BCube(3,2):
 6·b against 8·b. The transfers carry ``level=l``: the executor sends them on the level-l
-digit communicator, the cost model routes them over level-l links. Memory: the row, plus
-every piece relayed through the server once (up to k − 1 hops each).
+digit communicator, the cost model routes them over level-l links. Memory: the part of the
+row not sent straight from the input, plus every piece relayed through the server once (up
+to k − 1 hops each).
 
 Source: Guo et al., "BCube: A High Performance, Server-centric Network Architecture for
 Modular Data Centers", SIGCOMM 2009 (all-to-all by correcting one digit per step, with all

@@ -15,8 +15,9 @@ Steps: ⌈log2 N⌉. Each round moves the blocks whose distance has that bit: ab
 so each rank sends about ⌈log2 N⌉·N/2·b elements in all for equal blocks of b, against
 (N − 1)·b for :mod:`.pairwise`. Cost (α-β): ⌈log2 N⌉·α + ⌈log2 N⌉·(N/2)·b·β (plus the
 message overhead of each transfer) — fewer latencies, more bytes: cheaper than pairwise for
-tiny blocks at many ranks, dearer for large ones. Memory: the row, plus every block relayed
-through the rank once (about ⌈log2 N⌉·N/2 blocks).
+tiny blocks at many ranks, dearer for large ones. Memory: the part of the row not sent
+straight from the input, plus every block relayed through the rank once (about
+⌈log2 N⌉·N/2 blocks) and not landed straight in the output.
 
 Source: Bruck, Ho, Kipnis, Upfal and Weathersby, "Efficient Algorithms for All-to-All
 Communications in Multiport Message-Passing Systems", IEEE TPDS 8(11), 1997 (the index

@@ -5,15 +5,17 @@ that rank and receives the block of rank (r − k) mod N; its own block goes fro
 its output without a message. Every block takes one hop, so nothing is relayed and no byte
 crosses the network twice. The rotation gives every rank one send and one receive per round
 (a permutation: no rank receives two messages in one round). Layout by
-:mod:`.exchange`: the work buffer is the rank's row (its input, its own block included),
-then the blocks it receives, in the order of the rounds; the output copies put them, and
-the own block, in column order.
+:mod:`.exchange`: nothing is relayed, so every block is sent straight from the sender's
+input and received straight into its place in the receiver's output, and the own block is
+one copy from input to output; there is no work buffer (in place, the executor first
+copies aside the blocks that a receive would overwrite before they are sent: those sent in
+the later half of the rounds).
 
 Steps: N − 1. Each rank sends its row and receives its column, each element once:
 (N − 1)·b elements each way for equal blocks of b. Cost (α-β, one port per rank):
 (N − 1)·(α + b·β) — latency linear in N, so it suits blocks large enough that b·β dominates
-α; for tiny blocks :mod:`.bruck`'s ⌈log2 N⌉ rounds are cheaper. Memory: the row and the
-column less the own block, (2N − 1)·b for equal blocks.
+α; for tiny blocks :mod:`.bruck`'s ⌈log2 N⌉ rounds are cheaper. Memory: none beyond the
+user's buffers (in place, the blocks copied aside, up to half the row).
 
 Source: the pairwise-exchange all-to-all of MPI libraries (Open MPI's ``tuned`` component,
 MPICH's long-message algorithm), Thakur, Rabenseifner and Gropp, "Optimization of Collective

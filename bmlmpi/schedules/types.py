@@ -38,12 +38,26 @@ Conventions every algorithm follows (the verifier checks them):
 * A receive either ``reduce`` s the incoming data into its range (several receives of one
   step may reduce into the same range) or copies it there. A range written in a step (a
   receive's :attr:`~Recv.target`) is never read by a send of the same step.
+* ``buffer`` names the buffer a transfer's ``[lo, hi)`` lies in on its sender, and
+  :attr:`Recv.into` the one a receive lands in: the work buffer (:data:`WORK`, every
+  collective's), or, for a collective that relays blocks, the sender's input
+  (:data:`INPUT`: a block sent on its first hop straight from the user's ``sendbuf``) and the
+  receiver's output (:data:`OUTPUT`: a block landing on its last hop straight in the user's
+  ``recvbuf``). Such a schedule copies only what it relays through the work buffer;
+  :attr:`Schedule.through` copies a rank's own block from its input to its output. The
+  input is never written; with ``sendbuf`` IN_PLACE it is the output, and the executor
+  saves the input ranges a receive would overwrite before their send
+  (:func:`bmlmpi.execute.saved_in_place`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+#: The buffers a transfer's range lies in (module docstring): the work buffer, the sender's
+#: input, the receiver's output.
+WORK, INPUT, OUTPUT = "work", "input", "output"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +69,7 @@ class Transfer:
     hi: int
     stream: int = 0
     level: int = -1
+    buffer: str = WORK  # where [lo, hi) lies on the sender: WORK or (relaying) INPUT
 
     @property
     def n(self) -> int:
@@ -67,10 +82,12 @@ class Recv(Transfer):
 
     ``[lo, hi)`` is the range the sender sends (what matches the two sides); ``at`` is where
     a copy-receive of a relaying collective lands it in this rank's buffer (None: at ``lo``,
-    the same offset, as every other collective does)."""
+    the same offset, as every other collective does); ``into``: the buffer it lands in, the
+    work buffer or (a relaying collective's last hop) the output."""
 
     reduce: bool = False
     at: int | None = None
+    into: str = WORK
 
     @property
     def target(self) -> tuple[int, int]:
@@ -160,7 +177,9 @@ class Schedule:
     or broadcast. ``counts``: the block of each rank of a reduce-scatter or allgather (rank j's
     block is ``[sum(counts[:j]), sum(counts[:j+1]))`` of the work buffer, MPI's layout), the
     ``size × size`` pair matrix of an all-to-all (:mod:`.collectives`), ``None`` for the
-    other collectives. ``inputs``/``outputs``: the module docstring.
+    other collectives. ``inputs``/``outputs``: the module docstring. ``through``: copies from
+    the input straight into the output (``[lo, hi)`` of the input to ``at`` in the output),
+    made outside the steps: a relaying collective's own block.
     """
 
     algorithm: str
@@ -176,6 +195,7 @@ class Schedule:
     counts: tuple[int, ...] | None = None
     inputs: tuple[Copy, ...] | None = None
     outputs: tuple[Copy, ...] | None = None
+    through: tuple[Copy, ...] = ()
 
     def input_copies(self) -> tuple[Copy, ...]:
         """The copies into the work buffer before step 0 (``inputs``, identity when None)."""
@@ -204,6 +224,13 @@ class Schedule:
         """Whether any step works on shared-memory segments (:class:`ShmOp`)."""
         return any(s.shm for s in self.steps)
 
+    @property
+    def uses_io(self) -> bool:
+        """Whether a transfer reads the input or lands in the output directly (a relaying
+        collective's first or last hop), not through the work buffer."""
+        return any(t.buffer != WORK for s in self.steps for t in s.sends) or any(
+            t.into != WORK for s in self.steps for t in s.recvs)
+
 
 def streams_are_independent(sched: Schedule) -> bool:
     """True when the element ranges each stream of ``sched`` touches on this rank (sent,
@@ -216,6 +243,8 @@ def streams_are_independent(sched: Schedule) -> bool:
     """
     if sched.streams <= 1:
         return True
+    if sched.uses_io:
+        return False  # ranges of different buffers: not comparable as one space
     spans: dict[int, list[tuple[int, int]]] = {}
     for st in sched.steps:
         for t in st.sends:

@@ -90,7 +90,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .collectives import collective as collective_record
-from .types import FETCH, PUBLISH, REDUCE, Copy, Schedule
+from .types import FETCH, INPUT, OUTPUT, PUBLISH, REDUCE, WORK, Copy, Schedule
 
 
 class ScheduleError(AssertionError):
@@ -113,13 +113,17 @@ def _check_structure(scheds: Sequence[Schedule], live: list[int]) -> tuple[int, 
             raise ScheduleError(f"rank {s.rank}: collective {s.collective} root {s.root} "
                                 f"counts {s.counts} differ from rank {first.rank}'s")
         for i, step in enumerate(s.steps):
-            for t in (*step.sends, *step.recvs):
+            nsends = len(step.sends)
+            for k, t in enumerate((*step.sends, *step.recvs)):
                 if not (0 <= t.peer < size) or t.peer == s.rank:
                     raise ScheduleError(f"step {i} rank {s.rank}: bad peer {t.peer}")
                 if t.peer not in live:
                     raise ScheduleError(f"step {i} rank {s.rank}: talks to dead rank {t.peer}")
-                if not (0 <= t.lo < t.hi <= count):
-                    raise ScheduleError(f"step {i} rank {s.rank}: bad range [{t.lo},{t.hi})")
+                # [lo, hi) lies in the sender's buffer
+                room = _room(s.rank if k < nsends else t.peer, t.buffer, count, s)
+                if not (0 <= t.lo < t.hi <= room):
+                    raise ScheduleError(f"step {i} rank {s.rank}: bad range [{t.lo},{t.hi}) "
+                                        f"of the {t.buffer} buffer")
             if step.shm and (step.sends or step.recvs):
                 raise ScheduleError(f"step {i} rank {s.rank}: messages and shared-memory "
                                     f"operations in one step")
@@ -140,6 +144,16 @@ def _check_structure(scheds: Sequence[Schedule], live: list[int]) -> tuple[int, 
     return size, count
 
 
+def _room(rank: int, buffer: str, count: int, s: Schedule) -> int:
+    """Elements of ``rank``'s ``buffer`` in the call of ``s``: the work buffer's ``count``,
+    the input's or output's size by the collective's contract."""
+    if buffer == WORK:
+        return count
+    coll = collective_record(s.collective)
+    size = coll.input_size if buffer == INPUT else coll.output_size
+    return size(rank, count, s.root, s.counts)
+
+
 def _check_matching(by_rank: dict[int, Schedule], nsteps: int) -> None:
     for i in range(nsteps):
         sent: dict[tuple[int, int], list] = defaultdict(list)
@@ -148,9 +162,9 @@ def _check_matching(by_rank: dict[int, Schedule], nsteps: int) -> None:
             if i >= len(s.steps):
                 continue
             for t in s.steps[i].sends:
-                sent[(r, t.peer)].append((t.lo, t.hi, t.stream, t.level))
+                sent[(r, t.peer)].append((t.lo, t.hi, t.stream, t.level, t.buffer))
             for t in s.steps[i].recvs:
-                recvd[(t.peer, r)].append((t.lo, t.hi, t.stream, t.level))
+                recvd[(t.peer, r)].append((t.lo, t.hi, t.stream, t.level, t.buffer))
         for key in set(sent) | set(recvd):
             if sent.get(key, []) != recvd.get(key, []):
                 raise ScheduleError(
@@ -159,10 +173,16 @@ def _check_matching(by_rank: dict[int, Schedule], nsteps: int) -> None:
 
 
 def _check_hazards(s: Schedule) -> None:
+    """Rule 3, in each buffer (the input is never written)."""
+    for into in {t.into for step in s.steps for t in step.recvs}:
+        _check_hazards_in(s, into)
+
+
+def _check_hazards_in(s: Schedule, into: str) -> None:
     for i, step in enumerate(s.steps):
-        reads = [(t.lo, t.hi) for t in step.sends]
-        copies = [t.target for t in step.recvs if not t.reduce]
-        reduces = [t.target for t in step.recvs if t.reduce]
+        reads = [(t.lo, t.hi) for t in step.sends if t.buffer == into]
+        copies = [t.target for t in step.recvs if not t.reduce and t.into == into]
+        reduces = [t.target for t in step.recvs if t.reduce and t.into == into]
         for w in copies + reduces:
             for r in reads:
                 if _overlap(w, r):
@@ -297,6 +317,12 @@ def _check_landing(s: Schedule, relays: bool) -> None:
             raise ScheduleError(f"step {i} rank {s.rank}: reduces from the segments of "
                                 f"ranks {list(step.shm[0].peers)}, but {s.collective} "
                                 f"reduces nothing")
+        if not relays and (s.through or any(t.buffer != WORK for t in step.sends)
+                           or any(t.into != WORK for t in step.recvs)):
+            raise ScheduleError(f"step {i} rank {s.rank}: sends from its input or receives "
+                                f"into its output: only a collective that relays blocks "
+                                f"(all-to-all) moves data between them without its work "
+                                f"buffer")
         for t in step.recvs:
             if relays and t.reduce:
                 raise ScheduleError(f"step {i} rank {s.rank}: reduces [{t.lo},{t.hi}) from "
@@ -308,9 +334,10 @@ def _check_landing(s: Schedule, relays: bool) -> None:
                                     f"rank {t.peer} at {t.at}: only a collective that relays "
                                     f"blocks (all-to-all) moves data to another offset")
             lo, hi = t.target
-            if not (0 <= lo and hi <= s.count):
+            room = _room(s.rank, t.into, s.count, s)
+            if not (0 <= lo and hi <= room):
                 raise ScheduleError(f"step {i} rank {s.rank}: receives [{t.lo},{t.hi}) at "
-                                    f"[{lo},{hi}), outside [0,{s.count})")
+                                    f"[{lo},{hi}), outside [0,{room}) of its {t.into} buffer")
 
 
 def _relay_unit(scheds, regions: dict[int, list]) -> int:
@@ -323,7 +350,7 @@ def _relay_unit(scheds, regions: dict[int, list]) -> int:
                 unit = math.gcd(unit, t.lo, t.hi)
             for t in step.recvs:
                 unit = math.gcd(unit, *t.target)
-        for c in (*s.input_copies(), *s.output_copies()):
+        for c in (*s.input_copies(), *s.output_copies(), *s.through):
             unit = math.gcd(unit, c.lo, c.hi, c.at)
     for regs in regions.values():
         for lo, hi, _, at in regs:
@@ -347,6 +374,11 @@ def _simulate_relays(by_rank: dict[int, Schedule], live: list[int], count: int, 
         for c in by_rank[r].input_copies():
             owner[r][c.at // unit:(c.at + c.n) // unit] = r
             where[r][c.at // unit:(c.at + c.n) // unit] = np.arange(c.lo // unit, c.hi // unit)
+    got_owner, got_where = {}, {}  # each rank's output: -2 never written
+    for r in live:
+        size = coll.output_size(r, count, by_rank[r].root, by_rank[r].counts) // unit
+        got_owner[r] = np.full(size, -2, dtype=np.int64)
+        got_where[r] = np.full(size, -1, dtype=np.int64)
     for i in range(nsteps):
         # a range written in a step is sent by no one in it (rule 3), so each receive reads
         # its sender's range as the step found it, whatever the order they are applied in
@@ -356,22 +388,33 @@ def _simulate_relays(by_rank: dict[int, Schedule], live: list[int], count: int, 
                 continue
             for t in s.steps[i].recvs:
                 lo, hi = t.target
-                owner[r][lo // unit:hi // unit] = owner[t.peer][t.lo // unit:t.hi // unit]
-                where[r][lo // unit:hi // unit] = where[t.peer][t.lo // unit:t.hi // unit]
+                a, b = t.lo // unit, t.hi // unit
+                if t.buffer == INPUT:  # the sender's input: its own elements, unchanged
+                    them, there = np.full(b - a, t.peer, dtype=np.int64), np.arange(a, b)
+                else:
+                    them, there = owner[t.peer][a:b], where[t.peer][a:b]
+                into_owner, into_where = ((got_owner[r], got_where[r]) if t.into == OUTPUT
+                                          else (owner[r], where[r]))
+                into_owner[lo // unit:hi // unit] = them
+                into_where[lo // unit:hi // unit] = there
+    for r in live:
+        s = by_rank[r]
+        for c in s.output_copies():
+            got_owner[r][c.at // unit:(c.at + c.n) // unit] = owner[r][c.lo // unit:c.hi // unit]
+            got_where[r][c.at // unit:(c.at + c.n) // unit] = where[r][c.lo // unit:c.hi // unit]
+        for c in s.through:
+            got_owner[r][c.at // unit:(c.at + c.n) // unit] = r
+            got_where[r][c.at // unit:(c.at + c.n) // unit] = np.arange(c.lo // unit,
+                                                                        c.hi // unit)
     for r in live:
         s = by_rank[r]
         size = coll.output_size(r, count, s.root, s.counts) // unit
-        got_owner = np.full(size, -2, dtype=np.int64)  # -2: never written
-        got_where = np.full(size, -1, dtype=np.int64)
-        for c in s.output_copies():
-            got_owner[c.at // unit:(c.at + c.n) // unit] = owner[r][c.lo // unit:c.hi // unit]
-            got_where[c.at // unit:(c.at + c.n) // unit] = where[r][c.lo // unit:c.hi // unit]
         want_owner = np.full(size, -2, dtype=np.int64)
         want_where = np.full(size, -1, dtype=np.int64)
         for lo, hi, (j,), at in regions[r]:
             want_owner[lo // unit:hi // unit] = j
             want_where[lo // unit:hi // unit] = np.arange(at // unit, (at + hi - lo) // unit)
-        bad = np.flatnonzero((got_owner != want_owner) | (got_where != want_where))
+        bad = np.flatnonzero((got_owner[r] != want_owner) | (got_where[r] != want_where))
         if bad.size:
             k = int(bad[0])
             def label(o: int, w: int) -> str:
@@ -379,7 +422,7 @@ def _simulate_relays(by_rank: dict[int, Schedule], live: list[int], count: int, 
                     o, f"rank {o}'s input element {w * unit}")
             raise ScheduleError(
                 f"rank {r}: output element {k * unit} holds "
-                f"{label(int(got_owner[k]), int(got_where[k]))}, expected "
+                f"{label(int(got_owner[r][k]), int(got_where[r][k]))}, expected "
                 f"{label(int(want_owner[k]), int(want_where[k]))}")
 
 
@@ -397,6 +440,16 @@ def _check_copies(s: Schedule, what: str, copies: tuple[Copy, ...], src_size: in
             raise ScheduleError(f"rank {s.rank}: {what} copies write {a} and {b} twice")
 
 
+def _check_output_writes(s: Schedule) -> None:
+    """Each element of the output is written once: by an output copy, a through copy or a
+    receive into the output (rule 12)."""
+    writes = sorted([(c.at, c.at + c.n) for c in (*s.output_copies(), *s.through)]
+                    + [t.target for st in s.steps for t in st.recvs if t.into == OUTPUT])
+    for a, b in zip(writes, writes[1:], strict=False):
+        if _overlap(a, b):
+            raise ScheduleError(f"rank {s.rank}: output elements {a} and {b} written twice")
+
+
 def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> None:
     """Raise :class:`ScheduleError` unless ``scheds`` (one per live rank) compute their
     collective (``Schedule.collective``; an allreduce unless it says otherwise).
@@ -409,12 +462,13 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
     by_rank = {s.rank: s for s in scheds}
     if sorted(by_rank) != live_l:
         raise ScheduleError(f"schedules for ranks {sorted(by_rank)}, expected {live_l}")
-    size, count = _check_structure(scheds, live_l)
     coll = collective_record(scheds[0].collective)
     root, counts = scheds[0].root, scheds[0].counts
-    problem = coll.counts_problem(size, count, counts)
+    # the counts first: the structure check sizes the input and output by them
+    problem = coll.counts_problem(scheds[0].size, scheds[0].count, counts)
     if problem:
         raise ScheduleError(problem)
+    size, count = _check_structure(scheds, live_l)
     for s in scheds:
         _check_landing(s, coll.relays)
     if coll.rooted and not 0 <= root < size:
@@ -427,6 +481,9 @@ def verify(scheds: Sequence[Schedule], live: Sequence[int] | None = None) -> Non
                       coll.input_size(s.rank, count, root, counts), count)
         _check_copies(s, "output", s.output_copies(), count,
                       coll.output_size(s.rank, count, root, counts))
+        _check_copies(s, "through", s.through, coll.input_size(s.rank, count, root, counts),
+                      coll.output_size(s.rank, count, root, counts))
+        _check_output_writes(s)
     if any(s.uses_shm for s in scheds):
         _ShmSimulation(by_rank, live_l, size, count, nsteps, coll).run()
         return

@@ -20,7 +20,7 @@ from bmlmpi.schedules.algorithms import Context
 from bmlmpi.schedules.bcube_exchange import bcube_exchange_schedule
 from bmlmpi.schedules.bruck import bruck_rounds, bruck_schedule
 from bmlmpi.schedules.collectives import collective
-from bmlmpi.schedules.types import Copy, Recv, Schedule, Step, Transfer
+from bmlmpi.schedules.types import INPUT, OUTPUT, WORK, Copy, Recv, Schedule, Step, Transfer
 from bmlmpi.schedules.verify import ScheduleError, verify
 from bmlmpi.topology.bcube import BCube, default_shape
 
@@ -92,7 +92,12 @@ def test_step_counts_and_what_each_rank_moves():
         for s in pairwise:
             assert all(len(st.sends) == len(st.recvs) == 1 for st in s.steps)
             assert s.sent_elements() == s.received_elements() == (size - 1) * b
-            assert s.count == (2 * size - 1) * b
+            # nothing relayed, so nothing through a work buffer: each block straight from
+            # the sender's input into the receiver's output, the own block copied across
+            assert s.count == 0 and not s.input_copies() and not s.output_copies()
+            assert all(t.buffer == INPUT for st in s.steps for t in st.sends)
+            assert all(t.into == OUTPUT for st in s.steps for t in st.recvs)
+            assert s.through == (Copy(s.rank * b, (s.rank + 1) * b, s.rank * b),)
         for s in algorithms.schedules("bruck", ctx):
             assert s.nsteps == bruck_rounds(size)
             for k, st in enumerate(s.steps):
@@ -114,7 +119,7 @@ def test_transfer_counts_the_modules_quote():
     pipelined = bcube_exchange_schedule(0, 64, pairs, shape)
     single = bcube_exchange_schedule(0, 64, pairs, shape, pipelines=1)
     assert sum(len(st.sends) for st in pipelined.steps) == 666
-    assert sum(len(st.sends) for st in single.steps) == 89
+    assert sum(len(st.sends) for st in single.steps) == 88
 
 
 # -- the verifier catches what is wrong ------------------------------------------------------
@@ -161,14 +166,18 @@ def test_the_verifier_names_the_wrong_element():
     good = [algorithms.build("pairwise", Context(2, 8, 4, rank=r, collective="alltoall",
                                                  counts=pairs)) for r in range(2)]
     verify(good)
-    swapped = dataclasses.replace(good[1], outputs=tuple(
-        Copy(c.lo, c.hi, 2 - c.at) for c in good[1].output_copies()))
+    assert good[1].through == (Copy(2, 4, 2),)
+    swapped = dataclasses.replace(_replace_recv(good[1], 0, 0, at=2), through=(Copy(2, 4, 0),))
     with pytest.raises(ScheduleError, match=r"rank 1: output element 0 holds rank 1's input "
                                             r"element 2, expected rank 0's input element 2"):
         verify([good[0], swapped])
-    dropped = dataclasses.replace(good[1], outputs=good[1].output_copies()[:1])
-    with pytest.raises(ScheduleError, match="nothing"):
+    dropped = dataclasses.replace(good[1], through=())
+    with pytest.raises(ScheduleError, match="output element 2 holds nothing"):
         verify([good[0], dropped])
+    # a block written twice into the output
+    twice = dataclasses.replace(good[1], through=(Copy(2, 4, 0),))
+    with pytest.raises(ScheduleError, match="written twice"):
+        verify([good[0], twice])
 
 
 def test_only_a_relaying_collective_lands_elsewhere_and_it_reduces_nothing():
@@ -188,13 +197,19 @@ def test_only_a_relaying_collective_lands_elsewhere_and_it_reduces_nothing():
     verify(a2a)
     with pytest.raises(ScheduleError, match="reduces nothing"):
         verify([a2a[0], _replace_recv(a2a[1], 0, 0, reduce=True)])
-    with pytest.raises(ScheduleError, match="outside"):
-        verify([a2a[0], _replace_recv(a2a[1], 0, 0, at=a2a[1].count)])
-    # a landing range written while a send of the same step reads it
-    s = a2a[1]
-    send = s.steps[0].sends[0]
+    with pytest.raises(ScheduleError, match="outside"):  # its output holds 2 elements
+        verify([a2a[0], _replace_recv(a2a[1], 0, 0, at=2)])
+    with pytest.raises(ScheduleError, match="outside"):  # its work buffer none
+        verify([a2a[0], _replace_recv(a2a[1], 0, 0, into=WORK)])
+    # a landing range written while a send of the same step reads it (Bruck relays through
+    # the work buffer: its round 1 sends what round 0 received)
+    bruck = [algorithms.build("bruck", Context(4, 16, 4, rank=r, collective="alltoall"))
+             for r in range(4)]
+    verify(bruck)
+    s = bruck[0]
+    send = next(t for t in s.steps[1].sends if t.buffer == WORK)
     with pytest.raises(ScheduleError, match="written while"):
-        verify([a2a[0], _replace_recv(s, 0, 0, at=send.lo)])
+        verify([_replace_recv(s, 1, 0, at=send.lo, into=WORK), *bruck[1:]])
     # the pair matrix must be square
     with pytest.raises(ScheduleError, match="2x2"):
         verify([dataclasses.replace(x, counts=(1, 1, 1)) for x in a2a])
@@ -300,3 +315,75 @@ def test_the_executor_posts_each_receive_where_the_schedule_lands_it(name):
         assert posted == wanted
         moved = [t for st in sched.steps for t in st.recvs if t.target != (t.lo, t.hi)]
         assert moved  # blocks land past the row, not at their sender's offset
+
+
+def _in_place_run(scheds: list[Schedule], saved: list[tuple]) -> list[list]:
+    """Every rank's buffer after an in-place run of ``scheds`` as the executor makes it
+    (:func:`bmlmpi.execute._direct_run`), in the worst order MPI allows: each step's
+    receives land before its sends read. Elements are labels (rank, input position); the
+    input is the output, ``saved[r]`` the ranges rank r copied aside before step 0."""
+    mem = [[(s.rank, i) for i in range(sum(s.counts[s.rank * s.size:(s.rank + 1) * s.size]))]
+           for s in scheds]
+    aside = [{i: mem[r][i] for lo, hi in saved[r] for i in range(lo, hi)}
+             for r in range(len(scheds))]
+    work = [[None] * s.count for s in scheds]
+    for s in scheds:
+        for c in s.input_copies():
+            work[s.rank][c.at:c.at + c.n] = mem[s.rank][c.lo:c.hi]
+    for i in range(max(s.nsteps for s in scheds)):
+        landed = []
+        for s in scheds:
+            for t in s.steps[i].recvs:
+                sender = scheds[t.peer]
+                send = next(x for x in sender.steps[i].sends
+                            if (x.peer, x.lo, x.hi, x.buffer) == (s.rank, t.lo, t.hi,
+                                                                  t.buffer))
+                landed.append((s.rank, t, send, sender.rank))
+        # the receives land first, into the output (which is the input) or the work buffer
+        data = {}
+        for _, t, send, q in landed:
+            if send.buffer == WORK:
+                data[id(t)] = work[q][t.lo:t.hi]
+        for r, t, send, q in landed:
+            if send.buffer == INPUT:  # read now: after the step's receives landed
+                data[id(t)] = [aside[q].get(k, mem[q][k]) for k in range(t.lo, t.hi)]
+            lo, hi = t.target
+            (mem[r] if t.into == OUTPUT else work[r])[lo:hi] = data[id(t)]
+    for s in scheds:
+        for c in s.through:
+            if c.lo != c.at:
+                mem[s.rank][c.at:c.at + c.n] = [aside[s.rank][k] for k in range(c.lo, c.hi)]
+        for c in s.output_copies():
+            mem[s.rank][c.at:c.at + c.n] = work[s.rank][c.lo:c.hi]
+    return mem
+
+
+@pytest.mark.parametrize("name", ALLTOALL)
+def test_in_place_saves_what_a_receive_would_overwrite_before_its_send(name):
+    """In place the input is the output: a block received straight into the output can land
+    on a block of the row not yet sent. The executor copies aside exactly
+    :meth:`Plan.saved_in_place`'s ranges first; run in the worst order (each step's
+    receives before its sends), every rank then ends with its column; with nothing saved,
+    pairwise delivers the overwritten blocks instead."""
+    from bmlmpi.execute import Plan
+
+    for size in (2, 3, 4, 5, 6, 9):
+        for pairs in ((3,) * (size * size),
+                      tuple((min(s, d) * 3 + max(s, d) + 2) % 4 for s in range(size)
+                            for d in range(size))):  # symmetric: MPI's in-place rule
+            scheds = [algorithms.build(name, Context(size, sum(pairs), 4, rank=r,
+                                                     collective="alltoall", counts=pairs))
+                      for r in range(size)]
+            saved = [Plan.flat(s, None).saved_in_place() for s in scheds]
+            got = _in_place_run(scheds, saved)
+            for r in range(size):
+                want = [(j, sum(pairs[j * size:j * size + r]) + k) for j in range(size)
+                        for k in range(pairs[j * size + r])]
+                assert got[r] == want, (size, pairs, r)
+            if name == "pairwise" and size > 2 and set(pairs) == {3}:
+                b = 3
+                # rank 0 sends slot k + 1 in round k and receives slot N − 1 − k: from
+                # round ⌈(N − 2)/2⌉ on, the slot it sends has been landed on
+                first = -(-(size - 2) // 2)
+                assert saved[0] == (((first + 1) * b, size * b),)
+                assert _in_place_run(scheds, [()] * size) != got
