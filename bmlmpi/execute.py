@@ -389,19 +389,21 @@ class Run:
 
     __slots__ = ("plan", "buf", "src", "prog", "kop", "tag_base", "_label", "finish", "pos",
                  "lane_reqs", "progress", "done", "scratch", "observer", "stalled", "final",
-                 "after", "bufs")
+                 "after", "bufs", "posted")
 
     def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
                  label: str | Callable[[], str], finish: Callable[[], None] | None = None,
                  src: np.ndarray | None = None, final: Ranges | None = None,
                  io: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
-                 | None = None):
+                 | None = None, posted: Callable[[], None] | None = None):
         """``src``: the input, when it is not already in ``buf``; the run then copies only
         what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``. ``final``: the
         input ranges to copy at the end (default: every range no step touched). ``label``
         names the run in a timeout's message (a callable: built only then). ``io``: a
         relaying schedule's (input, output, saved input ranges or None) that its transfers
-        read and land in directly (:attr:`~bmlmpi.schedules.types.Transfer.buffer`)."""
+        read and land in directly (:attr:`~bmlmpi.schedules.types.Transfer.buffer`).
+        ``posted``: called once, when the first step's transfers are in flight (local work
+        that overlaps them: an all-to-all's own block)."""
         self.plan = plan
         self.buf = buf
         if src is not None and not buf.size:
@@ -414,6 +416,7 @@ class Run:
         else:
             self.prog = plan.program(False, io[2] is not None)
             self.bufs = (buf, *io)
+        self.posted = posted
         self.kop = kernel_op(op)
         self.tag_base = tag_base
         self._label = label
@@ -481,6 +484,9 @@ class Run:
         reqs += [isend([bufs[b][lo:hi], _BYTE], peer, base + tag)
                  for isend, peer, tag, lo, hi, b in sp.sends]
         self.lane_reqs[lane] = reqs
+        if self.posted is not None:
+            posted, self.posted = self.posted, None
+            posted()
         if observer is not None:
             observer.posted(self, lane)
         return reqs
@@ -864,7 +870,8 @@ def _direct_run(plan: Plan, inp: np.ndarray, out: np.ndarray, op: str, tag_base:
     last), and the through copies move the own block. With the input the output itself
     (``sendbuf`` IN_PLACE: the same memory, element for element), a receive could land on a
     block not yet sent: the ranges :meth:`Plan.saved_in_place` names are copied aside
-    first and sent, or moved at the end, from there. Any other overlap copies the input."""
+    first and sent, or moved at the end, from there. Any other overlap copies the input.
+    The own block (the through copies) is copied once the first step has posted."""
     sched = plan.sched
     work = plan.take_work(dtype if dtype is not None else out.dtype)
     in_place = np.may_share_memory(inp, out)
@@ -874,13 +881,19 @@ def _direct_run(plan: Plan, inp: np.ndarray, out: np.ndarray, op: str, tag_base:
     for c in sched.input_copies():
         np.copyto(work[c.at:c.at + c.n], inp[c.lo:c.hi])
     saved = None
+    def copy_own() -> None:
+        for c in sched.through:
+            np.copyto(out[c.at:c.at + c.n], inp[c.lo:c.hi])
+
+    own = None
     if in_place:
         saved = plan.take_saved(inp.dtype, inp.size)
         for lo, hi in plan.saved_in_place():
             np.copyto(saved[lo:hi], inp[lo:hi])
-    else:
-        for c in sched.through:
-            np.copyto(out[c.at:c.at + c.n], inp[c.lo:c.hi])
+    elif sched.through and plan.lanes:
+        own = copy_own
+    else:  # no step (one rank): nothing to overlap
+        copy_own()
 
     def copied_out() -> None:
         if saved is not None:
@@ -894,4 +907,7 @@ def _direct_run(plan: Plan, inp: np.ndarray, out: np.ndarray, op: str, tag_base:
         if finish is not None:
             finish()
 
-    return Run(plan, work, op, tag_base, label, copied_out, io=(inp, out, saved))
+    # the own block is copied while the first step's messages are in flight: a peer takes
+    # them (a shared-memory rendezvous copies in the receiver's poll) meanwhile
+    return Run(plan, work, op, tag_base, label, copied_out, io=(inp, out, saved),
+               posted=own)
