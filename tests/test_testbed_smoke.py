@@ -87,6 +87,36 @@ def test_bml_nic_shares(radices):
         assert shares == pytest.approx([2 * (n - 1) / (k * n)] * k)
 
 
+@pytest.mark.parametrize("radices", [(3, 3), (2, 2, 2), (2, 3), (4, 2, 3)])
+def test_alltoall_bounds_are_what_the_bcube_schedule_sends(radices):
+    """The all-to-all's bound on BCube is max_l (n_l−1)/n_l · P/R: every server's level-l NIC
+    carries (n_l−1)/n_l of its row P, which is what bmlmpi's ``bcube`` schedule sends on
+    level l (summed over its steps and pipelines); on the Fat-Tree (N−1)/N · P/R; BCube(3,2)
+    against its twin: 3/4."""
+    from bmlmpi.schedules.bcube_exchange import bcube_exchange_schedule
+
+    n = math.prod(radices)
+    block = 12 * n  # elements per rank pair: every piece cut evenly
+    pairs = (block,) * (n * n)
+    shares = theory.alltoall_nic_shares(radices)
+    for rank in range(n):
+        sched = bcube_exchange_schedule(rank, n, pairs, radices)
+        for level, share in enumerate(shares):
+            sent = sum(t.n for st in sched.steps for t in st.sends if t.level == level)
+            assert sent == pytest.approx(share * block * n)
+    p, rate = 9 << 20, 200e6
+    assert theory.alltoall_seconds("bcube", p, rate, radices) == pytest.approx(
+        max(shares) * p * 8 / rate)
+    assert theory.alltoall_seconds("fattree", p, rate, radices) == pytest.approx(
+        (n - 1) / n * p * 8 / rate)
+    if radices == (3, 3):
+        assert theory.alltoall_seconds("bcube", p, rate, radices) / theory.alltoall_seconds(
+            "fattree", p, rate, radices) == pytest.approx(0.75)
+    assert theory.predicted_seconds("fattree", "pairwise", p, rate, radices,
+                                    "alltoall") == theory.alltoall_seconds("fattree", p, rate,
+                                                                           radices)
+
+
 def test_link_settings_are_checked_before_building():
     from perf.testbed import netns
     if Path("/proc/sys/net/ipv4/tcp_available_congestion_control").exists():

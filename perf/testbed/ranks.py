@@ -14,11 +14,16 @@ with the expected sum, with the NIC counters around it.
 slowest rank's time), with the NIC and loopback counters around the timed calls. ``--collective``
 picks the call: the allreduce of ``--bytes`` (default), ``reduce_scatter`` (``Reduce_scatter_block``
 of a ``--bytes`` vector: each rank keeps its 1/N block) or ``allgather`` (each rank gives a 1/N
-block of a ``--bytes`` result): BML's two halves, each with half the allreduce's bytes. An algorithm
+block of a ``--bytes`` result): BML's two halves, each with half the allreduce's bytes; or
+``alltoall`` (each rank sends ``--bytes`` in all, a block of 1/N of it to every rank). An algorithm
 may carry a BCube shape of the ranks, ``bml@2x2x2`` (several ranks a server, started with
 ``mpi.run(..., per_server=p)``: the shapes of all the ranks, not of the servers).
 ``pairs``: the intra-node tier: with two ranks a server, every rank swaps ``--bytes`` with its
 partner, all at once (timed like ``bench``).
+``first``: a new user's first ``bmlmpi.Allreduce`` (the drop-in, ``algorithm="auto"``) of
+``--bytes`` on the job's communicator: every rank times ``import bmlmpi`` and the first and
+second calls (each from a barrier; the slowest rank's time), and lists what bmlmpi's cache
+directory holds afterwards (the calibration and tuning table a later job would read).
 ``steps``: where one call's time goes: after a warm-up, ``--reps`` calls of ``--algorithm``, each
 rank timing (from a common barrier) when every schedule step was posted, when its transfers
 completed and when its reductions were done; rank 0 prints every rank's timeline.
@@ -68,7 +73,7 @@ def rank_data(count: int, rank: int) -> np.ndarray:
     return (1000.0 * rank + np.arange(count) % 997).astype(np.float32)
 
 
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "alltoall")
 
 
 def buffers(collective: str, count: int, rank: int, size: int):
@@ -81,22 +86,28 @@ def buffers(collective: str, count: int, rank: int, size: int):
         whole = expected_sum(block * size, size)
         return (rank_data(block * size, rank), np.zeros(block, np.float32),
                 whole[rank * block:(rank + 1) * block])
+    if collective == "alltoall":
+        # rank j's row is rank_data(block · size, j); rank r receives its block r of each
+        column = np.concatenate([rank_data(block * size, j)[rank * block:(rank + 1) * block]
+                                 for j in range(size)])
+        return rank_data(block * size, rank), np.zeros(block * size, np.float32), column
     gathered = np.concatenate([rank_data(block, j) for j in range(size)])
     return rank_data(block, rank), np.zeros(block * size, np.float32), gathered
 
 
 class Caller:
     """One callable per algorithm name for one collective: ``native`` is MPI's own call
-    (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather), the rest go to bmlmpi."""
+    (MPI_Allreduce, MPI_Reduce_scatter_block, MPI_Allgather, MPI_Alltoall), the rest go to
+    bmlmpi."""
 
     METHODS = {"allreduce": "Allreduce", "reduce_scatter": "Reduce_scatter_block",
-               "allgather": "Allgather"}
+               "allgather": "Allgather", "alltoall": "Alltoall"}
 
     def __init__(self, comm: MPI.Comm, kind: str, shape: str, collective: str = "allreduce"):
         self.comm = comm
         self.kind, self.shape = kind, shape
         self.method = self.METHODS[collective]
-        self.reduces = collective != "allgather"
+        self.reduces = collective not in ("allgather", "alltoall")
         self.collective = collective
         self._bml = {}
 
@@ -210,6 +221,33 @@ def bench(args: argparse.Namespace, comm: MPI.Comm) -> dict:
             "results": results}
 
 
+def first(args: argparse.Namespace, comm: MPI.Comm) -> dict:
+    comm.Barrier()
+    t0 = time.perf_counter()
+    import bmlmpi
+    from bmlmpi import config
+    imported = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    count = args.bytes // 4
+    send, recv = rank_data(count, comm.Get_rank()), np.zeros(count, np.float32)
+    calls = []
+    for _ in range(2):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        bmlmpi.Allreduce(send, recv, comm=comm)
+        calls.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    correct = comm.allreduce(bool(np.array_equal(recv, expected_sum(count, comm.Get_size()))),
+                             op=MPI.LAND)
+    cache = config.cache_dir()
+    held = sorted(str(p.relative_to(cache)) for p in cache.rglob("*") if p.is_file()
+                  and "kernels" not in p.parts) if cache.exists() else []
+    settings = {k: v for k, v in os.environ.items() if k.startswith("BMLMPI_")}
+    return {"mode": "first", "bytes": args.bytes, "ranks": comm.Get_size(),
+            "import_s": imported, "first_call_s": calls[0], "second_call_s": calls[1],
+            "correct": correct, "cache_dir": str(cache), "cache_files": held,
+            "bmlmpi_settings": settings,
+            "mpi": MPI.Get_library_version().splitlines()[0]}
+
+
 def pairs(args: argparse.Namespace, comm: MPI.Comm) -> dict:
     """Every rank swaps ``--bytes`` with its partner on the same server (rank ^ 1; two ranks a
     server), all servers at once: the intra-node tier's speed under the same load as a
@@ -268,7 +306,7 @@ def steps(args: argparse.Namespace, comm: MPI.Comm) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m perf.testbed.ranks")
-    p.add_argument("mode", choices=["check", "bench", "steps", "pairs"])
+    p.add_argument("mode", choices=["check", "bench", "steps", "pairs", "first"])
     p.add_argument("--kind", choices=["bcube", "fattree"], required=True)
     p.add_argument("--shape", required=True)
     p.add_argument("--bytes", type=int, default=4 << 20)
@@ -281,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
-    out = {"check": check, "bench": bench, "steps": steps, "pairs": pairs}[args.mode](args,
-                                                                                    comm)
+    out = {"check": check, "bench": bench, "steps": steps, "pairs": pairs,
+           "first": first}[args.mode](args, comm)
     if comm.Get_rank() == 0:
         text = json.dumps(out)
         if args.json:

@@ -10,6 +10,18 @@ So the bytes a server sends on its level-l NIC, as a fraction of P, are
 and the time is max_l share_l · P / R. With equal radices every share is 2(N-1)/(kN), the
 paper's 2(N-1)/(kN) · P/R. A ring or parameter server over one NIC per server (the Fat-Tree
 twin) sends 2(N-1)/N · P from every server: 2(N-1)/N · P/R.
+
+All-to-all, each server sending P bytes in all (its row: a block of P/N to every server, its
+own included). On the one-NIC Fat-Tree every server must send its N−1 other blocks out of its
+one NIC and receive N−1 through it: (N−1)/N · P/R for any algorithm, a lower bound that the
+pairwise exchange meets (Thakur, Rabenseifner and Gropp, IJHPCA 2005). On BCube a block
+crosses one level-l link for each digit l in which its source and destination differ (BCube's
+shortest paths correct one digit a hop, Guo et al., SIGCOMM 2009, §3), which a block does for
+a fraction (n_l−1)/n_l of the destinations: every server's level-l NIC carries (n_l−1)/n_l · P
+each way, and with the levels working at once (bmlmpi's ``bcube`` schedule: k pipelines, each
+on another level in every step) the time is max_l (n_l−1)/n_l · P/R. BCube(3,2): 2/3 · P/R
+against the Fat-Tree's 8/9 · P/R, a ratio of 3/4 (not 1/k: an all-to-all's blocks take
+several hops on BCube, each hop on another NIC).
 """
 
 from __future__ import annotations
@@ -39,9 +51,28 @@ def one_nic_seconds(nbytes: float, rate_bps: float, servers: int) -> float:
     return 2 * (servers - 1) / servers * nbytes * 8 / rate_bps
 
 
+def alltoall_nic_shares(radices: tuple[int, ...]) -> list[float]:
+    """Fraction of a server's row P that its all-to-all sends out of each level's NIC on
+    BCube, the digit by digit exchange (level 0 first)."""
+    return [(n - 1) / n for n in radices]
+
+
+def alltoall_seconds(kind: str, nbytes: float, rate_bps: float,
+                     radices: tuple[int, ...]) -> float:
+    """The all-to-all bandwidth bound (module docstring): each server's row of ``nbytes``."""
+    if kind == "bcube":
+        return max(alltoall_nic_shares(radices)) * nbytes * 8 / rate_bps
+    n = math.prod(radices)
+    return (n - 1) / n * nbytes * 8 / rate_bps
+
+
 def predicted_seconds(kind: str, algorithm: str, nbytes: float, rate_bps: float,
-                      radices: tuple[int, ...]) -> float | None:
-    """The bandwidth-bound time, or None where no closed form applies (ring, native on BCube)."""
+                      radices: tuple[int, ...], collective: str = "allreduce") -> float | None:
+    """The bandwidth-bound time, or None where no closed form applies (ring, native on BCube).
+    An all-to-all's: the bound of its topology for every algorithm (``bcube`` meets it on
+    BCube, pairwise on the Fat-Tree)."""
+    if collective == "alltoall":
+        return alltoall_seconds(kind, nbytes, rate_bps, radices)
     n = math.prod(radices)
     if kind == "bcube" and algorithm == "bml":
         return bml_bcube_seconds(nbytes, rate_bps, radices)
