@@ -345,7 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     mpi.check()
     bcube = build("bcube", args.shape)
     results = {"machine": machine_info(), "args": {k: str(v) for k, v in vars(args).items()},
+               "command": " ".join(["python -m perf.testbed experiment",
+                                    *(argv if argv is not None else sys.argv[1:])]),
                "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": [], "runs": []}
+    # one rank a server: more ranks than cores share the cores (every time says so)
+    results["machine"]["oversubscribed"] = bcube.servers > (os.cpu_count() or 1)
     for rate in args.rates.split(","):
         for kind, shape in (("bcube", bcube.shape), ("fattree", str(bcube.servers))):
             print(f"[{time.strftime('%H:%M:%S')}] {kind} {shape} at {rate} ...", flush=True)
