@@ -23,10 +23,15 @@ COUNT = 300
 
 def contribution(k: int, dtype, n: int = COUNT) -> np.ndarray:
     """Contribution ``k``: mixed magnitudes (float16: within its range), a position- and
-    ``k``-dependent pattern, so that a misplaced range or contribution changes the bits."""
+    ``k``-dependent pattern, so that a misplaced range or contribution changes the bits; every
+    other block of the format (256 reals, a complex value two) scaled by 2^-8, so that
+    neighbouring blocks have other cuts and a value decoded at another block's cut changes
+    the bits."""
     rng = np.random.default_rng(1000 + k)
     span = 3 if np.dtype(dtype) == np.float16 else 8
-    mag = 10.0 ** rng.integers(-span, span, n)
+    reals = 2 if np.dtype(dtype).kind == "c" else 1
+    block = np.arange(n) * reals // rf.BLOCK
+    mag = 10.0 ** rng.integers(-span, span, n) * 2.0 ** (-8 * (block % 2))
     x = rng.standard_normal(n) * mag
     if np.dtype(dtype).kind == "c":
         x = x + 1j * rng.standard_normal(n) * mag[::-1]
