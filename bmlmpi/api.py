@@ -531,16 +531,19 @@ class Communicator:
                 # completed first (docs/api.md, "Blocking calls")
                 self._calls_in_flight.settle()
             call = _prepare_checked(self, sendbuf, recvbuf, op, algorithm, carry)
+            tuning = self._tuning
+            timing = tuning.explore(call)
             if call.wire is not None:
+                # a carried signature explores its own candidates (AutoTuning.key) before
+                # its fast-path entry opens
                 call.wire.blocking = True
                 self.policy.submit(call).Wait()
-                fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op, CARRIED),
-                          call, (sendbuf, recvbuf, op), carried=True)
+                if tuning.after_call(call, timing):
+                    fast.open(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op,
+                                       CARRIED), call, (sendbuf, recvbuf, op), carried=True)
                 return
             # (a plain call, or a reproducible one whose values pass through: integers,
             # MIN, MAX)
-            tuning = self._tuning
-            timing = tuning.explore(call)
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
                                                                                  recvbuf, op)
             if fast.blocking_native(call, key if timing.opens else None, args):
@@ -876,7 +879,8 @@ class Communicator:
 
 
     def explain(self, count: int, dtype: Any, op: Any = MPI.SUM,
-                collective: str = "allreduce") -> selection.Explanation:
+                collective: str = "allreduce", *,
+                reproducible: bool | None = None) -> selection.Explanation:
         """What ``Allreduce`` of ``count`` elements of ``dtype`` with ``op`` runs on this
         communicator, and why: the candidates ``auto`` priced (predicted seconds: the cost
         model with this machine's calibration, and the model before the calibration's
@@ -886,7 +890,12 @@ class Communicator:
         algorithm explains that it runs it. ``collective``: also ``reduce_scatter``,
         ``allgather``, ``reduce``, ``bcast`` or ``alltoall``, ``count`` then being the
         elements of all ranks' blocks together (an all-to-all's: every rank's whole send
-        buffer; what their ``auto`` runs: :func:`bmlmpi.selection.explain_collective`)."""
+        buffer; what their ``auto`` runs: :func:`bmlmpi.selection.explain_collective`).
+        ``reproducible``: the mode of the call explained, as for :meth:`Allreduce` (None: the
+        communicator's); a reducing call it carries (float SUM and AVG) is a signature of
+        its own, priced on the int64 words it carries: the explanation's ``count`` and
+        ``itemsize`` are the words' (a float32 value one word of 8 bytes, a float64 value
+        two), and its ``tuning`` that signature's exploration (docs/reproducible.md)."""
         self._gate.refuse_freed(self.rank)
         if collective not in ("allreduce", *COLLECTIVES):
             raise ValueError(f"explain: unknown collective {collective!r}; one of allreduce, "
@@ -894,8 +903,11 @@ class Communicator:
         if count < 0:
             raise ValueError(f"explain: count must be >= 0, got {count}")
         dt = np.dtype(dtype)
+        wire = None
         if collective in ("allreduce", *REDUCING):
             check_dtype_op(dt, op_name(op))
+            carry = _carry(self, reproducible)
+            wire = None if carry is None else carry.carrier(dt, op_name(op))
         asked = (self.algorithm if collective == "allreduce"
                  else self.family.algorithm_for(collective, None))
         if asked != "auto":
@@ -903,10 +915,12 @@ class Communicator:
                                          asked, "asked", f"the communicator was built with "
                                                          f"algorithm={self.algorithm!r}")
         blocked = collective in ("reduce_scatter", "allgather") and count % self.size == 0
-        why = self._cache.explain(collective, int(count), dt.itemsize, 0,
-                                  (count // self.size,) * self.size if blocked else None)
+        priced, itemsize = self._cache.carried_prices(int(count), dt, wire)
+        why = self._cache.explain(collective, priced, itemsize, 0,
+                                  (priced // self.size,) * self.size if blocked else None)
         tuning = self._tuning
-        return tuning.explained(tuning.key(collective, int(count), dt, op_name(op), 0), why)
+        return tuning.explained(tuning.key(collective, int(count), dt, op_name(op), 0, wire),
+                                why)
 
     def nodes(self):
         """Which ranks share a node (:class:`bmlmpi.topology.nodes.Nodes`):

@@ -63,6 +63,13 @@ choice. So is the fault-tolerant policy's: it neither explores (a call's algorit
 entered in its ledger as prepared) nor reads the table (its recovery knows the schedules the
 fixed rule and the model pick, not every one a table may name).
 
+**Carried calls.** A reproducible call (:mod:`bmlmpi.call_formats`) sums and moves int64
+words, not its values: its key is its own (:attr:`bmlmpi.tuner.TuningKey.wire`), apart from
+the plain call of the same arrays, and its candidates are priced on the words
+(:meth:`bmlmpi.plans.PlanCache.carried_prices`: a float32 value one word, a float64 value
+two). Its blocking calls explore and commit as a plain call's do; the call after which the
+prices are taken runs the priced choice (a plain one runs the MPI library's own call).
+
 The fault-tolerant policy takes its calibration at construction instead, where its
 algorithm is ``auto`` (:meth:`AutoTuning.at_construction`: every rank is alive there).
 
@@ -179,7 +186,7 @@ def _entry(line: str, ranks: int, layout: str) -> tuning_table.TableEntry:
     """A line rank 0 loaded (and so checked) back into its entry."""
     row = json.loads(line)
     key = TuningKey(row["collective"], row["bytes"], row["dtype"], row["op"], ranks, layout,
-                    row["root"])
+                    row["root"], row.get("wire", ""))
     medians = row.get("medians")
     return tuning_table.TableEntry(
         key, row["algorithm"], row.get("why", "measured"), tuple(row.get("candidates", ())),
@@ -288,10 +295,12 @@ class AutoTuning:
         return self._layout
 
     def key(self, collective: str, total: int, dtype: np.dtype, op: str,
-            root: int) -> TuningKey | None:
+            root: int, wire: Any = None) -> TuningKey | None:
         """The key of an ``auto`` call of ``collective`` (``total`` elements of ``dtype``; a
-        collective that reduces nothing is keyed by its bytes alone); None for a call that is
-        not tuned (floating MIN and MAX, module docstring)."""
+        collective that reduces nothing is keyed by its bytes alone; ``wire``: the carrier of
+        a call carried in a call format, :mod:`bmlmpi.call_formats`, whose name the key
+        holds); None for a call that is not tuned (floating MIN and MAX, module
+        docstring)."""
         record = collective_record(collective)
         if record.reduces and op in ("min", "max") and dtype.kind == "f":
             return None
@@ -299,7 +308,12 @@ class AutoTuning:
         # (the family's calls move them as bytes)
         return TuningKey(collective, size_class(total * dtype.itemsize),
                          dtype.name if record.reduces else "", op if record.reduces else "",
-                         self.owner.size, self.layout(), root if record.rooted else None)
+                         self.owner.size, self.layout(), root if record.rooted else None,
+                         "" if wire is None else wire.name)
+
+    def call_key(self, call: Any) -> TuningKey | None:
+        """:meth:`key` of a prepared ``call`` (its carrier included)."""
+        return self.key(call.collective, call.total, call.dtype, call.op, call.root, call.wire)
 
     def choice(self, key: TuningKey | None, explanation: selection.Explanation) -> str:
         """What an ``auto`` call of ``key`` runs when it is not explored (every form's
@@ -321,13 +335,12 @@ class AutoTuning:
         if not opens:
             default = records.default(call.collective)
             if (call.wire is None and default.serves(call.collective)
-                    and self.key(call.collective, call.total, call.dtype, call.op,
-                                 call.root) is not None):
+                    and self.call_key(call) is not None):
                 call.algorithm = default.name
             return Timing(None, 0, "", 0.0, False)
         if call.requested != records.AUTO or self.owner.policy.keeps_calls:
             return _PLAIN
-        key = self.key(call.collective, call.total, call.dtype, call.op, call.root)
+        key = self.call_key(call)
         if key is None or self.tuner.committed(key) is not None:
             return _PLAIN
         index = self.calls.get(key, 0)
@@ -384,7 +397,14 @@ class AutoTuning:
         if not self.settled and selection.auto_decides(key.collective, explanation.count,
                                                        self.owner.size):
             default = records.default(key.collective)
-            if default.serves(key.collective):  # as explore() hands the call over
+            if key.wire:   # explore() leaves a carried call the priced choice for its words
+                return dataclasses.replace(
+                    explanation, rule="first call",
+                    why=(f"{explanation.chosen}, untimed: this communicator's first blocking "
+                         f"auto call runs the priced choice for the {key.wire} words it "
+                         f"carries, and auto takes its prices (calibration, tuning table) "
+                         f"after it"))
+            if default.serves(key.collective):  # as explore() hands a plain call over
                 return dataclasses.replace(
                     explanation, chosen=default.name, rule="first call",
                     why=(f"{default.name}, untimed: this communicator's first blocking auto "

@@ -237,12 +237,10 @@ class CollectiveCall:
 
     def auto(self, plans: Any) -> str:
         """``auto``'s choice for this call on ``plans``' communicator
-        (:class:`bmlmpi.plans.PlanCache`): a carried call's for the words it carries."""
-        if self.wire is not None:
-            return plans.auto_for(self.wire.words(self.out.size, self.dtype),
-                                  np.dtype(np.int64), "sum")
+        (:class:`bmlmpi.plans.PlanCache`): a carried call's under its own key, priced for the
+        words it carries."""
         if self.collective == "allreduce":
-            return plans.auto_for(self.out.size, self.out.dtype, self.op)
+            return plans.auto_for(self.out.size, self.out.dtype, self.op, self.wire)
         return plans.family_auto(self)
 
     def outcome(self) -> Exception | None:
@@ -641,13 +639,14 @@ def start_schedule(collective: str, plan: Any, inp: np.ndarray | None,
 
 
 def prepare_allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any,
-                      algorithm: str, auto: Callable[[int, np.dtype, str], str],
+                      algorithm: str, auto: Callable[[int, np.dtype, str, Any], str],
                       carry: Any = None) -> CollectiveCall:
     """An allreduce's arguments checked on ``rank`` of ``size`` (mpi4py's buffer specs,
     device arrays staged through host memory) and resolved into its
-    :class:`CollectiveCall`; ``auto(count, dtype, op)`` decides ``auto``. ``carry``: a
-    call format (:mod:`bmlmpi.call_formats`) asked for the call's carrier (it may refuse
-    the call); ``auto`` then decides for the words it carries."""
+    :class:`CollectiveCall`; ``auto(count, dtype, op, carrier)`` decides ``auto``
+    (:meth:`bmlmpi.plans.PlanCache.auto_for`). ``carry``: a call format
+    (:mod:`bmlmpi.call_formats`) asked for the call's carrier (it may refuse the call);
+    ``auto`` then decides under the carried signature's key, for the words it carries."""
     requested = algorithm
     name = op_name(op)
     if recvbuf is None or recvbuf is MPI.IN_PLACE:
@@ -681,8 +680,7 @@ def prepare_allreduce(rank: int, size: int, sendbuf: Any, recvbuf: Any, op: Any,
     check_dtype_op(dtype, name)
     wire = None if carry is None else carry.carrier(dtype, name)
     if algorithm == "auto":
-        algorithm = (auto(count, dtype, name) if wire is None
-                     else auto(wire.words(count, dtype), np.dtype(np.int64), "sum"))
+        algorithm = auto(count, dtype, name, wire)
     out = recv.flat[:count]
     src = None if send is None else send.flat
     if src is not None and np.may_share_memory(src, out):

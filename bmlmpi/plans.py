@@ -140,28 +140,45 @@ class PlanCache:
         (cached; local, every rank picks the same), before any call is timed."""
         return self._explained("allreduce", count, itemsize).chosen
 
-    def auto_for(self, count: int, dtype: np.dtype, op: str) -> str:
+    def auto_for(self, count: int, dtype: np.dtype, op: str, wire: Any = None) -> str:
         """``auto``'s choice for an allreduce (the owner's ``tuning``: a measured choice
         where one is committed, else the priced one), keeping one NaN rule: MIN and MAX of
         floats propagate NaN (numpy's rule, which bmlmpi's kernels follow); Open MPI's own
         MPI_MIN/MPI_MAX do not, so ``auto`` never hands those to ``native`` (the tree below
-        64 KiB, the ring above). ``native`` asked for explicitly is the MPI library's rule."""
+        64 KiB, the ring above). ``native`` asked for explicitly is the MPI library's rule.
+        ``wire``: the carrier of a call carried in a call format (:meth:`carried_prices`)."""
         tuning = self.owner.tuning
-        choice = tuning.choice(tuning.key("allreduce", count, dtype, op, 0),
-                               self._explained("allreduce", count, dtype.itemsize))
+        words, itemsize = self.carried_prices(count, dtype, wire)
+        choice = tuning.choice(tuning.key("allreduce", count, dtype, op, 0, wire),
+                               self._explained("allreduce", words, itemsize))
         if choice == "native" and op in ("min", "max") and dtype.kind == "f":
             choice = "tree" if count * dtype.itemsize <= 65536 else "ring"
         return choice
 
     def family_auto(self, call: Any) -> str:
         """``auto``'s choice for a family call (:func:`bmlmpi.selection.choose_collective`,
-        then the owner's ``tuning``)."""
+        then the owner's ``tuning``; a carried call's priced on its words,
+        :meth:`carried_prices`)."""
         coll = collective_record(call.collective)
-        why = self._explained(call.collective, call.total, call.dtype.itemsize, call.root,
-                              call.counts if coll.blocked or coll.relays else None)
+        words, itemsize = self.carried_prices(call.total, call.dtype, call.wire)
+        per = words // call.total if call.total else 1
+        counts = (tuple(c * per for c in call.counts) if coll.blocked or coll.relays
+                  else None)
+        why = self._explained(call.collective, words, itemsize, call.root, counts)
         tuning = self.owner.tuning
-        return tuning.choice(tuning.key(call.collective, call.total, call.dtype, call.op,
-                                        call.root), why)
+        return tuning.choice(tuning.call_key(call), why)
+
+    @staticmethod
+    def carried_prices(count: int, dtype: np.dtype, wire: Any) -> tuple[int, int]:
+        """What ``auto`` prices for ``count`` values of ``dtype``: (elements, bytes each) of
+        the values themselves, or of the int64 words a call format's carrier ``wire`` carries
+        them in (the reproducible format's: a float32 value one word, a float64 value two,
+        a complex value twice its reals'), which every candidate sums and moves instead: a
+        carried signature is priced at its own wire cost, and tuned under a key of its own
+        (:meth:`bmlmpi.auto_tuning.AutoTuning.key`)."""
+        if wire is None:
+            return count, np.dtype(dtype).itemsize
+        return wire.words(count, dtype), np.dtype(np.int64).itemsize
 
     def _explained(self, collective: str, count: int, itemsize: int, root: int = 0,
                    counts: tuple[int, ...] | None = None) -> selection.Explanation:

@@ -2,10 +2,10 @@
 user's own calls, then commit every rank to the fastest. MPI-free and deterministic.
 
 A :class:`Tuner` keeps one state per :class:`TuningKey` (collective, size class, dtype, op,
-rank count, node layout, root or None). The pipeline drives it with the key's call index (the
-number of this key's calls before this one, which every rank agrees on) and the call's local
-time; every decision is a function of the index and of vectors agreed across ranks, so every
-rank decides alike without a message of the Tuner's own:
+rank count, node layout, root or None, call format). The pipeline drives it with the key's
+call index (the number of this key's calls before this one, which every rank agrees on) and
+the call's local time; every decision is a function of the index and of vectors agreed
+across ranks, so every rank decides alike without a message of the Tuner's own:
 
 1. :meth:`Tuner.begin` opens a key from ``auto``'s priced choice
    (:class:`bmlmpi.selection.Explanation`): a committed table entry for the key
@@ -118,7 +118,9 @@ class TuningKey:
     """One signature ``auto`` tunes: ``collective``, ``size`` (:func:`size_class` of the work
     buffer's bytes), ``dtype`` and ``op`` (names; ``""`` where the collective reduces
     nothing), ``ranks``, ``layout`` (which ranks share a node, e.g. ``"1x4"``), ``root``
-    (None for a collective without one)."""
+    (None for a collective without one), ``wire`` (the call format its values are carried
+    in, e.g. ``"reproducible"``: such a call moves and sums other words than a plain call of
+    the same arrays, so it is a signature of its own; ``""``: none)."""
 
     collective: str
     size: int
@@ -127,6 +129,7 @@ class TuningKey:
     ranks: int
     layout: str
     root: int | None = None
+    wire: str = ""
 
     def __post_init__(self) -> None:
         known = called()

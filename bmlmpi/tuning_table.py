@@ -10,8 +10,10 @@ can read, diff and hand-edit it:
 * every other line, one signature's choice: ``collective``, ``bytes`` (the size class: 0 or a
   power of two, :func:`bmlmpi.tuner.size_class`), ``dtype``, ``op`` (``""`` where the
   collective reduces nothing), ``root`` (null for a collective without one), ``algorithm``,
-  and optionally ``why`` (how it was chosen), ``candidates`` and their agreed ``medians``
-  in seconds (null: not measured), which let a later job's calls contradict the entry.
+  and optionally ``wire`` (the call format a signature's values are carried in,
+  ``"reproducible"``; absent: none), ``why`` (how it was chosen), ``candidates`` and their
+  agreed ``medians`` in seconds (null: not measured), which let a later job's calls
+  contradict the entry.
 
 :func:`load` keeps every sound entry and refuses the others — a line that is not JSON, a
 field missing or of the wrong type, an unknown collective or algorithm, an algorithm that
@@ -69,6 +71,8 @@ class TableEntry:
         row = {"collective": self.key.collective, "bytes": self.key.size,
                "dtype": self.key.dtype, "op": self.key.op, "root": self.key.root,
                "algorithm": self.algorithm, "why": self.why}
+        if self.key.wire:
+            row["wire"] = self.key.wire
         if self.candidates:
             row["candidates"] = list(self.candidates)
         if self.medians is not None:
@@ -121,7 +125,11 @@ def _entry(row: object, ranks: int, layout: str) -> TableEntry:
     for name in ("collective", "dtype", "op", "algorithm"):
         if not isinstance(row[name], str):
             raise ValueError(f"{name} {row[name]!r} is not a string")
-    key = TuningKey(row["collective"], size, row["dtype"], row["op"], ranks, layout, root)
+    wire = row.get("wire", "")
+    if not isinstance(wire, str):
+        raise ValueError(f"wire {wire!r} is not a string")
+    key = TuningKey(row["collective"], size, row["dtype"], row["op"], ranks, layout, root,
+                    wire)
     rec = records.get(row["algorithm"])
     if not (rec.offered and rec.serves(key.collective)):
         raise ValueError(f"{rec.name} does not run {key.collective}")

@@ -5,10 +5,12 @@ to the next communicator. Times are injected, never asserted."""
 
 import numpy as np
 import pytest
+from conftest import all_ranks_agree
 from mpi4py import MPI
 
 import bmlmpi
 from bmlmpi.model import Calibration
+from bmlmpi.reproducible import format as rf
 
 FAMILY = ("reduce_scatter", "allgather", "reduce", "bcast")
 #: a plausible calibration that times every collective's native call, so that auto prices
@@ -343,4 +345,59 @@ def test_explain_counts_the_exploration_in_blocks(own_table, monkeypatch):
     assert why.rule == "exploring"
     assert f"blocking call 1 of the {len(names) * 7} " in why.why, why.why
     assert "in blocks of 2" in why.why, why.why
+    c.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter"])
+def test_a_reproducible_signature_explores_and_commits_its_own_candidates(own_table,
+                                                                          collective):
+    """A reproducible ``auto`` call (the communicator's mode) is a signature of its own,
+    priced on its words (a float64 value two int64 words): its blocking calls explore its
+    candidates (injected times: one that is not the prior fastest), every rank commits to
+    it, ``explain(..., reproducible=True)`` shows the commit, and the plain signature of the
+    same arrays (``reproducible=False``) is still to explore. Every call, whichever
+    candidate ran it, gives the bits of the one-rank reduction in the format."""
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to choose between")
+    c = bmlmpi.Communicator(world, timeout=60, reproducible=True)
+    c.calibration = PRICES
+    n = 256 * world.size    # the whole input's values; a reduce-scatter's block: 256
+    why = c.explain(n, np.float64, collective=collective)
+    assert (why.count, why.itemsize, why.rule) == (2 * n, 8, "exploring")
+    names = [t.name for t in why.tuning.candidates]
+    assert len(names) >= 2
+    fast = next(name for name in reversed(names) if name != why.tuning.prior)
+    tuner, ran = c.tuning.tuner, []
+    record = tuner.record
+
+    def injected(key, name, seconds):
+        ran.append(name)
+        record(key, name, 1e-5 if name == fast else 1e-3)
+    tuner.record = injected
+    rng = np.random.default_rng(world.rank)
+    x = rng.standard_normal(n) * 10.0 ** rng.integers(-8, 8, n)
+    parts = world.allgather(x)
+    agreed = np.max([rf.block_exponents(p) for p in parts], axis=0)
+    want = rf.decode(sum(rf.encode(p, agreed) for p in parts), agreed, np.float64)
+    per = n // world.size
+    if collective == "reduce_scatter":
+        want = want[world.rank * per:(world.rank + 1) * per]
+    failures = []
+    for call in range(4 * len(names) + 2):
+        out = np.empty(per if collective == "reduce_scatter" else n)
+        if collective == "allreduce":
+            c.Allreduce(x, out)
+        else:
+            c.Reduce_scatter_block(x, out)
+        if out.tobytes() != want.tobytes():
+            failures.append(f"call {call} ({(ran or ['?'])[-1]}): not the reference bits")
+    all_ranks_agree(world, failures)
+    assert ran[:4 * len(names)] == names * 4   # every candidate explored, in rotation
+    after = c.explain(n, np.float64, collective=collective, reproducible=True)
+    assert (after.rule, after.chosen, after.tuning.state) == ("measured", fast, "committed")
+    plain = c.explain(n, np.float64, collective=collective, reproducible=False)
+    assert (plain.count, plain.itemsize, plain.rule) == (n, 8, "exploring")
+    assert world.allgather(after.chosen) == [fast] * world.size
     c.Free()

@@ -105,7 +105,8 @@ def _fast_calls(c) -> int:
 def test_repeated_blocking_calls_take_the_fast_path_with_the_reference_bits(repro):
     """A blocking signature's later calls take its fast-path entry (FastPath.carried; where
     the algorithm serves reduce-scatter and allgather, at N > 1, its words summed by
-    halves), and every call, the checked first one included, gives the reference bits:
+    halves; auto's once it has explored), and every call, the checked first one included,
+    gives the reference bits:
     every algorithm, in place and not, counts below the rank count, a flagged block, AVG.
     A communicator of its own: no signature of it ran before."""
     c = bmlmpi.Communicator(MPI.COMM_WORLD, "native", reproducible=True, timeout=60)
@@ -137,7 +138,11 @@ def _fast_path_cases(c) -> list[str]:
                             algorithm=algorithm)
                 _check(failures, f"{algorithm} {np.dtype(dtype)} x {n} in_place={in_place} "
                                  f"call {i}", buf, want)
-            if _fast_calls(c) - before != 2:
+            # auto's signature explores its candidates first, on the checked path, where
+            # its calls are counted, and opens its entry once committed (from the tuning
+            # table at once, after its exploration otherwise): tests/mpi/
+            # test_auto_tuning_mpi.py counts them; at one rank there is nothing to explore
+            if (algorithm != "auto" or size == 1) and _fast_calls(c) - before != 2:
                 failures.append(f"{algorithm} in_place={in_place}: "
                                 f"{_fast_calls(c) - before} fast calls, not 2")
     return failures
