@@ -22,8 +22,14 @@ True)``): every gradient all_reduce returns bits that depend on the gradients al
 final parameters are the same bits whichever ``--algorithm`` ran. ``--compare-plain`` (with
 ``--reproducible``) then trains the same model again from the same seed on a plain process
 group of the same ``--algorithm`` (``new_group`` with ``Options(reproducible=False)``) and
-reports its parameters' digest too, so one launch shows both modes. ``--steps S`` ends each
-epoch after S steps (default: the whole epoch).
+reports its parameters' digest too, so one launch shows both modes. With ``--reproducible``,
+``--algorithm`` may name several, comma-separated (``ring,bml,auto``): the same model is
+trained from the same seed once per algorithm, the first on the world group, each other on a
+group of its own (and, with ``--compare-plain``, once per algorithm on a plain group), and
+``--out`` reports each one's digest and the algorithms its gradient all_reduces ran
+(``by_algorithm``; what ``auto`` ran is its priced choice: DDP's all_reduce is non-blocking,
+and ``auto`` times the candidates on blocking calls only). ``--steps S`` ends each epoch
+after S steps (default: the whole epoch).
 
 ``--fault-tolerant`` runs the backend on bmlmpi's fault-tolerant communicator (start with
 ``bmlmpi-run --ft``); ``--kill-rank R --kill-step S`` makes original rank R die (SIGKILL) at
@@ -99,6 +105,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--plan does not run on the fault-tolerant backend")
     if a.compare_plain and (not a.reproducible or a.fault_tolerant or a.backend != "bmlmpi"):
         p.error("--compare-plain needs --reproducible on the plain bmlmpi backend")
+    a.algorithms = a.algorithm.split(",")
+    if len(a.algorithms) > 1 and (not a.reproducible or a.fault_tolerant
+                                  or a.backend != "bmlmpi"):
+        p.error("several --algorithm need --reproducible on the plain bmlmpi backend")
     if a.steps is not None and a.steps < 1:
         p.error("--steps must be at least 1")
     return a
@@ -141,7 +151,7 @@ def init(a: argparse.Namespace):
         dist.init_process_group("gloo", store=bmlmpi.torch.store_from_mpi(comm),
                                 rank=comm.rank, world_size=comm.size)
         return dist.group.WORLD
-    options = bmlmpi.torch.Options(algorithm=a.algorithm, topology=a.topology,
+    options = bmlmpi.torch.Options(algorithm=a.algorithms[0], topology=a.topology,
                                    fault_tolerant=a.fault_tolerant,
                                    hang_timeout=a.hang_timeout, timeout=a.timeout,
                                    reproducible=a.reproducible or None)
@@ -185,15 +195,24 @@ def digest(model: torch.nn.Module) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
-def plain_digest(a: argparse.Namespace) -> str:
-    """--compare-plain: the same training on a plain process group of the same algorithm;
-    the digest of its final parameters."""
+def gradient_algorithms(pg) -> list[str]:
+    """The algorithms the float32 all_reduces (the gradients') of ``pg``'s communicator ran,
+    as its flight recorder kept them."""
+    return sorted({c["chosen"] for c in pg.communicator.recorder.calls()
+                   if c["collective"] == "allreduce" and c["dtype"] == "float32"})
+
+
+def trained_on(a: argparse.Namespace, algorithm: str, reproducible: bool) -> dict:
+    """The same training on a new process group of ``algorithm`` in the given mode: its
+    parameters' digest, whether they are identical on every rank, the algorithms its
+    gradient all_reduces ran."""
     import bmlmpi.torch
-    options = bmlmpi.torch.Options(algorithm=a.algorithm, topology=a.topology,
-                                   timeout=a.timeout, reproducible=False)
+    options = bmlmpi.torch.Options(algorithm=algorithm, topology=a.topology,
+                                   timeout=a.timeout, reproducible=reproducible)
     pg = dist.new_group(backend="bmlmpi", pg_options=options)
     model, _, _, _ = fit(a, pg)
-    return digest(model)
+    return {"params_sha256": digest(model), "params_identical": identical(pg, model),
+            "ran": gradient_algorithms(pg)}
 
 
 def train(a: argparse.Namespace) -> dict:
@@ -202,7 +221,21 @@ def train(a: argparse.Namespace) -> dict:
     model, history, seconds, steps_per_epoch = fit(a, pg)
     same = identical(pg, model)
     failed = list(getattr(pg, "failed", ()))
-    plain = plain_digest(a) if a.compare_plain else None
+    by_algorithm = {}
+    if a.backend == "bmlmpi" and not a.fault_tolerant:
+        first = {"params_sha256": digest(model), "params_identical": same,
+                 "ran": gradient_algorithms(pg)}
+        by_algorithm = {a.algorithms[0]: first}
+        for algorithm in a.algorithms[1:]:
+            by_algorithm[algorithm] = trained_on(a, algorithm, a.reproducible)
+        if a.compare_plain:
+            for algorithm in a.algorithms:
+                plain = trained_on(a, algorithm, False)
+                by_algorithm[algorithm].update(
+                    {f"plain_{k}": v for k, v in plain.items()})
+    same = same and all(r["params_identical"] and r.get("plain_params_identical", True)
+                        for r in by_algorithm.values())
+    plain = by_algorithm[a.algorithms[0]].get("plain_params_sha256") if by_algorithm else None
     return {"backend": a.backend, "algorithm": a.algorithm, "compression": a.compression,
             "plan": a.plan, "fault_tolerant": a.fault_tolerant, "world_size": world,
             "survivors": dist.get_world_size(), "failed": failed, "epochs": a.epochs,
@@ -210,7 +243,7 @@ def train(a: argparse.Namespace) -> dict:
             "history": history, "losses": [h["loss"] for h in history],
             "accuracy": history[-1]["accuracy"] if history else None,
             "params_identical": same, "params_sha256": digest(model),
-            "plain_params_sha256": plain,
+            "plain_params_sha256": plain, "by_algorithm": by_algorithm,
             "reproducible": a.reproducible, "seconds": seconds, "rank": dist.get_rank()}
 
 

@@ -5,12 +5,13 @@ One launch per N (2, 3, 4) of ``tests/frameworks/torch_ranks.py`` runs every che
 backend: each collective against backend gloo on the same inputs (exact), async work objects
 and their futures, refusals, a sub-group, DDP (against gloo, parameters identical on every
 rank), the DDP hooks (fp16 against torch's fp16_compress_hook, bf16, the TDF filters with their
-error feedback, the iBatch bucket plan), ZeRO and FSDP against plain DDP. The job
-(jobs/train_torch.py) loses a rank at a random step under the fault-tolerant backend, ends with
-the same parameters under ring and bml in reproducible mode (and, in the same launch, differing
-ones without it), and runs through its mpirun script. The family calls (broadcast, reduce,
-reduce-scatter, all-gather) each lose a rank on the fault-tolerant backend
-(``tests/frameworks/torch_ft_family_ranks.py``).
+error feedback, the iBatch bucket plan), ZeRO and FSDP against plain DDP, and FSDP2 on
+reproducible groups of ring and bml at N = 3 (the same parameter bits; differing ones on
+plain groups). The job (jobs/train_torch.py) loses a rank at a random step under the
+fault-tolerant backend, ends with the same parameters under ring, bml and auto in
+reproducible mode (and, in the same launch, differing ones without it), and runs through its
+mpirun script. The family calls (broadcast, reduce, reduce-scatter, all-gather) each lose a
+rank on the fault-tolerant backend (``tests/frameworks/torch_ft_family_ranks.py``).
 """
 
 from __future__ import annotations
@@ -120,24 +121,40 @@ def test_train_torch_survives_a_rank_killed_at_a_random_step(torch_python, tmp_p
 
 def test_train_torch_reproducible_parameters_do_not_depend_on_the_algorithm(torch_python, tmp_path):
     """jobs/train_torch.py at N = 3 (at N = 2 every algorithm adds one pair, a sum whose bits
-    do not depend on the order), eight steps, one launch per algorithm: with
-    ``--reproducible``, ``--algorithm ring`` and ``bml`` end with bitwise identical
-    parameters; the same training on a plain process group in the same launch
-    (``--compare-plain``) ends with parameters that differ between ``ring`` and ``bml`` (the
-    three gradients summed in other orders)."""
-    common = ["--epochs", "1", "--steps", "8", "--batch", "16", "--reproducible",
-              "--compare-plain"]
-    digests = {}
-    for algorithm in ("ring", "bml"):
-        report, res, tail = run_job(torch_python, 3, tmp_path, algorithm,
-                                    [*common, "--algorithm", algorithm])
-        assert res.returncode == 0, f"{algorithm}\n{tail}"
-        assert report["params_identical"] and report["reproducible"], f"{algorithm}\n{tail}"
-        assert report["steps_per_epoch"] == 8, report
-        digests[True, algorithm] = report["params_sha256"]
-        digests[False, algorithm] = report["plain_params_sha256"]
-    assert digests[True, "ring"] == digests[True, "bml"], digests
-    assert digests[False, "ring"] != digests[False, "bml"], digests
+    do not depend on the order), eight steps, one launch training the same model on a
+    reproducible group of each of ``ring``, ``bml`` and ``auto`` and on a plain group of each
+    (``--algorithm ring,bml,auto --compare-plain``): the three reproducible runs end with
+    bitwise identical parameters, the plain ``ring`` and ``bml`` runs with differing ones
+    (the three gradients summed in other orders).
+
+    DDP's gradient all_reduce is non-blocking, and ``auto`` times its candidates on blocking
+    calls only, so here ``auto`` runs its priced choice, by the fixed rule (the launch takes
+    no calibration, and a tuning table of its own): the one gradient bucket holds 13706
+    float32 values, 54 KB, under the rule's 64 KiB, so plain ``auto`` runs ``native``, while
+    the reproducible signature is priced on its words, 8 bytes a value, 110 KB, so it runs
+    ``bml``: a third algorithm and order beside ``ring`` and ``bml`` in plain mode, the
+    reproducible words' own signature and pricing in reproducible mode."""
+    args = ["--epochs", "1", "--steps", "8", "--batch", "16", "--reproducible",
+            "--compare-plain", "--algorithm", "ring,bml,auto"]
+    out = tmp_path / "report.json"
+    res = launch(torch_python, 3, ["jobs/train_torch.py", "--out", str(out), *args],
+                 timeout=LAUNCH_TIMEOUT, env={"BMLMPI_TUNING": str(tmp_path / "tuning.jsonl")})
+    tail = (res.stdout + res.stderr)[-5000:]
+    assert res.returncode == 0 and out.exists(), tail
+    report = json.loads(out.read_text())
+    assert report["params_identical"] and report["reproducible"], tail
+    assert report["steps_per_epoch"] == 8, report
+    runs = report["by_algorithm"]
+    assert list(runs) == ["ring", "bml", "auto"], runs
+    ran = {name: (r["ran"], r["plain_ran"]) for name, r in runs.items()}
+    assert ran == {"ring": (["ring"], ["ring"]), "bml": (["bml"], ["bml"]),
+                   "auto": (["bml"], ["native"])}, ran
+    reproducible = {r["params_sha256"] for r in runs.values()}
+    assert len(reproducible) == 1, runs
+    plain = {name: r["plain_params_sha256"] for name, r in runs.items()}
+    assert plain["ring"] != plain["bml"], plain
+    assert plain["auto"] not in (plain["ring"], plain["bml"]), plain
+    assert reproducible.isdisjoint(plain.values()), runs
 
 
 def test_train_torch_mpirun_script_with_compression(torch_python, tmp_path):
