@@ -82,6 +82,9 @@ def test_backend_against_gloo(torch_python, n):
         assert name in checks, f"check {name} did not run\n{tail}"
     if n > 2:
         assert "subgroup_all_reduce" in checks
+    if n == 3:
+        assert {"fsdp2_reproducible_same_bits_ring_bml",
+                "fsdp2_plain_ring_bml_differ_from_3_ranks"} <= checks, tail
 
 
 def run_job(py: Path, n: int, tmp_path: Path, name: str, args: list[str], *, ft: bool = False):

@@ -1,7 +1,7 @@
 """Rank program of the torch backend tests: every collective of backend ``bmlmpi`` against
-backend ``gloo`` on the same inputs, work objects, DDP and its hooks, ZeRO and FSDP; point-to-point,
-gather, scatter and the coalesced calls (``torch_p2p_ranks.py``); all-to-all
-(``torch_alltoall_ranks.py``).
+backend ``gloo`` on the same inputs, work objects, DDP and its hooks, ZeRO and FSDP (FSDP2 also
+on reproducible groups); point-to-point, gather, scatter and the coalesced calls
+(``torch_p2p_ranks.py``); all-to-all (``torch_alltoall_ranks.py``).
 
 Started by ``tests/test_torch_backend.py`` as ``bmlmpi-run -n N python
 tests/frameworks/torch_ranks.py`` in the torch venv (never collected by pytest: it needs
@@ -362,6 +362,48 @@ def ddp_checks(rank: int, n: int, gloo) -> None:
     check("fsdp1_equals_ddp", *close(full, bml))
 
 
+def fsdp_reproducible(rank: int, n: int, groups: dict) -> None:
+    """FSDP2 (``fully_shard`` on a mesh of the group) trains two steps on reproducible
+    groups of ``ring`` and ``bml`` (``Options(reproducible=True)``): its gradients'
+    reduce_scatter_tensor (AVG for float32, the recorder says) runs in the reproducible
+    format, and both end with the same parameter bits, on every rank. The same training on
+    the plain groups of those algorithms ends with other bits at N >= 3, where their
+    reduce-scatters sum three or more addends in other orders (two addends' sum has one
+    order). Run at N = 3 only: its four trainings cost ~23 s at N = 3 and 4 on the loaded
+    development machine (load ~36), mostly FSDP2's setup, and N = 4 shows nothing more
+    (both pass there)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    def trained(group) -> tuple[torch.Tensor, set]:
+        mesh = DeviceMesh.from_group(group, "cpu")
+        model = fresh()
+        for layer in (model.conv, model.fc1, model.fc2):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        train(model, rank, 2, ddp=False)
+        full = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+        ops = {c["op"] for c in group.communicator.recorder.calls()
+               if c["collective"] == "reduce_scatter"}
+        return full, ops
+
+    got = {}
+    for mode in ("reproducible", "plain"):
+        for alg in ("ring", "bml"):
+            got[mode, alg] = trained(groups[f"{mode} {alg}"])
+    same = equal(got["reproducible", "ring"][0], got["reproducible", "bml"][0])
+    ops = got["reproducible", "ring"][1] | got["reproducible", "bml"][1]
+    check("fsdp2_reproducible_same_bits_ring_bml",
+          same and identical_on_every_rank(got["reproducible", "ring"][0]) and ops == {"avg"}
+          and groups["reproducible ring"].communicator.reproducible,
+          f"bits equal: {same}; reduce-scatter ops {sorted(ops)}")
+    plain_same = equal(got["plain", "ring"][0], got["plain", "bml"][0])
+    plain_ops = got["plain", "ring"][1] | got["plain", "bml"][1]
+    check("fsdp2_plain_ring_bml_differ_from_3_ranks",
+          plain_same == (n < 3) and plain_ops == {"avg"},
+          f"plain bits equal: {plain_same}; reduce-scatter ops {sorted(plain_ops)}")
+
+
 def conserved(c, seen, n, sizes) -> tuple[bool, str]:
     """Per call of the compressor on this rank: y = g + what the parameters kept at their
     previous call (residuals follow each parameter when DDP regroups its buckets); sent +
@@ -442,12 +484,20 @@ def main() -> int:
     groups = {"auto": dist.group.WORLD}
     for alg in ("bml", "ring", "tree"):
         groups[alg] = dist.new_group(backend="bmlmpi", pg_options=Options(algorithm=alg))
+    fsdp_groups = {}   # FSDP2's own: fsdp_reproducible (sized: its docstring)
+    for alg in ("ring", "bml") if n == 3 else ():
+        for mode in ("reproducible", "plain"):
+            fsdp_groups[f"{mode} {alg}"] = dist.new_group(
+                backend="bmlmpi", pg_options=Options(algorithm=alg,
+                                                     reproducible=mode == "reproducible"))
     try:
         auto_commits(rank, n, pg)
         collectives(rank, n, gloo, groups)
         p2p_checks(rank, n, gloo, check)
         alltoall_checks(rank, n, gloo, check)
         ddp_checks(rank, n, gloo)
+        if fsdp_groups:
+            fsdp_reproducible(rank, n, fsdp_groups)
     except Exception:
         traceback.print_exc()
         check("no_exception", False)
