@@ -18,38 +18,64 @@ SHAPES = {4: ["2x2", "4"], 6: ["2x3", "3x2", "6"], 8: ["2x2x2", "4x2", "2x4"],
           9: ["3x3", "9"], 12: ["2x2x3", "3x2x2", "2x3x2", "4x3", "3x4", "12"]}
 
 
-#: Files sized for the test command: what they check does not change with the rank count
-#: beyond 6 (agreement on refused arguments, the watchdog and the communicators' contracts,
-#: the flight recorder, calibration's agreement and cache, buckets, and conformance: the
-#: datatypes, ops, buffer specifications and communicators mpi4py accepts, which the
-#: argument layer handles alike at every size), while at 8, 9 and 12 oversubscribed ranks
-#: each costs minutes; those rank counts run the schedules' files (allreduce with every op,
-#: family, hierarchical, shared memory, fast paths, compression, recovery).
-SIZED_TO_6 = frozenset({"test_bad_input_mpi.py", "test_buckets_mpi.py", "test_calibrate_mpi.py",
-                        "test_conformance_mpi.py", "test_contracts_mpi.py", "test_trace_mpi.py"})
+#: Files sized for the test command: the most ranks each runs at. What they check does not
+#: change with the rank count beyond it, while every launch beyond it is oversubscribed on
+#: the test machine (two cores) and costs most per call; the rank counts beyond run the
+#: schedules' files (allreduce with every op, family, hierarchical, shared memory, fast
+#: paths, compression, recovery), where what changes with the rank count is checked.
+#: Up to 6: agreement on refused arguments, the watchdog and the communicators' contracts,
+#: the flight recorder (their messages name ranks and steps). Up to 4: conformance (every
+#: datatype, op, buffer specification and communicator mpi4py accepts: the argument layer
+#: decides them on each rank before any schedule runs, alike at every size; the schedules
+#: they reach run at every N in test_allreduce_mpi.py), the gradient buckets (their plans
+#: and fused layout are each rank's own; the allreduce under them is the flat one) and
+#: calibration's agreement and cache (what it measures is timing, which no test checks).
+SIZED = {"test_bad_input_mpi.py": 6, "test_contracts_mpi.py": 6, "test_trace_mpi.py": 6,
+         "test_buckets_mpi.py": 4, "test_calibrate_mpi.py": 4, "test_conformance_mpi.py": 4}
 
-#: The hierarchical allreduce's every-datatype test costs ~4 s per datatype at 12 oversubscribed
-#: ranks; beyond 6 ranks it takes one datatype of each kind (integer, both float widths the
-#: kernels specialise, complex), the rest of ALL_DTYPES at 1-6 ranks, where the same kernels
-#: and both tiers run. (The flat allreduce keeps every datatype at every size.)
-FEW_DTYPES_BEYOND_6 = frozenset({"test_hierarchical_mpi.py"})
-DTYPES_BEYOND_6 = frozenset({np.dtype(np.int64), np.dtype(np.float32), np.dtype(np.float64),
-                             np.dtype(np.complex128)})
+#: The rank counts up to which the every-datatype tests (:data:`DTYPE_CROSSES`) take every
+#: datatype of ALL_DTYPES; beyond (N = 5, 6, 8, 9, 12) they take :data:`DTYPES_BEYOND_4`.
+#: What a datatype changes is the same at every rank count: the reduction kernel (one per
+#: dtype and op, applied to two local ranges) and the element size the executor turns element
+#: ranges into bytes with. What the rank count changes is the schedule (which element range
+#: goes to whom at which step, chunk and piece boundaries, node tiers) and AVG's divisor: at
+#: every rank count these tests still run every algorithm, op, count and mode they run at
+#: 1-4 ranks, with position- and rank-dependent data, in each kept datatype, so a misplaced
+#: range fails at every N. The kept datatypes hold one of each element size (1, 2, 4, 8, 16
+#: bytes: the shared-memory tier cuts its chunks in bytes, and test_shm_mpi.py makes them
+#: small, so their boundaries differ by element size) and of each kernel family (integers,
+#: float16 accumulated in float32, float32, float64, complex); the others (the remaining
+#: integer widths and signs, complex64, longdouble, clongdouble) take the kernels and
+#: element sizes of kept ones at 1-4 ranks, where every datatype still runs.
+EVERY_DTYPE_UP_TO = 4
+DTYPE_CROSSES = frozenset({"test_allreduce_mpi.py", "test_fast_schedule_mpi.py",
+                           "test_hierarchical_mpi.py", "test_shm_mpi.py"})
+DTYPES_BEYOND_4 = frozenset(np.dtype(d) for d in (np.int8, np.float16, np.float32, np.int64,
+                                                  np.float64, np.complex128))
 
+
+
+def every_dtype(size: int) -> list:
+    """The datatypes of ALL_DTYPES a test that takes every datatype runs at ``size`` ranks:
+    all of them up to EVERY_DTYPE_UP_TO, those of DTYPES_BEYOND_4 beyond (above: why that
+    still fails a misplaced range at every N)."""
+    if size <= EVERY_DTYPE_UP_TO:
+        return ALL_DTYPES
+    return [d for d in ALL_DTYPES if np.dtype(d) in DTYPES_BEYOND_4]
 
 def pytest_collection_modifyitems(config, items):
-    if MPI.COMM_WORLD.size <= 6:
-        return
-    sized = pytest.mark.skip(reason="sized for the test command: runs at 1-6 ranks "
-                                    "(tests/mpi/conftest.py)")
-    few = pytest.mark.skip(reason="sized for the test command: this datatype runs at 1-6 "
-                                  "ranks (tests/mpi/conftest.py DTYPES_BEYOND_6)")
+    size = MPI.COMM_WORLD.size
+    few = pytest.mark.skip(reason="sized for the test command: this datatype runs at 1-4 "
+                                  "ranks (tests/mpi/conftest.py EVERY_DTYPE_UP_TO)")
     for item in items:
-        if item.path.name in SIZED_TO_6:
-            item.add_marker(sized)
-        if item.path.name in FEW_DTYPES_BEYOND_6 and hasattr(item, "callspec"):
+        most = SIZED.get(item.path.name)
+        if most is not None and size > most:
+            item.add_marker(pytest.mark.skip(reason=f"sized for the test command: runs at "
+                                                    f"1-{most} ranks (tests/mpi/conftest.py)"))
+        if size > EVERY_DTYPE_UP_TO and item.path.name in DTYPE_CROSSES \
+                and hasattr(item, "callspec"):
             dtype = item.callspec.params.get("dtype")
-            if dtype is not None and np.dtype(dtype) not in DTYPES_BEYOND_6:
+            if dtype is not None and np.dtype(dtype) not in DTYPES_BEYOND_4:
                 item.add_marker(few)
 
 

@@ -1,4 +1,9 @@
-"""Every algorithm, dtype, op, count, in-place or not, against numpy and comm.Allreduce."""
+"""Every algorithm, dtype, op, count, in-place or not, against numpy and comm.Allreduce.
+
+Every datatype runs at 1-4 ranks; at 5, 6, 8, 9 and 12 ranks the datatypes of
+``conftest.DTYPES_BEYOND_4`` (one of each element size and kernel family) run with every
+algorithm, op, count and mode, so a misplaced range fails at every N
+(tests/mpi/conftest.py says why)."""
 
 import numpy as np
 import pytest

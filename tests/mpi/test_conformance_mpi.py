@@ -112,7 +112,7 @@ def test_every_datatype_and_op(comm, opname, in_place):
     failures = []
     ranks = range(comm.size)
     # one algorithm per (datatype, op), rotating, so that over the four ops every datatype
-    # meets every algorithm (the launcher runs this file at 1..12 ranks: keep it seconds)
+    # meets every algorithm (the launcher runs this file at 1-4 ranks: keep it seconds)
     for i, (name, dt, np_dtype) in enumerate(DATATYPES):
         algorithm = ALGORITHMS[(i + list(OPS).index(opname)) % len(ALGORITHMS)]
         x = values(n, comm.rank, np_dtype, opname)

@@ -5,7 +5,12 @@ and not; the checked path's errors on every rank for bad buffers of the same sha
 DeadlineExceeded naming the step when a rank is missing.
 
 Every case calls three times: the first takes the checked path, the next two must take the
-fast one (its per-signature counter tells)."""
+fast one (its per-signature counter tells).
+
+Every datatype runs at 1-4 ranks; at 5, 6, 8, 9 and 12 ranks the datatypes of
+``conftest.DTYPES_BEYOND_4`` (one of each element size and kernel family) run with every
+algorithm, op, shape and mode, so a misplaced range fails at every N (tests/mpi/conftest.py
+says why)."""
 
 import numpy as np
 import pytest

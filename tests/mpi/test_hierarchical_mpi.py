@@ -4,6 +4,9 @@ dtype and op, in place and not, position-dependent data, against numpy and comm.
 The variable is set inside the test, before the Communicator is built (it is read at
 construction), so the launcher's plain ``pytest tests/mpi`` at N = 1..12 runs it too; sizes
 that are not a multiple of 2 skip the equal-node test and run the unequal-node one instead.
+Every datatype runs at 1-4 ranks; at 6, 8 and 12 ranks the datatypes of
+``conftest.DTYPES_BEYOND_4`` (one of each element size and kernel family) run with every op,
+count and mode, both tiers at every N (tests/mpi/conftest.py says why).
 """
 
 import os

@@ -4,7 +4,9 @@ chunk, position-dependent data, against numpy and comm.Allreduce.
 
 Small chunks (``BMLMPI_SHM_CHUNK``, read when a signature's schedule is built) make even small
 counts run many pipelined chunks; one large count runs the default chunk. The launcher's plain
-``pytest tests/mpi`` at N = 1..12 runs this module.
+``pytest tests/mpi`` at N = 1..12 runs this module: every datatype at 1-4 ranks, and beyond
+the datatypes of ``conftest.DTYPES_BEYOND_4``, one of each element size (the chunks are cut
+in bytes) and kernel family, with every op, count and mode (tests/mpi/conftest.py says why).
 """
 
 import numpy as np
