@@ -4,7 +4,9 @@ middle and last, uneven counts with zeros, against numpy's exact result and mpi4
 call, with position- and rank-dependent data. One test per collective loops over its cases
 (few test ids, one argument check per new signature). The layout that takes every dtype
 takes all of them at 1-4 ranks and one of each element size and kernel family beyond, with
-every algorithm, op, root and mode at every N (tests/mpi/conftest.py says why)."""
+every algorithm, op, root and mode at every N (tests/mpi/conftest.py says why). Reduce and
+broadcast take each dtype and op at one root, the roots first, middle and last in turn
+(``_roots_in_turn``), so every root runs every algorithm and count at every N."""
 
 import numpy as np
 import pytest
@@ -60,6 +62,18 @@ def _block_counts(size: int, base: int) -> list[list[int]]:
 
 def _roots(size: int) -> list[int]:
     return sorted({0, size // 2, size - 1})
+
+
+def _roots_in_turn(size: int, cases: list) -> list[tuple[int, tuple]]:
+    """(root, case) pairs: each case at one root, the roots first, middle and last in turn,
+    where there are at least as many cases as roots; every case at every root otherwise. A
+    root changes the schedule (which rank sends what to whom), not what a dtype or op does
+    to the data, so every root still runs every algorithm and count at every N, each with
+    several dtypes and ops, at a third of the calls."""
+    roots = _roots(size)
+    if len(cases) < len(roots):
+        return [(root, case) for case in cases for root in roots]
+    return [(roots[i % len(roots)], case) for i, case in enumerate(cases)]
 
 
 def _communicator(comm, algorithm: str, monkeypatch) -> bmlmpi.Communicator:
@@ -190,23 +204,23 @@ def test_reduce(comm, monkeypatch):
     for algorithm in bmlmpi.algorithms("reduce"):
         ctx = _communicator(comm, algorithm, monkeypatch)
         for n in (0, 1, 5, 3 * size + 1, *_large(1031)):
-            for dtype, op, op_id in _cases(every_dtype(size) if n == 3 * size + 1 else _few(size)):
+            cases = list(_cases(every_dtype(size) if n == 3 * size + 1 else _few(size)))
+            for root, (dtype, op, op_id) in _roots_in_turn(size, cases):
                 x = rank_input(n, rank, dtype, op)
                 want = reference(n, size, dtype, op)
-                for root in _roots(size):
-                    for in_place in (False, True):
-                        what = (f"{algorithm} n={n} {np.dtype(dtype).name} {op_id} root={root} "
-                                f"in_place={in_place}")
-                        out = np.full(n, 77, dtype) if rank == root else None
-                        if in_place and rank == root:
-                            out = x.copy()
-                            ctx.Reduce(MPI.IN_PLACE, out, op, root)
-                        else:
-                            ctx.Reduce(x, out, op, root)
-                        if rank == root and not np.array_equal(out, want):
-                            failures.append(f"{what}: {_first_bad(out, want)}")
-                        if not np.array_equal(x, rank_input(n, rank, dtype, op)):
-                            failures.append(f"{what}: sendbuf modified")
+                for in_place in (False, True):
+                    what = (f"{algorithm} n={n} {np.dtype(dtype).name} {op_id} root={root} "
+                            f"in_place={in_place}")
+                    out = np.full(n, 77, dtype) if rank == root else None
+                    if in_place and rank == root:
+                        out = x.copy()
+                        ctx.Reduce(MPI.IN_PLACE, out, op, root)
+                    else:
+                        ctx.Reduce(x, out, op, root)
+                    if rank == root and not np.array_equal(out, want):
+                        failures.append(f"{what}: {_first_bad(out, want)}")
+                    if not np.array_equal(x, rank_input(n, rank, dtype, op)):
+                        failures.append(f"{what}: sendbuf modified")
                 if n == 5 and op is not bmlmpi.AVG and _exact_in(dtype, n, size, op):
                     ref = np.empty(n, dtype)
                     comm.Reduce(x, ref, op, size - 1)
@@ -225,14 +239,14 @@ def test_bcast(comm, monkeypatch):
     for algorithm in bmlmpi.algorithms("bcast"):
         ctx = _communicator(comm, algorithm, monkeypatch)
         for n in (0, 1, 5, 3 * size + 1, *_large(4099)):
-            for dtype in (every_dtype(size) + [np.bool_]) if n == 3 * size + 1 else _few(size):
-                for root in _roots(size):
-                    buf = _contribution(n, rank, dtype)
-                    ctx.Bcast(buf, root)
-                    want = _contribution(n, root, dtype)
-                    if not np.array_equal(buf, want):
-                        failures.append(f"{algorithm} n={n} {np.dtype(dtype).name} root={root}: "
-                                        f"{_first_bad(buf, want)}")
+            dtypes = (every_dtype(size) + [np.bool_]) if n == 3 * size + 1 else _few(size)
+            for root, dtype in _roots_in_turn(size, dtypes):
+                buf = _contribution(n, rank, dtype)
+                ctx.Bcast(buf, root)
+                want = _contribution(n, root, dtype)
+                if not np.array_equal(buf, want):
+                    failures.append(f"{algorithm} n={n} {np.dtype(dtype).name} root={root}: "
+                                    f"{_first_bad(buf, want)}")
             ref = _contribution(n, rank, np.int64)
             comm.Bcast(ref, size - 1)
             ours = _contribution(n, rank, np.int64)
