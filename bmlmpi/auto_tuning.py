@@ -98,7 +98,7 @@ from .model.estimate import Calibration
 from .model.plausibility import implausible, overloaded
 from .schedules import algorithms as records
 from .schedules.collectives import collective as collective_record
-from .tuner import Tuner, TuningKey, TuningReport, size_class
+from .tuner import DECISIVE, Tuner, TuningKey, TuningReport, size_class
 
 _log = logging.getLogger("bmlmpi")
 
@@ -430,7 +430,9 @@ class AutoTuning:
                  f"every rank commits to the fastest median block (the slowest rank's blocks "
                  f"count), {report.prior} unless another's is more than "
                  f"{100 * (self.tuner.margin - 1):.0f} % faster and its slowest block faster "
-                 f"than {report.prior}'s fastest"))
+                 f"than {report.prior}'s fastest, or its median more than "
+                 f"{self.tuner.decisive:g} times faster and faster than {report.prior}'s "
+                 f"fastest block"))
 
 
 def _new_tuner() -> Tuner:
@@ -446,4 +448,5 @@ def _committed_why(report: TuningReport) -> str:
                 f"calls (the slowest rank's median)")
     return (f"{report.chosen} kept ({report.why}'s pick): no candidate's median block was "
             f"more than the margin faster with its slowest block faster than "
-            f"{report.chosen}'s fastest")
+            f"{report.chosen}'s fastest, nor more than {DECISIVE:g} times faster with its "
+            f"median faster than {report.chosen}'s fastest block")

@@ -40,9 +40,12 @@ across ranks, so every rank decides alike without a message of the Tuner's own:
    kept unless the winner is faster by more than :data:`MARGIN` (5 %) **and** by more than
    their spreads: the winner's slowest block must be faster than the prior's fastest one
    (median gap > the winner's spread above its median + the prior's spread below its
-   median). A near-tie, or a gap that one preempted block could make, is noise, not a
-   reason to leave the model's pick. ``why`` is ``"measured"`` when the measurement chose,
-   ``"model"`` or ``"rule"`` when the prior was kept (or nothing was measured).
+   median), or be more than :data:`DECISIVE` (2) times faster by its median and its median
+   faster than the prior's fastest block (a gap the winner's preempted blocks cannot have
+   made: load only adds time). A near-tie, or a gap that one preempted block could make,
+   is noise, not a reason to leave the model's pick. ``why`` is ``"measured"`` when the
+   measurement chose, ``"model"`` or ``"rule"`` when the prior was kept (or nothing was
+   measured).
 4. Committed, every ``sample_every``-th call (default 16) of the key is timed (:meth:`Tuner.timed`)
    and every ``review_samples`` such calls (default 5, so every 80 calls) :meth:`Tuner.due`
    asks for a **review**: the proposal is the committed algorithm's median of those samples
@@ -84,8 +87,8 @@ from .schedules.collectives import collective as contract
 
 _log = logging.getLogger("bmlmpi")
 
-__all__ = ["BLOCK_BYTES", "BLOCK_CALLS", "CONTRADICTED", "MARGIN", "TUNED_RULES", "WHYS",
-           "CandidateTiming", "TuningKey", "TuningReport", "Tuner", "pick_candidates",
+__all__ = ["BLOCK_BYTES", "BLOCK_CALLS", "CONTRADICTED", "DECISIVE", "MARGIN", "TUNED_RULES",
+           "WHYS", "CandidateTiming", "TuningKey", "TuningReport", "Tuner", "pick_candidates",
            "size_class"]
 
 #: the prior is kept unless the measured winner is faster by more than this factor (and
@@ -95,6 +98,10 @@ MARGIN = 1.05
 BLOCK_CALLS = 16
 #: the size class from which one exploration block is one call
 BLOCK_BYTES = 4 << 20
+#: a winner whose median block is more than this factor faster than the prior's replaces it
+#: even where their blocks overlap, if its median also beats the prior's fastest block
+#: (docs/tuning.md, "The rule")
+DECISIVE = 2.0
 #: a committed choice whose agreed median exceeds another candidate's by this factor is
 #: explored afresh
 CONTRADICTED = 1.2
@@ -236,20 +243,23 @@ class Tuner:
     candidates explored; ``rounds``: counted rounds of blocks after the warm-up;
     ``block_calls`` and ``block_bytes``: a block's calls at small sizes and the size from
     which a block is one call (:meth:`block_calls_at`); ``margin``: the prior's margin;
+    ``decisive``: the factor that wins over the blocks' spread (:meth:`_beats`);
     ``sample_every`` and ``review_samples``: how often a committed key is timed and
     reviewed."""
 
     def __init__(self, *, k: int = 3, rounds: int = 3, block_calls: int = BLOCK_CALLS,
                  block_bytes: int = BLOCK_BYTES, margin: float = MARGIN,
+                 decisive: float = DECISIVE,
                  sample_every: int = 16, review_samples: int = 5,
                  contradicted: float = CONTRADICTED) -> None:
         if (k < 1 or rounds < 1 or block_calls < 1 or block_bytes < 1 or sample_every < 1
                 or review_samples < 1):
             raise ValueError("k, rounds, block_calls, block_bytes, sample_every and "
                              "review_samples are at least 1")
-        if not (margin >= 1 and contradicted >= 1):
-            raise ValueError("margin and contradicted are factors of at least 1")
-        self.k, self.rounds, self.margin = k, rounds, margin
+        if not (margin >= 1 and contradicted >= 1 and decisive >= margin):
+            raise ValueError("margin and contradicted are factors of at least 1, decisive "
+                             "one of at least margin")
+        self.k, self.rounds, self.margin, self.decisive = k, rounds, margin, decisive
         self.block_calls, self.block_bytes = block_calls, block_bytes
         self.sample_every, self.review_samples = sample_every, review_samples
         self.contradicted = contradicted
@@ -444,8 +454,8 @@ class Tuner:
             best = min(finite, key=lambda i: medians[i])  # ties: the earlier candidate
             kept = (prior_at is not None and prior_at != best
                     and math.isfinite(medians[prior_at])
-                    and not (medians[prior_at] > self.margin * medians[best]
-                             and max(blocks[best]) < min(blocks[prior_at])))
+                    and not self._beats(medians[best], blocks[best], medians[prior_at],
+                                        blocks[prior_at]))
             if kept:
                 st.chosen, st.why = st.prior, st.prior_why
             else:
@@ -455,6 +465,21 @@ class Tuner:
                            for c in st.candidates)
         st.committed_at = st.last_index
         st.samples = {}
+
+    def _beats(self, median: float, blocks: tuple[float, ...], prior_median: float,
+               prior_blocks: tuple[float, ...]) -> bool:
+        """Whether the fastest candidate (its median block and blocks) replaces the prior:
+        faster by more than the margin and either clear of the spreads (its slowest block
+        faster than the prior's fastest) or decisively faster (its median more than
+        :data:`DECISIVE` times faster than the prior's, and faster than the prior's fastest
+        block: load only adds time, so a slow block of the winner is what preemption made,
+        while a block of the prior faster than the winner's median would say the prior can
+        run faster than it)."""
+        if not prior_median > self.margin * median:
+            return False
+        if max(blocks) < min(prior_blocks):
+            return True
+        return prior_median > self.decisive * median and median < min(prior_blocks)
 
     def _review(self, st: _State, agreed: tuple[float, ...]) -> None:
         at = st.candidates.index(st.chosen)

@@ -106,6 +106,51 @@ def test_a_clear_winner_wins_though_its_single_calls_alternate():
     assert next(c for c in report.candidates if c.name == "ring").measured == 30 * US
 
 
+def by_block(times: dict[str, tuple[float, float, float]]) -> Callable[[int, str, int], float]:
+    """Per-call times that make each named candidate's three counted blocks the given means
+    (seconds; its warm-up call runs as its first block), the others :func:`steady`."""
+    def time_of(rank, name, k):
+        if name not in times:
+            return steady(name)
+        return times[name][min(2, max(0, k - 1) // BLOCK)]
+    return time_of
+
+
+def test_a_decisively_faster_median_wins_though_its_blocks_overlap_the_priors():
+    """The 512 KiB allgather at load ~8 (docs/tuning.md), its blocks a hundredth: shm's (here
+    tree's) 22, 53 and 191 us, native's 145, 285 and 487 us. tree's slowest block is slower
+    than native's fastest, but its median is 5.4 times faster and faster than every block of
+    native's: tree wins (measured). The rule without the decisive factor kept native."""
+    tuners = [Tuner() for _ in range(RANKS)]
+    got = explore(tuners, by_block({"native": (145 * US, 285 * US, 487 * US),
+                                    "tree": (22 * US, 53 * US, 191 * US)}))
+    assert got == ["tree"] * RANKS
+    assert tuners[0].report(KEY).why == "measured"
+
+
+def test_a_median_under_twice_as_fast_within_the_spread_keeps_the_prior():
+    """tree's median (40 us) is 1.9 times faster than native's (76 us) and below every block
+    of native's, but one of its blocks (500 us) is slower than native's fastest: under the
+    decisive factor the spread rules, and native stays."""
+    tuners = [Tuner() for _ in range(RANKS)]
+    got = explore(tuners, by_block({"native": (70 * US, 76 * US, 80 * US),
+                                    "tree": (38 * US, 40 * US, 500 * US)}))
+    assert got == ["native"] * RANKS
+    assert tuners[0].report(KEY).why == "rule"
+
+
+def test_a_decisive_median_that_a_block_of_the_prior_beats_keeps_the_prior():
+    """tree's median (90 us) is 2.2 times faster than native's (200 us), but native ran one
+    block at 40 us, faster than tree's median: native's slow blocks may be the load's, so
+    the gap is not decisive, and native stays. (The others run 100 us, tree's median is the
+    fastest.)"""
+    tuners = [Tuner() for _ in range(RANKS)]
+    got = explore(tuners, by_block({"native": (40 * US, 200 * US, 300 * US),
+                                    "tree": (80 * US, 90 * US, 5000 * US)}))
+    assert got == ["native"] * RANKS
+    assert tuners[0].report(KEY).why == "rule"
+
+
 def test_every_rank_commits_alike_when_one_ranks_blocks_alone_would_pick_another():
     """On rank 1 tree runs a steady 40 us and would win alone; on rank 0 every third tree
     call loses the core. A block ends when its slowest rank does: the agreed blocks are
