@@ -160,16 +160,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bmlmpi-perf-auto-") as tmp:
         for n in (int(x) for x in args.ranks.split(",")):
             before = loadavg()
+            started = time.monotonic()
             target = Path(tmp) / f"auto-n{n}.json"
             launch(n, [str(HERE / "ranks.py"), "--collectives", args.collectives, "--sizes",
                        args.sizes, "--blocks", str(args.blocks), "--json", str(target)],
                    fresh_env(Path(tmp) / f"cache-{n}"), args.timeout)
             part = json.loads(target.read_text())
             part["load_before"] = before
+            part["sweep_seconds"] = time.monotonic() - started
             if args.first_jobs:
                 part["first"] = first_jobs(n, args.first_jobs, args.first_bytes, Path(tmp),
                                            args.timeout)
             part["load_after"] = loadavg()
+            part["seconds"] = time.monotonic() - started
             data["ranks"][str(n)] = part
             (out / "auto.json").write_text(json.dumps(data, indent=1))
     (out / "auto.md").write_text(markdown(data))

@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for collective in collectives:
         for nbytes in sizes:
+            started = time.perf_counter()
             case = Case(ctx, collective, nbytes)
             first = first_calls(ctx, case, args.first)
             why = ctx.explain(case.total, np.float32, collective=collective)
@@ -172,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
             results.append({
                 "collective": collective, "bytes": case.total * 4, "iters": iters,
                 "rows": {r: statistics.median(v) for r, v in timed.items()},
+                # the case's wall time on rank 0 (exploration, rows, checks): what sizes a run
+                "seconds": time.perf_counter() - started,
                 "blocks": timed, "exact": exact, "first": first,
                 "chosen": why.chosen, "why": why.rule,
                 "candidates": [] if tuning is None else [
