@@ -103,10 +103,12 @@ class Mailbox:
     def _post(self) -> None:
         self._req = self.control.Irecv([self._box, MPI.BYTE], MPI.ANY_SOURCE, TAG_MAIL)
 
-    def poll(self) -> None:
-        """Take every message that has arrived."""
+    def poll(self, arrived: bool = False) -> None:
+        """Take every message that has arrived (``arrived``: the posted receive's ``Test``
+        said so already)."""
         req = self._req
-        while req is not None and req.Test():
+        while req is not None and (arrived or req.Test()):
+            arrived = False
             msg = decode(self._box)
             if msg.token != self.token:
                 pass  # an earlier communicator's message (see the class docstring)
@@ -121,7 +123,11 @@ class Mailbox:
 
     def failure(self, since: int = 0) -> Message | None:
         """The first error or deadline notice about a call numbered ``since`` or later."""
-        self.poll()
+        req = self._req
+        arrived = req is not None and req.Test()
+        if not (arrived or self._failures or self._sends):
+            return None  # nothing arrived, nothing kept (the fast paths' every call)
+        self.poll(arrived)
         for msg in self._failures:
             if msg.seq >= since:
                 return msg

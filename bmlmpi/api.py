@@ -66,7 +66,7 @@ from .family import (
     scatter,
     scatter_blocks,
 )
-from .fast_path import CARRIED, FastPath, fast_key
+from .fast_path import CARRIED, DONE, FastPath, fast_key
 from .finalize import remove_singleton_leftovers
 from .handles import NativeRun, Request
 from .model.estimate import Calibration
@@ -508,7 +508,8 @@ class Communicator:
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
                             compression=compression, reproducible=reproducible).Wait()
             return
-        algorithm = _named(self, algorithm)
+        # (the communicator's own algorithm and mode, the commonest, without a call frame)
+        algorithm = self.algorithm if algorithm is None else _named(self, algorithm)
         # the fast path when the signature may take it (FastPath.allreduce; a reproducible
         # call's: FastPath.carried), else the checked path, started and waited on, which then
         # opens the signature's entry there
@@ -518,7 +519,8 @@ class Communicator:
             agreement = self._agreement
             if agreement.repair_after is not None:
                 agreement.repair()  # (collective: every rank's first call after the error)
-            carry = _carry(self, reproducible)
+            carry = (None if reproducible is None and not self.reproducible
+                     else _carry(self, reproducible))  # (the commonest without a call frame)
             fast = self._fast_path
             if carry is None:
                 if fast.allreduce(sendbuf, recvbuf, op, algorithm):
@@ -672,7 +674,7 @@ class Communicator:
     # forms with mpi4py's positional arguments; ``algorithm`` (keyword-only): one of
     # ``bmlmpi.algorithms(collective)``, None the communicator's own when it serves the
     # collective, else ``auto``. Each hands its call's builder to the family's engine; a
-    # blocking call whose signature ran before takes its fast path (FastPath.repeat).
+    # blocking call whose signature ran before takes its fast path (FastPath.family).
     def Reduce_scatter_block(self, sendbuf: Any, recvbuf: Any, op: Any = MPI.SUM, *,
                              algorithm: str | None = None,
                              reproducible: bool | None = None) -> None:
@@ -680,10 +682,11 @@ class Communicator:
         ``reproducible``: this call's mode, as for :meth:`Allreduce` (the reducing methods
         below take it too)."""
         args = (sendbuf, recvbuf, op)
-        carry = _carry(self, reproducible)
-        key = fast_key("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op,
-                       *_in_key(carry))
-        if key is None or not self._fast_path.repeat(key, args):
+        carry = (None if reproducible is None and not self.reproducible
+                 else _carry(self, reproducible))  # (the commonest without a call frame)
+        key = self._fast_path.family("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op,
+                                     () if carry is None else _in_key(carry), args)
+        if key is not DONE:
             self.family.blocking("reduce_scatter", algorithm,
                                  scatter_blocks(self, sendbuf, recvbuf, op, carry), key, args)
 
@@ -707,11 +710,13 @@ class Communicator:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
         family, key = self.family, None
-        carry = _carry(self, reproducible)
+        carry = (None if reproducible is None and not self.reproducible
+                 else _carry(self, reproducible))  # (the commonest without a call frame)
         if isinstance(recvcounts, (list, tuple)):
-            key = fast_key("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
-                           tuple(recvcounts), *_in_key(carry))
-            if key is not None and self._fast_path.repeat(key, (sendbuf, recvbuf, recvcounts, op)):
+            key = self._fast_path.family("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
+                                         (tuple(recvcounts), *_in_key(carry)),
+                                         (sendbuf, recvbuf, recvcounts, op))
+            if key is DONE:
                 return
         recvcounts = family.reduce_scatter_counts(sendbuf, recvbuf, recvcounts)
         family.blocking("reduce_scatter", algorithm,
@@ -737,8 +742,8 @@ class Communicator:
     def Allgather(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """Gather every rank's ``sendbuf`` into slot r of every rank's ``recvbuf``."""
         args = (sendbuf, recvbuf)
-        key = fast_key("Allgather", algorithm, args)
-        if key is None or not self._fast_path.repeat(key, args):
+        key = self._fast_path.family("Allgather", algorithm, args, MPI.SUM, (), args)
+        if key is not DONE:
             self.family.blocking("allgather", algorithm, gather(self, sendbuf, recvbuf, False),
                                  key, args)
 
@@ -766,9 +771,11 @@ class Communicator:
                algorithm: str | None = None, reproducible: bool | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
         args = (sendbuf, recvbuf, op, root)
-        carry = _carry(self, reproducible)
-        key = fast_key("Reduce", algorithm, (sendbuf, recvbuf), op, root, *_in_key(carry))
-        if key is None or not self._fast_path.repeat(key, args):
+        carry = (None if reproducible is None and not self.reproducible
+                 else _carry(self, reproducible))  # (the commonest without a call frame)
+        key = self._fast_path.family("Reduce", algorithm, (sendbuf, recvbuf), op,
+                                     (root,) if carry is None else (root, *_in_key(carry)), args)
+        if key is not DONE:
             self.family.blocking("reduce", algorithm,
                                  reduce_to(self, sendbuf, recvbuf, op, root, carry), key, args)
 
@@ -788,8 +795,8 @@ class Communicator:
     def Bcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> None:
         """Copy the root's ``buf`` into every rank's ``buf``."""
         args = (buf, root)
-        key = fast_key("Bcast", algorithm, (buf,), MPI.SUM, root)
-        if key is None or not self._fast_path.repeat(key, args):
+        key = self._fast_path.family("Bcast", algorithm, (buf,), MPI.SUM, (root,), args)
+        if key is not DONE:
             self.family.blocking("bcast", algorithm, broadcast(self, buf, root), key, args)
 
     def Ibcast(self, buf: Any, root: int = 0, *, algorithm: str | None = None) -> Request:
@@ -804,8 +811,8 @@ class Communicator:
         """Send block j of ``sendbuf`` to rank j; block i of ``recvbuf`` comes from rank i
         (each buffer ``size`` equal blocks; ``sendbuf`` may be ``MPI.IN_PLACE``)."""
         args = (sendbuf, recvbuf)
-        key = fast_key("Alltoall", algorithm, args)
-        if key is None or not self._fast_path.repeat(key, args):
+        key = self._fast_path.family("Alltoall", algorithm, args, MPI.SUM, (), args)
+        if key is not DONE:
             self.family.blocking("alltoall", algorithm, exchange(self, sendbuf, recvbuf), key,
                                  args)
 

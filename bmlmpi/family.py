@@ -547,7 +547,7 @@ class FamilyEngine:
                  key: tuple | None = None, args: tuple = (),
                  frame: tuple[int, ...] | None = None) -> None:
         """A blocking call, checked (its signature's later calls take the fast path:
-        :meth:`bmlmpi.fast_path.FastPath.repeat`). Once its signature has been agreed on, a
+        :meth:`bmlmpi.fast_path.FastPath.family`). Once its signature has been agreed on, a
         native call on the plain communicator is mpi4py's blocking call itself on every rank
         (:meth:`bmlmpi.fast_path.FastPath.blocking_native`), bounded by the watchdog as
         ``Allreduce``'s fast path is

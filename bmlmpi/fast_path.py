@@ -12,9 +12,9 @@ and each later call carves them out of its own (:func:`carve`).
 
 Two entries into it: :meth:`FastPath.allreduce` (the blocking allreduce, which remembers
 its last signature, :class:`Repeat`, and does not poll the control channel: docs/contracts.md,
-"One exception") and :meth:`FastPath.repeat` (the other collectives, which look at the
-notices first). Either says False when the call must take the checked path, which then
-opens the signature's entry.
+"One exception") and :meth:`FastPath.family` (the other collectives, which remember theirs,
+:class:`Recent`, and look at the notices first). Either hands the call to the checked path
+where it must take it, which then opens the signature's entry.
 """
 
 from __future__ import annotations
@@ -95,6 +95,19 @@ def locate(buf: np.ndarray | None, args: tuple) -> int | tuple | None:
     raise ValueError("a call's buffer outside its arguments")
 
 
+def bytes_of(buf: np.ndarray, args: tuple) -> int | tuple | None:
+    """Where ``buf``, which MPI reads as bytes alone (in a ``[buf, ..., MPI.BYTE]`` spec),
+    lies in ``args``: ``(i,)`` when it is every byte of the C-contiguous argument i, which
+    MPI then reads as it is, else :func:`locate`'s answer."""
+    if buf is not None and buf.size:
+        at = buf.__array_interface__["data"][0]
+        for i, a in enumerate(args):
+            if (type(a) is np.ndarray and a.nbytes == buf.nbytes and a.flags.c_contiguous
+                    and a.__array_interface__["data"][0] == at):
+                return (i,)
+    return locate(buf, args)
+
+
 def carve(where: int | tuple | None, args: tuple) -> np.ndarray | None:
     """The buffer :func:`locate` described, in this call's ``args`` (arrays of the same
     shapes and dtypes, C-contiguous: the caller checked their flags)."""
@@ -103,6 +116,8 @@ def carve(where: int | tuple | None, args: tuple) -> np.ndarray | None:
         return a if a.ndim == 1 else a.reshape(-1)
     if where is None:
         return None
+    if len(where) == 1:
+        return args[where[0]]  # the argument as it is (:func:`bytes_of`)
     i, lo, n, dtype = where
     if i < 0:
         return np.empty(0, dtype)
@@ -133,7 +148,8 @@ class NativeArgs:
             if type(a) is np.ndarray:
                 self.holes.append((i, -1, locate(a, args)))
             elif type(a) is list:
-                self.holes.extend((i, j, locate(b, args)) for j, b in enumerate(a)
+                where = bytes_of if a[-1] is MPI.BYTE else locate
+                self.holes.extend((i, j, where(b, args)) for j, b in enumerate(a)
                                   if type(b) is np.ndarray)
         self.direct = (len(native) == len(args)
                        and all(j < 0 and where == i for i, j, where in self.holes)
@@ -153,7 +169,14 @@ class NativeArgs:
             return args
         out = list(self.fixed)
         for i, j, where in self.holes:
-            buf = carve(where, args)
+            # (a whole argument, the commonest, without carve's call frame: one MPI reads
+            # as it is, :func:`bytes_of`, or a flat one)
+            if type(where) is tuple and len(where) == 1:
+                buf = args[where[0]]
+            elif type(where) is int and args[where].ndim == 1:
+                buf = args[where]
+            else:
+                buf = carve(where, args)
             if j < 0:
                 out[i] = buf
             else:
@@ -226,6 +249,44 @@ class Repeat:
             self.send_size = send.size
 
 
+class Recent:
+    """The last blocking call of the family (every collective but the allreduce) that found
+    its signature's entry: the method, algorithm and op objects and the rest of its
+    signature (``rest``: counts, a root, the call format's mark), each buffer's dtype object
+    and shape (IN_PLACE or None as it is), its signature key and its entry; no reference to
+    the arrays (they must stay resizable, which a weak reference forbids too). A later call
+    of the same method with the same objects and buffers of the same dtype objects and shapes
+    has the same key (:func:`fast_key` is made of nothing else): it skips the key's tuple
+    and hash. The overlap and the flags are checked on every call."""
+
+    __slots__ = ("method", "algorithm", "op", "rest", "bufs", "key", "entry")
+
+    def __init__(self, method: str, algorithm: Any, op: Any, rest: tuple, bufs: tuple,
+                 key: tuple, entry: FastEntry):
+        self.method, self.algorithm, self.op, self.rest = method, algorithm, op, rest
+        # (the marker itself, or None, the shape and the dtype object of an array)
+        self.bufs = tuple((b, None, None) if b is _IN_PLACE or b is None
+                          else (None, b.shape, b.dtype) for b in bufs)
+        self.key, self.entry = key, entry
+
+    def matches(self, method: str, algorithm: Any, op: Any, rest: tuple,
+                bufs: tuple) -> bool:
+        if (method is not self.method or algorithm is not self.algorithm or op is not self.op
+                or rest != self.rest or len(bufs) != len(self.bufs)):
+            return False
+        for b, (marker, shape, dtype) in zip(bufs, self.bufs, strict=True):
+            if dtype is None:
+                if b is not marker:
+                    return False
+            elif type(b) is not np.ndarray or b.dtype is not dtype or b.shape != shape:
+                return False
+        return True
+
+
+#: What :meth:`FastPath.family` returns when its fast path ran the call.
+DONE = object()
+
+
 class FastPath:
     """The blocking fast path of one communicator (``pipeline``: its ``rank``, ``size``,
     ``timeout`` and its ``call_log``, :class:`~bmlmpi.call_log.CallLog`) on ``comm``: the
@@ -255,7 +316,8 @@ class FastPath:
         #: The entries, by :func:`fast_key`. Only the plain communicator opens them; its rank
         #: never changes and its data communicator only at a repair (:meth:`rebind`).
         self.entries: dict[tuple, FastEntry] = {}
-        self.last: Repeat | None = None
+        self.last: Repeat | None = None     # the allreduce's last signature
+        self.recent: Recent | None = None   # the family's
         #: Calls :meth:`blocking_native` made (the watchdog counts them with the entries').
         self.checked_blocking = 0
         self.rank, self.size, self.timeout = pipeline.rank, pipeline.size, pipeline.timeout
@@ -376,12 +438,28 @@ class FastPath:
             raise
         return True
 
-    def repeat(self, key: tuple, args: tuple) -> bool:
-        """A blocking call of another collective whose signature (``key``) has an entry;
-        False: the checked path. ``args``: the public method's arguments, its buffers first."""
-        entry = self.entries.get(key)
-        if entry is None or not self.fast_open():
-            return False
+    def family(self, method: str, algorithm: Any, bufs: tuple, op: Any, rest: tuple,
+               args: tuple) -> Any:
+        """A blocking call of another collective (``method``: mpi4py's; ``bufs``, ``op`` and
+        ``rest`` as :func:`fast_key` takes them; ``args``: the public method's arguments,
+        its buffers first) through its signature's entry: :data:`DONE` when the fast path
+        ran it, else its signature key (None: none) for the checked path, which opens the
+        entry. The last call's signature is remembered (:class:`Recent`): the same method
+        on the same objects and buffers of the same dtypes and shapes skips the key."""
+        rec = self.recent
+        if rec is not None and rec.matches(method, algorithm, op, rest, bufs):
+            key, entry = rec.key, rec.entry
+        else:
+            key = fast_key(method, algorithm, bufs, op, *rest)
+            entry = self.entries.get(key) if key is not None else None
+            if entry is None:
+                return key
+            self.recent = Recent(method, algorithm, op, rest, bufs, key, entry)
+        if not self.fast_open():
+            return key
+        a, b = args[0], args[1]
+        if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
+            return key  # the checked path says what is wrong
         gate = self.gate
         # one call at a time, as Allreduce's (a second thread raises before anything moves)
         mine = gate.claim(self.rank)
@@ -393,20 +471,19 @@ class FastPath:
             # other rank went ahead) means a call that rank will never join. Either way the
             # checked path handles it. One poll of the control channel's posted receive.
             if self.agreement.notice_waiting(self.numbers.callno + 1):
-                return False
-            a, b = args[0], args[1]
-            if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
-                return False  # the checked path says what is wrong
+                return key
             for x in args:  # buffers are carved out of C-contiguous writeable arrays only
                 if type(x) is np.ndarray:
                     flags = x.flags
                     if not (flags.c_contiguous and flags.writeable):
-                        return False
+                        return key
             if entry.plan is not None:
                 self.scheduled(entry, args)
-                return True
+                return DONE
             native = entry.native
-            return self.native(entry, getattr(self.comm, native.method), native.of(args))
+            if self.native(entry, getattr(self.comm, native.method), native.of(args)):
+                return DONE
+            return key
         finally:
             if mine:
                 gate.owner = None
@@ -615,7 +692,7 @@ class FastPath:
         entry's plan is compiled again for it (:meth:`CollectiveCall.plan_again`), or the
         entry closes."""
         self.comm = comm
-        self.last = None
+        self.last = self.recent = None
         entries = self.entries
         for key, entry in list(entries.items()):
             if entry.plan is None:
@@ -628,9 +705,9 @@ class FastPath:
     def forget_last(self) -> None:
         """Forget the last allreduce's signature (calls were abandoned: the next one looks
         its entry up, which asks whether a fast path may be taken)."""
-        self.last = None
+        self.last = self.recent = None
 
     def close(self) -> None:
         """Close every entry (the communicator is freed)."""
         self.entries.clear()
-        self.last = None
+        self.last = self.recent = None

@@ -282,6 +282,101 @@ def test_a_committed_signature_runs_the_named_algorithms_fast_path(own_table, co
     c.Free()
 
 
+#: The only functions of bmlmpi a committed 8 B signature's call runs, once each, when a loop
+#: passes the same arrays again (FastPath.allreduce's Repeat, FastPath.family's Recent): the
+#: public method, the gate, the fast path, the call's number, and for the family the
+#: remembered signature, the notices (one poll of the control channel, docs/contracts.md)
+#: and mpi4py's arguments. No signature key, no overlap test, no checked path, no executor,
+#: nothing of auto's.
+COMMITTED_PATH = {
+    "allreduce": ("Communicator.Allreduce", "CallGate.claim", "FastPath.allreduce",
+                  "CallNumbers.take"),
+    **{c: (f"Communicator.{m}", "FastPath.family", "Recent.matches", "CallAgreement.fast_open",
+           "CallGate.claim", "CallAgreement.notice_waiting", "Mailbox.failure",
+           "NativeArgs.of", "FastPath.native", "CallNumbers.take")
+       for c, m in (("reduce_scatter", "Reduce_scatter_block"), ("allgather", "Allgather"),
+                    ("reduce", "Reduce"), ("bcast", "Bcast"))},
+}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", *FAMILY])
+def test_a_committed_small_call_runs_nothing_but_its_fast_path(own_table, collective,
+                                                              monkeypatch):
+    """A loop of one committed 8 B auto signature (native, injected times) over the same
+    arrays: each call runs exactly the functions of COMMITTED_PATH, once each (a profiler
+    counts every Python function called; NativeArgs.of carves no buffer here: mpi4py
+    reads the allgather's and the broadcast's bytes from the arrays as they are), and the
+    results are exact. A function added to the path, or a lookup made per call that the
+    signature could keep, fails here; times are not asserted."""
+    import sys
+    from pathlib import Path
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to commit")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.Allreduce(np.ones(1), np.empty(1))   # the first auto call, after which prices are taken
+    tuner = c.tuning.tuner
+    record = tuner.record
+    monkeypatch.setattr(tuner, "record", lambda key, name, seconds: record(
+        key, name, 1e-5 if name == "native" else 1e-3))
+    n, size, r = 2, world.size, world.rank
+    x = data(n * size, r)
+    part = x[:n]   # (one view: a user's loop passes the same arrays)
+    out = np.empty(n if collective == "reduce_scatter" else n * size)
+    ref = np.empty_like(out)
+    calls = {"allreduce": lambda: c.Allreduce(x, out),
+             "reduce_scatter": lambda: c.Reduce_scatter_block(x, out),
+             "allgather": lambda: c.Allgather(part, out),
+             "reduce": lambda: c.Reduce(x, out, root=0),
+             "bcast": lambda: c.Bcast(out, root=0)}
+    theirs = {"allreduce": lambda: world.Allreduce(x, ref),
+              "reduce_scatter": lambda: world.Reduce_scatter_block(x, ref),
+              "allgather": lambda: world.Allgather(part, ref),
+              "reduce": lambda: world.Reduce(x, ref, root=0),
+              "bcast": lambda: world.Bcast(ref, root=0)}
+    call = calls[collective]
+    for _ in range(100):   # the exploration (blocks of one call), the commit, the entry
+        call()
+        key = c.tuning.key(collective, n * size, x.dtype, "sum", 0)
+        if tuner.committed(key) is not None:
+            break
+    assert tuner.committed(key) == "native"
+    call()
+    call()
+    package = str(Path(bmlmpi.__file__).parent)
+    seen: dict[str, int] = {}
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            name = frame.f_code.co_qualname
+            seen[name] = seen.get(name, 0) + 1
+    rounds = 10
+    failures = []
+    for i in range(rounds):
+        if collective == "bcast":
+            out[:] = x[:out.size] if r == 0 else -1
+            ref[:] = out
+        else:
+            out[:] = -1
+            ref[:] = -1
+        sys.setprofile(profile)
+        try:
+            call()
+        finally:
+            sys.setprofile(None)
+        theirs[collective]()
+        if (collective != "reduce" or r == 0) and not np.array_equal(out, ref):
+            failures.append(f"call {i}: {out} != {ref}")
+    want = {name: rounds for name in COMMITTED_PATH[collective]}
+    if seen != want:
+        failures.append(f"ran {dict(sorted(seen.items()))}, want each of "
+                        f"{sorted(want)} once a call")
+    c.Free()
+    all_ranks_agree(world, failures)
+
+
 @pytest.mark.mpi
 def test_the_other_forms_and_buckets_run_what_the_blocking_calls_committed(own_table):
     """docs/tuning.md's "the other forms": after the blocking calls of a signature commit
