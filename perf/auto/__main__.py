@@ -99,8 +99,9 @@ def markdown(data: dict) -> str:
            f"is the MAX over ranks, a row's the median of its block means; auto ÷ best "
            f"compares auto with the fastest other row (mpi4py's call included).", ""]
     for n, part in sorted(data["ranks"].items(), key=lambda kv: int(kv[0])):
-        out += [f"## N = {n} (load before {part['load_before']}, after {part['load_after']})",
-                ""]
+        took = f", {part['seconds']:.0f} s" if "seconds" in part else ""
+        out += [f"## N = {n} (load before {part['load_before']}, after {part['load_after']}"
+                f"{took})", ""]
         for coll in dict.fromkeys(e["collective"] for e in part["results"]):
             out += [f"### {coll}", "",
                     "| size | auto chose (why) | auto us | best (us) | auto / best | "
