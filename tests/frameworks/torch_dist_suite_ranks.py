@@ -7,17 +7,19 @@ from MPI, on backend ``bmlmpi`` or, for the control, ``gloo``.
 
 torch runs these units in processes it spawns for each (``TestDistBackend._run``: the group
 made, the unit run, the group destroyed). Here the ranks are MPI's, started once: for every
-unit, every rank makes the default group (bmlmpi's from MPI; gloo's through a store made from
-MPI), runs the unit's method on an instance of the same test class torch's own spawn suite
-builds, destroys the group and reports. torch's ``BACKEND``, ``WORLD_SIZE`` and ``TEMP_DIR``
+unit, every rank makes the default group (bmlmpi's or gloo's, rank and size from MPI, on the
+launch's one store made through MPI under a prefix of the unit's own), runs the unit's method
+on an instance of the same test class torch's own spawn suite builds, destroys the group and
+reports. torch's ``BACKEND``, ``WORLD_SIZE`` and ``TEMP_DIR``
 variables are set as its harness sets them (``TEMP_DIR``: one folder made by rank 0, removed
 at the end). A unit that raises ``unittest.SkipTest`` or exits with one of torch's skip codes
 is a skip (the reason printed); any other exception a failure; a unit that has not finished
 on every rank within ``--unit-timeout`` seconds aborts the launch (``HANG`` printed first).
 A unit listed in ``REFUSED`` must fail on backend bmlmpi with the error given there (a
 refusal docs/torch.md documents): then it is REFUSED, and a FAIL if it passes or fails
-otherwise. Rank 0 prints ``UNIT <name> PASS|FAIL|REFUSED|SKIP <detail>`` per unit (a FAIL on
-any rank makes the unit a FAIL) and ``DIST-SUITE DONE``, the counts, the seconds.
+otherwise. Rank 0 prints ``DIST-SUITE IMPORTS <seconds> s`` (torch's test modules), then
+``UNIT <name> PASS|FAIL|REFUSED|SKIP [<seconds> s] <detail>`` per unit (a FAIL on any rank
+makes the unit a FAIL) and ``DIST-SUITE DONE``, the counts, the seconds.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class Watchdog:
 
 def main() -> int:
     a = parse_args()
+    t_import = time.perf_counter()
     temp = prepare_environment(a.backend)
     import torch.distributed as dist
     from torch.testing._internal.common_distributed import TEST_SKIPS
@@ -147,9 +150,16 @@ def main() -> int:
     names = sorted(n for n in dir(DistributedTest._DistTestBase)
                    if n.startswith("test_") and a.pattern in n)
     counts = {"PASS": 0, "FAIL": 0, "SKIP": 0, "REFUSED": 0}
+    if COMM.rank == 0:
+        print(f"DIST-SUITE IMPORTS {time.perf_counter() - t_import:.1f} s", flush=True)
     watchdog = Watchdog(a.unit_timeout)
     started = time.perf_counter()
-    for name in names:
+    # torch's harness gives each unit a store of its own (a file); here one TCPStore serves
+    # the launch, each unit under a prefix of its own, so no unit reads another's keys: a
+    # TCPStore made per unit took 5 s to connect about once in 13 (load 20 on 2 cores), more
+    # than the units' own work at N = 2
+    store = bmlmpi.torch.store_from_mpi(COMM)
+    for index, name in enumerate(names):
         if COMM.rank == 0:
             Barrier.init()
             for f in os.listdir(os.path.join(temp, "test_dir")):
@@ -157,6 +167,7 @@ def main() -> int:
         COMM.Barrier()
         Barrier.barrier_id = 0
         watchdog.start(name)
+        t_unit = time.perf_counter()
         outcome, detail = "PASS", ""
         set_rng_seed()   # as torch's run_test, before every unit
         try:
@@ -165,11 +176,8 @@ def main() -> int:
                 raise unittest.SkipTest(getattr(method, "__unittest_skip_why__", ""))
             if name in EXCLUDED:
                 raise unittest.SkipTest(f"bmlmpi's adapter: {EXCLUDED[name]}")
-            if a.backend == "bmlmpi":
-                bmlmpi.torch.init_process_group()
-            else:
-                dist.init_process_group("gloo", store=bmlmpi.torch.store_from_mpi(),
-                                        rank=COMM.rank, world_size=COMM.size)
+            dist.init_process_group(a.backend, store=dist.PrefixStore(f"unit{index}/", store),
+                                    rank=COMM.rank, world_size=COMM.size)
             unit = Units(name)
             unit.rank = COMM.rank
             getattr(unit, name)()
@@ -201,7 +209,8 @@ def main() -> int:
             final = unit_outcome([o for o, _ in every])
             details = "; ".join(f"rank {r}: {d}" for r, (o, d) in enumerate(every) if d)
             counts[final] += 1
-            print(f"UNIT {name} {final} {details[:400]}".rstrip(), flush=True)
+            print(f"UNIT {name} {final} [{time.perf_counter() - t_unit:.2f} s] "
+                  f"{details[:400]}".rstrip(), flush=True)
     COMM.Barrier()
     if COMM.rank == 0:
         shutil.rmtree(temp, ignore_errors=True)
