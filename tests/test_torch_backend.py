@@ -5,7 +5,8 @@ One launch per N (2, 3, 4) of ``tests/frameworks/torch_ranks.py`` runs every che
 backend: each collective against backend gloo on the same inputs (exact), async work objects
 and their futures, refusals, a sub-group, DDP (against gloo, parameters identical on every
 rank), the DDP hooks (fp16 against torch's fp16_compress_hook, bf16, the TDF filters with their
-error feedback, the iBatch bucket plan), ZeRO and FSDP against plain DDP, and FSDP2 on
+error feedback, the iBatch bucket plan), ZeRO (bit for bit) and FSDP against plain DDP, FSDP2
+and DTensor on a 1-D CPU mesh against gloo and the one-process result, and FSDP2 on
 reproducible groups of ring and bml at N = 3 (the same parameter bits; differing ones on
 plain groups). The job (jobs/train_torch.py) loses a rank at a random step under the
 fault-tolerant backend, ends with the same parameters under ring, bml and auto in
@@ -78,7 +79,15 @@ def test_backend_against_gloo(torch_python, n):
                  "all_to_all_single_bad_split_sizes_elsewhere",
                  "all_to_all_single_pairs_disagree", "all_to_all_single_after_refusals",
                  "recv_deadline",
-                 "recv_of_a_shorter_message", "monitored_barrier_is_torchs_gloo_only"):
+                 "recv_of_a_shorter_message", "monitored_barrier_is_torchs_gloo_only",
+                 "fsdp2_equals_gloo", "dtensor_distribute[shard0]", "dtensor_distribute[shard1]",
+                 "dtensor_distribute[replicate]", "dtensor_full_tensor[shard1]",
+                 "dtensor_redistribute[shard0->replicate]",
+                 "dtensor_redistribute[replicate->shard1]",
+                 "dtensor_redistribute[shard0->shard1]",
+                 "dtensor_redistribute[partial->replicate]",
+                 "dtensor_redistribute[partial->shard0]", "dtensor_matmul[colwise]",
+                 "dtensor_matmul[rowwise]"):
         assert name in checks, f"check {name} did not run\n{tail}"
     if n > 2:
         assert "subgroup_all_reduce" in checks
