@@ -200,8 +200,18 @@ def main() -> int:
                 raise unittest.SkipTest(getattr(method, "__unittest_skip_why__", ""))
             if name in EXCLUDED:
                 raise unittest.SkipTest(f"bmlmpi's adapter: {EXCLUDED[name]}")
-            dist.init_process_group(a.backend, store=dist.PrefixStore(f"unit{index}/", store),
-                                    rank=COMM.rank, world_size=COMM.size)
+            made: Exception | None = None
+            try:
+                dist.init_process_group(a.backend, rank=COMM.rank, world_size=COMM.size,
+                                        store=dist.PrefixStore(f"unit{index}/", store))
+            except Exception as exc:  # noqa: BLE001 - raised below, once every rank knows
+                made = exc
+            # as torch's harness does (TestDistBackend._run's barrier after the group is
+            # made): no rank starts the unit before every rank has its group, so a unit that
+            # one rank skips at once cannot close the group while another still connects
+            # (gloo's connectFullMesh then fails: "Connection closed by peer")
+            if not COMM.allreduce(made is None, op=MPI.LAND):
+                raise made or RuntimeError("the default group failed on another rank")
             unit = Units(name)
             unit.rank = COMM.rank
             getattr(unit, name)()
@@ -222,6 +232,8 @@ def main() -> int:
             if os.environ.get("BMLMPI_DIST_SUITE_TRACEBACKS"):
                 traceback.print_exc()
         finally:
+            # as torch's harness: every rank is out of the unit before any destroys its group
+            COMM.Barrier()
             if dist.is_initialized():
                 try:
                     dist.destroy_process_group()
