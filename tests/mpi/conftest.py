@@ -54,7 +54,6 @@ DTYPES_BEYOND_4 = frozenset(np.dtype(d) for d in (np.int8, np.float16, np.float3
                                                   np.float64, np.complex128))
 
 
-
 def every_dtype(size: int) -> list:
     """The datatypes of ALL_DTYPES a test that takes every datatype runs at ``size`` ranks:
     all of them up to EVERY_DTYPE_UP_TO, those of DTYPES_BEYOND_4 beyond (above: why that
@@ -62,6 +61,7 @@ def every_dtype(size: int) -> list:
     if size <= EVERY_DTYPE_UP_TO:
         return ALL_DTYPES
     return [d for d in ALL_DTYPES if np.dtype(d) in DTYPES_BEYOND_4]
+
 
 def pytest_collection_modifyitems(config, items):
     size = MPI.COMM_WORLD.size
