@@ -275,7 +275,8 @@ class CollectiveCall:
         """mpi4py's own call for this one on ``comm`` with the user's buffers (the blocking
         call, ``form`` ""; what the watchdog bounds). Reduce-scatter is
         ``Reduce_scatter_block`` or ``Reduce_scatter`` as called; an allgather is
-        ``Allgatherv`` over bytes (any layout, any datatype)."""
+        ``Allgather`` where its equal slots are packed, else ``Allgatherv``, over bytes (any
+        datatype)."""
         name, args, _ = self.native_args(False)
         return _method(comm, name, form)(*args)
 
@@ -328,7 +329,11 @@ class CollectiveCall:
         if what == "allgather":
             displs = self.displs or offsets(self.counts)
             rbuf = np.empty_like(self.out) if private else self.out
-            rspec = [rbuf, list(self.counts), list(displs), MPI.BYTE]
+            # equal blocks packed (an Allgather) go as MPI's Allgather, the call user code
+            # makes: MPI libraries choose their algorithms for Allgatherv separately
+            block = self.native_block and self.displs is None
+            rspec = ([rbuf, MPI.BYTE] if block
+                     else [rbuf, list(self.counts), list(displs), MPI.BYTE])
             if self.src is not None:
                 sbuf = [self.src, MPI.BYTE]
             elif private:
@@ -345,7 +350,7 @@ class CollectiveCall:
                         return
                     for at, n in zip(displs, counts, strict=True):
                         np.copyto(out[at:at + n], rbuf[at:at + n])
-            return "Allgatherv", (sbuf, rspec), deliver
+            return ("Allgather" if block else "Allgatherv"), (sbuf, rspec), deliver
         if what == "alltoall":
             return self._alltoall_args(private)
         if what == "reduce":
