@@ -422,7 +422,7 @@ class AutoTuning:
         begun = key in self.tuner.keys()
         nxt = self.tuner.choose(key, index) if begun else names[0]
         block = self.tuner.block_calls_at(key.size)
-        calls = len(names) * (1 + self.tuner.rounds * block)   # Tuner.exploration_calls
+        calls = len(names) * self.tuner.calls_per_candidate(key.size)   # exploration_calls
         return dataclasses.replace(
             explanation, chosen=nxt, rule="exploring", tuning=report,
             why=(f"blocking call {index + 1} of the {calls} that time the candidates "

@@ -197,8 +197,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              _path),
     Variable("BMLMPI_TUNING_BLOCK", "calls", 16, "16",
              "consecutive calls `auto` times as one block of a candidate while it explores a "
-             "small signature (fewer from 256 KiB, one from 4 MiB; docs/tuning.md); 1 times "
-             "single calls", _count(1)),
+             "small signature (fewer from 256 KiB, one from 4 MiB, each after one call not "
+             "counted from 1 MiB; docs/tuning.md); 1 times single calls", _count(1)),
     Variable("BMLMPI_AUTO_BML_BYTES", "bytes", 64 * 1024, "65536",
              "fixed rule without calibration: native below this many bytes, bml from it",
              _count(0)),

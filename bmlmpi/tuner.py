@@ -23,9 +23,14 @@ across ranks, so every rank decides alike without a message of the Tuner's own:
    (default 4 MiB)). First one warm-up call per candidate (plans compiled, kernels and caches
    warm), not counted; then ``rounds`` (default 3) counted rounds of blocks, the candidates'
    blocks interleaved: block ``j`` runs candidate ``j mod c``, so a drift in the machine's
-   load hits every candidate alike. So a key explores for ``c · (1 + rounds · b)`` calls
-   (196 with 4 candidates at 8 B, 16 from 4 MiB), every one the user's real call, exact
-   whichever candidate runs. :meth:`Tuner.record` stores a
+   load hits every candidate alike. A block of calls so long that it counts at most
+   :data:`LEAD_BELOW` (4) of them (from ``block_bytes`` / 4, 1 MiB) starts with one more
+   call, not counted: the first call after another candidate's runs
+   with cold caches and buffers (measured at 4 MiB on two ranks: 10-60 % slower than the
+   next, by a different share for each candidate), which a block of 16 calls averages out
+   and a block of one would be. So a key explores for ``c · (1 + rounds · (b + lead))``
+   calls (196 with 4 candidates at 8 B, 28 from 4 MiB), every one the user's real call,
+   exact whichever candidate runs. :meth:`Tuner.record` stores a
    call's local seconds in its block; a block's time is the mean of its calls. One call's
    time can be a scheduler's time slice (a loaded machine preempts a rank mid-call, and a
    schedule that yields while it polls loses the core more often than the MPI library's
@@ -98,6 +103,10 @@ MARGIN = 1.05
 BLOCK_CALLS = 16
 #: the size class from which one exploration block is one call
 BLOCK_BYTES = 4 << 20
+#: a block of calls so long that ``block_bytes`` holds at most this many of them starts with
+#: one call that is not counted (the candidate's first call after another's runs with cold
+#: caches)
+LEAD_BELOW = 4
 #: a winner whose median block is more than this factor faster than the prior's replaces it
 #: even where their blocks overlap, if its median also beats the prior's fastest block
 #: (docs/tuning.md, "The rule": at 2, a quiet machine kept bml at 1.5-1.8 times shm's median,
@@ -334,22 +343,33 @@ class Tuner:
         one from ``block_bytes`` (a call that long outlasts a scheduler's time slice)."""
         return max(1, min(self.block_calls, self.block_bytes // max(1, size)))
 
+    def lead_calls_at(self, size: int) -> int:
+        """The calls not counted at the start of each exploration block of a key of ``size``:
+        one where ``block_bytes`` holds at most :data:`LEAD_BELOW` calls of it (the block is
+        short because its calls are long), else none."""
+        return int(self.block_bytes // max(1, size) <= LEAD_BELOW)
+
+    def calls_per_candidate(self, size: int) -> int:
+        """One candidate's calls in an exploration of a key of ``size``: a warm-up call, then
+        ``rounds`` blocks, each its leading calls and its counted ones."""
+        return 1 + self.rounds * (self.lead_calls_at(size) + self.block_calls_at(size))
+
     def exploration_calls(self, key: TuningKey) -> int:
-        """How many calls one exploration of ``key`` takes: per candidate, one warm-up call
-        and ``rounds`` blocks."""
-        block = self.block_calls_at(key.size)
-        return len(self._state(key).candidates) * (1 + self.rounds * block)
+        """How many calls one exploration of ``key`` takes (:meth:`calls_per_candidate` for
+        each candidate)."""
+        return len(self._state(key).candidates) * self.calls_per_candidate(key.size)
 
     def _place(self, key: TuningKey, st: _State, index: int) -> tuple[str, int] | None:
-        """Exploring: the candidate call ``index`` runs and its round (0: the warm-up);
-        None past the exploration."""
+        """Exploring: the candidate call ``index`` runs and its round (0: the warm-up or a
+        block's leading call, not counted); None past the exploration."""
         at, c = index - st.start, len(st.candidates)
         if not 0 <= at < self.exploration_calls(key):
             return None
         if at < c:
             return st.candidates[at], 0
-        block = (at - c) // self.block_calls_at(key.size)
-        return st.candidates[block % c], 1 + block // c
+        lead = self.lead_calls_at(key.size)
+        block, within = divmod(at - c, lead + self.block_calls_at(key.size))
+        return st.candidates[block % c], (0 if within < lead else 1 + block // c)
 
     def choose(self, key: TuningKey, index: int) -> str:
         """The algorithm call ``index`` of ``key`` runs (``index``: this key's calls before

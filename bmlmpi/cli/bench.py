@@ -417,7 +417,7 @@ def tuning_calls(ctx: Communicator, collective: str = "allreduce", nbytes: int =
     job's later calls run."""
     tuner = ctx.tuning.tuner
     most = max(tuner.k + 1, len(implemented(collective)) - 1)   # (auto is not a candidate)
-    return 1 + most * (1 + tuner.rounds * tuner.block_calls_at(size_class(nbytes)))
+    return 1 + most * tuner.calls_per_candidate(size_class(nbytes))
 
 
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,

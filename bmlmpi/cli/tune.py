@@ -32,8 +32,7 @@ def _most_calls(ctx: Communicator, collective: str, nbytes: int) -> int:
     """A bound on one signature's calls: its exploration takes a warm-up call and ``rounds``
     blocks per candidate, and every algorithm of the collective may be one."""
     tuner = ctx.tuning.tuner
-    block = tuner.block_calls_at(size_class(nbytes))
-    return 1 + len(algorithms(collective)) * (1 + tuner.rounds * block)
+    return 1 + len(algorithms(collective)) * tuner.calls_per_candidate(size_class(nbytes))
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -91,14 +91,17 @@ def test_exploration_rotates_blocks_and_drops_each_candidate_first_call():
     cands = [c.name for c in report.candidates]
     block = t.block_calls_at(KEY.size)
     assert block == 4    # 1 MiB: a quarter of the 4 MiB from which a block is one call
-    assert t.exploration_calls(KEY) == len(cands) * (1 + 3 * block)
+    assert t.lead_calls_at(KEY.size) == 1    # and each block starts with one more call
+    assert t.exploration_calls(KEY) == len(cands) * (1 + 3 * (1 + block))
     runs = [t.choose(KEY, i) for i in range(t.exploration_calls(KEY))]
-    assert runs == cands + [c for c in cands for _ in range(block)] * 3
+    assert runs == cands + [c for c in cands for _ in range(1 + block)] * 3
     for i, name in enumerate(runs):
         t.choose(KEY, i)
-        t.record(KEY, name, 1.0 if i < len(cands)
+        leading = i < len(cands) or (i - len(cands)) % (1 + block) == 0
+        t.record(KEY, name, 1.0 if leading
                  else 1e-3 * (cands.index(name) + 1) * (1 + i % 2))
-    # the warm-up call (1 s) is not counted: three blocks each, each block's mean proposed
+    # the warm-up call and each block's leading call (1 s) are not counted: three blocks
+    # each, each block's mean proposed
     assert [c.samples for c in t.report(KEY).candidates] == [3 * block] * len(cands)
     assert t.proposal(KEY) == tuple(1.5e-3 * (i + 1) for i in range(len(cands))
                                     for _ in range(3))

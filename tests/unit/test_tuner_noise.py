@@ -178,8 +178,9 @@ def test_every_rank_commits_alike_when_one_ranks_blocks_alone_would_pick_another
 
 
 def test_exploration_runs_whole_blocks_interleaved_and_costs_what_the_docs_say():
-    """Blocks of 16 calls at 8 B, fewer from 256 KiB, one call from 4 MiB; a warm-up call
-    per candidate, then three counted rounds of the candidates' blocks in turn."""
+    """Blocks of 16 calls at 8 B, fewer from 256 KiB, one call from 4 MiB, each from 1 MiB
+    after a call not counted; a warm-up call per candidate, then three counted rounds of the
+    candidates' blocks in turn."""
     t = Tuner()
     why = rule_pick()
     t.begin(KEY, why)
@@ -191,3 +192,6 @@ def test_exploration_runs_whole_blocks_interleaved_and_costs_what_the_docs_say()
     sizes = {1 << 18: 16, 1 << 20: 4, 1 << 21: 2, 4 << 20: 1, 64 << 20: 1}
     for size, block in sizes.items():
         assert t.block_calls_at(size) == block
+        # from 1 MiB each block starts with a call that is not counted
+        assert t.lead_calls_at(size) == (size >= 1 << 20)
+        assert t.calls_per_candidate(size) == 1 + 3 * (block + (size >= 1 << 20))
