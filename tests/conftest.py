@@ -79,6 +79,8 @@ def pytest_runtest_setup(item):
 # ranks' own pytest) keep them.
 _OWN_FOLDERS: list[str] = []
 SM_BACKING = "OMPI_MCA_btl_sm_backing_directory"
+#: where torch keeps its compiler's cache (a folder of the run's own: pytest_configure)
+TORCH_COMPILER_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 #: The folders whose entries the run must leave as it found them.
 CHECKED = ("/dev/shm", "/tmp")
 #: What the suite keeps in /tmp on purpose, for the next run: the installed-package venv
@@ -132,6 +134,12 @@ def pytest_configure(config):
     if not os.environ.get(SM_BACKING) and os.path.isdir("/dev/shm"):
         folder = tempfile.mkdtemp(prefix="bmlmpi-suite-", dir="/dev/shm")
         os.environ[SM_BACKING] = folder
+        _OWN_FOLDERS.append(folder)
+    if not os.environ.get(TORCH_COMPILER_CACHE):
+        # the torch tests' ranks import torch's compiler (DTensor, FSDP2), which makes its
+        # cache folder in the temporary folder (torchinductor_<user>) unless told where
+        folder = tempfile.mkdtemp(prefix="bmlmpi-suite-torch-")
+        os.environ[TORCH_COMPILER_CACHE] = folder
         _OWN_FOLDERS.append(folder)
 
 
