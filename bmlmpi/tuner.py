@@ -26,8 +26,9 @@ across ranks, so every rank decides alike without a message of the Tuner's own:
    load hits every candidate alike. A block of calls so long that it counts at most
    :data:`LEAD_BELOW` (4) of them (from ``block_bytes`` / 4, 1 MiB) starts with one more
    call, not counted: the first call after another candidate's runs
-   with cold caches and buffers (measured at 4 MiB on two ranks: 10-60 % slower than the
-   next, by a different share for each candidate), which a block of 16 calls averages out
+   with cold caches and buffers (at 4 MiB on two ranks mostly slower than consecutive calls,
+   by a different share for each candidate: perf/auto/cold_calls.py), which a block of 16
+   calls averages out
    and a block of one would be. So a key explores for ``c · (1 + rounds · (b + lead))``
    calls (196 with 4 candidates at 8 B, 28 from 4 MiB), every one the user's real call,
    exact whichever candidate runs. :meth:`Tuner.record` stores a
