@@ -59,6 +59,7 @@ from .family import (
     REDUCING,
     FamilyEngine,
     alltoallv_counts,
+    alltoallv_key,
     broadcast,
     exchange,
     gather,
@@ -826,10 +827,23 @@ class Communicator:
 
     def Alltoallv(self, sendbuf: Any, recvbuf: Any, *, algorithm: str | None = None) -> None:
         """All-to-all with per-pair counts and displacements (each buffer as mpi4py's
-        ``[buf, counts, displs, datatype]``): every rank's counts are gathered first."""
-        table, frame = alltoallv_counts(self, sendbuf, recvbuf)
+        ``[buf, counts, displs, datatype]``): every rank's counts are gathered first (a
+        repeated set of counts: their digest agreed), then a signature whose specs and pair
+        counts ran before takes its fast path."""
+        vector = alltoallv_key(sendbuf, recvbuf)
+        table, frame = alltoallv_counts(self, sendbuf, recvbuf, vector)
+        key, args = None, (sendbuf, recvbuf)
+        # (frame None: the plain policy, whose pair tables give the agreed table's digest)
+        digest = (self.policy.pair_tables.digest if vector is not None and frame is None
+                  else None)
+        if digest is not None:
+            args, rest = vector
+            key = self._fast_path.family("Alltoallv", algorithm, args, MPI.SUM,
+                                         (*rest, digest), args)
+            if key is DONE:
+                return
         self.family.blocking("alltoall", algorithm, exchange(self, sendbuf, recvbuf, table),
-                             frame=frame)
+                             key, args, frame=frame)
 
     def Ialltoallv(self, sendbuf: Any, recvbuf: Any, *,
                    algorithm: str | None = None) -> Request:

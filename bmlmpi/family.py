@@ -689,7 +689,8 @@ def _alltoallv_spec(spec: Any, size: int, what: str, writable: bool
     return flat, counts, (None if d == offsets(counts) else d)
 
 
-def alltoallv_counts(comm: Any, sendbuf: Any, recvbuf: Any
+def alltoallv_counts(comm: Any, sendbuf: Any, recvbuf: Any,
+                     vector: tuple[tuple, tuple] | None = None
                      ) -> tuple[np.ndarray, tuple[int, ...] | None]:
     """Every rank's row and column of an ``Alltoallv``, gathered by the communicator's policy
     (:meth:`bmlmpi.call_policy.CallPolicy.pair_counts`: the communicator's own ``Allgather``
@@ -697,8 +698,21 @@ def alltoallv_counts(comm: Any, sendbuf: Any, recvbuf: Any
     ones): the pair matrix a schedule needs and the check that every pair agrees (rank i's
     send count for j is rank j's receive count from i). A rank whose buffer specs cannot be
     read sends -1s and gets its own error at the call; its row holds -1s, which the others'
-    calls refuse naming it."""
+    calls refuse naming it. ``vector``: the specs' :func:`alltoallv_key`, by which (with the
+    buffers' shapes, dtypes and memory orders) a row and column read before is taken again
+    (:attr:`bmlmpi.pair_tables.PairTables.rows`) instead of reading the specs anew."""
+    rows = comm.policy.pair_tables.rows if vector is not None else None
+    if rows is not None:
+        bufs, rest = vector
+        known = (rest, tuple(b if type(b) is not np.ndarray else
+                             (b.shape, b.dtype, b.flags.c_contiguous, b.flags.f_contiguous)
+                             for b in bufs))
+
     def row_and_column(size: int) -> np.ndarray:
+        if rows is not None:
+            mine = rows.get((known, size))
+            if mine is not None:
+                return mine
         mine = np.full(2 * size, -1, dtype=np.int64)
         try:
             staged = DeviceStaging()
@@ -708,7 +722,9 @@ def alltoallv_counts(comm: Any, sendbuf: Any, recvbuf: Any
                 staged.host(sendbuf, copy_out=False), size, "sendbuf", False)[1]
             mine[:size], mine[size:] = sends, recvs
         except Exception:  # noqa: BLE001 - this rank's own check raises it at the call
-            pass
+            return mine
+        if rows is not None:
+            comm.policy.pair_tables.keep_row((known, size), mine)
         return mine
     return comm.policy.pair_counts(row_and_column)
 
@@ -727,6 +743,52 @@ def _pair_matrix(table: np.ndarray, name: str) -> tuple[int, ...]:
             f"{columns[j, i]} from it ({len(wrong)} pair(s) differ); every rank's send count "
             f"for j must be rank j's receive count from it")
     return tuple(int(c) for c in rows.reshape(-1))
+
+
+def _spec_part(item: Any) -> Any:
+    """An item of an ``Alltoallv`` spec after its buffer, as a signature holds it: None, an
+    int, a typecode, a predefined datatype's handle, a sequence of ints (its kind kept: a
+    tuple in the counts' place is ``(counts, displs)``); :data:`_UNKEYED` for anything else
+    (a derived datatype, which may be freed and its handle reused)."""
+    if item is None or type(item) is int or type(item) is str:
+        return item
+    if type(item) is tuple:
+        parts = tuple(_spec_part(x) for x in item)
+        return _UNKEYED if _UNKEYED in parts else ("tuple", parts)
+    if isinstance(item, MPI.Datatype):
+        return ("datatype", item.handle) if item.is_predefined else _UNKEYED
+    if type(item) is list and all(type(x) is int or isinstance(x, np.integer) for x in item):
+        return ("list", tuple(int(x) for x in item))
+    if type(item) is np.ndarray and item.dtype.kind in "iu" and item.ndim == 1:
+        return ("array", tuple(item.tolist()))
+    return _UNKEYED
+
+
+#: A spec item no signature holds (:func:`_spec_part`).
+_UNKEYED = ("unkeyed",)
+
+
+def alltoallv_key(sendbuf: Any, recvbuf: Any) -> tuple[tuple, tuple] | None:
+    """The parts of a blocking ``Alltoallv``'s fast-path signature its specs give (each
+    side a numpy array, ``[array, ...]`` or ``sendbuf`` ``MPI.IN_PLACE``): (the two buffers,
+    each spec's form and the items after its buffer: counts, displacements, datatype); None
+    where a spec holds anything else. Equal parts resolve to the same blocks of buffers of
+    the same shapes and dtypes; the pair counts of the other ranks are not in them (the call
+    agrees on those first: :attr:`bmlmpi.pair_tables.PairTables.digest`)."""
+    bufs, rest = [], []
+    for spec in (sendbuf, recvbuf):
+        if spec is MPI.IN_PLACE or type(spec) is np.ndarray:
+            bufs.append(spec)
+            rest.append(None)
+            continue
+        if type(spec) not in (list, tuple) or not spec or type(spec[0]) is not np.ndarray:
+            return None
+        parts = tuple(_spec_part(x) for x in spec[1:])
+        if _UNKEYED in parts:
+            return None
+        bufs.append(spec[0])
+        rest.append((type(spec) is list, parts))
+    return tuple(bufs), tuple(rest)
 
 
 def prepare_alltoall(rank: int, size: int, sendbuf: Any, recvbuf: Any, table: Any,

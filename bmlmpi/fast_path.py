@@ -636,17 +636,19 @@ class FastPath:
              carried: bool = False) -> None:
         """After the checked first call of a blocking signature (``key``; ``args``: the
         public method's arguments, its buffers first): open its entry where one applies:
-        the plain communicator, numpy arrays (a key), no device staging, no allgather or
-        all-to-all displacements to place, input and output not spelled as two names of one memory
-        (the entry would read the input from the output on every later call); a native call
-        only where MPI's blocking call is allowed and its op is MPI's (AVG divides
-        afterwards), a schedule whose plan is cached. A carried allreduce (``carried``, its
+        the plain communicator, numpy arrays (a key), no device staging, input and output
+        not spelled as two names of one memory (the entry would read the input from the
+        output on every later call); a native call only where MPI's blocking call is allowed
+        and its op is MPI's (AVG divides afterwards), its displacements in mpi4py's
+        arguments; a schedule whose plan is cached and whose blocks lie packed (no
+        allgather or all-to-all displacements to place). A carried allreduce (``carried``, its
         ``key`` made with :data:`CARRIED`) opens one for :meth:`carried`, whose carrier
         keeps its words buffer; the other carried calls open none (their carrier starts each
         call through the checked path, :mod:`bmlmpi.call_formats`)."""
         if (key is None or not self.enabled or key in self.entries
-                or call.staging is not None or call.displs is not None
-                or call.send_displs is not None):
+                or call.staging is not None
+                or call.algorithm != "native" and (call.displs is not None
+                                                   or call.send_displs is not None)):
             return
         a, b = args[0], args[1]
         if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):

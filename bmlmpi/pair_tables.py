@@ -11,6 +11,11 @@ its own. Otherwise every rank gathers the counts, as before: a rank whose counts
 misses, so the others gather with it, and a pair whose two sides differ is refused on every
 rank by the gathered table's check (:func:`bmlmpi.family.alltoallv_counts`). A table that
 call refuses (a rank's row of −1, or a pair whose two sides differ) is never kept.
+
+The digest of the table a call agreed on (:attr:`PairTables.digest`, None for one not kept)
+is part of the blocking ``Alltoallv``'s fast-path signature (:mod:`bmlmpi.fast_path`): every
+rank agrees on the table before it takes its entry, so a rank whose own counts did not change
+never runs a schedule compiled for the pair matrix that other ranks have since changed.
 """
 
 from __future__ import annotations
@@ -41,6 +46,18 @@ class PairTables:
         self.tables: OrderedDict[bytes, tuple[np.ndarray, int]] = OrderedDict()
         self.gathered = 0
         self.reused = 0
+        #: the digest of the table the last call agreed on; None where it was not kept
+        self.digest: int | None = None
+        #: this rank's row and column (never written to), by the specs they were read from
+        #: (:func:`bmlmpi.family.alltoallv_counts`)
+        self.rows: OrderedDict[tuple, np.ndarray] = OrderedDict()
+
+    def keep_row(self, specs: tuple, mine: np.ndarray) -> None:
+        """Keep this rank's row and column ``mine`` read from ``specs`` (the least recently
+        kept of more than :data:`KEPT` goes); nothing writes to it."""
+        self.rows[specs] = mine
+        while len(self.rows) > KEPT:
+            self.rows.popitem(last=False)
 
     def agreed(self, mine: np.ndarray, comm: Any) -> np.ndarray:
         """The ``size × 2·size`` table of every rank's counts (``mine``: this rank's row then
@@ -57,13 +74,19 @@ class PairTables:
             if kept is not None and both[0] == -both[1]:
                 self.tables.move_to_end(key)
                 self.reused += 1
+                self.digest = kept[1]
                 return kept[0].copy()
-        every = np.empty(mine.size * size, dtype=np.int64)
-        comm.Allgather(mine, every)
-        self.gathered += 1
+        if size > 1:
+            every = np.empty(mine.size * size, dtype=np.int64)
+            comm.Allgather(mine, every)
+            self.gathered += 1
+        else:
+            every = mine.copy()   # (one rank has nothing to gather)
         table = every.reshape(size, mine.size)
+        self.digest = None
         if (table >= 0).all() and (table[:, :size] == table[:, size:].T).all():
-            self.tables[key] = (table.copy(), _digest(table))
+            self.digest = _digest(table)
+            self.tables[key] = (table.copy(), self.digest)
             self.tables.move_to_end(key)
             while len(self.tables) > KEPT:
                 self.tables.popitem(last=False)

@@ -326,3 +326,74 @@ def test_a_repeated_alltoallv_sends_a_digest_not_the_counts(comm, c):
         all_ranks_agree(comm, failures)
     finally:
         del c.Allgather, c.Allreduce
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["native", "pairwise"])
+def test_a_repeated_blocking_alltoallv_takes_its_fast_path(comm, c, algorithm):
+    """A blocking ``Alltoallv`` whose specs (buffers' shapes and dtypes, counts,
+    displacements, datatype) and agreed pair counts ran before skips the checked path: its
+    counts are agreed by digest, then its signature's fast-path entry runs (mpi4py's
+    ``Alltoallv`` under the watchdog, or the cached plan driven in the calling thread), no
+    spec read again, nothing of the family engine. A signature whose counts change is not
+    taken for the old one, on the ranks whose counts changed and on those whose own did not
+    (the last rank changes the block it keeps, and at N >= 3 ranks 1 and 2 what they send
+    each other: rank 0's specs stay the same, its entry's key then differs by the agreed
+    pair counts alone; a plan compiled for the old pair matrix would misplace blocks or
+    wait for messages that never come). Buffers of one length throughout, so only the
+    counts tell the signatures apart; every result against mpi4py's own."""
+    import sys
+    from pathlib import Path
+
+    size, rank = comm.size, comm.rank
+    failures: list = []
+    package = str(Path(bmlmpi.__file__).parent)
+    width = 4 * size + 4   # room for any counts below
+    seen: dict[str, int] = {}
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            name = frame.f_code.co_qualname
+            seen[name] = seen.get(name, 0) + 1
+
+    def exchange(m, salt, profiled=False):
+        scounts, rcounts = list(m[rank, :]), list(m[:, rank])
+        send = _values(width, rank, np.int64, salt)
+        got = np.full(width, -1, np.int64)
+        want = np.full(width, -1, np.int64)
+        comm.Alltoallv([send, scounts, MPI.INT64_T], [want, rcounts, MPI.INT64_T])
+        seen.clear()
+        if profiled:
+            sys.setprofile(watch)
+        try:
+            c.Alltoallv([send, scounts, MPI.INT64_T], [got, rcounts, MPI.INT64_T],
+                        algorithm=algorithm)
+        finally:
+            sys.setprofile(None)
+        _check(failures, f"Alltoallv {algorithm} salt {salt}: {m.tolist()}", got, want)
+
+    ran = "FastPath.native" if algorithm == "native" else "FastPath.scheduled"
+
+    def fast(what):
+        checked = [n for n in seen if n.startswith("FamilyEngine.") or n == "_alltoallv_spec"]
+        if seen.get(ran) != 1 or checked:
+            failures.append(f"{what} ran {sorted(seen)}: want {ran} once and no checked "
+                            f"path")
+
+    m = _pairs(size) + 1
+    exchange(m, 0)                    # checked: gathers the counts, agrees the signature
+    exchange(m, 1)                    # checked (native: MPI's blocking call), opens the entry
+    exchange(m, 2, profiled=True)     # its entry
+    fast("the repeated call")
+    other = m.copy()
+    other[size - 1, size - 1] += 2
+    if size >= 3:
+        other[1, 2], other[2, 1] = 0, other[2, 1] + 3
+    for salt in (3, 4, 5):
+        exchange(other, salt)
+    exchange(m, 6)                    # the first counts again: gathered (rank 0 kept others)
+    exchange(m, 7, profiled=True)     # agreed by digest: their entry again
+    fast("the first counts again")
+    for salt in (8, 9, 10):   # every rank's counts change
+        exchange(np.where(np.eye(size, dtype=bool), 0, m + 1), salt)
+    all_ranks_agree(comm, failures)

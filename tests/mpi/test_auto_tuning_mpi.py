@@ -295,18 +295,19 @@ COMMITTED_PATH = {
            "CallGate.claim", "CallAgreement.notice_waiting", "Mailbox.failure",
            "NativeArgs.of", "FastPath.native", "CallNumbers.take")
        for c, m in (("reduce_scatter", "Reduce_scatter_block"), ("allgather", "Allgather"),
-                    ("reduce", "Reduce"), ("bcast", "Bcast"))},
+                    ("reduce", "Reduce"), ("bcast", "Bcast"), ("alltoall", "Alltoall"))},
 }
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("collective", ["allreduce", *FAMILY])
+@pytest.mark.parametrize("collective", ["allreduce", *FAMILY, "alltoall"])
 def test_a_committed_small_call_runs_nothing_but_its_fast_path(own_table, collective,
                                                               monkeypatch):
     """A loop of one committed 8 B auto signature (native, injected times) over the same
     arrays: each call runs exactly the functions of COMMITTED_PATH, once each (a profiler
     counts every Python function called; NativeArgs.of carves no buffer here: mpi4py
-    reads the allgather's and the broadcast's bytes from the arrays as they are), and the
+    reads the allgather's, the broadcast's and the all-to-all's bytes from the arrays as
+    they are), and the
     results are exact. A function added to the path, or a lookup made per call that the
     signature could keep, fails here; times are not asserted."""
     import gc
@@ -331,16 +332,20 @@ def test_a_committed_small_call_runs_nothing_but_its_fast_path(own_table, collec
              "reduce_scatter": lambda: c.Reduce_scatter_block(x, out),
              "allgather": lambda: c.Allgather(part, out),
              "reduce": lambda: c.Reduce(x, out, root=0),
-             "bcast": lambda: c.Bcast(out, root=0)}
+             "bcast": lambda: c.Bcast(out, root=0),
+             "alltoall": lambda: c.Alltoall(x, out)}
     theirs = {"allreduce": lambda: world.Allreduce(x, ref),
               "reduce_scatter": lambda: world.Reduce_scatter_block(x, ref),
               "allgather": lambda: world.Allgather(part, ref),
               "reduce": lambda: world.Reduce(x, ref, root=0),
-              "bcast": lambda: world.Bcast(ref, root=0)}
+              "bcast": lambda: world.Bcast(ref, root=0),
+              "alltoall": lambda: world.Alltoall(x, ref)}
     call = calls[collective]
     for _ in range(100):   # the exploration (blocks of one call), the commit, the entry
         call()
-        key = c.tuning.key(collective, n * size, x.dtype, "sum", 0)
+        # (an all-to-all's total: every rank's n·size elements)
+        total = n * size * (size if collective == "alltoall" else 1)
+        key = c.tuning.key(collective, total, x.dtype, "sum", 0)
         if tuner.committed(key) is not None:
             break
     assert tuner.committed(key) == "native"
