@@ -24,7 +24,15 @@ from . import config
 from .deferred import Deferred, Ranges, analyse
 from .kernels.combine import combine_trusted, reduce_trusted
 from .ops import kernel_op
-from .schedules.types import INPUT, OUTPUT, WORK, Schedule, merged_ranges, streams_are_independent
+from .schedules.types import (
+    INPUT,
+    OUTPUT,
+    WORK,
+    Copy,
+    Schedule,
+    merged_ranges,
+    streams_are_independent,
+)
 
 DEFAULT_TIMEOUT: float = config.variable("BMLMPI_TIMEOUT").default
 TAG_STEPS = 4096  # tag slots per call: (step·streams + stream) folded modulo this
@@ -825,7 +833,6 @@ def collective_run(plan: Plan, inp: np.ndarray | None, out: np.ndarray | None, o
     input copies are made before step 0 (a copy of memory onto itself is skipped: an
     in-place allgather's slot, a broadcast root's buffer). A relaying schedule that reads its
     input or lands in its output directly runs as :func:`_direct_run`."""
-    from .schedules.types import Copy
     sched = plan.sched
     if sched.through or sched.uses_io:
         return _direct_run(plan, inp, out, op, tag_base, label, finish, dtype)
