@@ -750,22 +750,28 @@ def _spec_part(item: Any) -> Any:
     int, a typecode, a predefined datatype's handle, a sequence of ints (its kind kept: a
     tuple in the counts' place is ``(counts, displs)``); :data:`_UNKEYED` for anything else
     (a derived datatype, which may be freed and its handle reused)."""
-    if item is None or type(item) is int or type(item) is str:
+    kind = type(item)
+    if item is None or kind is int or kind is str:
         return item
-    if type(item) is tuple:
-        parts = tuple(_spec_part(x) for x in item)
+    if kind is list:
+        # (the types of its items, one as a rule, rather than each item tested)
+        kinds = set(map(type, item))
+        if kinds <= _INT or all(issubclass(t, (int, np.integer)) for t in kinds):
+            return ("list", tuple(map(int, item)))
+        return _UNKEYED
+    if kind is tuple:
+        parts = tuple(map(_spec_part, item))
         return _UNKEYED if _UNKEYED in parts else ("tuple", parts)
     if isinstance(item, MPI.Datatype):
         return ("datatype", item.handle) if item.is_predefined else _UNKEYED
-    if type(item) is list and all(type(x) is int or isinstance(x, np.integer) for x in item):
-        return ("list", tuple(int(x) for x in item))
-    if type(item) is np.ndarray and item.dtype.kind in "iu" and item.ndim == 1:
+    if kind is np.ndarray and item.dtype.kind in "iu" and item.ndim == 1:
         return ("array", tuple(item.tolist()))
     return _UNKEYED
 
 
 #: A spec item no signature holds (:func:`_spec_part`).
 _UNKEYED = ("unkeyed",)
+_INT = frozenset((int,))
 
 
 def alltoallv_key(sendbuf: Any, recvbuf: Any) -> tuple[tuple, tuple] | None:
@@ -783,7 +789,7 @@ def alltoallv_key(sendbuf: Any, recvbuf: Any) -> tuple[tuple, tuple] | None:
             continue
         if type(spec) not in (list, tuple) or not spec or type(spec[0]) is not np.ndarray:
             return None
-        parts = tuple(_spec_part(x) for x in spec[1:])
+        parts = tuple(map(_spec_part, spec[1:]))
         if _UNKEYED in parts:
             return None
         bufs.append(spec[0])
