@@ -76,13 +76,14 @@ def _check(failures: list, what: str, got: np.ndarray, want: np.ndarray) -> None
 
 
 def _run(c, form: str, algorithm: str, sendbuf, recvbuf, vector: bool, refill=None):
-    """One call of ``form``: blocking (twice: the second takes the fast path where it
+    """One call of ``form``: blocking (three times: a schedule's entry opens at the first, a
+    native one at the second, once the signature was agreed; the last takes it where it
     opened), ``I`` or persistent (two starts); ``refill()`` before each (an in-place call's
     input restored)."""
     name = "Alltoallv" if vector else "Alltoall"
     refill = refill or (lambda: None)
     if form == "blocking":
-        for _ in range(2):
+        for _ in range(3):
             refill()
             getattr(c, name)(sendbuf, recvbuf, algorithm=algorithm)
     elif form == "I":
