@@ -422,11 +422,14 @@ class AutoTuning:
         begun = key in self.tuner.keys()
         nxt = self.tuner.choose(key, index) if begun else names[0]
         block = self.tuner.block_calls_at(key.size)
+        lead = self.tuner.lead_calls_at(key.size)
+        settling = f" after {lead} settling calls not counted" if lead else ""
         calls = len(names) * self.tuner.calls_per_candidate(key.size)   # exploration_calls
         return dataclasses.replace(
             explanation, chosen=nxt, rule="exploring", tuning=report,
             why=(f"blocking call {index + 1} of the {calls} that time the candidates "
-                 f"{', '.join(names)} in blocks of {block} on this signature runs {nxt}; then "
+                 f"{', '.join(names)} in blocks of {block} counted calls{settling} on this "
+                 f"signature runs {nxt}; then "
                  f"every rank commits to the fastest median block (the slowest rank's blocks "
                  f"count), {report.prior} unless another's is more than "
                  f"{100 * (self.tuner.margin - 1):.0f} % faster and its slowest block faster "

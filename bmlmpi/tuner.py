@@ -20,19 +20,21 @@ across ranks, so every rank decides alike without a message of the Tuner's own:
 2. Exploring, :meth:`Tuner.choose` runs the ``c`` candidates in **blocks** of ``b``
    consecutive calls (:meth:`Tuner.block_calls_at`: ``block_calls`` (default 16) at small
    sizes, fewer from ``block_bytes`` / ``block_calls`` up, one call from ``block_bytes``
-   (default 4 MiB)). First one warm-up call per candidate (plans compiled, kernels and caches
-   warm), not counted; then ``rounds`` (default 3) counted rounds of blocks, the candidates'
-   blocks interleaved: block ``j`` runs candidate ``j mod c``, so a drift in the machine's
-   load hits every candidate alike. A block of calls so long that it counts at most
-   :data:`LEAD_BELOW` (4) of them (from ``block_bytes`` / 4, 1 MiB) starts with one more
-   call, not counted: the first call after another candidate's runs
-   with cold caches and buffers (at 4 MiB on two ranks mostly slower than consecutive calls,
-   by a different share for each candidate: perf/auto/cold_calls.py), which a block of 16
-   calls averages out
-   and a block of one would be. So a key explores for ``c · (1 + rounds · (b + lead))``
-   calls (196 with 4 candidates at 8 B, 28 from 4 MiB), every one the user's real call,
-   exact whichever candidate runs. :meth:`Tuner.record` stores a
-   call's local seconds in its block; a block's time is the mean of its calls. One call's
+   (default 4 MiB)), in ``rounds`` (default 3) rounds, the candidates' blocks interleaved:
+   block ``j`` runs candidate ``j mod c``, so a drift in the machine's load hits every
+   candidate alike. The ranking is of each candidate's **steady state**, the calls a user's
+   loop of the committed one makes: a block's first calls run right after another
+   candidate's, with cold caches and buffers, slower than its later calls by a share that
+   differs between candidates (:data:`SETTLE_CALLS`). So each block starts with ``lead``
+   calls that are not counted (:meth:`Tuner.lead_calls_at`): 3 from 1 MiB, 1 from 16 MiB,
+   none from 64 MiB, where a first call runs as the later ones; below 1 MiB none, a block of
+   8-16 calls averaging its first ones out. Where a block has no leading calls each
+   candidate first runs one warm-up call, not counted (plans compiled, kernels loaded); the
+   first block's leading calls do that elsewhere. So a key explores for
+   ``c · (w + rounds · (lead + b))`` calls (``w`` the warm-up, 1 or 0: 196 with 4 candidates
+   at 8 B, 84 at 1 MiB, 48 at 4 MiB, 24 at 16 MiB, 16 from 64 MiB), every one the user's
+   real call, exact whichever candidate runs. :meth:`Tuner.record` stores a call's local
+   seconds in its block; a block's time is the mean of its counted calls. One call's
    time can be a scheduler's time slice (a loaded machine preempts a rank mid-call, and a
    schedule that yields while it polls loses the core more often than the MPI library's
    call): a block's mean counts such calls as often as a user's loop meets them, where a
@@ -93,9 +95,9 @@ from .schedules.collectives import collective as contract
 
 _log = logging.getLogger("bmlmpi")
 
-__all__ = ["BLOCK_BYTES", "BLOCK_CALLS", "CONTRADICTED", "DECISIVE", "MARGIN", "TUNED_RULES",
-           "WHYS", "CandidateTiming", "TuningKey", "TuningReport", "Tuner", "pick_candidates",
-           "size_class"]
+__all__ = ["BLOCK_BYTES", "BLOCK_CALLS", "CONTRADICTED", "DECISIVE", "MARGIN", "SETTLE_CALLS",
+           "TUNED_RULES", "WHYS", "CandidateTiming", "TuningKey", "TuningReport", "Tuner",
+           "pick_candidates", "size_class"]
 
 #: the prior is kept unless the measured winner is faster by more than this factor (and
 #: than the spread of their blocks)
@@ -104,10 +106,14 @@ MARGIN = 1.05
 BLOCK_CALLS = 16
 #: the size class from which one exploration block is one call
 BLOCK_BYTES = 4 << 20
-#: a block of calls so long that ``block_bytes`` holds at most this many of them starts with
-#: one call that is not counted (the candidate's first call after another's runs with cold
-#: caches)
-LEAD_BELOW = 4
+#: the calls at the start of each exploration block that are not counted, by size class:
+#: (from this size class, so many calls), sizes ascending (none below the first). A
+#: candidate's first calls after another candidate's run slower than its later ones, by a
+#: share that differs between candidates, until their caches and buffers are warm again
+#: (perf/auto/cold_calls.py; docs/tuning.md, "Settling calls"): at 1-4 MiB on two ranks the
+#: first call ran 1.5-2.6 times a settled one and the fourth was settled, at 16 MiB the
+#: second, at 64 MiB the first. Below 1 MiB a block of 8-16 calls averages them out.
+SETTLE_CALLS = ((1 << 20, 3), (16 << 20, 1), (64 << 20, 0))
 #: a winner whose median block is more than this factor faster than the prior's replaces it
 #: even where their blocks overlap, if its median also beats the prior's fastest block
 #: (docs/tuning.md, "The rule": at 2, a quiet machine kept bml at 1.5-1.8 times shm's median,
@@ -253,13 +259,15 @@ class Tuner:
     """Per-key exploration and commit (see the module's docstring). ``k``: the model's
     candidates explored; ``rounds``: counted rounds of blocks after the warm-up;
     ``block_calls`` and ``block_bytes``: a block's calls at small sizes and the size from
-    which a block is one call (:meth:`block_calls_at`); ``margin``: the prior's margin;
+    which a block is one call (:meth:`block_calls_at`); ``settle``: the uncounted leading
+    calls of a block by size class (:data:`SETTLE_CALLS`); ``margin``: the prior's margin;
     ``decisive``: the factor that wins over the blocks' spread (:meth:`_beats`);
     ``sample_every`` and ``review_samples``: how often a committed key is timed and
     reviewed."""
 
     def __init__(self, *, k: int = 3, rounds: int = 3, block_calls: int = BLOCK_CALLS,
-                 block_bytes: int = BLOCK_BYTES, margin: float = MARGIN,
+                 block_bytes: int = BLOCK_BYTES,
+                 settle: Sequence[tuple[int, int]] = SETTLE_CALLS, margin: float = MARGIN,
                  decisive: float = DECISIVE,
                  sample_every: int = 16, review_samples: int = 5,
                  contradicted: float = CONTRADICTED) -> None:
@@ -270,6 +278,12 @@ class Tuner:
         if not (margin >= 1 and contradicted >= 1 and decisive >= margin):
             raise ValueError("margin and contradicted are factors of at least 1, decisive "
                              "one of at least margin")
+        settle = tuple((int(size), int(calls)) for size, calls in settle)
+        if (any(size < 0 or calls < 0 for size, calls in settle)
+                or [size for size, _ in settle] != sorted({size for size, _ in settle})):
+            raise ValueError(f"settle is (size class, calls) pairs, sizes ascending, none "
+                             f"negative; got {settle}")
+        self.settle = settle
         self.k, self.rounds, self.margin, self.decisive = k, rounds, margin, decisive
         self.block_calls, self.block_bytes = block_calls, block_bytes
         self.sample_every, self.review_samples = sample_every, review_samples
@@ -345,15 +359,26 @@ class Tuner:
         return max(1, min(self.block_calls, self.block_bytes // max(1, size)))
 
     def lead_calls_at(self, size: int) -> int:
-        """The calls not counted at the start of each exploration block of a key of ``size``:
-        one where ``block_bytes`` holds at most :data:`LEAD_BELOW` calls of it (the block is
-        short because its calls are long), else none."""
-        return int(self.block_bytes // max(1, size) <= LEAD_BELOW)
+        """The calls not counted at the start of each exploration block of a key of ``size``
+        (``settle``'s entry for the largest size class not above ``size``; none below the
+        first)."""
+        lead = 0
+        for start, calls in self.settle:
+            if size >= start:
+                lead = calls
+        return lead
+
+    def warmup_calls_at(self, size: int) -> int:
+        """The warm-up calls of each candidate before the first round (plans compiled,
+        kernels loaded): one where a block has no leading calls, else none (the first
+        block's leading calls are its warm-up)."""
+        return int(self.lead_calls_at(size) == 0)
 
     def calls_per_candidate(self, size: int) -> int:
-        """One candidate's calls in an exploration of a key of ``size``: a warm-up call, then
+        """One candidate's calls in an exploration of a key of ``size``: its warm-up, then
         ``rounds`` blocks, each its leading calls and its counted ones."""
-        return 1 + self.rounds * (self.lead_calls_at(size) + self.block_calls_at(size))
+        return self.warmup_calls_at(size) + self.rounds * (self.lead_calls_at(size)
+                                                          + self.block_calls_at(size))
 
     def exploration_calls(self, key: TuningKey) -> int:
         """How many calls one exploration of ``key`` takes (:meth:`calls_per_candidate` for
@@ -366,10 +391,11 @@ class Tuner:
         at, c = index - st.start, len(st.candidates)
         if not 0 <= at < self.exploration_calls(key):
             return None
-        if at < c:
+        warm = c * self.warmup_calls_at(key.size)
+        if at < warm:
             return st.candidates[at], 0
         lead = self.lead_calls_at(key.size)
-        block, within = divmod(at - c, lead + self.block_calls_at(key.size))
+        block, within = divmod(at - warm, lead + self.block_calls_at(key.size))
         return st.candidates[block % c], (0 if within < lead else 1 + block // c)
 
     def choose(self, key: TuningKey, index: int) -> str:

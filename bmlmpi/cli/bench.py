@@ -410,8 +410,9 @@ class FamilyCase:
 def tuning_calls(ctx: Communicator, collective: str = "allreduce", nbytes: int = 0) -> int:
     """The calls ``auto`` may spend on one signature of ``collective`` (a work buffer of
     ``nbytes``) before it runs its choice: the job's first ``auto`` call, after which the
-    prices are taken and exploring starts afresh, then a key's exploration (a warm-up call
-    and the counted rounds of blocks over at most ``k`` + 1 candidates, or, with nothing
+    prices are taken and exploring starts afresh, then a key's exploration (each candidate's
+    warm-up or settling calls and counted rounds of blocks, :meth:`bmlmpi.tuner.Tuner.
+    calls_per_candidate`, over at most ``k`` + 1 candidates, or, with nothing
     priced, every algorithm the collective has, docs/tuning.md). The sweep gives ``auto``
     these on top of its warm-up, so that its row times ``auto`` after its tuning calls, as a
     job's later calls run."""

@@ -29,8 +29,10 @@ DEFAULT_SIZES = tuple(8 << (2 * i) for i in range(13))
 
 
 def _most_calls(ctx: Communicator, collective: str, nbytes: int) -> int:
-    """A bound on one signature's calls: its exploration takes a warm-up call and ``rounds``
-    blocks per candidate, and every algorithm of the collective may be one."""
+    """A bound on one signature's calls: its exploration takes
+    :meth:`~bmlmpi.tuner.Tuner.calls_per_candidate` calls per candidate (a warm-up call or
+    each block's settling calls, and ``rounds`` blocks), and every algorithm of the
+    collective may be one."""
     tuner = ctx.tuning.tuner
     return 1 + len(algorithms(collective)) * tuner.calls_per_candidate(size_class(nbytes))
 

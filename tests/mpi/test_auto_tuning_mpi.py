@@ -441,7 +441,8 @@ def test_the_other_forms_and_buckets_run_what_the_blocking_calls_committed(own_t
 @pytest.mark.mpi
 def test_explain_counts_the_exploration_in_blocks(own_table, monkeypatch):
     """While a signature explores, explain names the exploration's calls as the Tuner makes
-    them: per candidate one warm-up call and three blocks (two calls each here)."""
+    them: per candidate one warm-up call and three blocks (two calls each here); from 1 MiB
+    no warm-up call, and each block's counted calls after three settling calls."""
     world = MPI.COMM_WORLD
     if world.size == 1:
         pytest.skip("one rank has nothing to explore")
@@ -452,7 +453,11 @@ def test_explain_counts_the_exploration_in_blocks(own_table, monkeypatch):
     names = [t.name for t in why.tuning.candidates]
     assert why.rule == "exploring"
     assert f"blocking call 1 of the {len(names) * 7} " in why.why, why.why
-    assert "in blocks of 2" in why.why, why.why
+    assert "in blocks of 2 counted calls on" in why.why, why.why
+    big = c.explain((1 << 20) // 8, np.float64)
+    names = [t.name for t in big.tuning.candidates]
+    assert f"blocking call 1 of the {len(names) * 3 * (3 + 2)} " in big.why, big.why
+    assert "in blocks of 2 counted calls after 3 settling calls not counted" in big.why
     c.Free()
 
 

@@ -28,16 +28,18 @@ MODEL = priced(("bml", 3e-4), ("ring", 4e-4), ("tree", 5e-4), ("multitree", 6e-4
 def explore(tuners: list[Tuner], key: TuningKey, times: list[dict[str, float]],
             start: int = 0) -> int:
     """Run one exploration on every rank's Tuner with each rank's own ``times`` per
-    candidate (the warm-up call 10x slower, so that counting it would change the choice);
-    then agree the MAX and commit. Returns the next call index."""
+    candidate (each candidate's first call 10x slower, so that counting it would change the
+    choice); then agree the MAX and commit. Returns the next call index."""
     calls = tuners[0].exploration_calls(key)
+    ran: set[str] = set()
     for index in range(start, start + calls):
         names = {t.choose(key, index) for t in tuners}
         assert len(names) == 1  # every rank runs the same candidate at every call
         name = names.pop()
+        first = name not in ran
+        ran.add(name)
         for rank, t in enumerate(tuners):
             assert t.timed(key, index)
-            first = index - start < len(t.report(key).candidates)
             t.record(key, name, times[rank][name] * (10 if first else 1))
         dues = {t.due(key, index) for t in tuners}
         assert dues == {index == start + calls - 1}
@@ -84,24 +86,25 @@ def test_candidates_are_the_model_best_three_then_native_in_one_order():
     assert pick_candidates("allreduce", [], "bml") == ("bml", "native")
 
 
-def test_exploration_rotates_blocks_and_drops_each_candidate_first_call():
+def test_exploration_rotates_blocks_and_drops_each_blocks_settling_calls():
     t = Tuner()
     report = t.begin(KEY, MODEL)
     assert report.state == "exploring" and report.prior == "bml"
     cands = [c.name for c in report.candidates]
     block = t.block_calls_at(KEY.size)
     assert block == 4    # 1 MiB: a quarter of the 4 MiB from which a block is one call
-    assert t.lead_calls_at(KEY.size) == 1    # and each block starts with one more call
-    assert t.exploration_calls(KEY) == len(cands) * (1 + 3 * (1 + block))
+    lead = t.lead_calls_at(KEY.size)
+    assert lead == 3     # and each block starts with three more calls (no warm-up call)
+    assert t.exploration_calls(KEY) == len(cands) * 3 * (lead + block)
     runs = [t.choose(KEY, i) for i in range(t.exploration_calls(KEY))]
-    assert runs == cands + [c for c in cands for _ in range(1 + block)] * 3
+    assert runs == [c for c in cands for _ in range(lead + block)] * 3
     for i, name in enumerate(runs):
         t.choose(KEY, i)
-        leading = i < len(cands) or (i - len(cands)) % (1 + block) == 0
+        leading = i % (lead + block) < lead
         t.record(KEY, name, 1.0 if leading
                  else 1e-3 * (cands.index(name) + 1) * (1 + i % 2))
-    # the warm-up call and each block's leading call (1 s) are not counted: three blocks
-    # each, each block's mean proposed
+    # each block's leading calls (1 s) are not counted: three blocks each, each block's
+    # mean proposed
     assert [c.samples for c in t.report(KEY).candidates] == [3 * block] * len(cands)
     assert t.proposal(KEY) == tuple(1.5e-3 * (i + 1) for i in range(len(cands))
                                     for _ in range(3))
