@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ranks", default="2,4")
     ap.add_argument("--collectives", default="all")
     ap.add_argument("--sizes", default=SIZES)
-    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--blocks", type=int, default=0,
+                    help="blocks of the interleaved rows (0: one per row)")
     ap.add_argument("--first-jobs", type=int, default=3)
     ap.add_argument("--first-bytes", type=int, default=1 << 20)
     ap.add_argument("--timeout", type=int, default=1800)

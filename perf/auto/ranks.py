@@ -1,7 +1,8 @@
 """The rank program of ``python -m perf.auto`` (run under ``bmlmpi-run``): for each collective
 and size, a fresh ``auto`` signature's first calls timed one by one (its exploration), then
 ``auto`` after its tuning calls against every algorithm named and mpi4py's own blocking call
-on COMM_WORLD, interleaved in blocks. Every row's result is checked against mpi4py's.
+on COMM_WORLD, interleaved in blocks (the rows in an order that changes from block to
+block: :func:`orders`). Every row's result is checked against mpi4py's.
 
     bmlmpi-run -n 2 python perf/auto/ranks.py --collectives all --sizes 8,1M --json out.json
 
@@ -120,15 +121,29 @@ def first_calls(ctx: bmlmpi.Communicator, case: Case, most: int) -> dict:
     return {"times": worst(times), "committed_after": after, "exact": case.exact()}
 
 
+def orders(n: int) -> list[list[int]]:
+    """The orders of ``n`` rows, block after block: a Williams design (a Latin square whose
+    first order is 0, 1, n-1, 2, n-2, ... and each next one adds 1 mod n; for an odd ``n``
+    the same ``n`` reversed after them). Over ``n`` blocks every row runs once in every
+    position; over all of them (``n``, or ``2n`` for an odd ``n``) it runs once right after
+    every other row (twice for an odd ``n``), so that no row always follows the same one."""
+    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    square = [[(r + i) % n for r in first] for i in range(n)]
+    return square + ([order[::-1] for order in square] if n % 2 else [])
+
+
 def blocks(case: Case, rows: list[str], nblocks: int, iters: int) -> dict[str, list[float]]:
-    """Each row's block means, the rows interleaved block by block."""
+    """Each row's block means, the rows interleaved block by block, block ``b`` in the
+    order ``orders(len(rows))[b]`` (cyclically)."""
     calls = {r: case.call(r) for r in rows}
     for call in calls.values():   # warm-up: plans compiled, fast paths opened
         for _ in range(2):
             call()
     got: dict[str, list[float]] = {r: [] for r in rows}
-    for _ in range(nblocks):
-        for r, call in calls.items():
+    design = orders(len(rows))
+    for b in range(nblocks):
+        for r in (rows[i] for i in design[b % len(design)]):
+            call = calls[r]
             MPI.COMM_WORLD.Barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
@@ -141,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="perf/auto/ranks.py")
     ap.add_argument("--collectives", default="all")
     ap.add_argument("--sizes", default="8,64,1K,16K,64K,256K,1M,4M,16M,64M")
-    ap.add_argument("--blocks", type=int, default=5)
+    # 0: one block per row, each row in every position once
+    ap.add_argument("--blocks", type=int, default=0)
     # an exploration takes up to 294 calls (6 candidates, blocks of 16), then ten more
     ap.add_argument("--first", type=int, default=400)
     ap.add_argument("--json", required=True)
@@ -163,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = ["mpi4py", "auto"] + [a for a in bmlmpi.algorithms(collective)
                                          if a != "auto"]
             iters = SMALL_ITERS if case.total * 4 <= SMALL else LARGE_ITERS
-            timed = blocks(case, rows, args.blocks, iters)
+            timed = blocks(case, rows, args.blocks or len(rows), iters)
             exact = {}
             for r in rows:
                 case.out[:] = 0
