@@ -26,19 +26,19 @@ across ranks, so every rank decides alike without a message of the Tuner's own:
    loop of the committed one makes: a block's first calls run right after another
    candidate's, with cold caches and buffers, slower than its later calls by a share that
    differs between candidates (:data:`SETTLE_CALLS`). So each block starts with ``lead``
-   calls that are not counted (:meth:`Tuner.lead_calls_at`): 3 from 1 MiB, 1 from 16 MiB,
-   none from 64 MiB, where a first call runs as the later ones; below 1 MiB none, a block of
-   8-16 calls averaging its first ones out. Where a block has no leading calls each
-   candidate first runs one warm-up call, not counted (plans compiled, kernels loaded); the
-   first block's leading calls do that elsewhere. So a key explores for
-   ``c · (w + rounds · (lead + b))`` calls (``w`` the warm-up, 1 or 0: 196 with 4 candidates
-   at 8 B, 84 at 1 MiB, 48 at 4 MiB, 24 at 16 MiB, 16 from 64 MiB), every one the user's
-   real call, exact whichever candidate runs. :meth:`Tuner.record` stores a call's local
-   seconds in its block; a block's time is the mean of its counted calls. One call's
-   time can be a scheduler's time slice (a loaded machine preempts a rank mid-call, and a
-   schedule that yields while it polls loses the core more often than the MPI library's
-   call): a block's mean counts such calls as often as a user's loop meets them, where a
-   median of single calls would drop them.
+   calls that are not counted (:meth:`Tuner.lead_calls_at`): 3 from 512 KiB (a block of 8
+   calls or fewer), 1 from 16 MiB, none from 64 MiB, where a first call runs as the later
+   ones; up to 256 KiB none (a block of 16 calls dilutes its first ones). Where a block has
+   no leading calls each candidate first runs one warm-up call, not counted (plans
+   compiled, kernels loaded); the first block's leading calls do that elsewhere. So a key
+   explores for ``c · (w + rounds · (lead + b))`` calls (``w`` the warm-up, 1 or 0: 196 with
+   4 candidates at 8 B, 132 at 512 KiB, 84 at 1 MiB, 48 at 4 MiB, 24 at 16 MiB, 16 from
+   64 MiB), every one the user's real call, exact whichever candidate runs.
+   :meth:`Tuner.record` stores a call's local seconds in its block; a block's time is the
+   mean of its counted calls. One call's time can be a scheduler's time slice (a loaded
+   machine preempts a rank mid-call, and a schedule that yields while it polls loses the
+   core more often than the MPI library's call): a block's mean counts such calls as often
+   as a user's loop meets them, where a median of single calls would drop them.
 3. After the last exploration call (:meth:`Tuner.due` says so at that call's index), the
    pipeline MAX-reduces :meth:`Tuner.proposal` — the local block means, candidate by
    candidate, ``inf`` for a block without a time — across ranks (a block of calls ends
@@ -110,10 +110,11 @@ BLOCK_BYTES = 4 << 20
 #: (from this size class, so many calls), sizes ascending (none below the first). A
 #: candidate's first calls after another candidate's run slower than its later ones, by a
 #: share that differs between candidates, until their caches and buffers are warm again
-#: (perf/auto/cold_calls.py; docs/tuning.md, "Settling calls"): at 1-4 MiB on two ranks the
-#: first call ran 1.5-2.6 times a settled one and the fourth was settled, at 16 MiB the
-#: second, at 64 MiB the first. Below 1 MiB a block of 8-16 calls averages them out.
-SETTLE_CALLS = ((1 << 20, 3), (16 << 20, 1), (64 << 20, 0))
+#: (perf/auto/cold_calls.py; docs/tuning.md, "Settling calls"): at 512 KiB-4 MiB on two
+#: ranks the first call ran up to 2.6 times a settled one (a tree's 24 times at 512 KiB)
+#: and the fourth was settled, at 16 MiB the first call's excess was within the noise after
+#: one call, at 64 MiB there was none. Up to 256 KiB a block of 16 calls dilutes them.
+SETTLE_CALLS = ((512 << 10, 3), (16 << 20, 1), (64 << 20, 0))
 #: a winner whose median block is more than this factor faster than the prior's replaces it
 #: even where their blocks overlap, if its median also beats the prior's fastest block
 #: (docs/tuning.md, "The rule": at 2, a quiet machine kept bml at 1.5-1.8 times shm's median,

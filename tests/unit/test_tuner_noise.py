@@ -178,8 +178,8 @@ def test_every_rank_commits_alike_when_one_ranks_blocks_alone_would_pick_another
 
 
 def test_exploration_runs_whole_blocks_interleaved_and_costs_what_the_docs_say():
-    """Blocks of 16 calls at 8 B, fewer from 256 KiB, one call from 4 MiB, each after
-    settling calls not counted (3 from 1 MiB, 1 from 16 MiB, none from 64 MiB); a warm-up
+    """Blocks of 16 calls at 8 B, fewer from 512 KiB, one call from 4 MiB, each after
+    settling calls not counted (3 from 512 KiB, 1 from 16 MiB, none from 64 MiB); a warm-up
     call per candidate where a block has none, then three counted rounds of the candidates'
     blocks in turn."""
     t = Tuner()
@@ -191,7 +191,8 @@ def test_exploration_runs_whole_blocks_interleaved_and_costs_what_the_docs_say()
     runs = [t.choose(KEY, i) for i in range(t.exploration_calls(KEY))]
     assert runs == cands + [c for _ in range(3) for c in cands for _ in range(BLOCK)]
     # size: (counted calls of a block, its leading calls, calls per candidate)
-    sizes = {1 << 18: (16, 0, 49), 1 << 20: (4, 3, 21), 1 << 21: (2, 3, 15),
+    sizes = {1 << 18: (16, 0, 49), 1 << 19: (8, 3, 33), 1 << 20: (4, 3, 21),
+             1 << 21: (2, 3, 15),
              4 << 20: (1, 3, 12), 8 << 20: (1, 3, 12), 16 << 20: (1, 1, 6),
              32 << 20: (1, 1, 6), 64 << 20: (1, 0, 4), 1 << 30: (1, 0, 4)}
     for size, (block, lead, calls) in sizes.items():

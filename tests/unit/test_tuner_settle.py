@@ -1,7 +1,7 @@
 """auto's exploration ranks the candidates by their steady state (bmlmpi.tuner): a
 candidate's first calls after another candidate's run slower than its later ones, by a share
 that differs between candidates, and a user's loop of the committed one never meets them. So
-from 1 MiB each block starts with settling calls that are not counted. Per-call timings are
+from 512 KiB each block starts with settling calls that are not counted. Per-call timings are
 injected as functions of the call's place in its candidate's run of consecutive calls; two
 ranks are two Tuners, and the MAX the pipeline takes across ranks is taken here."""
 
@@ -52,7 +52,7 @@ def explore(tuners: list[Tuner], key: TuningKey,
     return [t.committed(key) for t in tuners]
 
 
-#: The lead's quiet run at 4 MiB, N = 2 (issue 37, python -m perf.auto, 22:38 UTC): each
+#: A quiet run at 4 MiB, N = 2 (python -m perf.auto, 2026-11-28 22:38 UTC): each
 #: candidate's calls in ms, the 1st, 2nd, 3rd and from the 4th on of a run of consecutive
 #: calls. The 2nd call is what a block of one leading and one counted call measured (bml
 #: 0.94, ring 0.82, tree 1.22, multitree 0.84, shm 0.77, native 0.97: shm 1.22 times faster
@@ -71,7 +71,7 @@ def four_mib(rank: int, name: str, place: int, progress: float) -> float:
 
 
 def test_the_4_mib_allreduce_commits_the_steady_state_winner():
-    """The lead's 4 MiB case: counted right after one leading call, shm's median (0.77 ms)
+    """That 4 MiB case: counted right after one leading call, shm's median (0.77 ms)
     was 1.22 times bml's (0.94 ms), under the decisive 1.25, and one of shm's blocks was
     slower than bml's fastest: the rule kept bml, which then ran 2 times shm's time. Counted
     after the settling calls, shm's blocks (0.34-0.46 ms) are all faster than bml's
@@ -90,7 +90,7 @@ def test_a_blocks_counted_calls_come_after_its_settling_calls():
     """Every counted call is at least the (lead + 1)-th of its run, at every size: a call
     whose place is at most the lead takes 1000 times as long and would win nothing if it
     were counted, so the settled times are what every candidate's blocks hold."""
-    key_sizes = [1 << 18, 1 << 20, 2 << 20, 4 << 20, 16 << 20, 64 << 20]
+    key_sizes = [1 << 18, 1 << 19, 1 << 20, 2 << 20, 4 << 20, 16 << 20, 64 << 20]
     for size in key_sizes:
         key = TuningKey("allreduce", size, "float32", "sum", RANKS, "1x2")
         t = Tuner()
@@ -104,9 +104,9 @@ def test_a_blocks_counted_calls_come_after_its_settling_calls():
 
 
 def test_the_settling_calls_are_what_cold_calls_measured():
-    """3 from 1 MiB, 1 from 16 MiB, none from 64 MiB (docs/tuning.md, "Settling calls"),
+    """3 from 512 KiB, 1 from 16 MiB, none from 64 MiB (docs/tuning.md, "Settling calls"),
     and a Tuner refuses a table it could not read."""
-    assert SETTLE_CALLS == ((1 << 20, 3), (16 << 20, 1), (64 << 20, 0))
+    assert SETTLE_CALLS == ((512 << 10, 3), (16 << 20, 1), (64 << 20, 0))
     t = Tuner(settle=((0, 2), (1 << 20, 5)))
     assert [t.lead_calls_at(s) for s in (8, 1 << 19, 1 << 20, 1 << 30)] == [2, 2, 5, 5]
     for bad in (((1 << 20, -1),), ((1 << 20, 1), (1 << 10, 2)), ((8, 1), (8, 2))):
