@@ -21,25 +21,46 @@ The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproduci
    communicator (``MPI_Iallreduce`` of int16, polled under the communicator's deadline, the
    communicator's other outstanding calls advanced meanwhile), so a start waits for every
    rank's start;
+
+then, for a blocking allreduce on the plain communicator whose algorithm serves the
+reduce-scatter and the allgather (:meth:`ReproducibleCarrier.meets`), the addends are
+encoded where they meet, not before they leave (the result asks only that every addend be
+truncated once at the agreed cut and the integers be summed exactly, not where):
+
+2. the all-to-all of the values themselves (:meth:`bmlmpi.calls.CollectiveCall.halves`):
+   rank j receives block j of every rank's input, each block sent once, straight to its
+   owner, as it is (a float32 value 4 bytes on the wire, a plain reduce-scatter's bytes),
+   by the call's algorithm where it serves the all-to-all (``shm``, ``hierarchical``,
+   ``native``), else by ``pairwise`` (one hop a block; at N = 2 the same single exchange
+   as every algorithm's reduce-scatter);
+3. this rank's block summed from the column it received in one pass
+   (:func:`bmlmpi.reproducible.format.sum_contributions`: each addend encoded, the
+   integers added in cache, decoded once into the caller's result; the special bytes ORed
+   from the addends themselves): no words in memory, no special bytes' exchange, the bits
+   of the words' sum;
+4. the summed values' allgather in place on the result, by the call's algorithm;
+
+and for every other call (``I…``, persistent, a fault-tolerant communicator, the other
+collectives, an algorithm without both halves, one rank):
+
 2. the input encoded at the agreed cuts into int64 words (a buffer of the carrier's own;
    the caller's buffers are read, not written, until the end);
 3. where a block is flagged (a NaN, an infinity or a -0 in it on some rank): the special
    bytes of those blocks' elements OR-reduced (``MPI_Iallreduce`` of uint8, started here);
 4. the words' integer SUM: the same collective's plain call of the words
    (:meth:`bmlmpi.calls.CollectiveCall.carried`), the call's algorithm run by the same
-   launch; a blocking allreduce on the plain communicator whose algorithm serves both
-   halves (``native`` excepted) sums them by halves instead
-   (:meth:`ReproducibleCarrier.by_halves`): the words' reduce-scatter
-   (:meth:`bmlmpi.calls.CollectiveCall.halves`);
+   launch;
 5. once both exchanges completed: the words decoded into the caller's result (a
-   reduce-scatter's block of this rank, a reduce's on the root; by halves, this rank's block
-   of the allreduce's result), rounded once;
-6. by halves: the decoded values' allgather in place on the result, by the same algorithm.
+   reduce-scatter's block of this rank, a reduce's on the root), rounded once.
 
-Every rank issues the two small exchanges and starts the words' call in the same order as
-its calls, so MPI's collectives on the communicator pair up across ranks. A blocking
-allreduce's later calls of a signature are started by its fast-path entry
-(:meth:`bmlmpi.fast_path.FastPath.carried`) with the same calls, in the same order.
+Why only there: the allgather's start waits for the all-to-all, and a call started while
+others of the communicator may start theirs would make that start's place among them
+differ between ranks. The reduce-scatter and the reduce sum words: their calls are not
+summed where the addends meet. Every rank issues the small exchanges and
+starts the next call in the same order as its calls, so MPI's collectives on the
+communicator pair up across ranks. A blocking allreduce's later calls of a signature are
+started by its fast-path entry (:meth:`bmlmpi.fast_path.FastPath.carried`) with the same
+calls, in the same order, the column (or the words) kept from call to call.
 """
 
 from __future__ import annotations
@@ -62,13 +83,14 @@ class ReproducibleRefused(ValueError):
 
 
 class ReproducibleRun:
-    """A reproducible call's run: the words' run (any executor's, or MPI's own call), the
-    special bytes' exchange, then the decode into the caller's result, then (an allreduce
-    summed by halves) the allgather of the decoded values, and ``finish``. Polled as any run
+    """A reproducible call's run: the words' run or the values' all-to-all (any executor's,
+    or MPI's own call), the special bytes' exchange, then the decode (or the sum where the
+    addends meet) into the caller's result, then (an allreduce summed where its addends
+    meet) the allgather of the summed values, and ``finish``. Polled as any run
     (``test``, ``progress``, ``reqs``, ``cancel``, ``describe_timeout``) or driven
     (:meth:`drive`). ``held``: the arrays MPI may read or write until the exchanges complete
-    (the words sent, the special bytes sent), kept as long as the run is (a call given up at
-    its deadline keeps its run, so MPI never touches freed memory). ``gather``: None, or
+    (the words or the column, the special bytes sent), kept as long as the run is (a call
+    given up at its deadline keeps its run, so MPI never touches freed memory). ``gather``: None, or
     what starts the allgather's run once the decode is done."""
 
     __slots__ = ("words_run", "specials", "decode", "finish", "step", "held", "gather",
@@ -164,36 +186,38 @@ class ReproducibleRun:
 
 class ReproducibleCarrier:
     """One reproducible call's carrier: the format of its dtype (:class:`bmlmpi.
-    reproducible.format.Format`; complex values as two real positions). ``kept``: the words
-    buffer a blocking signature's fast-path entry reuses from call to call (None: each call
-    allocates its own; :meth:`keep`, :meth:`release`)."""
+    reproducible.format.Format`; complex values as two real positions). ``kept``: the words,
+    or the column (:meth:`meets`), a blocking signature's fast-path entry reuses from call to
+    call (None: each call allocates its own; :meth:`keep`, :meth:`release`)."""
 
-    __slots__ = ("fmt", "kept", "keeps", "blocking")
+    __slots__ = ("fmt", "dtype", "kept", "keeps", "blocking")
     name = "reproducible"
 
-    def __init__(self, fmt: rf.Format):
+    def __init__(self, fmt: rf.Format, dtype: np.dtype):
         self.fmt = fmt
+        #: the dtype of the calls it carries (complex: two real positions a value)
+        self.dtype = dtype
         self.kept: np.ndarray | None = None
         self.keeps = False
         #: whether the calls it starts are blocking ones, started and completed in turn with
-        #: no other call of the communicator started meanwhile (:meth:`by_halves`)
+        #: no other call of the communicator started meanwhile (:meth:`meets`)
         self.blocking = False
 
     def keep(self) -> ReproducibleCarrier:
-        """This carrier, made to reuse one words buffer for the calls it starts (a fast-path
-        entry's, whose calls run one at a time to completion): the allocation and the first
-        touch of every page of twice the values' bytes are paid once, not every call."""
+        """This carrier, made to reuse one buffer (the words, or the column) for the calls it
+        starts (a fast-path entry's, whose calls run one at a time to completion): its
+        allocation and the first touch of its pages are paid once, not every call."""
         self.keeps = True
         return self
 
     def release(self) -> None:
-        """Forget the kept words buffer (a call that did not complete may leave it with MPI:
+        """Forget the kept buffer (a call that did not complete may leave it with MPI:
         the next call allocates another)."""
         self.kept = None
 
     def _words_buffer(self, n: int) -> np.ndarray:
         kept = self.kept
-        if kept is not None and kept.size == n:
+        if kept is not None and kept.shape == (n,) and kept.dtype == np.int64:
             return kept
         words = np.empty(n, np.int64)
         if self.keeps:
@@ -209,16 +233,46 @@ class ReproducibleCarrier:
               finish: Callable[[], None] | None) -> ReproducibleRun:
         """Start ``call`` (an allreduce, reduce-scatter or reduce this carrier carries) on
         ``pipeline`` (its communicator: ``comm``, ``rank``, ``size``, ``timeout``,
-        ``policy``, ``calls_in_flight``): the steps of the module docstring, the words' call
-        being the same collective's (:meth:`bmlmpi.calls.CollectiveCall.carried`); ``finish``
-        runs after the decode."""
-        fmt = self.fmt
+        ``policy``, ``calls_in_flight``): the steps of the module docstring, summed where the
+        addends meet (:meth:`meets`) or as words by the same collective's call
+        (:meth:`bmlmpi.calls.CollectiveCall.carried`); ``finish`` runs after the decode."""
         given, _ = call.schedule_buffers()
         values = call.out if given is None else given
-        comm = pipeline.comm
         mine = rf.block_exponents(values)
         agreed = np.empty_like(mine)
-        _exchange(pipeline, comm.Iallreduce(mine, agreed, MPI.MAX), label, (mine, agreed))
+        _exchange(pipeline, pipeline.comm.Iallreduce(mine, agreed, MPI.MAX), label,
+                  (mine, agreed))
+        if self.meets(call, pipeline):
+            return self._start_meeting(call, pipeline, label, finish, agreed)
+        return self._start_words(call, pipeline, label, finish, values, agreed)
+
+    def _start_meeting(self, call: CollectiveCall, pipeline: Any, label: str,
+                       finish: Callable[[], None] | None, agreed: np.ndarray
+                       ) -> ReproducibleRun:
+        """Steps 2-6 where the addends meet: the all-to-all of the values, each rank's block
+        summed from its column (:func:`bmlmpi.reproducible.format.sum_contributions`: the
+        special bytes from the addends themselves, nothing more exchanged), the allgather."""
+        exchange, column, first, gather_call = call.halves(pipeline.rank, pipeline.size,
+                                                           self._column)
+        run = exchange.launch(pipeline, label, None)
+        defer_behind(run, (e.run for e in pipeline.calls_in_flight.active))
+        out = call.out[first:first + column.shape[1]]
+        start = first * (2 if out.dtype.kind == "c" else 1)
+
+        def decode() -> None:
+            rf.sum_contributions(column, agreed, out=out, start=start)
+
+        def gather() -> Any:
+            return gather_call.launch(pipeline, label, None)
+        return ReproducibleRun(run, None, decode, finish, (column, agreed), gather)
+
+    def _start_words(self, call: CollectiveCall, pipeline: Any, label: str,
+                     finish: Callable[[], None] | None, values: np.ndarray,
+                     agreed: np.ndarray) -> ReproducibleRun:
+        """Steps 2-5 on words: the input encoded, the special bytes' exchange, the words'
+        call of the same collective, the decode of this rank's result."""
+        fmt = self.fmt
+        comm = pipeline.comm
         words = self._words_buffer(self.words(values.size, values.dtype))
         rf.encode(values, agreed, out=words.reshape(-1, fmt.words) if fmt.words > 1
                   else words)
@@ -231,17 +285,8 @@ class ReproducibleCarrier:
             req = comm.Iallreduce(local, specials, MPI.BOR)
         reals_per_value = 2 if values.dtype.kind == "c" else 1
         per_value = reals_per_value * fmt.words
-        gather = None
-        if self.by_halves(call, pipeline):
-            words_call, summed, first, gather_call = call.halves(words, per_value,
-                                                                 pipeline.rank, pipeline.size)
-            out = call.out[first:first + summed.size // per_value]
-
-            def gather() -> Any:
-                return gather_call.launch(pipeline, label, None)
-        else:
-            words_call, summed, out, first = call.carried(words, per_value, pipeline.rank,
-                                                          pipeline.size)
+        words_call, summed, out, first = call.carried(words, per_value, pipeline.rank,
+                                                      pipeline.size)
         words_run = words_call.launch(pipeline, label, None)
         if not pipeline.policy.keeps_calls:
             defer_behind(words_run, (e.run for e in pipeline.calls_in_flight.active))
@@ -258,25 +303,36 @@ class ReproducibleCarrier:
                 special = everywhere[start:start + n]
             rf.decode(summed.reshape(-1, fmt.words) if fmt.words > 1 else summed, agreed,
                       out.dtype, special, out=out, start=start)
-        return ReproducibleRun(words_run, req, decode, finish, (words, local, specials),
-                               gather)
+        return ReproducibleRun(words_run, req, decode, finish, (words, local, specials))
 
-    def by_halves(self, call: CollectiveCall, pipeline: Any) -> bool:
-        """Whether ``call`` is an allreduce this carrier sums by halves (:meth:`bmlmpi.calls.
-        CollectiveCall.halves`): the reduce-scatter of the words, each rank's block decoded,
-        the allgather of the values, which moves half the bytes of the words' allreduce's
-        second half and decodes a rank's block only. Only a blocking call (:attr:`blocking`)
-        on a communicator that does not keep its calls (the plain policy) whose algorithm
-        serves both collectives, with more than one rank: the allgather's start waits for
-        the reduce-scatter, and a call started while others of this communicator may start
-        theirs would make that start's place among them differ between ranks (MPI pairs a
-        communicator's collectives in the order they start). The bits are those of the
-        words' allreduce: the words' exact sum decoded once. Not ``native``: MPI's own
-        reduce-scatter of int64 took longer than its allreduce of the same words (Open MPI
-        5, N = 2, 16 MiB of float32: 186 against 133 ms, perf/reproducible/), so the whole
-        words' allreduce is the faster of the two there."""
+    def _column(self, shape: tuple[int, int]) -> np.ndarray:
+        """The column an allreduce summed where its addends meet receives (the kept one, as
+        :meth:`_words_buffer`)."""
+        kept = self.kept
+        if kept is not None and kept.shape == shape and kept.dtype == self.dtype:
+            return kept
+        column = np.empty(shape, self.dtype)
+        if self.keeps:
+            self.kept = column
+        return column
+
+    def meets(self, call: CollectiveCall, pipeline: Any) -> bool:
+        """Whether ``call`` is an allreduce this carrier sums where its addends meet
+        (:meth:`bmlmpi.calls.CollectiveCall.halves`): every rank sends block j of its own
+        values straight to rank j (an all-to-all: 4 bytes a float32 value on the wire, as a
+        plain reduce-scatter's, where the words took 8), each rank sums its block from the
+        column it received in one pass (encode, exact sum and decode fused; no words in
+        memory, no special bytes' exchange), then the summed values' allgather. The result
+        only asks that every addend be truncated once at the agreed cut and the integers
+        summed exactly, not where: the bits are those of the words' sum. Only a blocking
+        call (:attr:`blocking`) on a communicator that does not keep its calls (the plain
+        policy) whose algorithm serves the reduce-scatter and the allgather (``native``
+        included: MPI's ``Alltoall`` and ``Allgather``), with more than one rank: the
+        allgather's start waits for the all-to-all, and a call started while others of this
+        communicator may start theirs would make that start's place among them differ
+        between ranks (MPI pairs a communicator's collectives in the order they start)."""
         return (self.blocking and pipeline.size > 1 and not pipeline.policy.keeps_calls
-                and call.algorithm != "native" and call.halves_serve())
+                and call.halves_serve())
 
 
 class _GivenUp:
@@ -337,7 +393,7 @@ class ReproducibleFormat:
                                       f"exact integer form (SUM, AVG, MIN and MAX are "
                                       f"taken; or reproducible=False)")
         try:
-            return ReproducibleCarrier(rf.format_for(dt))
+            return ReproducibleCarrier(rf.format_for(dt), dt)
         except TypeError as exc:
             raise ReproducibleRefused(str(exc)) from None
 

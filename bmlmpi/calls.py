@@ -397,7 +397,9 @@ class CollectiveCall:
         else:
             sd = offsets(sends)
         out = _bytes(self.out)
-        rbuf = np.empty_like(out) if private else out
+        # a carried call's column is bmlmpi's own, held by its run: MPI writes it directly
+        owned = private and self.extra.get("owned", False) and self.src is not None
+        rbuf = np.empty_like(out) if private and not owned else out
         equal = self.native_block and self.displs is None and self.send_displs is None
         if private or self.src is not None:
             sbuf: Any = ([_bytes(send_from)[:sum(sends)], MPI.BYTE] if equal
@@ -407,7 +409,7 @@ class CollectiveCall:
         rspec = ([rbuf[:sum(recvs)], MPI.BYTE] if equal
                  else [rbuf, (list(recvs), list(rd)), MPI.BYTE])
         deliver = None
-        if private:
+        if private and not owned:
             def deliver() -> None:
                 for at, n in zip(rd, recvs, strict=True):
                     np.copyto(out[at:at + n], rbuf[at:at + n])
@@ -517,27 +519,35 @@ class CollectiveCall:
         record = algorithm_record(self.algorithm)
         return record.serves("reduce_scatter") and record.serves("allgather")
 
-    def halves(self, words: np.ndarray, per_value: int, rank: int, size: int
+    def halves(self, rank: int, size: int,
+               column: Callable[[tuple[int, int]], np.ndarray] | None = None
                ) -> tuple[CollectiveCall, np.ndarray, int, CollectiveCall]:
-        """An allreduce's carried words summed by halves (:mod:`bmlmpi.call_formats`), on
-        ``rank`` of ``size`` ranks now: the reduce-scatter of ``words`` (``per_value`` a
-        value) into balanced blocks of whole values, and the allgather of the decoded values
-        in place on ``out``'s bytes, both by this call's algorithm: (the reduce-scatter's
-        call, the words of this rank's block once it completed, the position of the block's
-        first value, the allgather's call). Only the reduce-scatter carries words; the
-        allgather moves the values themselves."""
+        """An allreduce summed where its addends meet (:mod:`bmlmpi.call_formats`), on
+        ``rank`` of ``size`` ranks now, in balanced blocks of whole values: the all-to-all
+        of the input's own values (block j of every rank's input to rank j, the blocks a
+        reduce-scatter sums, each sent once and straight to its owner) into a column of
+        shape (``size``, block) that ``column(shape)`` gives (default: a new one), by this
+        call's algorithm where it serves the all-to-all, else by ``pairwise``; and the
+        allgather of the summed values in place on ``out``'s bytes, by this call's
+        algorithm: (the all-to-all's call, the column, the position of the block's first
+        value, the allgather's call)."""
         n = self.out.size
         counts = tuple(n // size + (r < n % size) for r in range(size))
-        wcounts = tuple(c * per_value for c in counts)
-        block = np.empty(wcounts[rank], np.int64)
-        scatter = CollectiveCall("reduce_scatter", "Reduce_scatter", self.algorithm,
-                                 self.requested, "sum", wcounts, 0, rank, size, words, block,
-                                 block, extra={"owned": True})
+        mine = counts[rank]
+        shape = (size, mine)
+        rows = np.empty(shape, self.dtype) if column is None else column(shape)
+        record = algorithm_record(self.algorithm)
+        algorithm = self.algorithm if record.serves("alltoall") else "pairwise"
+        inp = self.out if self.src is None else self.src
+        exchange = CollectiveCall("alltoall", "Alltoallv", algorithm, self.requested, "sum",
+                                  counts * size, 0, rank, size, inp.reshape(-1),
+                                  rows.reshape(-1), None, native_block=n % size == 0,
+                                  extra={"owned": True})
         item = self.out.itemsize
         gather = CollectiveCall("allgather", "Allgather", self.algorithm, self.requested,
                                 "sum", tuple(c * item for c in counts), 0, rank, size, None,
                                 self.out.view(np.uint8), None)
-        return scatter, block, offsets(counts)[rank], gather
+        return exchange, rows, offsets(counts)[rank], gather
 
     def compiled(self, plans: Any) -> Any:
         """This call's schedule compiled for ``plans``' communicator (cached per signature,

@@ -217,7 +217,7 @@ class FastEntry:
         self.output = output
         self.averaged = averaged  # AVG: the result a scheduled run divides afterwards
         self.calls = 0          # schedules and carried calls: later calls that took this path
-        self.wire = wire        # a carried call's carrier (its words buffer kept), else None
+        self.wire = wire        # a carried call's carrier (its buffer kept), else None
         self.algorithm = algorithm  # a carried call's: the algorithm that sums its words
         self.requested = requested  # ... and as asked ("auto" stays "auto")
 
@@ -404,11 +404,12 @@ class FastPath:
         The call's record is built from the entry (no argument resolution, no request, no
         progress engine) and its carrier starts it exactly as the checked launch does, with
         the same MPI calls in the same order (the block exponents' ``MPI_Iallreduce``, the
-        special bytes' where a block is flagged, the words' run of the entry's algorithm),
-        so ranks that take different paths for one call still match; the run is driven here
-        under the communicator's deadline. The carrier reuses one words buffer from call to
-        call, forgotten when a call fails. Like :meth:`allreduce`, it does not poll the
-        control channel (an allreduce needs every rank's data)."""
+        special bytes' where a block is flagged, the run of the entry's algorithm: the
+        words', or the values' all-to-all then their allgather where the addends meet), so
+        ranks that take different paths for one call still match; the run is driven here
+        under the communicator's deadline. The carrier reuses one buffer (the words, or the
+        column) from call to call, forgotten when a call fails. Like :meth:`allreduce`, it
+        does not poll the control channel (an allreduce needs every rank's data)."""
         if not self.enabled or type(recvbuf) is not np.ndarray:
             return False
         entry = self.entries.get(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op,
@@ -643,7 +644,7 @@ class FastPath:
         arguments; a schedule whose plan is cached and whose blocks lie packed (no
         allgather or all-to-all displacements to place). A carried allreduce (``carried``, its
         ``key`` made with :data:`CARRIED`) opens one for :meth:`carried`, whose carrier
-        keeps its words buffer; the other carried calls open none (their carrier starts each
+        keeps its buffer; the other carried calls open none (their carrier starts each
         call through the checked path, :mod:`bmlmpi.call_formats`)."""
         if (key is None or not self.enabled or key in self.entries
                 or call.staging is not None

@@ -1,7 +1,8 @@
 """numba kernels of the reproducible format (:mod:`bmlmpi.reproducible.format`, whose docstring
 states the method, its parameters and its bounds): block exponents and flags, encode to one
-or two int64 words, decode with correct rounding, special-value bytes, and the exact
-accumulator's add and export.
+or two int64 words, decode with correct rounding, special-value bytes, the fused sum of raw
+contributions (encode, exact sum and decode in one pass), and the exact accumulator's add
+and export.
 
 A format is described to the kernels by plain integers (storage width, mantissa bits, bias,
 the all-ones exponent field, the block size, the format's ``P`` and ``W``), so this module
@@ -21,6 +22,10 @@ knows no format by name. How each pass stays exact and fast:
   (16-bit formats, larger integers, float64's subnormal results) is rounded on integers:
   round half to even at the precision or the subnormal quantum, overflow to infinity, the
   result's bits assembled directly;
+* the fused sum: per block, each contribution encoded by encode's arithmetic and added into
+  one block of words (2-4 KiB, in cache), then decoded by decode's code, and in a flagged
+  block the special bytes ORed from the contributions' own bits: the words a separate
+  encode, sum and decode would have made, never written to memory;
 * the accumulator's bins are W-bit slices of the integer significand, added as int32.
 
 Words are one-dimensional int64 arrays: one word per value, or two per value, ``hi`` then
@@ -207,13 +212,12 @@ _SMALLEST = 5e-324
 
 
 @njit(inline="always")
-def _encode_range(values, out, lo, count, s1, s2, limit, kind, two):
-    # views of the range: LLVM vectorises a loop over fresh slices (measured 6x faster than
-    # indexing the whole arrays from lo)
-    vs = values[lo:lo + count]
+def _encode_into(vs, os, count, s1, s2, limit, kind, two, add):
+    # vs: the values of the range, os: their words (fresh slices: LLVM vectorises a loop over
+    # them, measured 6x faster than indexing the whole arrays from an offset); ``add``: add
+    # the words to those in ``os`` (the fused sum) rather than store them
     wrong = 0
     if two:
-        os = out[2 * lo:2 * (lo + count)]
         for k in range(count):
             v = _load(vs, k, kind) * s1 * s2
             a = abs(v)
@@ -221,30 +225,49 @@ def _encode_range(values, out, lo, count, s1, s2, limit, kind, two):
             # hi = trunc(v / 2^S) (below 2^36); v - hi * 2^S is exact and truncates to lo
             t = v if a < limit else 0.0
             h = np.int64(t * _TWO_MINUS_S)
-            os[2 * k] = h
-            os[2 * k + 1] = np.int64(t - np.float64(h) * _TWO_S)
+            low = np.int64(t - np.float64(h) * _TWO_S)
+            if add:
+                os[2 * k] += h
+                os[2 * k + 1] += low
+            else:
+                os[2 * k] = h
+                os[2 * k + 1] = low
     else:
-        os = out[lo:lo + count]
         for k in range(count):
             v = _load(vs, k, kind) * s1 * s2
             a = abs(v)
             wrong += np.int64(a >= limit) & np.int64(a != np.inf)
-            os[k] = np.int64(v) if a < limit else np.int64(0)
+            w = np.int64(v) if a < limit else np.int64(0)
+            if add:
+                os[k] += w
+            else:
+                os[k] = w
     return wrong
+
+
+@njit(inline="always")
+def _encode_range(values, out, lo, count, s1, s2, limit, kind, two):
+    words = 2 if two else 1
+    return _encode_into(values[lo:lo + count], out[words * lo:words * (lo + count)], count,
+                        s1, s2, limit, kind, two, False)
+
+
+@njit(inline="always")
+def _scaling(e_agreed, P, W):
+    """(cut, limit, s1, s2) of a block: the scaled values lie below ``limit`` = 2^(E - c)
+    (with no finite non-zero value agreed, any such value is wrong); ``s1 * s2`` = 2^-c in
+    two factors that stay in float64's range."""
+    c = _cut(e_agreed, P, W)
+    limit = _SMALLEST if e_agreed == SENTINEL else math.ldexp(1.0, e_agreed - c)
+    half = (-c) // 2
+    return c, limit, math.ldexp(1.0, half), math.ldexp(1.0, -c - half)
 
 
 @njit(nogil=True)
 def _encode_block(values, agreed, out, bad, b, start, first, block, kind, P, W, two):
     lo = max(b * block - start, 0)
     hi = min((b + 1) * block - start, values.size)
-    e_agreed = np.int64(agreed[b, 0])
-    c = _cut(e_agreed, P, W)
-    # the scaled values of the block lie below 2^(E - c); with no finite non-zero value
-    # agreed, any such value is wrong
-    limit = _SMALLEST if e_agreed == SENTINEL else math.ldexp(1.0, e_agreed - c)
-    half = (-c) // 2
-    s1 = math.ldexp(1.0, half)
-    s2 = math.ldexp(1.0, -c - half)
+    c, limit, s1, s2 = _scaling(np.int64(agreed[b, 0]), P, W)
     if hi - lo == block:   # a loop-invariant count: vectorised
         bad[b - first] = _encode_range(values, out, lo, block, s1, s2, limit, kind, two)
     else:
@@ -265,6 +288,23 @@ def _encode_n(values, agreed, out, bad, start, first, last, block, kind, P, W, t
 
 # -- special-value bits --------------------------------------------------------------------
 
+@njit(inline="always")
+def _special_byte(u, nbits, mbits, emask):
+    """The special-value byte of one value's bit pattern ``u``."""
+    u = np.int64(u)
+    eb = (u >> mbits) & emask
+    sign = (u >> (nbits - 1)) & 1
+    if eb == emask:
+        if u & ((np.int64(1) << mbits) - 1) != 0:
+            return NAN | NOT_NEG_ZERO
+        if sign == 1:
+            return NEG_INF | NOT_NEG_ZERO
+        return POS_INF | NOT_NEG_ZERO
+    if sign == 1 and u & ((np.int64(1) << (nbits - 1)) - 1) == 0:
+        return 0
+    return NOT_NEG_ZERO
+
+
 @njit(nogil=True)
 def _specials_block(bits, agreed, out, b, start, block, nbits, mbits, emask):
     lo = max(b * block - start, 0)
@@ -273,18 +313,7 @@ def _specials_block(bits, agreed, out, b, start, block, nbits, mbits, emask):
         out[lo:hi] = 0
         return
     for i in range(lo, hi):
-        sign, eb, mant = _fields(bits, i, nbits, mbits, emask)
-        if eb == emask:
-            if mant != 0:
-                out[i] = NAN | NOT_NEG_ZERO
-            elif sign == 1:
-                out[i] = NEG_INF | NOT_NEG_ZERO
-            else:
-                out[i] = POS_INF | NOT_NEG_ZERO
-        elif sign == 1 and eb == 0 and mant == 0:
-            out[i] = 0
-        else:
-            out[i] = NOT_NEG_ZERO
+        out[i] = _special_byte(bits[i], nbits, mbits, emask)
 
 
 @kernel()
@@ -419,40 +448,56 @@ def _quick_range(words, out, lo, count, scale, two):
     return slow
 
 
+@njit(inline="always")
+def _decode_words(ws, os, bs, count, c, two, fast, cmin, nbits, mbits, bias, emask):
+    """A block's summed words ``ws`` (from its first value) decoded into ``os`` (values) and
+    ``bs`` (the same memory's bits), at cut ``c``."""
+    if fast and c >= cmin:
+        scale = math.ldexp(1.0, c)
+        if _quick_range(ws, os, 0, count, scale, two):
+            for i in range(count):
+                d, good = _quick(ws, i, scale, two)
+                if not good:
+                    bs[i] = _exact_bits(ws, i, c, two, nbits, mbits, bias, emask)
+    else:
+        for i in range(count):
+            bs[i] = _exact_bits(ws, i, c, two, nbits, mbits, bias, emask)
+
+
+@njit(inline="always")
+def _fix_specials(bs, sp, count, nbits, mbits, emask):
+    """The special values of a flagged block: ``sp`` the OR of the addends' bytes."""
+    nan = (np.int64(emask) << mbits) | (np.int64(1) << (mbits - 1))
+    inf = np.int64(emask) << mbits
+    sign = np.int64(1) << (nbits - 1)
+    for i in range(count):
+        f = sp[i]
+        if (f & NAN) != 0 or (f & (POS_INF | NEG_INF)) == (POS_INF | NEG_INF):
+            bs[i] = nan
+        elif (f & POS_INF) != 0:
+            bs[i] = inf
+        elif (f & NEG_INF) != 0:
+            bs[i] = inf | sign
+        elif (f & NOT_NEG_ZERO) == 0 and np.int64(bs[i]) & (sign - 1) == 0:
+            bs[i] = sign   # every addend -0 (the words of +-0 are all 0)
+
+
 @njit(nogil=True)
 def _decode_block(words, agreed, sp, out, bits, b, start, block, nbits, mbits, bias, emask,
                   P, W, two, fast, cmin):
     lo = max(b * block - start, 0)
     hi = min((b + 1) * block - start, bits.size)
     c = _cut(agreed[b, 0], P, W)
-    if fast and c >= cmin:
-        scale = math.ldexp(1.0, c)
-        if hi - lo == block:   # a loop-invariant count: vectorised
-            slow = _quick_range(words, out, lo, block, scale, two)
-        else:
-            slow = _quick_range(words, out, lo, hi - lo, scale, two)
-        if slow:
-            for i in range(lo, hi):
-                d, good = _quick(words, i, scale, two)
-                if not good:
-                    bits[i] = _exact_bits(words, i, c, two, nbits, mbits, bias, emask)
+    per = 2 if two else 1
+    ws = words[per * lo:per * hi]
+    if hi - lo == block:   # a loop-invariant count: vectorised
+        _decode_words(ws, out[lo:hi], bits[lo:hi], block, c, two, fast, cmin, nbits, mbits,
+                      bias, emask)
     else:
-        for i in range(lo, hi):
-            bits[i] = _exact_bits(words, i, c, two, nbits, mbits, bias, emask)
+        _decode_words(ws, out[lo:hi], bits[lo:hi], hi - lo, c, two, fast, cmin, nbits, mbits,
+                      bias, emask)
     if agreed[b, 1] != 0 and sp.size > 0:
-        nan = (np.int64(emask) << mbits) | (np.int64(1) << (mbits - 1))
-        inf = np.int64(emask) << mbits
-        sign = np.int64(1) << (nbits - 1)
-        for i in range(lo, hi):
-            f = sp[i]
-            if (f & NAN) != 0 or (f & (POS_INF | NEG_INF)) == (POS_INF | NEG_INF):
-                bits[i] = nan
-            elif (f & POS_INF) != 0:
-                bits[i] = inf
-            elif (f & NEG_INF) != 0:
-                bits[i] = inf | sign
-            elif (f & NOT_NEG_ZERO) == 0 and np.int64(bits[i]) & (sign - 1) == 0:
-                bits[i] = sign   # every addend -0 (the words of +-0 are all 0)
+        _fix_specials(bits[lo:hi], sp[lo:hi], hi - lo, nbits, mbits, emask)
 
 
 @kernel()
@@ -469,6 +514,71 @@ def _decode_n(words, agreed, sp, out, bits, start, first, last, block, nbits, mb
     for b in prange(first, last):
         _decode_block(words, agreed, sp, out, bits, b, start, block, nbits, mbits, bias,
                       emask, P, W, two, fast, cmin)
+
+
+# -- the fused sum of raw contributions ------------------------------------------------------
+# ``column``: ``addends`` contributions of the same ``m`` real positions, addend a's at
+# [a*m, (a+1)*m) (``colbits``: the same memory's bits), position 0 being global position
+# ``start``. Per block: each addend encoded at the agreed cut and added into a block of words
+# that stays in cache (the same arithmetic as encode, the integer sum exact, the same words
+# as encoding each and adding them), decoded as decode does, and in a flagged block the
+# special bytes ORed from the addends' own bits (what the exchange of specials would give).
+
+@njit(nogil=True)
+def _sum_blocks(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start, first,
+                block, kind, P, W, two, nbits, mbits, bias, emask, fast, cmin):
+    per = 2 if two else 1
+    words = np.empty(per * block, np.int64)
+    sp = np.empty(block, np.uint8)
+    for b in range(b0, b1):
+        lo = max(b * block - start, 0)
+        hi = min((b + 1) * block - start, m)
+        count = hi - lo
+        c, limit, s1, s2 = _scaling(np.int64(agreed[b, 0]), P, W)
+        wrong = 0
+        ws = words[:per * count]
+        for a in range(addends):
+            vs = column[a * m + lo:a * m + hi]
+            if count == block:   # a loop-invariant count: vectorised
+                wrong += _encode_into(vs, ws, block, s1, s2, limit, kind, two, a > 0)
+            else:
+                wrong += _encode_into(vs, ws, count, s1, s2, limit, kind, two, a > 0)
+        bad[b - first] = wrong
+        if count == block:
+            _decode_words(ws, out[lo:hi], bits[lo:hi], block, c, two, fast, cmin, nbits,
+                          mbits, bias, emask)
+        else:
+            _decode_words(ws, out[lo:hi], bits[lo:hi], count, c, two, fast, cmin, nbits,
+                          mbits, bias, emask)
+        if agreed[b, 1] != 0:
+            for k in range(count):
+                f = 0
+                for a in range(addends):
+                    f |= _special_byte(colbits[a * m + lo + k], nbits, mbits, emask)
+                sp[k] = f
+            _fix_specials(bits[lo:hi], sp, count, nbits, mbits, emask)
+
+
+#: blocks a parallel task of the fused sum takes (one block of words in cache each)
+_TASK_BLOCKS = 64
+
+
+@kernel()
+def _sum_1(column, colbits, addends, m, agreed, out, bits, bad, start, first, last, block,
+           kind, P, W, two, nbits, mbits, bias, emask, fast, cmin):
+    _sum_blocks(column, colbits, addends, m, agreed, out, bits, bad, first, last, start,
+                first, block, kind, P, W, two, nbits, mbits, bias, emask, fast, cmin)
+
+
+@kernel(parallel=True)
+def _sum_n(column, colbits, addends, m, agreed, out, bits, bad, start, first, last, block,
+           kind, P, W, two, nbits, mbits, bias, emask, fast, cmin):
+    tasks = -(-(last - first) // _TASK_BLOCKS)
+    for t in prange(tasks):
+        b0 = first + t * _TASK_BLOCKS
+        _sum_blocks(column, colbits, addends, m, agreed, out, bits, bad, b0,
+                    min(b0 + _TASK_BLOCKS, last), start, first, block, kind, P, W, two,
+                    nbits, mbits, bias, emask, fast, cmin)
 
 
 # -- the exact accumulator -------------------------------------------------------------------
@@ -628,6 +738,7 @@ def _acc_export_n(bins, top, agreed, out, bad, block, P, W, two):
 _KERNELS = {
     "exponents": (_exponents_1, _exponents_n), "encode": (_encode_1, _encode_n),
     "specials": (_specials_1, _specials_n), "decode": (_decode_1, _decode_n),
+    "sum": (_sum_1, _sum_n),
     "acc_add": (_acc_add_1, _acc_add_n), "acc_export": (_acc_export_1, _acc_export_n),
 }
 

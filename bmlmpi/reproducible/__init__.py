@@ -33,6 +33,7 @@ def warmup(names: Iterable[str] | None = None) -> None:
             words = format.encode(x, agreed, fmt, parallel=parallel)
             special = format.specials(x, agreed, fmt, parallel=parallel)
             format.decode(words, agreed, f.storage, special, fmt=fmt, parallel=parallel)
+            format.sum_contributions(np.stack([x, x]), agreed, fmt=fmt, parallel=parallel)
             acc = Accumulator(x.shape, f.storage, fmt=fmt)
             acc.add(x, parallel=parallel)
             acc.export(agreed, parallel=parallel)

@@ -48,11 +48,22 @@ block lies within ``2^(P - p)`` of the block's largest (or is a multiple of ``2^
 subnormals of a block of small values are), nothing is truncated and the sum is the exactly
 rounded one.
 
-Cost: the wire carries 8 (float64: 16) bytes per value plus 4 bytes per block for the
-pre-exchange (0.4 % of float32's words at 256 values a block) and, only where a block holds a
-special value, one byte per value of that block. Memory: the words (one int64 per value, two
-for float64). Compute: two passes over the input (exponents, encode) and one over the words
-(decode), numba kernels in :mod:`bmlmpi.kernels.reproducible`.
+Where an addend is encoded does not matter: only that each is truncated once at the agreed
+cut and the integers are summed exactly. So the addends may travel as they are and be encoded
+where they meet (:func:`sum_contributions`: the contributions of the same positions, each
+encoded, summed in cache and decoded in one pass, the special bytes ORed from the addends
+themselves): the bits of the words' sum, for any format.
+
+Cost, where the addends meet (a blocking allreduce whose algorithm serves both halves,
+:mod:`bmlmpi.call_formats`): the wire carries the values themselves (a plain
+reduce-scatter's and allgather's bytes) plus 4 bytes per block for the pre-exchange (0.4 %
+of float32's values at 256 values a block); memory: the received column of this rank's
+block (one value of each rank per position); compute: one pass over the input
+(exponents) and one over the column (the fused sum). Elsewhere (the words' path): the wire
+carries 8 (float64: 16) bytes per value plus the pre-exchange and, only where a block holds
+a special value, one byte per value of that block; memory: the words (one int64 per value,
+two for float64); compute: two passes over the input (exponents, encode) and one over the
+words (decode). The kernels are numba, in :mod:`bmlmpi.kernels.reproducible`.
 
 Special values (the rules; IEEE 754 round-to-nearest addition applied to the multiset):
 
@@ -393,6 +404,49 @@ def decode(words: np.ndarray, agreed: np.ndarray, dtype: Any, special: np.ndarra
     return out
 
 
+def sum_contributions(contributions: np.ndarray, agreed: np.ndarray, dtype: Any = None, *,
+                      fmt: str | None = None, start: int = 0, out: np.ndarray | None = None,
+                      parallel: bool | None = None) -> np.ndarray:
+    """The reproducible sum of ``contributions`` (shape (addends, n): each row one rank's
+    values of the same ``n`` positions, the first at global real position ``start``; complex
+    rows as their pairs of reals), each addend encoded where they meet and summed in one
+    pass (:func:`bmlmpi.kernels.reproducible` ``"sum"``): bitwise what :func:`decode` gives
+    for the sum of every row's :func:`encode` with the rows' :func:`specials` ORed, without
+    the words in memory or the special bytes' exchange. ``dtype``: the rows' (default).
+    ValueError, as :func:`encode`'s, if a value lies above its block's agreed exponent."""
+    rows = np.asarray(contributions)
+    if rows.ndim != 2:
+        raise ValueError(f"contributions must be of shape (addends, n), got {rows.shape}")
+    dt = np.dtype(rows.dtype if dtype is None else dtype)
+    if rows.dtype != dt:
+        raise ValueError(f"contributions of {rows.dtype} do not sum to {dt}")
+    f = format_for(dt, fmt)
+    agreed = check_agreed(agreed, f)
+    rows = np.ascontiguousarray(rows)
+    addends, n = rows.shape
+    column = rows.reshape(-1).view(f.storage).view(f.bits)
+    m = column.size // addends if addends else 0
+    first, last = _range(start, m, agreed, f)
+    if out is None:
+        out = np.empty(n, dt)
+    elif out.dtype != dt or out.shape != (n,) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous {dt} array of {n} values")
+    target = out.reshape(-1).view(f.storage).view(f.bits)
+    if addends == 0:
+        target[...] = 0
+        return out
+    bad = np.zeros(max(last - first, 0), np.int64)
+    from ..kernels import reproducible as rk
+    rk.run("sum", column.nbytes, _kernel_values(f, column), column, addends, m, agreed,
+           _kernel_values(f, target), target, bad, start, first, last, f.block,
+           _SIXTEEN.get(f.name, 0), f.P, f.W, f.words == 2, f.nbits, f.mbits, f.bias, f.emask,
+           f.nbits > 16, _FAST_CUT.get(f.name, 0), parallel=parallel)
+    if bad.any():
+        raise ValueError(f"{int(bad.sum())} values lie above their block's agreed exponent: "
+                         f"the agreed array must be the MAX over every rank's block_exponents")
+    return out
+
+
 def average(result: np.ndarray, n: int, fmt: str | None = None) -> np.ndarray:
     """AVG from a decoded sum, in place: divided by the rank count ``n`` with one more
     rounding (float16 through float32, as :func:`bmlmpi.kernels.scale_avg`; bfloat16 bit
@@ -420,4 +474,4 @@ def bound(count: int, agreed: np.ndarray, fmt: str | Format) -> np.ndarray:
 __all__ = ["BFLOAT16", "BLOCK", "FLOAT16", "FLOAT32", "FLOAT64", "Format", "NAN", "NEG_INF",
            "NOT_NEG_ZERO", "POS_INF", "SENTINEL", "SPLIT", "average", "block_exponents", "blocks",
            "bound", "check_agreed", "cuts", "decode", "encode", "flagged", "format_for", "get",
-           "names", "register", "specials"]
+           "names", "register", "specials", "sum_contributions"]

@@ -104,9 +104,9 @@ def _fast_calls(c) -> int:
 @pytest.mark.mpi
 def test_repeated_blocking_calls_take_the_fast_path_with_the_reference_bits(repro):
     """A blocking signature's later calls take its fast-path entry (FastPath.carried; where
-    the algorithm serves reduce-scatter and allgather, at N > 1, its words summed by
-    halves; auto's once it has explored), and every call, the checked first one included,
-    gives the reference bits:
+    the algorithm serves reduce-scatter and allgather, at N > 1, summed where the addends
+    meet, as the buffer the entry kept shows; auto's once it has explored), and every call,
+    the checked first one included, gives the reference bits:
     every algorithm, in place and not, counts below the rank count, a flagged block, AVG.
     A communicator of its own: no signature of it ran before."""
     c = bmlmpi.Communicator(MPI.COMM_WORLD, "native", reproducible=True, timeout=60)
@@ -145,7 +145,27 @@ def _fast_path_cases(c) -> list[str]:
             if (algorithm != "auto" or size == 1) and _fast_calls(c) - before != 2:
                 failures.append(f"{algorithm} in_place={in_place}: "
                                 f"{_fast_calls(c) - before} fast calls, not 2")
+        if algorithm != "auto":
+            _check_path(failures, c, algorithm, dtype)
     return failures
+
+
+def _check_path(failures: list, c, algorithm: str, dtype) -> None:
+    """The buffer the fast-path entries of ``algorithm`` kept says which path their calls
+    took: the column of the all-to-all (its values' dtype, one row a rank) where the
+    algorithm serves the reduce-scatter and the allgather at N > 1 (summed where the
+    addends meet), else the int64 words."""
+    serves = set(bmlmpi.algorithms("reduce_scatter")) & set(bmlmpi.algorithms("allgather"))
+    meets = c.size > 1 and algorithm in serves
+    kept = [e.wire.kept for e in c._fast_path.entries.values()
+            if e.wire is not None and e.algorithm == algorithm and e.wire.kept is not None]
+    if not kept:
+        failures.append(f"{algorithm}: no fast-path entry kept a buffer")
+    for k in kept:
+        took = k.ndim == 2 and k.shape[0] == c.size and k.dtype == np.dtype(dtype)
+        if took != meets or (not meets and k.dtype != np.int64):
+            failures.append(f"{algorithm}: kept {k.dtype} {k.shape}, summed where the "
+                            f"addends meet: {took}, expected {meets}")
 
 
 @pytest.mark.mpi

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import reproducible_reference as ref
 
+from bmlmpi.kernels import wire_formats
 from bmlmpi.reproducible import format as rf
 
 FORMATS = ("float16", "bfloat16", "float32", "float64")
@@ -262,14 +263,106 @@ def test_the_parameters_fit_their_words():
         rf.SENTINEL, rf.SPLIT, rf.NAN, rf.POS_INF, rf.NEG_INF, rf.NOT_NEG_ZERO)
 
 
+def encoded_sum(rows: np.ndarray, agreed: np.ndarray, fmt: rf.Format, start: int = 0
+                ) -> np.ndarray:
+    """What the words' path gives for ``rows``: each row encoded, the words added, the special
+    bytes ORed, one decode."""
+    name = "bfloat16" if fmt.name == "bfloat16" else None
+    words = sum(rf.encode(r, agreed, fmt=name, start=start) for r in rows)
+    special = None
+    if agreed[:, 1].any():
+        special = np.bitwise_or.reduce([rf.specials(r, agreed, fmt=name, start=start)
+                                        for r in rows])
+    return rf.decode(words, agreed, rows.dtype, special, fmt=name, start=start)
+
+
+def contributions(kind: str, fmt: rf.Format, addends: int, n: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """``addends`` rows of ``n`` values of ``fmt`` (storage dtype): random bit patterns of
+    every kind (specials included), mixed magnitudes, cancelling rows, subnormals only, or
+    zeros of both signs with a few infinities and NaNs."""
+    if kind == "random":
+        return np.stack([random_bits(fmt, n, rng) for _ in range(addends)])
+    top = fmt.emask - fmt.bias - 1   # exponents a value of the format can have
+    if kind == "mixed":
+        e = rng.integers(max(-top, fmt.quantum) // 2, top // 2, (addends, n))
+        m = rng.integers(1 << (fmt.mbits - 1), 1 << fmt.mbits, (addends, n)) * np.where(
+            rng.random((addends, n)) < 0.5, -1, 1)
+        values = np.ldexp(m.astype(np.float64), e - fmt.mbits)
+    elif kind == "cancelling":
+        half = rng.standard_normal((addends // 2 + 1, n)) * 2.0 ** rng.integers(-6, 6, n)
+        values = np.concatenate([half, -half])[:addends]
+        values[0] += rng.standard_normal(n) * 2.0 ** -12
+    elif kind == "subnormal":
+        q = 2.0 ** fmt.quantum
+        values = rng.integers(-(1 << fmt.mbits), 1 << fmt.mbits, (addends, n)) * q
+    else:   # special
+        values = np.where(rng.random((addends, n)) < 0.5, 0.0, -0.0)
+        values[rng.random((addends, n)) < 0.01] = np.inf
+        values[rng.random((addends, n)) < 0.01] = -np.inf
+        values[rng.random((addends, n)) < 0.01] = np.nan
+    if fmt.name == "bfloat16":
+        return wire_formats.BF16.encode(values.astype(np.float32)).reshape(addends, n)
+    return values.astype(fmt.storage)
+
+
+KINDS = ("random", "mixed", "cancelling", "subnormal", "special")
+
+
+@pytest.mark.parametrize("parallel", FORMS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_fused_sum_gives_the_words_bits(name, parallel):
+    """:func:`bmlmpi.reproducible.format.sum_contributions` (each addend encoded where the
+    addends meet, summed and decoded in one pass, the special bytes from the addends) gives
+    the bits of the words' path on every kind of data, rank count, segment and agreed array
+    (raised blocks and flags as other ranks' values would make them)."""
+    fmt = rf.get(name)
+    rng = np.random.default_rng(11)
+    wire = "bfloat16" if name == "bfloat16" else None
+    for kind in KINDS:
+        for addends, n in ((1, 300), (2, 1000), (3, 513), (5, 256), (8, 77)):
+            rows = contributions(kind, fmt, addends, n, rng)
+            agreed = np.max([rf.block_exponents(r, fmt=wire) for r in rows], axis=0)
+            if kind == "random":
+                agreed = np.maximum(agreed, agreed_above(rows[0], fmt, rng))
+            want = encoded_sum(rows, agreed, fmt)
+            got = rf.sum_contributions(rows, agreed, fmt=wire, parallel=parallel)
+            assert got.view(fmt.bits).tolist() == want.view(fmt.bits).tolist(), (kind, n)
+            for lo, hi in ((0, 1), (n // 3, n - n // 5), (n - 1, n), (n // 2, n // 2)):
+                part = rf.sum_contributions(np.ascontiguousarray(rows[:, lo:hi]), agreed,
+                                            fmt=wire, start=lo, parallel=parallel)
+                assert part.view(fmt.bits).tolist() == want[lo:hi].view(fmt.bits).tolist(), (
+                    kind, lo, hi)
+
+
+def test_the_fused_sum_of_complex_rows_and_its_errors():
+    rng = np.random.default_rng(12)
+    rows = (rng.standard_normal((3, 400)) + 1j * rng.standard_normal((3, 400)) * 1e-9
+            ).astype(np.complex128)
+    agreed = np.max([rf.block_exponents(r) for r in rows], axis=0)
+    want = encoded_sum(rows, agreed, rf.FLOAT64)
+    assert rf.sum_contributions(rows, agreed).tobytes() == want.tobytes()
+    part = rf.sum_contributions(np.ascontiguousarray(rows[:, 150:333]), agreed, start=300)
+    assert part.tobytes() == want[150:333].tobytes()
+    low = agreed.copy()
+    low[0, 0] -= 1
+    with pytest.raises(ValueError, match="above their block's agreed exponent"):
+        rf.sum_contributions(rows, low)
+    with pytest.raises(ValueError, match="shape"):
+        rf.sum_contributions(rows[0], agreed)
+    with pytest.raises(ValueError, match="contiguous"):
+        rf.sum_contributions(rows, agreed, out=np.empty(400, np.complex64))
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
 @pytest.mark.parametrize("count, size", [(1000, 2), (700, 3), (5, 4), (0, 3), (513, 7)])
-def test_an_allreduce_decoded_by_halves_gives_the_whole_decode_bits(dtype, count, size):
-    """What a reproducible allreduce summed by halves decodes (:meth:`bmlmpi.calls.
-    CollectiveCall.halves`: each rank's block of the words' reduce-scatter, at its first real
-    position) is, put together, the whole sum's decode: the same bits on every block, with
-    blocks of the format cut anywhere and blocks of no values."""
-    from bmlmpi.calls import CollectiveCall
+def test_an_allreduce_summed_where_its_addends_meet_gives_the_whole_decode_bits(dtype, count,
+                                                                                size):
+    """What a reproducible allreduce summed where its addends meet computes (:meth:`bmlmpi.
+    calls.CollectiveCall.halves`: each rank's column of the all-to-all, summed at its first
+    real position) is, put together, the whole sum's decode: the same bits on every block,
+    with blocks of the format cut anywhere and ranks with no values."""
+    from bmlmpi.calls import CollectiveCall, offsets
     rng = np.random.default_rng(count + size)
     real = np.dtype(dtype).kind == "c"
     parts = []
@@ -281,37 +374,38 @@ def test_an_allreduce_decoded_by_halves_gives_the_whole_decode_bits(dtype, count
     if count:
         parts[0][count // 2] = np.inf   # a flagged block
     agreed = np.max([rf.block_exponents(p) for p in parts], axis=0)
-    fmt = rf.format_for(dtype)
-    words = sum(rf.encode(p, agreed) for p in parts).reshape(-1)
-    special = np.bitwise_or.reduce([rf.specials(p, agreed) for p in parts])
-    whole = rf.decode(words.reshape(-1, fmt.words) if fmt.words > 1 else words, agreed,
-                      dtype, special)
-    per_value = (2 if real else 1) * fmt.words
+    whole = encoded_sum(np.stack(parts), agreed, rf.format_for(dtype))
     pieces = []
     for rank in range(size):
         out = np.empty(count, dtype)
         call = CollectiveCall("allreduce", "Allreduce", "ring", "ring", "sum", (count,), 0,
-                              rank, size, None, out, None)
-        scatter, block, first, gather = call.halves(words, per_value, rank, size)
-        n = scatter.counts[rank]
-        assert block.size == n and gather.counts[rank] == n // per_value * out.itemsize
-        mine = words[sum(scatter.counts[:rank]):][:n]
-        reals = (2 if real else 1)
-        start = first * reals
-        got = rf.decode(mine.reshape(-1, fmt.words) if fmt.words > 1 else mine, agreed,
-                        dtype, special[start:start + n // fmt.words], start=start)
-        pieces.append(got)
+                              rank, size, parts[rank], out, None)
+        exchange, column, first, gather = call.halves(rank, size)
+        assert exchange.collective == "alltoall" and exchange.algorithm == "pairwise"
+        pairs = np.array(exchange.counts).reshape(size, size)
+        m = column.shape[1]
+        assert column.shape == (size, m) and (pairs[:, rank] == m).all()
+        assert gather.counts[rank] == m * out.itemsize
+        assert exchange.src.base is parts[rank] or exchange.src is parts[rank]
+        for j in range(size):   # what the all-to-all delivers: rank j's block of its input
+            lo = offsets(tuple(pairs[j]))[rank]
+            column[j] = parts[j][lo:lo + m]
+        assert first == offsets(tuple(pairs[rank]))[rank]
+        pieces.append(rf.sum_contributions(column, agreed, start=first * (2 if real else 1)))
     assert np.concatenate(pieces).tobytes() == whole.tobytes()
 
 
-@pytest.mark.parametrize("algorithm, halves", [("ring", True), ("bml", True), ("shm", True),
-                                               ("native", False), ("tree", False)])
-def test_a_blocking_allreduce_sums_by_halves_only_where_the_reduce_scatter_pays(algorithm,
-                                                                                halves):
-    """:meth:`bmlmpi.call_formats.ReproducibleCarrier.by_halves` on a blocking allreduce of
-    the plain communicator: the algorithms serving both halves take them, except ``native``,
-    whose MPI reduce-scatter of int64 words is slower than its allreduce of them; ``tree``
-    serves no reduce-scatter."""
+@pytest.mark.parametrize("algorithm, meets, exchange",
+                         [("ring", True, "pairwise"), ("bml", True, "pairwise"),
+                          ("shm", True, "shm"), ("native", True, "native"),
+                          ("tree", False, None)])
+def test_a_blocking_allreduce_meets_where_its_algorithm_serves_both_halves(algorithm, meets,
+                                                                           exchange):
+    """:meth:`bmlmpi.call_formats.ReproducibleCarrier.meets` on a blocking allreduce of the
+    plain communicator: the algorithms serving the reduce-scatter and the allgather sum
+    where the addends meet, their all-to-all by the algorithm where it serves one, else
+    ``pairwise``; ``tree`` serves no reduce-scatter; never an I... or persistent call, nor
+    on a communicator that keeps its calls (fault tolerance), nor on one rank."""
     from types import SimpleNamespace
 
     from bmlmpi.call_formats import REPRODUCIBLE
@@ -322,6 +416,11 @@ def test_a_blocking_allreduce_sums_by_halves_only_where_the_reduce_scatter_pays(
     call = CollectiveCall("allreduce", "Allreduce", algorithm, algorithm, "sum", (1000,), 0, 0,
                           2, None, out, None)
     plain = SimpleNamespace(size=2, policy=SimpleNamespace(keeps_calls=False))
-    assert carrier.by_halves(call, plain) is halves
-    carrier.blocking = False   # an I... or persistent call: never by halves
-    assert carrier.by_halves(call, plain) is False
+    assert carrier.meets(call, plain) is meets
+    if meets:
+        assert call.halves(0, 2)[0].algorithm == exchange
+    assert carrier.meets(call, SimpleNamespace(size=2, policy=SimpleNamespace(
+        keeps_calls=True))) is False
+    assert carrier.meets(call, SimpleNamespace(size=1, policy=plain.policy)) is False
+    carrier.blocking = False   # an I... or persistent call: never
+    assert carrier.meets(call, plain) is False
