@@ -1,12 +1,15 @@
 """Throughput of the reproducible format's numba kernels on one thread (block exponents,
-encode, decode, the accumulator's add and export), beside numpy's ``np.add(a, b, out=c)`` on
-the same arrays in the same run (a memory-bound pass, for scale).
+encode, decode, the fused sum of two contributions, the accumulator's add and export),
+beside numpy's ``np.add(a, b, out=c)`` on the same arrays in the same run (a memory-bound
+pass, for scale).
 
 GB/s counts the bytes each pass reads and writes: exponents reads the values; encode reads
 the values and writes the words (8 B per value, float64 16 B); decode reads the words and
-writes the values; add reads the values and updates the bins (4 B per bin: float32 5 bins,
-float64 9); export reads the bins and writes the words; np.add reads two arrays and writes
-one. Median of ``--repeats`` timed calls after a warm-up call.
+writes the values; sum (what a rank of two does where the addends meet: the values as two
+contributions of half the positions each) reads the values and writes half as many; add
+reads the values and updates the bins (4 B per bin: float32 5 bins, float64 9); export reads
+the bins and writes the words; np.add reads two arrays and writes one. Median of
+``--repeats`` timed calls after a warm-up call.
 
     python perf/reproducible/bench.py [--sizes 1M,16M] [--repeats 7]
 """
@@ -44,8 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
     print(f"one thread; load average {os.getloadavg()[0]:.2f}; GB/s (1e9 bytes a second)")
-    print("| dtype | values | exponents | encode | decode | acc add | acc export | np.add |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| dtype | values | exponents | encode | decode | sum | acc add | acc export | "
+          "np.add |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     rng = np.random.default_rng(0)
     for dtype in ("float32", "float64"):
         for nbytes in (size(s) for s in args.sizes.split(",")):
@@ -63,6 +67,9 @@ def measure(dtype: str, nbytes: int, repeats: int, rng: np.random.Generator
     agreed = rf.block_exponents(x, parallel=False)
     words = rf.encode(x, agreed, parallel=False)
     out = np.empty_like(x)
+    rows = x[:n - n % 2].reshape(2, -1)
+    half = np.empty(rows.shape[1], x.dtype)
+    met = np.maximum(*(rf.block_exponents(r, parallel=False) for r in rows))
     acc = Accumulator(x.shape, dtype)
     acc.add(x, parallel=False)
     wb = words.nbytes
@@ -73,6 +80,8 @@ def measure(dtype: str, nbytes: int, repeats: int, rng: np.random.Generator
                               repeats)),
         (wb + x.nbytes, timed(lambda: rf.decode(words, agreed, dtype, out=out,
                                                 parallel=False), repeats)),
+        (rows.nbytes + half.nbytes, timed(lambda: rf.sum_contributions(
+            rows, met, out=half, parallel=False), repeats)),
         (x.nbytes + 2 * bins, timed(lambda: acc.add(x, parallel=False), repeats)),
         (bins + wb, timed(lambda: acc.export(agreed, parallel=False), repeats)),
         (3 * x.nbytes, timed(lambda: np.add(x, x, out=out), repeats)),
