@@ -23,9 +23,11 @@ The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproduci
    rank's start;
 
 then, for a blocking allreduce on the plain communicator whose algorithm serves the
-reduce-scatter and the allgather (:meth:`ReproducibleCarrier.meets`), the addends are
-encoded where they meet, not before they leave (the result asks only that every addend be
-truncated once at the agreed cut and the integers be summed exactly, not where):
+reduce-scatter and the allgather (:meth:`ReproducibleCarrier.meets`), and for a
+reduce-scatter in any form on the plain communicator (:meth:`ReproducibleCarrier.scatters`:
+steps 2 and 3 only), the addends are encoded where they meet, not before they leave (the
+result asks only that every addend be truncated once at the agreed cut and the integers be
+summed exactly, not where):
 
 2. the all-to-all of the values themselves (:meth:`bmlmpi.calls.CollectiveCall.halves`):
    rank j receives block j of every rank's input, each block sent once, straight to its
@@ -35,13 +37,14 @@ truncated once at the agreed cut and the integers be summed exactly, not where):
    as every algorithm's reduce-scatter);
 3. this rank's block summed from the column it received in one pass
    (:func:`bmlmpi.reproducible.format.sum_contributions`: each addend encoded, the
-   integers added in cache, decoded once into the caller's result; the special bytes ORed
-   from the addends themselves): no words in memory, no special bytes' exchange, the bits
-   of the words' sum;
-4. the summed values' allgather in place on the result, by the call's algorithm;
+   integers added in cache, decoded once into the caller's result, a reduce-scatter's block
+   of this rank; the special bytes ORed from the addends themselves): no words in memory,
+   no special bytes' exchange, the bits of the words' sum;
+4. an allreduce's: the summed values' allgather in place on the result, by the call's
+   algorithm;
 
-and for every other call (``I…``, persistent, a fault-tolerant communicator, the other
-collectives, an algorithm without both halves, one rank):
+and for every other call (an allreduce's ``I…`` and persistent forms, a fault-tolerant
+communicator, a reduce, an allreduce algorithm without both halves, one rank):
 
 2. the input encoded at the agreed cuts into int64 words (a buffer of the carrier's own;
    the caller's buffers are read, not written, until the end);
@@ -50,13 +53,14 @@ collectives, an algorithm without both halves, one rank):
 4. the words' integer SUM: the same collective's plain call of the words
    (:meth:`bmlmpi.calls.CollectiveCall.carried`), the call's algorithm run by the same
    launch;
-5. once both exchanges completed: the words decoded into the caller's result (a
-   reduce-scatter's block of this rank, a reduce's on the root), rounded once.
+5. once both exchanges completed: the words decoded into the caller's result (a reduce's
+   on the root), rounded once.
 
-Why only there: the allgather's start waits for the all-to-all, and a call started while
-others of the communicator may start theirs would make that start's place among them
-differ between ranks. The reduce-scatter and the reduce sum words: their calls are not
-summed where the addends meet. Every rank issues the small exchanges and
+Why an allreduce only there: its allgather's start waits for the all-to-all, and a call
+started while others of the communicator may start theirs would make that start's place
+among them differ between ranks; a reduce-scatter has one exchange, started where the
+words' call would start. A reduce sums words (an all-to-all would bring every addend to the
+root: N times a reduce's bytes there). Every rank issues the small exchanges and
 starts the next call in the same order as its calls, so MPI's collectives on the
 communicator pair up across ranks. A blocking allreduce's later calls of a signature are
 started by its fast-path entry (:meth:`bmlmpi.fast_path.FastPath.carried`) with the same
@@ -71,7 +75,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .calls import CollectiveCall
+from .calls import CollectiveCall, offsets
 from .execute import DeadlineExceeded, wait_for
 from .executors import defer_behind
 from .reproducible import format as rf
@@ -242,28 +246,38 @@ class ReproducibleCarrier:
         agreed = np.empty_like(mine)
         _exchange(pipeline, pipeline.comm.Iallreduce(mine, agreed, MPI.MAX), label,
                   (mine, agreed))
+        if self.scatters(call, pipeline):
+            exchange, column = call.meeting(call.counts, pipeline.rank, pipeline.size)
+            first = offsets(call.counts)[pipeline.rank]
+            return self._start_meeting(exchange, column, call.result, first, pipeline,
+                                       label, finish, agreed, None)
         if self.meets(call, pipeline):
-            return self._start_meeting(call, pipeline, label, finish, agreed)
+            exchange, column, first, gather_call = call.halves(pipeline.rank, pipeline.size,
+                                                               self._column)
+
+            def gather() -> Any:
+                return gather_call.launch(pipeline, label, None)
+            out = call.out[first:first + column.shape[1]]
+            return self._start_meeting(exchange, column, out, first, pipeline, label,
+                                       finish, agreed, gather)
         return self._start_words(call, pipeline, label, finish, values, agreed)
 
-    def _start_meeting(self, call: CollectiveCall, pipeline: Any, label: str,
-                       finish: Callable[[], None] | None, agreed: np.ndarray
-                       ) -> ReproducibleRun:
-        """Steps 2-6 where the addends meet: the all-to-all of the values, each rank's block
-        summed from its column (:func:`bmlmpi.reproducible.format.sum_contributions`: the
-        special bytes from the addends themselves, nothing more exchanged), the allgather."""
-        exchange, column, first, gather_call = call.halves(pipeline.rank, pipeline.size,
-                                                           self._column)
+    @staticmethod
+    def _start_meeting(exchange: CollectiveCall, column: np.ndarray, out: np.ndarray,
+                       first: int, pipeline: Any, label: str,
+                       finish: Callable[[], None] | None, agreed: np.ndarray,
+                       gather: Callable[[], Any] | None) -> ReproducibleRun:
+        """Steps 2-4 where the addends meet: the values' all-to-all (``exchange``, into
+        ``column``), this rank's block summed from its column into ``out`` (its first value
+        the input's ``first``; :func:`bmlmpi.reproducible.format.sum_contributions`, the
+        special bytes from the addends themselves, nothing more exchanged), then ``gather``
+        (an allreduce's allgather) where given."""
         run = exchange.launch(pipeline, label, None)
         defer_behind(run, (e.run for e in pipeline.calls_in_flight.active))
-        out = call.out[first:first + column.shape[1]]
         start = first * (2 if out.dtype.kind == "c" else 1)
 
         def decode() -> None:
             rf.sum_contributions(column, agreed, out=out, start=start)
-
-        def gather() -> Any:
-            return gather_call.launch(pipeline, label, None)
         return ReproducibleRun(run, None, decode, finish, (column, agreed), gather)
 
     def _start_words(self, call: CollectiveCall, pipeline: Any, label: str,
@@ -315,6 +329,16 @@ class ReproducibleCarrier:
         if self.keeps:
             self.kept = column
         return column
+
+    def scatters(self, call: CollectiveCall, pipeline: Any) -> bool:
+        """Whether ``call`` is a reduce-scatter this carrier sums where its addends meet: the
+        values' all-to-all (:meth:`bmlmpi.calls.CollectiveCall.meeting`), then this rank's
+        block summed from its column into its result, on a communicator that does not keep
+        its calls (the plain policy) with more than one rank, in any form (blocking, ``I…``,
+        persistent: one exchange, started where the words' call would start)."""
+        return (call.collective == "reduce_scatter" and pipeline.size > 1
+                and not pipeline.policy.keeps_calls and call.result is not None
+                and call.result.flags.c_contiguous and call.result.ndim == 1)
 
     def meets(self, call: CollectiveCall, pipeline: Any) -> bool:
         """Whether ``call`` is an allreduce this carrier sums where its addends meet

@@ -519,30 +519,40 @@ class CollectiveCall:
         record = algorithm_record(self.algorithm)
         return record.serves("reduce_scatter") and record.serves("allgather")
 
+    def meeting(self, counts: tuple[int, ...], rank: int, size: int,
+                column: Callable[[tuple[int, int]], np.ndarray] | None = None
+                ) -> tuple[CollectiveCall, np.ndarray]:
+        """The all-to-all that brings the addends of a reduction in blocks of ``counts``
+        values (block j of every rank's input to rank j, the blocks a reduce-scatter sums,
+        each sent once, straight to its owner, as it is) to where they meet, on ``rank`` of
+        ``size`` ranks now: (its call, the column it receives, of shape (``size``,
+        ``counts[rank]``), one row a rank, from ``column(shape)``, default a new array). By
+        this call's algorithm where it serves the all-to-all, else by ``pairwise``."""
+        shape = (size, counts[rank])
+        rows = np.empty(shape, self.dtype) if column is None else column(shape)
+        record = algorithm_record(self.algorithm)
+        algorithm = self.algorithm if record.serves("alltoall") else "pairwise"
+        inp, _ = self.schedule_buffers()
+        if inp is None:
+            inp = self.out
+        exchange = CollectiveCall("alltoall", "Alltoallv", algorithm, self.requested, "sum",
+                                  counts * size, 0, rank, size, inp.reshape(-1),
+                                  rows.reshape(-1), None,
+                                  native_block=len(set(counts)) == 1,
+                                  extra={"owned": True})
+        return exchange, rows
+
     def halves(self, rank: int, size: int,
                column: Callable[[tuple[int, int]], np.ndarray] | None = None
                ) -> tuple[CollectiveCall, np.ndarray, int, CollectiveCall]:
         """An allreduce summed where its addends meet (:mod:`bmlmpi.call_formats`), on
         ``rank`` of ``size`` ranks now, in balanced blocks of whole values: the all-to-all
-        of the input's own values (block j of every rank's input to rank j, the blocks a
-        reduce-scatter sums, each sent once and straight to its owner) into a column of
-        shape (``size``, block) that ``column(shape)`` gives (default: a new one), by this
-        call's algorithm where it serves the all-to-all, else by ``pairwise``; and the
-        allgather of the summed values in place on ``out``'s bytes, by this call's
-        algorithm: (the all-to-all's call, the column, the position of the block's first
-        value, the allgather's call)."""
+        of :meth:`meeting`, and the allgather of the summed values in place on ``out``'s
+        bytes, by this call's algorithm: (the all-to-all's call, its column, the position of
+        the block's first value, the allgather's call)."""
         n = self.out.size
         counts = tuple(n // size + (r < n % size) for r in range(size))
-        mine = counts[rank]
-        shape = (size, mine)
-        rows = np.empty(shape, self.dtype) if column is None else column(shape)
-        record = algorithm_record(self.algorithm)
-        algorithm = self.algorithm if record.serves("alltoall") else "pairwise"
-        inp = self.out if self.src is None else self.src
-        exchange = CollectiveCall("alltoall", "Alltoallv", algorithm, self.requested, "sum",
-                                  counts * size, 0, rank, size, inp.reshape(-1),
-                                  rows.reshape(-1), None, native_block=n % size == 0,
-                                  extra={"owned": True})
+        exchange, rows = self.meeting(counts, rank, size, column)
         item = self.out.itemsize
         gather = CollectiveCall("allgather", "Allgather", self.algorithm, self.requested,
                                 "sum", tuple(c * item for c in counts), 0, rank, size, None,

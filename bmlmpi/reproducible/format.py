@@ -54,16 +54,17 @@ where they meet (:func:`sum_contributions`: the contributions of the same positi
 encoded, summed in cache and decoded in one pass, the special bytes ORed from the addends
 themselves): the bits of the words' sum, for any format.
 
-Cost, where the addends meet (a blocking allreduce whose algorithm serves both halves,
-:mod:`bmlmpi.call_formats`): the wire carries the values themselves (a plain
-reduce-scatter's and allgather's bytes) plus 4 bytes per block for the pre-exchange (0.4 %
-of float32's values at 256 values a block); memory: the received column of this rank's
-block (one value of each rank per position); compute: one pass over the input
-(exponents) and one over the column (the fused sum). Elsewhere (the words' path): the wire
-carries 8 (float64: 16) bytes per value plus the pre-exchange and, only where a block holds
-a special value, one byte per value of that block; memory: the words (one int64 per value,
-two for float64); compute: two passes over the input (exponents, encode) and one over the
-words (decode). The kernels are numba, in :mod:`bmlmpi.kernels.reproducible`.
+Cost, where the addends meet (a blocking allreduce whose algorithm serves both halves, a
+reduce-scatter; on the plain communicator, :mod:`bmlmpi.call_formats`): the wire carries
+the values themselves (a plain reduce-scatter's and allgather's bytes) plus 4 bytes per
+block for the pre-exchange (0.4 % of float32's values at 256 values a block); memory: the
+received column of this rank's block (one value of each rank per position); compute: one
+pass over the input (exponents) and one over the column (the fused sum). Elsewhere (the
+words' path): the wire carries 8 (float64: 16) bytes per value plus the pre-exchange and,
+only where a block holds a special value, one byte per value of that block; memory: the
+words (one int64 per value, two for float64); compute: two passes over the input
+(exponents, encode) and one over the words (decode). The kernels are numba, in
+:mod:`bmlmpi.kernels.reproducible`.
 
 Special values (the rules; IEEE 754 round-to-nearest addition applied to the multiset):
 

@@ -424,3 +424,37 @@ def test_a_blocking_allreduce_meets_where_its_algorithm_serves_both_halves(algor
     assert carrier.meets(call, SimpleNamespace(size=1, policy=plain.policy)) is False
     carrier.blocking = False   # an I... or persistent call: never
     assert carrier.meets(call, plain) is False
+
+
+@pytest.mark.parametrize("form_blocking", (True, False))
+def test_a_reduce_scatter_meets_in_any_form_on_the_plain_communicator(form_blocking):
+    """:meth:`bmlmpi.call_formats.ReproducibleCarrier.scatters`: a reduce-scatter sums where
+    its addends meet (one all-to-all, in any form) on a plain communicator of more than one
+    rank, into a contiguous result; not on one that keeps its calls, nor on one rank; its
+    all-to-all gives each rank its block of every input (uneven counts, a rank of none)."""
+    from types import SimpleNamespace
+
+    from bmlmpi.call_formats import REPRODUCIBLE
+    from bmlmpi.calls import CollectiveCall
+    carrier = REPRODUCIBLE.carrier(np.dtype(np.float64), "sum")
+    carrier.blocking = form_blocking
+    counts = (3, 0, 5)
+    inputs = [np.arange(8, dtype=np.float64) + 10 * r for r in range(3)]
+    plain = SimpleNamespace(size=3, policy=SimpleNamespace(keeps_calls=False))
+    for rank in range(3):
+        result = np.empty(counts[rank])
+        call = CollectiveCall("reduce_scatter", "Reduce_scatter", "ring", "ring", "sum",
+                              counts, 0, rank, 3, inputs[rank], np.empty(0), result)
+        assert carrier.scatters(call, plain) and not carrier.meets(call, plain)
+        assert not carrier.scatters(call, SimpleNamespace(size=3, policy=SimpleNamespace(
+            keeps_calls=True)))
+        assert not carrier.scatters(call, SimpleNamespace(size=1, policy=plain.policy))
+        exchange, column = call.meeting(counts, rank, 3)
+        assert exchange.collective == "alltoall" and exchange.algorithm == "pairwise"
+        assert column.shape == (3, counts[rank]) and np.shares_memory(exchange.src, inputs[rank])
+        sends = exchange.counts[rank * 3:(rank + 1) * 3]
+        assert sends == counts and not exchange.native_block
+    allreduce = CollectiveCall("allreduce", "Allreduce", "ring", "ring", "sum", (8,), 0, 0, 3,
+                               None, np.empty(8), None)
+    assert not carrier.scatters(allreduce, plain)
+
