@@ -352,6 +352,35 @@ class Communicator:
                                                  agreement, plain=plain)
         self.family = FamilyEngine(self, agreement, self._gate, self._fast_path)
 
+    # -- the defaults of calls that name none ---------------------------------------------------
+    @property
+    def algorithm(self) -> str:
+        """The algorithm of a call that names none (``"auto"`` unless the constructor said
+        otherwise). Assigning it applies from the next call: the blocking fast path forgets
+        the signatures that took the old one (:meth:`FastPath.forget_defaults`)."""
+        return self._algorithm
+
+    @algorithm.setter
+    def algorithm(self, name: str) -> None:
+        self._algorithm = name
+        self._defaults_changed()
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether a reducing call that does not say is reproducible
+        (:mod:`bmlmpi.call_formats`); assignable, as :attr:`algorithm` is."""
+        return self._reproducible
+
+    @reproducible.setter
+    def reproducible(self, value: bool) -> None:
+        self._reproducible = bool(value)
+        self._defaults_changed()
+
+    def _defaults_changed(self) -> None:
+        fast = self.__dict__.get("_fast_path")  # (None while the constructor runs)
+        if fast is not None:
+            fast.forget_defaults()
+
     # -- the control channel and its repair (bmlmpi.call_agreement calls these) --------------
     @property
     def control(self) -> MPI.Comm:
@@ -505,12 +534,18 @@ class Communicator:
         bounded by the watchdog, and a scheduled one runs its cached plan directly, under the
         executor's deadline (class docstring). The module-level drop-in
         (:func:`bmlmpi.dropin.Allreduce`) is this call."""
+        # a repeat of the last plain signature that took the fast path: no more than that
+        # (a change of the communicator's mode forgets it)
+        if (compression is None and reproducible is None
+                and self._fast_path.repeat(sendbuf, recvbuf, op, algorithm)):
+            return
         if compression is not None:
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
                             compression=compression, reproducible=reproducible).Wait()
             return
+        asked = algorithm
         # (the communicator's own algorithm and mode, the commonest, without a call frame)
-        algorithm = self.algorithm if algorithm is None else _named(self, algorithm)
+        algorithm = self._algorithm if algorithm is None else _named(self, algorithm)
         # the fast path when the signature may take it (FastPath.allreduce; a reproducible
         # call's: FastPath.carried), else the checked path, started and waited on, which then
         # opens the signature's entry there
@@ -520,11 +555,11 @@ class Communicator:
             agreement = self._agreement
             if agreement.repair_after is not None:
                 agreement.repair()  # (collective: every rank's first call after the error)
-            carry = (None if reproducible is None and not self.reproducible
+            carry = (None if reproducible is None and not self._reproducible
                      else _carry(self, reproducible))  # (the commonest without a call frame)
             fast = self._fast_path
             if carry is None:
-                if fast.allreduce(sendbuf, recvbuf, op, algorithm):
+                if fast.allreduce(sendbuf, recvbuf, op, algorithm, asked):
                     return
             elif fast.carried(sendbuf, recvbuf, op, algorithm):
                 return
@@ -683,7 +718,7 @@ class Communicator:
         ``reproducible``: this call's mode, as for :meth:`Allreduce` (the reducing methods
         below take it too)."""
         args = (sendbuf, recvbuf, op)
-        carry = (None if reproducible is None and not self.reproducible
+        carry = (None if reproducible is None and not self._reproducible
                  else _carry(self, reproducible))  # (the commonest without a call frame)
         key = self._fast_path.family("Reduce_scatter_block", algorithm, (sendbuf, recvbuf), op,
                                      () if carry is None else _in_key(carry), args)
@@ -711,7 +746,7 @@ class Communicator:
         """Reduce blocks of ``recvcounts[r]`` elements over all ranks; rank r receives
         block r (``recvcounts`` None: every rank's ``recvbuf`` count, gathered first)."""
         family, key = self.family, None
-        carry = (None if reproducible is None and not self.reproducible
+        carry = (None if reproducible is None and not self._reproducible
                  else _carry(self, reproducible))  # (the commonest without a call frame)
         if isinstance(recvcounts, (list, tuple)):
             key = self._fast_path.family("Reduce_scatter", algorithm, (sendbuf, recvbuf), op,
@@ -772,7 +807,7 @@ class Communicator:
                algorithm: str | None = None, reproducible: bool | None = None) -> None:
         """Reduce every rank's ``sendbuf`` into the root's ``recvbuf``."""
         args = (sendbuf, recvbuf, op, root)
-        carry = (None if reproducible is None and not self.reproducible
+        carry = (None if reproducible is None and not self._reproducible
                  else _carry(self, reproducible))  # (the commonest without a call frame)
         key = self._fast_path.family("Reduce", algorithm, (sendbuf, recvbuf), op,
                                      (root,) if carry is None else (root, *_in_key(carry)), args)

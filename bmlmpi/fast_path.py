@@ -19,6 +19,7 @@ where it must take it, which then opens the signature's entry.
 
 from __future__ import annotations
 
+from threading import get_ident
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,10 @@ FAST_OPS = {id(op): op for op in (MPI.SUM, MPI.PROD, MPI.MIN, MPI.MAX)}
 #: The ops a signature may have: MPI's own and AVG (a scheduled run divides afterwards).
 _KEY_OPS = frozenset((*FAST_OPS, id(AVG)))
 _IN_PLACE = MPI.IN_PLACE
+#: numpy's overlap test without its ``__array_function__`` dispatch (the C function the
+#: public one wraps): the fast paths call it only on exact ``np.ndarray`` s, for which the
+#: dispatch finds nothing to do, and it is half of the public call's cost
+_may_share = getattr(np.may_share_memory, "__wrapped__", np.may_share_memory)
 #: The last part of a carried call's signature key before its buffers (:meth:`FastPath.
 #: carried`): a reproducible call and a plain one of the same arrays are two signatures.
 CARRIED = "reproducible"
@@ -127,6 +132,22 @@ def carve(where: int | tuple | None, args: tuple) -> np.ndarray | None:
     return flat.view(np.uint8)[lo:lo + n].view(dtype)
 
 
+def needs_every_rank(method: str, args: tuple, key: tuple, rank: int) -> bool:
+    """Whether a rank's blocking call of ``method`` (mpi4py's; ``args``: the public method's
+    arguments, its send and receive buffers first; ``key``: its :func:`fast_key`) cannot
+    complete before every rank has joined it: its result holds data from every rank. A
+    reduce-scatter's non-empty block (every rank's values are summed into it), an
+    allgather's or all-to-all's non-empty equal blocks (one from each rank); not a reduce or
+    broadcast (a root or a sender may finish its part alone), nor a call whose blocks from
+    some rank may be empty (the v forms)."""
+    recv = args[1]
+    if method in ("Reduce_scatter_block", "Allgather", "Alltoall"):
+        return type(recv) is np.ndarray and recv.size > 0
+    if method == "Reduce_scatter":
+        return type(key[3]) is tuple and rank < len(key[3]) and key[3][rank] > 0
+    return False
+
+
 class NativeArgs:
     """mpi4py's blocking call of a checked native call (:meth:`CollectiveCall.native_args`'s
     method and arguments), with every array in it replaced by where it lies in the call's
@@ -195,7 +216,7 @@ class FastEntry:
 
     __slots__ = ("what", "traced", "plan", "plan_again", "collective", "kind", "sig", "op",
                  "dtype", "inp", "output", "averaged", "calls", "native", "wire", "algorithm",
-                 "requested")
+                 "requested", "polls", "mpi_call")
 
     def __init__(self, what: str, traced: Signature, *, native: NativeArgs | None = None,
                  plan: Any = None, plan_again: Any = None, collective: str = "",
@@ -220,25 +241,33 @@ class FastEntry:
         self.wire = wire        # a carried call's carrier (its buffer kept), else None
         self.algorithm = algorithm  # a carried call's: the algorithm that sums its words
         self.requested = requested  # ... and as asked ("auto" stays "auto")
+        #: whether a later call looks at the notices first (:meth:`FastPath.family`): False
+        #: where the rank needs every rank's data (:func:`waits_for_all`)
+        self.polls = True
+        #: native: mpi4py's bound method on the data communicator (:meth:`FastPath.rebind`
+        #: binds it again)
+        self.mpi_call: Any = None
 
 
 class Repeat:
     """The signature of the last blocking allreduce that took the fast path: its entry, op,
-    algorithm string, and the arrays' dtype objects and sizes (no reference to the arrays
-    themselves, which must stay resizable). A later call with numpy arrays of the same dtype
-    objects and sizes, the same op and algorithm, is the same signature: a dtype object is
-    immutable (a reassigned ``.dtype``, another byte order: another object, so no match), and
-    equal sizes of C-contiguous arrays of one itemsize span as many bytes (a reshaped array
-    is the same allreduce; the flags and the overlap are checked on every call)."""
+    the algorithm as the call gave it (``asked``: None for the communicator's own, whose
+    change forgets this record) and the arrays' dtype objects and sizes (no reference to the
+    arrays themselves, which must stay resizable). A later call with numpy arrays of the
+    same dtype objects and sizes, the same op and the same ``asked`` object is the same
+    signature: a dtype object is immutable (a reassigned ``.dtype``, another byte order:
+    another object, so no match), and equal sizes of C-contiguous arrays of one itemsize
+    span as many bytes (a reshaped array is the same allreduce; the flags and the overlap
+    are checked on every call)."""
 
-    __slots__ = ("entry", "op", "algorithm", "send_dtype", "recv_dtype", "send_size",
+    __slots__ = ("entry", "op", "asked", "send_dtype", "recv_dtype", "send_size",
                  "recv_size")
 
-    def __init__(self, entry: FastEntry, op: Any, algorithm: str, send: Any,
+    def __init__(self, entry: FastEntry, op: Any, asked: str | None, send: Any,
                  recv: np.ndarray):
         self.entry = entry
         self.op = op
-        self.algorithm = algorithm
+        self.asked = asked
         self.recv_dtype = recv.dtype
         self.recv_size = recv.size
         if send is MPI.IN_PLACE:
@@ -252,35 +281,35 @@ class Repeat:
 class Recent:
     """The last blocking call of the family (every collective but the allreduce) that found
     its signature's entry: the method, algorithm and op objects and the rest of its
-    signature (``rest``: counts, a root, the call format's mark), each buffer's dtype object
-    and shape (IN_PLACE or None as it is), its signature key and its entry; no reference to
-    the arrays (they must stay resizable, which a weak reference forbids too). A later call
-    of the same method with the same objects and buffers of the same dtype objects and shapes
-    has the same key (:func:`fast_key` is made of nothing else): it skips the key's tuple
-    and hash. The overlap and the flags are checked on every call."""
+    signature (``rest``: counts, a root, the call format's mark), each of its one or two
+    buffers' dtype object and shape (IN_PLACE or None as it is), its signature key and its
+    entry; no reference to the arrays (they must stay resizable, which a weak reference
+    forbids too). A later call of the same method with the same objects and buffers of the
+    same dtype objects and shapes has the same key (:func:`fast_key` is made of nothing
+    else): it skips the key's tuple and hash. The overlap is checked on every call, and the
+    flags wherever MPI does not check them itself (:meth:`FastPath.family`)."""
 
-    __slots__ = ("method", "algorithm", "op", "rest", "bufs", "key", "entry")
+    __slots__ = ("method", "algorithm", "op", "rest", "one", "marker0", "shape0", "dtype0",
+                 "marker1", "shape1", "dtype1", "key", "entry")
 
     def __init__(self, method: str, algorithm: Any, op: Any, rest: tuple, bufs: tuple,
                  key: tuple, entry: FastEntry):
         self.method, self.algorithm, self.op, self.rest = method, algorithm, op, rest
+        self.one = len(bufs) == 1
         # (the marker itself, or None, the shape and the dtype object of an array)
-        self.bufs = tuple((b, None, None) if b is _IN_PLACE or b is None
-                          else (None, b.shape, b.dtype) for b in bufs)
+        self.marker0, self.shape0, self.dtype0 = self._described(bufs[0])
+        self.marker1, self.shape1, self.dtype1 = (None, None, None) if self.one else \
+            self._described(bufs[1])
         self.key, self.entry = key, entry
 
-    def matches(self, method: str, algorithm: Any, op: Any, rest: tuple,
-                bufs: tuple) -> bool:
-        if (method is not self.method or algorithm is not self.algorithm or op is not self.op
-                or rest != self.rest or len(bufs) != len(self.bufs)):
-            return False
-        for b, (marker, shape, dtype) in zip(bufs, self.bufs, strict=True):
-            if dtype is None:
-                if b is not marker:
-                    return False
-            elif type(b) is not np.ndarray or b.dtype is not dtype or b.shape != shape:
-                return False
-        return True
+    @staticmethod
+    def _described(b: Any) -> tuple:
+        return (b, None, None) if b is _IN_PLACE or b is None else (None, b.shape, b.dtype)
+
+    @staticmethod
+    def holds(bufs: tuple) -> bool:
+        """Whether a call's ``bufs`` fit a record (one or two)."""
+        return 1 <= len(bufs) <= 2
 
 
 #: What :meth:`FastPath.family` returns when its fast path ran the call.
@@ -325,43 +354,50 @@ class FastPath:
         self.fast_open = agreement.fast_open
 
     # -- the two entries: the allreduce, the other collectives -------------------------------
-    def allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> bool:
-        """A blocking allreduce (the communicator claimed) through its signature's entry;
-        False: the checked path.
+    def repeat(self, sendbuf: Any, recvbuf: Any, op: Any, asked: Any) -> bool:
+        """A blocking plain allreduce of the last signature that took the fast path (numpy
+        arrays of the same dtype objects and sizes, the same op, the algorithm asked for
+        as the same object or None both times: :class:`Repeat`), run here, the gate claimed
+        and released here; False: :meth:`allreduce` or the checked path decide (a new
+        signature, calls outstanding, another thread inside a call, overlapping buffers, or
+        mpi4py refusing the buffers).
 
-        The last call's signature is remembered (:class:`Repeat`): numpy arrays of the same
-        dtype objects and sizes, with the same op and algorithm, skip the signature key (its
-        tuple and hash). It does not poll the control channel (docs/contracts.md, "One
-        exception"): an allreduce needs every rank's data, so none completes it without the
-        others."""
+        This is the path of every repeated call of a training loop, so nothing on it is
+        asked twice: it takes no key, no lookup and no call frame but its own, and skips
+        what cannot have changed since the record was made. A repair due, a revoked
+        communicator, calls abandoned or a freed one forget the record first
+        (:meth:`forget_last`), as a change of the communicator's algorithm or mode does.
+        It does not poll the control channel (docs/contracts.md, "One exception"): an
+        allreduce needs every rank's data, so none completes it without the others."""
         rep = self.last
-        # the test of Repeat's docstring, inline (a call frame is a tenth of this path)
-        if (rep is not None and rep.op is op and rep.algorithm is algorithm
-                and type(recvbuf) is np.ndarray and not self.active
-                and recvbuf.dtype is rep.recv_dtype and recvbuf.size == rep.recv_size
-                and (sendbuf is MPI.IN_PLACE if rep.send_dtype is None else
-                     type(sendbuf) is np.ndarray
-                     and sendbuf.dtype is rep.send_dtype and sendbuf.size == rep.send_size
-                     and not np.may_share_memory(sendbuf, recvbuf))):
-            entry = rep.entry
-        else:
-            if not self.enabled:
+        if (rep is None or rep.op is not op or rep.asked is not asked
+                or type(recvbuf) is not np.ndarray or recvbuf.dtype is not rep.recv_dtype
+                or recvbuf.size != rep.recv_size or self.active):
+            return False
+        if rep.send_dtype is None:
+            if sendbuf is not _IN_PLACE:
                 return False
-            entry = self.entries.get(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op))
-            if (entry is None or not self.fast_open()
-                    or entry.native is not None and not entry.native.direct
-                    or sendbuf is not MPI.IN_PLACE and np.may_share_memory(sendbuf, recvbuf)):
-                return False
-            self.last = Repeat(entry, op, algorithm, sendbuf, recvbuf)
+        elif (type(sendbuf) is not np.ndarray or sendbuf.dtype is not rep.send_dtype
+              or sendbuf.size != rep.send_size or _may_share(sendbuf, recvbuf)):
+            return False  # (overlapping: the checked path says what is wrong)
+        gate = self.gate
+        if gate.owner is not None:
+            return False  # a call inside a call, or another thread's: the gate's to say
+        entry = rep.entry
         if entry.plan is not None:
             flags = recvbuf.flags
-            if (flags.c_contiguous and flags.writeable
-                    and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
+            if not (flags.c_contiguous and flags.writeable
+                    and (sendbuf is _IN_PLACE or sendbuf.flags.c_contiguous)):
+                return False  # the checked path says what is wrong with the buffers
+            gate.owner = get_ident()
+            try:
                 self.scheduled(entry, (sendbuf, recvbuf, op))
-                return True
-            return False  # the checked path says what is wrong with the buffers
-        # :meth:`native`'s body for MPI_Allreduce, inline (a call frame, the bound method
-        # and the arguments' tuple are a tenth of this path)
+            finally:
+                gate.owner = None
+            return True
+        # :meth:`native`'s body for MPI_Allreduce, inline, with the gate's claim (each call
+        # frame, bound method and tuple is a tenth of this path)
+        gate.owner = get_ident()
         rec = self.recorder
         if rec is not None:
             n = rec.next
@@ -373,7 +409,7 @@ class FastPath:
             s.t0 = _now()
         watch = self.watchdog
         numbers = self.numbers
-        numbers.take()  # a native call takes no tag slot
+        numbers.callno += 1  # (CallNumbers.take: a native call takes no tag slot)
         watch.calls += 1
         watch.current = entry.what
         try:
@@ -391,10 +427,36 @@ class FastPath:
             raise
         finally:
             watch.current = None
+            gate.owner = None
         if rec is not None:
             s.t1 = _now()
             if rec.timeline is not None:
                 rec.timeline.call(rec, s)
+        return True
+
+    def allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str,
+                  asked: str | None) -> bool:
+        """A blocking plain allreduce (the communicator claimed; ``algorithm`` resolved,
+        ``asked`` as the call gave it) through its signature's entry, looked up by
+        :func:`fast_key`; False: the checked path. A call that takes it becomes the record
+        :meth:`repeat` serves the next calls from."""
+        if not self.enabled:
+            return False
+        entry = self.entries.get(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op))
+        if (entry is None or not self.fast_open()
+                or entry.native is not None and not entry.native.direct
+                or sendbuf is not MPI.IN_PLACE and _may_share(sendbuf, recvbuf)):
+            return False
+        args = (sendbuf, recvbuf, op)
+        if entry.plan is not None:
+            flags = recvbuf.flags
+            if not (flags.c_contiguous and flags.writeable
+                    and (sendbuf is MPI.IN_PLACE or sendbuf.flags.c_contiguous)):
+                return False  # the checked path says what is wrong with the buffers
+            self.scheduled(entry, args)
+        elif not self.native(entry, self.comm.Allreduce, args):
+            return False
+        self.last = Repeat(entry, op, asked, sendbuf, recvbuf)
         return True
 
     def carried(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> bool:
@@ -419,7 +481,7 @@ class FastPath:
         flags = recvbuf.flags
         if not (flags.c_contiguous and flags.writeable) or (
                 sendbuf is not _IN_PLACE and (not sendbuf.flags.c_contiguous
-                                              or np.may_share_memory(sendbuf, recvbuf))):
+                                              or _may_share(sendbuf, recvbuf))):
             return False  # the checked path says what is wrong with the buffers
         args = (sendbuf, recvbuf, op)
         out = carve(entry.output, args)
@@ -445,49 +507,79 @@ class FastPath:
         ``rest`` as :func:`fast_key` takes them; ``args``: the public method's arguments,
         its buffers first) through its signature's entry: :data:`DONE` when the fast path
         ran it, else its signature key (None: none) for the checked path, which opens the
-        entry. The last call's signature is remembered (:class:`Recent`): the same method
-        on the same objects and buffers of the same dtypes and shapes skips the key."""
+        entry.
+
+        The last call's signature is remembered (:class:`Recent`): the same method on the
+        same objects and buffers of the same dtypes and shapes skips the key, and what
+        cannot have changed since the record was made (a repair due, a revoked
+        communicator, calls abandoned, a change of the communicator's defaults forget the
+        record first, :meth:`forget_last`). A native signature whose arguments MPI takes as
+        they are leaves their flags to mpi4py, which refuses a buffer it cannot use before
+        anything is sent (the checked path then says what is wrong)."""
         rec = self.recent
-        if rec is not None and rec.matches(method, algorithm, op, rest, bufs):
+        if (rec is not None and rec.method is method and rec.algorithm is algorithm
+                and rec.op is op and (rest is rec.rest or rest == rec.rest)
+                and not self.active):
+            b = bufs[0]
+            if rec.dtype0 is None:
+                hit = b is rec.marker0
+            else:
+                hit = type(b) is np.ndarray and b.dtype is rec.dtype0 and b.shape == rec.shape0
+            if hit and not rec.one:
+                b = bufs[1]
+                if rec.dtype1 is None:
+                    hit = b is rec.marker1
+                else:
+                    hit = (type(b) is np.ndarray and b.dtype is rec.dtype1
+                           and b.shape == rec.shape1)
+            else:
+                hit = hit and len(bufs) == 1
+        else:
+            hit = False
+        if hit:
             key, entry = rec.key, rec.entry
         else:
             key = fast_key(method, algorithm, bufs, op, *rest)
             entry = self.entries.get(key) if key is not None else None
-            if entry is None:
+            if entry is None or not self.fast_open():
                 return key
-            self.recent = Recent(method, algorithm, op, rest, bufs, key, entry)
-        if not self.fast_open():
-            return key
+            if Recent.holds(bufs):
+                self.recent = Recent(method, algorithm, op, rest, bufs, key, entry)
         a, b = args[0], args[1]
-        if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
+        if type(a) is np.ndarray and type(b) is np.ndarray and _may_share(a, b):
             return key  # the checked path says what is wrong
         gate = self.gate
+        if gate.owner is not None:
+            return key  # a call inside a call, or another thread's: the gate's to say
         # one call at a time, as Allreduce's (a second thread raises before anything moves)
-        mine = gate.claim(self.rank)
+        gate.owner = get_ident()
         try:
             # A rank's part of a reduce or broadcast may complete without the rank that
             # rejected its arguments: it must look at the notices before its next call moves
             # data, as the checked path's numbering does (docs/contracts.md), or that call
             # pairs with the others' repaired next one; a notice about this very call (the
             # other rank went ahead) means a call that rank will never join. Either way the
-            # checked path handles it. One poll of the control channel's posted receive.
-            if self.agreement.notice_waiting(self.numbers.callno + 1):
+            # checked path handles it. One poll of the control channel's posted receive. A
+            # call whose rank needs every rank's data (FastEntry.polls) cannot complete
+            # without the refusing rank and polls nothing, as the allreduce.
+            if entry.polls and self.agreement.notice_waiting(self.numbers.callno + 1):
                 return key
-            for x in args:  # buffers are carved out of C-contiguous writeable arrays only
-                if type(x) is np.ndarray:
-                    flags = x.flags
-                    if not (flags.c_contiguous and flags.writeable):
-                        return key
-            if entry.plan is not None:
-                self.scheduled(entry, args)
-                return DONE
             native = entry.native
-            if self.native(entry, getattr(self.comm, native.method), native.of(args)):
+            if entry.plan is not None or not native.direct:
+                for x in args:  # buffers are carved out of C-contiguous writeable arrays only
+                    if type(x) is np.ndarray:
+                        flags = x.flags
+                        if not (flags.c_contiguous and flags.writeable):
+                            return key
+                if entry.plan is not None:
+                    self.scheduled(entry, args)
+                    return DONE
+                args = native.of(args)
+            if self.native(entry, entry.mpi_call, args):
                 return DONE
             return key
         finally:
-            if mine:
-                gate.owner = None
+            gate.owner = None
 
     def blocking_native(self, call: CollectiveCall, key: tuple | None, args: tuple) -> bool:
         """A blocking native call of an agreed signature on the checked path (prepared and
@@ -561,7 +653,7 @@ class FastPath:
             s.t0 = _now()
         watch = self.watchdog
         numbers = self.numbers
-        numbers.take()  # a native call takes no tag slot
+        numbers.callno += 1  # (CallNumbers.take: a native call takes no tag slot)
         watch.calls += 1
         watch.current = entry.what
         try:
@@ -652,7 +744,7 @@ class FastPath:
                                                    or call.send_displs is not None)):
             return
         a, b = args[0], args[1]
-        if type(a) is np.ndarray and type(b) is np.ndarray and np.may_share_memory(a, b):
+        if type(a) is np.ndarray and type(b) is np.ndarray and _may_share(a, b):
             return
         traced = call.slot.sig if call.slot is not None else call.traced()
         try:
@@ -669,9 +761,10 @@ class FastPath:
                 if not self.allow_native or call.op == "avg":
                     return
                 method, native_args, _ = call.native_args(False)
-                self.entries[key] = FastEntry(call.blocked_in_mpi(self.rank, self.size),
-                                              traced, native=NativeArgs(method, native_args,
-                                                                        args))
+                entry = self.entries[key] = FastEntry(
+                    call.blocked_in_mpi(self.rank, self.size), traced,
+                    native=NativeArgs(method, native_args, args))
+                entry.mpi_call = getattr(self.comm, method)
                 self.watchdog.start()
                 return
             plan_key = call.plan_key()
@@ -689,6 +782,10 @@ class FastPath:
                 averaged=locate(averaged, args))
         except ValueError:
             return  # a buffer outside the arguments: the checked path, every call
+        finally:
+            opened = self.entries.get(key)
+            if opened is not None:
+                opened.polls = not needs_every_rank(key[0], args, key, self.rank)
 
     def rebind(self, comm: MPI.Comm) -> None:
         """The communicator moved to ``comm`` (a repair): native calls go there; a scheduled
@@ -698,12 +795,22 @@ class FastPath:
         self.last = self.recent = None
         entries = self.entries
         for key, entry in list(entries.items()):
+            if entry.native is not None:
+                entry.mpi_call = getattr(comm, entry.native.method)
             if entry.plan is None:
                 continue
             if entry.plan_again is None:
                 del entries[key]
             else:
                 entry.plan = entry.plan_again(self.plans)
+
+    def forget_defaults(self) -> None:
+        """The communicator's own algorithm or mode changed: forget the last signatures and
+        close the entries of calls that named no algorithm (a key holds the algorithm as the
+        call gave it: None for the communicator's own)."""
+        self.last = self.recent = None
+        for key in [k for k in self.entries if k[1] is None]:
+            del self.entries[key]
 
     def forget_last(self) -> None:
         """Forget the last allreduce's signature (calls were abandoned: the next one looks

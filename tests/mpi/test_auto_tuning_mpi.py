@@ -282,21 +282,26 @@ def test_a_committed_signature_runs_the_named_algorithms_fast_path(own_table, co
     c.Free()
 
 
-#: The only functions of bmlmpi a committed 8 B signature's call runs, once each, when a loop
-#: passes the same arrays again (FastPath.allreduce's Repeat, FastPath.family's Recent): the
-#: public method, the gate, the fast path, the call's number, and for the family the
-#: remembered signature, the notices (one poll of the control channel, docs/contracts.md)
-#: and mpi4py's arguments. No signature key, no overlap test, no checked path, no executor,
-#: nothing of auto's.
-COMMITTED_PATH = {
-    "allreduce": ("Communicator.Allreduce", "CallGate.claim", "FastPath.allreduce",
-                  "CallNumbers.take"),
-    **{c: (f"Communicator.{m}", "FastPath.family", "Recent.matches", "CallAgreement.fast_open",
-           "CallGate.claim", "CallAgreement.notice_waiting", "Mailbox.failure",
-           "NativeArgs.of", "FastPath.native", "CallNumbers.take")
-       for c, m in (("reduce_scatter", "Reduce_scatter_block"), ("allgather", "Allgather"),
-                    ("reduce", "Reduce"), ("bcast", "Bcast"), ("alltoall", "Alltoall"))},
-}
+def committed_path(collective: str, rank: int) -> tuple[str, ...]:
+    """The only functions of bmlmpi a committed 8 B signature's call runs on ``rank``, once
+    each, when a loop passes the same arrays again (FastPath.repeat for the allreduce,
+    FastPath.family's Recent for the rest): the public method and the fast path; for a
+    reduce or a broadcast the notices (one poll of the control channel, docs/contracts.md:
+    a rank's part may complete without a rank that refused); mpi4py's arguments carved where
+    they are not the caller's own (the allgather's, broadcast's and all-to-all's bytes, a
+    reduce's non-root, which hands MPI no receive buffer). No signature key, no gate or
+    call-number method but the number's take, no checked path, no executor, nothing of
+    auto's."""
+    if collective == "allreduce":
+        return ("Communicator.Allreduce", "FastPath.repeat")
+    method = {"reduce_scatter": "Reduce_scatter_block", "allgather": "Allgather",
+              "reduce": "Reduce", "bcast": "Bcast", "alltoall": "Alltoall"}[collective]
+    path = [f"Communicator.{method}", "FastPath.family", "FastPath.native"]
+    if collective in ("reduce", "bcast"):
+        path += ["CallAgreement.notice_waiting", "Mailbox.failure"]
+    if collective in ("allgather", "bcast", "alltoall") or collective == "reduce" and rank != 0:
+        path.append("NativeArgs.of")
+    return tuple(path)
 
 
 @pytest.mark.mpi
@@ -304,7 +309,7 @@ COMMITTED_PATH = {
 def test_a_committed_small_call_runs_nothing_but_its_fast_path(own_table, collective,
                                                               monkeypatch):
     """A loop of one committed 8 B auto signature (native, injected times) over the same
-    arrays: each call runs exactly the functions of COMMITTED_PATH, once each (a profiler
+    arrays: each call runs exactly the functions of committed_path, once each (a profiler
     counts every Python function called; NativeArgs.of carves no buffer here: mpi4py
     reads the allgather's, the broadcast's and the all-to-all's bytes from the arrays as
     they are), and the
@@ -382,7 +387,7 @@ def test_a_committed_small_call_runs_nothing_but_its_fast_path(own_table, collec
                 failures.append(f"call {i}: {out} != {ref}")
     finally:
         gc.enable()
-    want = {name: rounds for name in COMMITTED_PATH[collective]}
+    want = {name: rounds for name in committed_path(collective, r)}
     if seen != want:
         failures.append(f"ran {dict(sorted(seen.items()))}, want each of "
                         f"{sorted(want)} once a call")

@@ -245,3 +245,47 @@ def test_a_blocking_native_call_whose_buffers_are_spelled_differently_on_some_ra
     finally:
         ctx.Free()
     all_ranks_agree(comm, failures)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "reduce",
+                                        "bcast"])
+def test_the_communicators_algorithm_assigned_applies_from_the_next_call(comm, collective):
+    """Calls that name no algorithm run the communicator's: assigning ``algorithm`` between
+    two calls of a signature that took the fast path makes the next call run the new one
+    (the flight recorder says which ran), and back, with mpi4py's results."""
+    c = bmlmpi.Communicator(comm, algorithm="native", timeout=30)
+    size, rank = comm.size, comm.rank
+    x = _data(comm, (4 * size,), np.float64) * (rank + 2)
+    out = np.empty(4 if collective == "reduce_scatter" else 4 * size)
+    ref = np.empty_like(out)
+    part = x[:4]
+    mine = {"allreduce": lambda: c.Allreduce(x, out),
+            "reduce_scatter": lambda: c.Reduce_scatter_block(x, out),
+            "allgather": lambda: c.Allgather(part, out),
+            "reduce": lambda: c.Reduce(x, out, MPI.SUM, 0),
+            "bcast": lambda: c.Bcast(out, 0)}[collective]
+    theirs = {"allreduce": lambda: comm.Allreduce(x, ref),
+              "reduce_scatter": lambda: comm.Reduce_scatter_block(x, ref),
+              "allgather": lambda: comm.Allgather(part, ref),
+              "reduce": lambda: comm.Reduce(x, ref, MPI.SUM, 0),
+              "bcast": lambda: comm.Bcast(ref, 0)}[collective]
+    other = next(a for a in bmlmpi.algorithms(collective) if a not in ("auto", "native"))
+    failures = []
+    for algorithm in ("native", other, "native"):
+        c.algorithm = algorithm
+        for i in range(3):
+            if collective == "bcast":
+                out[:] = x if rank == 0 else -1
+            else:
+                out[:] = -1
+            ref[:] = out
+            mine()
+            theirs()
+            ran = c.recorder.calls()[-1]["chosen"]
+            if ran != algorithm:
+                failures.append(f"{algorithm}, call {i}: {ran} ran")
+            if (collective != "reduce" or rank == 0) and not np.array_equal(out, ref):
+                failures.append(f"{algorithm}, call {i}: {out} != {ref}")
+    c.Free()
+    all_ranks_agree(comm, failures)
