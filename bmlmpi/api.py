@@ -113,6 +113,14 @@ def _carry(comm: Communicator, reproducible: bool | None) -> Any:
     return call_formats.REPRODUCIBLE if wanted else None
 
 
+def _defaults_changed(comm: Communicator) -> None:
+    """``comm``'s own algorithm or mode was assigned: its blocking fast path forgets what
+    calls that named neither took (nothing while the constructor runs)."""
+    fast = comm.__dict__.get("_fast_path")
+    if fast is not None:
+        fast.forget_defaults()
+
+
 def _in_key(carry: Any) -> tuple:
     """What a call format adds to a blocking call's fast-path signature key: a call of the
     same arrays in another mode is another signature."""
@@ -363,7 +371,7 @@ class Communicator:
     @algorithm.setter
     def algorithm(self, name: str) -> None:
         self._algorithm = name
-        self._defaults_changed()
+        _defaults_changed(self)
 
     @property
     def reproducible(self) -> bool:
@@ -374,12 +382,7 @@ class Communicator:
     @reproducible.setter
     def reproducible(self, value: bool) -> None:
         self._reproducible = bool(value)
-        self._defaults_changed()
-
-    def _defaults_changed(self) -> None:
-        fast = self.__dict__.get("_fast_path")  # (None while the constructor runs)
-        if fast is not None:
-            fast.forget_defaults()
+        _defaults_changed(self)
 
     # -- the control channel and its repair (bmlmpi.call_agreement calls these) --------------
     @property

@@ -409,7 +409,7 @@ class FastPath:
             s.t0 = _now()
         watch = self.watchdog
         numbers = self.numbers
-        numbers.callno += 1  # (CallNumbers.take: a native call takes no tag slot)
+        numbers.take()  # a native call takes no tag slot
         watch.calls += 1
         watch.current = entry.what
         try:
@@ -653,7 +653,7 @@ class FastPath:
             s.t0 = _now()
         watch = self.watchdog
         numbers = self.numbers
-        numbers.callno += 1  # (CallNumbers.take: a native call takes no tag slot)
+        numbers.take()  # a native call takes no tag slot
         watch.calls += 1
         watch.current = entry.what
         try:
