@@ -539,8 +539,8 @@ class Communicator:
         (:func:`bmlmpi.dropin.Allreduce`) is this call."""
         # a repeat of the last plain signature that took the fast path: no more than that
         # (a change of the communicator's mode forgets it)
-        if (compression is None and reproducible is None
-                and self._fast_path.repeat(sendbuf, recvbuf, op, algorithm)):
+        if (compression is None
+                and self._fast_path.repeat(sendbuf, recvbuf, op, algorithm, reproducible)):
             return
         if compression is not None:
             self.Iallreduce(sendbuf, recvbuf, op, algorithm=algorithm,
@@ -562,7 +562,7 @@ class Communicator:
                      else _carry(self, reproducible))  # (the commonest without a call frame)
             fast = self._fast_path
             if carry is None:
-                if fast.allreduce(sendbuf, recvbuf, op, algorithm, asked):
+                if fast.allreduce(sendbuf, recvbuf, op, algorithm, asked, reproducible):
                     return
             elif fast.carried(sendbuf, recvbuf, op, algorithm):
                 return

@@ -251,8 +251,9 @@ class FastEntry:
 
 class Repeat:
     """The signature of the last blocking allreduce that took the fast path: its entry, op,
-    the algorithm as the call gave it (``asked``: None for the communicator's own, whose
-    change forgets this record) and the arrays' dtype objects and sizes (no reference to the
+    the algorithm and ``reproducible`` as the call gave them (``asked``, ``plain``: None for
+    the communicator's own, whose change forgets this record) and the arrays' dtype objects
+    and sizes (no reference to the
     arrays themselves, which must stay resizable). A later call with numpy arrays of the
     same dtype objects and sizes, the same op and the same ``asked`` object is the same
     signature: a dtype object is immutable (a reassigned ``.dtype``, another byte order:
@@ -260,14 +261,15 @@ class Repeat:
     span as many bytes (a reshaped array is the same allreduce; the flags and the overlap
     are checked on every call)."""
 
-    __slots__ = ("entry", "op", "asked", "send_dtype", "recv_dtype", "send_size",
+    __slots__ = ("entry", "op", "asked", "plain", "send_dtype", "recv_dtype", "send_size",
                  "recv_size")
 
-    def __init__(self, entry: FastEntry, op: Any, asked: str | None, send: Any,
-                 recv: np.ndarray):
+    def __init__(self, entry: FastEntry, op: Any, asked: str | None, plain: bool | None,
+                 send: Any, recv: np.ndarray):
         self.entry = entry
         self.op = op
         self.asked = asked
+        self.plain = plain  # the call's ``reproducible`` as it gave it: None or False
         self.recv_dtype = recv.dtype
         self.recv_size = recv.size
         if send is MPI.IN_PLACE:
@@ -354,13 +356,13 @@ class FastPath:
         self.fast_open = agreement.fast_open
 
     # -- the two entries: the allreduce, the other collectives -------------------------------
-    def repeat(self, sendbuf: Any, recvbuf: Any, op: Any, asked: Any) -> bool:
+    def repeat(self, sendbuf: Any, recvbuf: Any, op: Any, asked: Any, plain: Any) -> bool:
         """A blocking plain allreduce of the last signature that took the fast path (numpy
-        arrays of the same dtype objects and sizes, the same op, the algorithm asked for
-        as the same object or None both times: :class:`Repeat`), run here, the gate claimed
-        and released here; False: :meth:`allreduce` or the checked path decide (a new
-        signature, calls outstanding, another thread inside a call, overlapping buffers, or
-        mpi4py refusing the buffers).
+        arrays of the same dtype objects and sizes, the same op, the algorithm asked for and
+        ``reproducible`` as the same objects or None both times: :class:`Repeat`), run here,
+        the gate claimed and released here; False: :meth:`allreduce` or the checked path
+        decide (a new signature, calls outstanding, another thread inside a call,
+        overlapping buffers, or mpi4py refusing the buffers).
 
         This is the path of every repeated call of a training loop, so nothing on it is
         asked twice: it takes no key, no lookup and no call frame but its own, and skips
@@ -370,7 +372,7 @@ class FastPath:
         It does not poll the control channel (docs/contracts.md, "One exception"): an
         allreduce needs every rank's data, so none completes it without the others."""
         rep = self.last
-        if (rep is None or rep.op is not op or rep.asked is not asked
+        if (rep is None or rep.op is not op or rep.asked is not asked or rep.plain is not plain
                 or type(recvbuf) is not np.ndarray or recvbuf.dtype is not rep.recv_dtype
                 or recvbuf.size != rep.recv_size or self.active):
             return False
@@ -380,24 +382,30 @@ class FastPath:
         elif (type(sendbuf) is not np.ndarray or sendbuf.dtype is not rep.send_dtype
               or sendbuf.size != rep.send_size or _may_share(sendbuf, recvbuf)):
             return False  # (overlapping: the checked path says what is wrong)
+        # the gate's claim, inline: this thread's call, or a call inside its own call (the
+        # pair counts' digest of an all-to-all); another thread's call: the gate says so
         gate = self.gate
-        if gate.owner is not None:
-            return False  # a call inside a call, or another thread's: the gate's to say
+        if gate.owner is None:
+            gate.owner = get_ident()
+            mine = True
+        elif gate.owner == get_ident():
+            mine = False
+        else:
+            return False
         entry = rep.entry
         if entry.plan is not None:
-            flags = recvbuf.flags
-            if not (flags.c_contiguous and flags.writeable
-                    and (sendbuf is _IN_PLACE or sendbuf.flags.c_contiguous)):
-                return False  # the checked path says what is wrong with the buffers
-            gate.owner = get_ident()
             try:
+                flags = recvbuf.flags
+                if not (flags.c_contiguous and flags.writeable
+                        and (sendbuf is _IN_PLACE or sendbuf.flags.c_contiguous)):
+                    return False  # the checked path says what is wrong with the buffers
                 self.scheduled(entry, (sendbuf, recvbuf, op))
             finally:
-                gate.owner = None
+                if mine:
+                    gate.owner = None
             return True
-        # :meth:`native`'s body for MPI_Allreduce, inline, with the gate's claim (each call
-        # frame, bound method and tuple is a tenth of this path)
-        gate.owner = get_ident()
+        # :meth:`native`'s body for MPI_Allreduce, inline (each call frame, bound method and
+        # tuple is a tenth of this path)
         rec = self.recorder
         if rec is not None:
             n = rec.next
@@ -427,7 +435,8 @@ class FastPath:
             raise
         finally:
             watch.current = None
-            gate.owner = None
+            if mine:
+                gate.owner = None
         if rec is not None:
             s.t1 = _now()
             if rec.timeline is not None:
@@ -435,11 +444,11 @@ class FastPath:
         return True
 
     def allreduce(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str,
-                  asked: str | None) -> bool:
+                  asked: str | None, plain: bool | None) -> bool:
         """A blocking plain allreduce (the communicator claimed; ``algorithm`` resolved,
-        ``asked`` as the call gave it) through its signature's entry, looked up by
-        :func:`fast_key`; False: the checked path. A call that takes it becomes the record
-        :meth:`repeat` serves the next calls from."""
+        ``asked`` and ``plain``, its ``reproducible``, as the call gave them) through its
+        signature's entry, looked up by :func:`fast_key`; False: the checked path. A call
+        that takes it becomes the record :meth:`repeat` serves the next calls from."""
         if not self.enabled:
             return False
         entry = self.entries.get(fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op))
@@ -456,7 +465,7 @@ class FastPath:
             self.scheduled(entry, args)
         elif not self.native(entry, self.comm.Allreduce, args):
             return False
-        self.last = Repeat(entry, op, asked, sendbuf, recvbuf)
+        self.last = Repeat(entry, op, asked, plain, sendbuf, recvbuf)
         return True
 
     def carried(self, sendbuf: Any, recvbuf: Any, op: Any, algorithm: str) -> bool:
@@ -548,11 +557,16 @@ class FastPath:
         a, b = args[0], args[1]
         if type(a) is np.ndarray and type(b) is np.ndarray and _may_share(a, b):
             return key  # the checked path says what is wrong
+        # one call at a time, as Allreduce's (another thread's call: the checked path's
+        # claim raises before anything moves); a call inside this thread's own call goes on
         gate = self.gate
-        if gate.owner is not None:
-            return key  # a call inside a call, or another thread's: the gate's to say
-        # one call at a time, as Allreduce's (a second thread raises before anything moves)
-        gate.owner = get_ident()
+        if gate.owner is None:
+            gate.owner = get_ident()
+            mine = True
+        elif gate.owner == get_ident():
+            mine = False
+        else:
+            return key
         try:
             # A rank's part of a reduce or broadcast may complete without the rank that
             # rejected its arguments: it must look at the notices before its next call moves
@@ -579,7 +593,8 @@ class FastPath:
                 return DONE
             return key
         finally:
-            gate.owner = None
+            if mine:
+                gate.owner = None
 
     def blocking_native(self, call: CollectiveCall, key: tuple | None, args: tuple) -> bool:
         """A blocking native call of an agreed signature on the checked path (prepared and
