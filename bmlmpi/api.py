@@ -561,8 +561,14 @@ class Communicator:
             carry = (None if reproducible is None and not self._reproducible
                      else _carry(self, reproducible))  # (the commonest without a call frame)
             fast = self._fast_path
+            tuning = self._tuning
+            sig = None
             if carry is None:
                 if fast.allreduce(sendbuf, recvbuf, op, algorithm, asked, reproducible):
+                    return
+                # an exploring auto signature's call: its candidate's entry, timed
+                sig = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op)
+                if sig is not None and tuning.explore_fast(sig, (sendbuf, recvbuf, op), fast):
                     return
             elif fast.carried(sendbuf, recvbuf, op, algorithm):
                 return
@@ -572,8 +578,7 @@ class Communicator:
                 # completed first (docs/api.md, "Blocking calls")
                 self._calls_in_flight.settle()
             call = _prepare_checked(self, sendbuf, recvbuf, op, algorithm, carry)
-            tuning = self._tuning
-            timing = tuning.explore(call)
+            timing = tuning.explore(call, sig)
             if call.wire is not None:
                 # a carried signature explores its own candidates (AutoTuning.key) before
                 # its fast-path entry opens
@@ -584,15 +589,16 @@ class Communicator:
                                        CARRIED), call, (sendbuf, recvbuf, op), carried=True)
                 return
             # (a plain call, or a reproducible one whose values pass through: integers,
-            # MIN, MAX)
+            # MIN, MAX); an exploring one opens its candidate's entry
             key, args = fast_key("Allreduce", algorithm, (sendbuf, recvbuf), op), (sendbuf,
                                                                                  recvbuf, op)
-            if fast.blocking_native(call, key if timing.opens else None, args):
+            opened = key if timing.opens else tuning.candidate_sig(sig, timing)
+            if fast.blocking_native(call, opened, args):
                 tuning.after_call(call, timing)
                 return
             self.policy.submit(call).Wait()
-            if tuning.after_call(call, timing):
-                fast.open(key, call, args)
+            if tuning.after_call(call, timing) or opened is not key:
+                fast.open(opened, call, args)
         finally:
             if mine:
                 gate.owner = None

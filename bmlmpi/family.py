@@ -573,15 +573,21 @@ class FamilyEngine:
             # the agreement of the checked path polls no other call: this rank's outstanding
             # runs of schedules (started before this call on every rank) complete first
             owner.calls_in_flight.settle()
-        call = owner.policy.prepare_family(collective, algorithm, build, self, frame)
         tuning = owner.tuning
-        timing = tuning.explore(call)
-        if self.fast.blocking_native(call, key if timing.opens else None, args):
+        # an exploring auto signature's call: its candidate's entry, timed
+        if key is not None and tuning.explore_fast(key, args, self.fast):
+            return
+        call = owner.policy.prepare_family(collective, algorithm, build, self, frame)
+        timing = tuning.explore(call, key)
+        # an exploring call opens its candidate's entry
+        opened = key if timing.opens else tuning.candidate_sig(key, timing)
+        if self.fast.blocking_native(call, opened, args):
             tuning.after_call(call, timing)
             return
         owner.policy.submit(call).Wait()
-        if tuning.after_call(call, timing) and call.algorithm != "native":
-            self.fast.open(key, call, args)
+        if ((tuning.after_call(call, timing) or opened is not key)
+                and call.algorithm != "native"):
+            self.fast.open(opened, call, args)
 
     def reduce_scatter_counts(self, sendbuf: Any, recvbuf: Any, recvcounts: Any) -> Any:
         """``recvcounts`` as mpi4py takes them: as given, or, omitted on a call that is not in

@@ -135,13 +135,13 @@ def carve(where: int | tuple | None, args: tuple) -> np.ndarray | None:
 def needs_every_rank(method: str, args: tuple, key: tuple, rank: int) -> bool:
     """Whether a rank's blocking call of ``method`` (mpi4py's; ``args``: the public method's
     arguments, its send and receive buffers first; ``key``: its :func:`fast_key`) cannot
-    complete before every rank has joined it: its result holds data from every rank. A
-    reduce-scatter's non-empty block (every rank's values are summed into it), an
-    allgather's or all-to-all's non-empty equal blocks (one from each rank); not a reduce or
-    broadcast (a root or a sender may finish its part alone), nor a call whose blocks from
-    some rank may be empty (the v forms)."""
+    complete before every rank has joined it: its result holds data from every rank. An
+    allreduce's non-empty result, a reduce-scatter's non-empty block (every rank's values
+    are summed into it), an allgather's or all-to-all's non-empty equal blocks (one from
+    each rank); not a reduce or broadcast (a root or a sender may finish its part alone),
+    nor a call whose blocks from some rank may be empty (the v forms)."""
     recv = args[1]
-    if method in ("Reduce_scatter_block", "Allgather", "Alltoall"):
+    if method in ("Allreduce", "Reduce_scatter_block", "Allgather", "Alltoall"):
         return type(recv) is np.ndarray and recv.size > 0
     if method == "Reduce_scatter":
         return type(key[3]) is tuple and rank < len(key[3]) and key[3][rank] > 0
@@ -554,9 +554,24 @@ class FastPath:
                 return key
             if Recent.holds(bufs):
                 self.recent = Recent(method, algorithm, op, rest, bufs, key, entry)
+        return DONE if self.run(entry, args) else key
+
+    def run_key(self, key: tuple, args: tuple) -> bool:
+        """Run the entry of signature ``key`` (:func:`fast_key`) on ``args`` as :meth:`family`
+        runs a call's (an exploring ``auto`` call's candidate, :meth:`bmlmpi.auto_tuning.
+        AutoTuning.explore_fast`), keeping no record of it; False where there is none or a
+        fast path may not be taken now (the checked path then runs the call)."""
+        entry = self.entries.get(key)
+        return entry is not None and self.fast_open() and self.run(entry, args)
+
+    def run(self, entry: FastEntry, args: tuple) -> bool:
+        """A blocking call of ``entry`` 's signature on ``args`` (the public method's
+        arguments, its buffers first): False where the checked path must take it (the
+        buffers overlap, another thread is inside a call, a notice waits, flags that cannot
+        be carved, mpi4py refusing them)."""
         a, b = args[0], args[1]
         if type(a) is np.ndarray and type(b) is np.ndarray and _may_share(a, b):
-            return key  # the checked path says what is wrong
+            return False  # the checked path says what is wrong
         # one call at a time, as Allreduce's (another thread's call: the checked path's
         # claim raises before anything moves); a call inside this thread's own call goes on
         gate = self.gate
@@ -566,7 +581,7 @@ class FastPath:
         elif gate.owner == get_ident():
             mine = False
         else:
-            return key
+            return False
         try:
             # A rank's part of a reduce or broadcast may complete without the rank that
             # rejected its arguments: it must look at the notices before its next call moves
@@ -577,21 +592,19 @@ class FastPath:
             # call whose rank needs every rank's data (FastEntry.polls) cannot complete
             # without the refusing rank and polls nothing, as the allreduce.
             if entry.polls and self.agreement.notice_waiting(self.numbers.callno + 1):
-                return key
+                return False
             native = entry.native
             if entry.plan is not None or not native.direct:
                 for x in args:  # buffers are carved out of C-contiguous writeable arrays only
                     if type(x) is np.ndarray:
                         flags = x.flags
                         if not (flags.c_contiguous and flags.writeable):
-                            return key
+                            return False
                 if entry.plan is not None:
                     self.scheduled(entry, args)
-                    return DONE
+                    return True
                 args = native.of(args)
-            if self.native(entry, entry.mpi_call, args):
-                return DONE
-            return key
+            return self.native(entry, entry.mpi_call, args)
         finally:
             if mine:
                 gate.owner = None
@@ -822,9 +835,11 @@ class FastPath:
     def forget_defaults(self) -> None:
         """The communicator's own algorithm or mode changed: forget the last signatures and
         close the entries of calls that named no algorithm (a key holds the algorithm as the
-        call gave it: None for the communicator's own)."""
+        call gave it: None for the communicator's own; an exploring ``auto`` call's
+        candidate, (None, the candidate))."""
         self.last = self.recent = None
-        for key in [k for k in self.entries if k[1] is None]:
+        for key in [k for k in self.entries
+                    if k[1] is None or type(k[1]) is tuple and k[1][0] is None]:
             del self.entries[key]
 
     def forget_last(self) -> None:

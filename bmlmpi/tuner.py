@@ -541,6 +541,11 @@ class Tuner:
 
     # -- reading -----------------------------------------------------------------------------
 
+    def exploring(self, key: TuningKey) -> bool:
+        """Whether ``key`` was begun and explores (its calls run the candidates in turn)."""
+        st = self._states.get(key)
+        return st is not None and st.chosen is None
+
     def committed(self, key: TuningKey) -> str | None:
         """The algorithm ``key`` is committed to, None while exploring or not begun."""
         st = self._states.get(key)

@@ -285,18 +285,19 @@ def test_a_committed_signature_runs_the_named_algorithms_fast_path(own_table, co
 def committed_path(collective: str, rank: int) -> tuple[str, ...]:
     """The only functions of bmlmpi a committed 8 B signature's call runs on ``rank``, once
     each, when a loop passes the same arrays again (FastPath.repeat for the allreduce,
-    FastPath.family's Recent for the rest): the public method and the fast path; for a
-    reduce or a broadcast the notices (one poll of the control channel, docs/contracts.md:
-    a rank's part may complete without a rank that refused); mpi4py's arguments carved where
-    they are not the caller's own (the allgather's, broadcast's and all-to-all's bytes, a
-    reduce's non-root, which hands MPI no receive buffer); the call's number from its one
-    owner. No signature key, no gate method, no checked path, no executor, nothing of
-    auto's."""
+    FastPath.family's Recent and FastPath.run for the rest): the public method and the fast
+    path; for a reduce or a broadcast the notices (one poll of the control channel,
+    docs/contracts.md: a rank's part may complete without a rank that refused); mpi4py's
+    arguments carved where they are not the caller's own (the allgather's, broadcast's and
+    all-to-all's bytes, a reduce's non-root, which hands MPI no receive buffer); the call's
+    number from its one owner. No signature key, no gate method, no checked path, no
+    executor, nothing of auto's."""
     if collective == "allreduce":
         return ("Communicator.Allreduce", "FastPath.repeat", "CallNumbers.take")
     method = {"reduce_scatter": "Reduce_scatter_block", "allgather": "Allgather",
               "reduce": "Reduce", "bcast": "Bcast", "alltoall": "Alltoall"}[collective]
-    path = [f"Communicator.{method}", "FastPath.family", "FastPath.native", "CallNumbers.take"]
+    path = [f"Communicator.{method}", "FastPath.family", "FastPath.run", "FastPath.native",
+            "CallNumbers.take"]
     if collective in ("reduce", "bcast"):
         path += ["CallAgreement.notice_waiting", "Mailbox.failure"]
     if collective in ("allgather", "bcast", "alltoall") or collective == "reduce" and rank != 0:
@@ -519,3 +520,55 @@ def test_a_reproducible_signature_explores_and_commits_its_own_candidates(own_ta
     assert (plain.count, plain.itemsize, plain.rule) == (n, 8, "exploring")
     assert world.allgather(after.chosen) == [fast] * world.size
     c.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["allreduce", *FAMILY])
+def test_an_exploration_times_the_candidates_fast_paths(own_table, collective):
+    """After each candidate's first call (checked: it agrees on the signature and opens the
+    candidate's fast-path entry), the exploration's calls run the candidates' entries
+    (AutoTuning.explore_fast), the calls the committed signature will make, not the checked
+    path: at most one more checked call per candidate (a native one's first call may run
+    before its signature was agreed), every result exact, the rotation as before."""
+    import sys
+    from pathlib import Path
+
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to explore")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    n = 8
+    names = [t.name for t in c.explain(n * world.size, np.float64,
+                                       collective=collective).tuning.candidates]
+    package = str(Path(bmlmpi.__file__).parent)
+    seen: set[str] = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(package):
+            seen.add(frame.f_code.co_qualname)
+    failures, fast, ran = [], [], []
+    for call in range(4 * len(names)):
+        seen.clear()
+        sys.setprofile(profile)
+        try:
+            out, ref = run(c, collective, n, call)
+        finally:
+            sys.setprofile(None)
+        if not np.array_equal(out, ref):
+            failures.append(f"call {call}: {out} != {ref}")
+        # (AutoTuning.explore: the checked path's step that times an exploring call)
+        fast.append("FastPath.run" in seen and "AutoTuning.explore" not in seen)
+        ran.append(c.recorder.calls()[-1]["chosen"])
+    c_ = len(names)
+    if ran != names * 4:
+        failures.append(f"ran {ran}, want the rotation {names * 4}")
+    if any(fast[:c_]):
+        failures.append(f"a candidate's first call took a fast path: {fast[:c_]}")
+    checked = [ran[i] for i in range(c_, 4 * c_) if not fast[i]]
+    if any(checked.count(name) > 1 for name in names):
+        failures.append(f"explored calls on the checked path: {checked}")
+    if c.explain(n * world.size, np.float64, collective=collective).tuning.state != "committed":
+        failures.append("not committed after the exploration")
+    c.Free()
+    all_ranks_agree(world, failures)
