@@ -46,22 +46,25 @@ from ``auto``'s priced explanation. A blocking call on the plain policy then ask
 :meth:`explore`: while its key explores, the call runs the candidate the key's call index
 names (:meth:`bmlmpi.tuner.Tuner.choose`: the candidates' blocks of consecutive calls in
 turn; the index counts the key's completed blocking calls, the same on every rank) and is
-timed; :meth:`after_call` records its time, and at the
-key's last exploration call every rank MAX-reduces its proposal on the control channel and
-commits. Its time is its run's alone: it starts where the checked path has agreed on the
-call (:meth:`launching`), so that the first call of each candidate's signature, which gathers
-every rank's signature on the control channel, is timed as the committed signature's fast
-path will run it. A key that explores opens no fast-path entry, so every rank makes each
-of its calls on the checked path, where the index is counted; once committed, the
-signature's next call opens its entry for the committed algorithm, and the fast path runs
-it without asking anything here. Committed keys are not reviewed (the Tuner's review needs
-every call of the key counted, and the fast path counts nothing). A persistent request takes
-the choice at its ``…_init`` (committed, else the prior) and keeps it: its plan is compiled
-there. Floating MIN and MAX are not tuned (the MPI library's own call does not propagate NaN
-as bmlmpi's kernels do, so ``auto`` never hands it those): their ``auto`` is the priced
-choice. So is the fault-tolerant policy's: it neither explores (a call's algorithm is
-entered in its ledger as prepared) nor reads the table (its recovery knows the schedules the
-fixed rule and the model pick, not every one a table may name).
+timed; :meth:`after_call` records its time, and at the key's last exploration call every
+rank MAX-reduces its proposal on the control channel and commits. Its time is its run's
+alone: it starts where the checked path has agreed on the call (:meth:`launching`), so that
+the first call of each candidate's signature, which gathers every rank's signature on the
+control channel, is timed as the committed signature's fast path will run it. Each
+candidate's first exploring call opens the candidate's own fast-path entry
+(:meth:`candidate_key`: never a named call's), and the key's later calls of that candidate
+run it (:meth:`explore_fast`), timed around the entry's run and counted as the checked path
+counts its calls, on whichever path each rank takes (the same MPI calls, numbers and tags):
+the candidates are compared by the calls the committed signature will make. Once committed,
+the signature's next call opens its entry for the committed algorithm, and the fast path
+runs it without asking anything here. Committed keys are not reviewed (the Tuner's review
+needs every call of the key counted, and the fast path counts nothing). A persistent request
+takes the choice at its ``…_init`` (committed, else the prior) and keeps it: its plan is
+compiled there. Floating MIN and MAX are not tuned (the MPI library's own call does not
+propagate NaN as bmlmpi's kernels do, so ``auto`` never hands it those): their ``auto`` is
+the priced choice. So is the fault-tolerant policy's: it neither explores (a call's
+algorithm is entered in its ledger as prepared) nor reads the table (its recovery knows the
+schedules the fixed rule and the model pick, not every one a table may name).
 
 **Carried calls.** A reproducible call (:mod:`bmlmpi.call_formats`) sums and moves int64
 words, not its values: its key is its own (:attr:`bmlmpi.tuner.TuningKey.wire`), apart from
