@@ -3,10 +3,15 @@
 # row), every algorithm, validated: perf/alltoall/run.sh [N ...] (default: 2 4).
 # 8 B - 16 MiB per rank-pair block at N <= 4; 8 B - 1 MiB beyond (each rank holds N blocks
 # twice, plus each schedule's work buffer: 16 MiB blocks at N = 9 would need ~10 GiB).
+# Each run starts as a new user's first job: an empty calibration cache and tuning table of
+# its own (not the user's ~/.cache/bmlmpi, whose entries would commit auto at once).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=perf/alltoall/results
 mkdir -p "$out"
+cache=$(mktemp -d "${TMPDIR:-/tmp}/bmlmpi-perf-alltoall-XXXXXX")
+trap 'rm -rf "$cache"' EXIT
+export BMLMPI_CACHE_DIR="$cache" BMLMPI_TUNING="$cache/tuning.jsonl"
 ranks=("$@")
 if [ ${#ranks[@]} -eq 0 ]; then ranks=(2 4); fi
 for n in "${ranks[@]}"; do
