@@ -9,6 +9,7 @@ is sent. (The call's number and tags come from :mod:`bmlmpi.call_numbers`.)
 from __future__ import annotations
 
 import threading
+from threading import get_ident
 
 
 class CommunicatorFreed(RuntimeError):
@@ -43,6 +44,17 @@ class CallGate:
                 f"time: use one communicator per thread, or a lock")
         self.owner = me
         return True
+
+    def enter(self) -> bool | None:
+        """A fast path's claim, which raises nothing: True when this thread now holds the
+        communicator, False when it held it already (a call inside its own call), None when
+        another thread's call is inside (the fast path then hands the call to the checked
+        path, whose :meth:`claim` raises). End it with :meth:`release`."""
+        owner = self.owner
+        if owner is None:
+            self.owner = get_ident()
+            return True
+        return False if owner == get_ident() else None
 
     def refuse_freed(self, rank: int) -> None:
         """Raise :class:`CommunicatorFreed` when the communicator was freed."""

@@ -19,7 +19,6 @@ where it must take it, which then opens the signature's entry.
 
 from __future__ import annotations
 
-from threading import get_ident
 from typing import Any
 
 import numpy as np
@@ -382,15 +381,11 @@ class FastPath:
         elif (type(sendbuf) is not np.ndarray or sendbuf.dtype is not rep.send_dtype
               or sendbuf.size != rep.send_size or _may_share(sendbuf, recvbuf)):
             return False  # (overlapping: the checked path says what is wrong)
-        # the gate's claim, inline: this thread's call, or a call inside its own call (the
-        # pair counts' digest of an all-to-all); another thread's call: the gate says so
+        # this thread's call, or a call inside its own call (the pair counts' digest of an
+        # all-to-all); another thread's call: the checked path's claim says so
         gate = self.gate
-        if gate.owner is None:
-            gate.owner = get_ident()
-            mine = True
-        elif gate.owner == get_ident():
-            mine = False
-        else:
+        mine = gate.enter()
+        if mine is None:
             return False
         entry = rep.entry
         if entry.plan is not None:
@@ -575,12 +570,8 @@ class FastPath:
         # one call at a time, as Allreduce's (another thread's call: the checked path's
         # claim raises before anything moves); a call inside this thread's own call goes on
         gate = self.gate
-        if gate.owner is None:
-            gate.owner = get_ident()
-            mine = True
-        elif gate.owner == get_ident():
-            mine = False
-        else:
+        mine = gate.enter()
+        if mine is None:
             return False
         try:
             # A rank's part of a reduce or broadcast may complete without the rank that

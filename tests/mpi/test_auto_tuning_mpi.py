@@ -290,14 +290,15 @@ def committed_path(collective: str, rank: int) -> tuple[str, ...]:
     docs/contracts.md: a rank's part may complete without a rank that refused); mpi4py's
     arguments carved where they are not the caller's own (the allgather's, broadcast's and
     all-to-all's bytes, a reduce's non-root, which hands MPI no receive buffer); the call's
-    number from its one owner. No signature key, no gate method, no checked path, no
-    executor, nothing of auto's."""
+    number from its one owner, the gate's claim from its. No signature key, no checked
+    path, no executor, nothing of auto's."""
     if collective == "allreduce":
-        return ("Communicator.Allreduce", "FastPath.repeat", "CallNumbers.take")
+        return ("Communicator.Allreduce", "FastPath.repeat", "CallGate.enter",
+                "CallNumbers.take")
     method = {"reduce_scatter": "Reduce_scatter_block", "allgather": "Allgather",
               "reduce": "Reduce", "bcast": "Bcast", "alltoall": "Alltoall"}[collective]
-    path = [f"Communicator.{method}", "FastPath.family", "FastPath.run", "FastPath.native",
-            "CallNumbers.take"]
+    path = [f"Communicator.{method}", "FastPath.family", "FastPath.run", "CallGate.enter",
+            "FastPath.native", "CallNumbers.take"]
     if collective in ("reduce", "bcast"):
         path += ["CallAgreement.notice_waiting", "Mailbox.failure"]
     if collective in ("allgather", "bcast", "alltoall") or collective == "reduce" and rank != 0:
