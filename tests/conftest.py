@@ -81,6 +81,9 @@ _OWN_FOLDERS: list[str] = []
 SM_BACKING = "OMPI_MCA_btl_sm_backing_directory"
 #: where torch keeps its compiler's cache (a folder of the run's own: pytest_configure)
 TORCH_COMPILER_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+#: where bmlmpi keeps its calibrations and tuning tables: a folder of the run's own
+#: (pytest_configure), its compiled kernels' folder a link to the user's
+BMLMPI_CACHE = "BMLMPI_CACHE_DIR"
 #: The folders whose entries the run must leave as it found them.
 CHECKED = ("/dev/shm", "/tmp")
 #: What the suite keeps in /tmp on purpose, for the next run: the installed-package venv
@@ -134,6 +137,17 @@ def pytest_configure(config):
     if not os.environ.get(SM_BACKING) and os.path.isdir("/dev/shm"):
         folder = tempfile.mkdtemp(prefix="bmlmpi-suite-", dir="/dev/shm")
         os.environ[SM_BACKING] = folder
+        _OWN_FOLDERS.append(folder)
+    if not os.environ.get(BMLMPI_CACHE):
+        # The run's calibrations and tuning tables (measured under its own load, some of
+        # them from injected times) must not reach the user's cache, where they would steer
+        # auto in the user's next jobs; the compiled kernels are shared with the user's
+        # (keyed by their source), so that the suite compiles no more than before.
+        folder = tempfile.mkdtemp(prefix="bmlmpi-suite-cache-")
+        kernels = Path.home() / ".cache" / "bmlmpi" / "numba"
+        kernels.mkdir(parents=True, exist_ok=True)
+        os.symlink(kernels, os.path.join(folder, "numba"))
+        os.environ[BMLMPI_CACHE] = folder
         _OWN_FOLDERS.append(folder)
     if not os.environ.get(TORCH_COMPILER_CACHE):
         # the torch tests' ranks import torch's compiler (DTensor, FSDP2), which makes its
