@@ -83,7 +83,7 @@ SM_BACKING = "OMPI_MCA_btl_sm_backing_directory"
 TORCH_COMPILER_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 #: where bmlmpi keeps its calibrations and tuning tables: a folder of the run's own
 #: (pytest_configure), its compiled kernels' folder a link to the user's
-BMLMPI_CACHE = "BMLMPI_CACHE_DIR"
+CACHE_VARIABLE = "BMLMPI_CACHE_DIR"
 #: The folders whose entries the run must leave as it found them.
 CHECKED = ("/dev/shm", "/tmp")
 #: What the suite keeps in /tmp on purpose, for the next run: the installed-package venv
@@ -138,7 +138,7 @@ def pytest_configure(config):
         folder = tempfile.mkdtemp(prefix="bmlmpi-suite-", dir="/dev/shm")
         os.environ[SM_BACKING] = folder
         _OWN_FOLDERS.append(folder)
-    if not os.environ.get(BMLMPI_CACHE):
+    if not os.environ.get(CACHE_VARIABLE):
         # The run's calibrations and tuning tables (measured under its own load, some of
         # them from injected times) must not reach the user's cache, where they would steer
         # auto in the user's next jobs; the compiled kernels are shared with the user's
@@ -147,7 +147,7 @@ def pytest_configure(config):
         kernels = Path.home() / ".cache" / "bmlmpi" / "numba"
         kernels.mkdir(parents=True, exist_ok=True)
         os.symlink(kernels, os.path.join(folder, "numba"))
-        os.environ[BMLMPI_CACHE] = folder
+        os.environ[CACHE_VARIABLE] = folder
         _OWN_FOLDERS.append(folder)
     if not os.environ.get(TORCH_COMPILER_CACHE):
         # the torch tests' ranks import torch's compiler (DTensor, FSDP2), which makes its
