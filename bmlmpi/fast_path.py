@@ -240,8 +240,8 @@ class FastEntry:
         self.wire = wire        # a carried call's carrier (its buffer kept), else None
         self.algorithm = algorithm  # a carried call's: the algorithm that sums its words
         self.requested = requested  # ... and as asked ("auto" stays "auto")
-        #: whether a later call looks at the notices first (:meth:`FastPath.family`): False
-        #: where the rank needs every rank's data (:func:`waits_for_all`)
+        #: whether a later call looks at the notices first (:meth:`FastPath.run`): False
+        #: where the rank needs every rank's data (:func:`needs_every_rank`)
         self.polls = True
         #: native: mpi4py's bound method on the data communicator (:meth:`FastPath.rebind`
         #: binds it again)
@@ -249,16 +249,15 @@ class FastEntry:
 
 
 class Repeat:
-    """The signature of the last blocking allreduce that took the fast path: its entry, op,
-    the algorithm and ``reproducible`` as the call gave them (``asked``, ``plain``: None for
-    the communicator's own, whose change forgets this record) and the arrays' dtype objects
-    and sizes (no reference to the
-    arrays themselves, which must stay resizable). A later call with numpy arrays of the
-    same dtype objects and sizes, the same op and the same ``asked`` object is the same
-    signature: a dtype object is immutable (a reassigned ``.dtype``, another byte order:
-    another object, so no match), and equal sizes of C-contiguous arrays of one itemsize
-    span as many bytes (a reshaped array is the same allreduce; the flags and the overlap
-    are checked on every call)."""
+    """The signature of the last blocking allreduce that took the fast path: its entry, op, the
+    algorithm and ``reproducible`` as the call gave them (``asked``, ``plain``: None for the
+    communicator's own, whose change forgets this record) and the arrays' dtype objects and
+    sizes (no reference to the arrays themselves, which must stay resizable). A later call with
+    numpy arrays of the same dtype objects and sizes, the same op and the same ``asked`` and
+    ``plain`` objects is the same signature: a dtype object is immutable (a reassigned
+    ``.dtype``, another byte order: another object, so no match), and equal sizes of
+    C-contiguous arrays of one itemsize span as many bytes (a reshaped array is the same
+    allreduce; the flags and the overlap are checked on every call)."""
 
     __slots__ = ("entry", "op", "asked", "plain", "send_dtype", "recv_dtype", "send_size",
                  "recv_size")
