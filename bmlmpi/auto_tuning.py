@@ -390,9 +390,16 @@ class AutoTuning:
         self.tuner.record(key, name, clock() - started)
         self.calls[key] = index + 1
         if self.tuner.due(key, index):
-            self.tuner.commit(key, self._agree(self.tuner.proposal(key)))
-            self.calls.pop(key, None)
+            self._agreement(key)
         return True
+
+    def _agreement(self, key: Any) -> None:
+        """The key's proposal agreed across ranks and handed to the Tuner; a key that
+        committed forgets its call count, one that runs off counts on (the runoff's calls
+        follow the exploration's, :meth:`bmlmpi.tuner.Tuner.choose`)."""
+        self.tuner.commit(key, self._agree(self.tuner.proposal(key)))
+        if self.tuner.committed(key) is not None:
+            self.calls.pop(key, None)
 
     @staticmethod
     def candidate_key(sig: tuple, name: str) -> tuple:
@@ -432,8 +439,7 @@ class AutoTuning:
             self.tuner.record(key, timing.name, self.clock() - timing.started)
             self.calls[key] = timing.index + 1
             if self.tuner.due(key, timing.index):
-                self.tuner.commit(key, self._agree(self.tuner.proposal(key)))
-                self.calls.pop(key, None)
+                self._agreement(key)
         if self._settles(call):
             self._take_prices()
             return False
@@ -488,6 +494,19 @@ class AutoTuning:
         block = self.tuner.block_calls_at(key.size)
         lead = self.tuner.lead_calls_at(key.size)
         settling = f" after {lead} settling calls not counted" if lead else ""
+        if report.runoff:
+            pair = " and ".join(report.runoff)
+            calls = len(report.runoff) * self.tuner.calls_per_candidate(
+                key.size, self.tuner.runoff_rounds)
+            return dataclasses.replace(
+                explanation, chosen=nxt, rule="exploring", tuning=report,
+                why=(f"blocking call {index + 1} on this signature runs {nxt}: {pair} run off "
+                     f"({calls} calls, {self.tuner.runoff_rounds} rounds of blocks of {block} "
+                     f"counted calls{settling}), the fastest median more than "
+                     f"{100 * (self.tuner.margin - 1):.0f} % ahead of {report.prior}'s but "
+                     f"within the blocks' spread; then every rank commits to the challenger "
+                     f"if its block beat {report.prior}'s in every round but one and by more "
+                     f"than the margin in the median round, else to {report.prior}"))
         calls = len(names) * self.tuner.calls_per_candidate(key.size)   # exploration_calls
         return dataclasses.replace(
             explanation, chosen=nxt, rule="exploring", tuning=report,
@@ -503,8 +522,10 @@ class AutoTuning:
 
 
 def _new_tuner() -> Tuner:
-    """A Tuner whose exploration blocks hold ``BMLMPI_TUNING_BLOCK`` calls at small sizes."""
-    return Tuner(block_calls=config.get("BMLMPI_TUNING_BLOCK"))
+    """A Tuner whose exploration blocks hold ``BMLMPI_TUNING_BLOCK`` calls at small sizes and
+    whose runoffs run ``BMLMPI_TUNING_RUNOFF`` rounds."""
+    return Tuner(block_calls=config.get("BMLMPI_TUNING_BLOCK"),
+                 runoff_rounds=config.get("BMLMPI_TUNING_RUNOFF"))
 
 
 def _committed_why(report: TuningReport) -> str:

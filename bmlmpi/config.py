@@ -199,6 +199,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "consecutive calls `auto` times as one block of a candidate while it explores a "
              "small signature (fewer from 256 KiB, one from 4 MiB, each after one call not "
              "counted from 1 MiB; docs/tuning.md); 1 times single calls", _count(1)),
+    Variable("BMLMPI_TUNING_RUNOFF", "rounds", 4, "4",
+             "counted rounds of a runoff between `auto`'s prior and a candidate whose median "
+             "beat it by more than the margin but not by more than the blocks' spread "
+             "(docs/tuning.md); 0: no runoff, the prior is kept", _count(0)),
     Variable("BMLMPI_AUTO_BML_BYTES", "bytes", 64 * 1024, "65536",
              "fixed rule without calibration: native below this many bytes, bml from it",
              _count(0)),

@@ -50,10 +50,18 @@ across ranks, so every rank decides alike without a message of the Tuner's own:
    (median gap > the winner's spread above its median + the prior's spread below its
    median), or be more than :data:`DECISIVE` (1.25) times faster by its median and its median
    faster than the prior's fastest block (a gap the winner's preempted blocks cannot have
-   made: load only adds time). A near-tie, or a gap that one preempted block could make,
-   is noise, not a reason to leave the model's pick. ``why`` is ``"measured"`` when the
-   measurement chose, ``"model"`` or ``"rule"`` when the prior was kept (or nothing was
-   measured).
+   made: load only adds time). A near-tie (within the margin) is noise, not a reason to
+   leave the model's pick. A gap beyond the margin that one preempted block could have
+   made is settled by a **runoff** (:data:`RUNOFF_ROUNDS`, default 4): the key explores on
+   from the next call with the winner and the prior only: ``runoff_rounds`` more rounds of
+   their blocks in turn (each with its warm-up call or settling calls, as above), and a
+   second agreement of their block means. Block ``j`` of the two ran in the same round,
+   one right after the other, so the pairs are compared, not the spreads
+   (:meth:`Tuner._wins_runoff`): the winner replaces the prior when its block was the
+   faster in every pair but at most one and the median of the pairs' ratios exceeds the
+   margin; the prior stays otherwise. The others keep their first blocks. ``why`` is
+   ``"measured"`` when the measurement chose, ``"model"`` or ``"rule"`` when the prior was
+   kept (or nothing was measured).
 4. Committed, every ``sample_every``-th call (default 16) of the key is timed (:meth:`Tuner.timed`)
    and every ``review_samples`` such calls (default 5, so every 80 calls) :meth:`Tuner.due`
    asks for a **review**: the proposal is the committed algorithm's median of those samples
@@ -66,7 +74,10 @@ across ranks, so every rank decides alike without a message of the Tuner's own:
 Each commit, and each review that sends a key back to exploring, is logged once at DEBUG on
 the ``bmlmpi`` logger.
 
-Decided against the design sketch: a warm-up call before ``rounds`` counted blocks (the
+A runoff rather than more rounds for every key: most keys are decided by their three rounds
+(a clear winner, or a near-tie); only a gap the spread leaves open pays for more blocks,
+and only of the two it concerns. Decided against the design sketch: a warm-up call before
+``rounds`` counted blocks (the
 sketch counted the warm-up among its rounds, leaving medians of two), so that each median is
 of three blocks; blocks of consecutive calls rather than single calls, so that a call that
 lost the core to another process counts as often as it happens; "measured" also when the
@@ -95,7 +106,8 @@ from .schedules.collectives import collective as contract
 
 _log = logging.getLogger("bmlmpi")
 
-__all__ = ["BLOCK_BYTES", "BLOCK_CALLS", "CONTRADICTED", "DECISIVE", "MARGIN", "SETTLE_CALLS",
+__all__ = ["BLOCK_BYTES", "BLOCK_CALLS", "CONTRADICTED", "DECISIVE", "MARGIN", "RUNOFF_ROUNDS",
+           "SETTLE_CALLS",
            "TUNED_RULES", "WHYS", "CandidateTiming", "TuningKey", "TuningReport", "Tuner",
            "pick_candidates", "size_class"]
 
@@ -123,6 +135,9 @@ DECISIVE = 1.25
 #: a committed choice whose agreed median exceeds another candidate's by this factor is
 #: explored afresh
 CONTRADICTED = 1.2
+#: the counted rounds of a runoff between the prior and a fastest candidate the rule could
+#: not tell apart from it (0: no runoff)
+RUNOFF_ROUNDS = 4
 #: why a committed choice won
 WHYS = ("measured", "table", "model", "rule")
 #: the rules of :func:`bmlmpi.selection.explain` that leave a choice to measure; a key
@@ -212,8 +227,9 @@ class CandidateTiming:
 class TuningReport:
     """Where one key stands: ``state`` (``"exploring"`` or ``"committed"``), ``chosen``
     (the committed algorithm; None while exploring), ``why`` (``measured``, ``table``,
-    ``model``, ``rule``; None while exploring), ``prior`` (the model's or rule's pick) and
-    the ``candidates`` in exploration order."""
+    ``model``, ``rule``; None while exploring), ``prior`` (the model's or rule's pick),
+    the ``candidates`` in exploration order and, in a runoff, the two that run off
+    (``runoff``; empty otherwise)."""
 
     key: TuningKey
     state: str
@@ -221,10 +237,13 @@ class TuningReport:
     why: str | None
     prior: str
     candidates: tuple[CandidateTiming, ...]
+    runoff: tuple[str, ...] = ()
 
     def __str__(self) -> str:
+        exploring = (f"exploring (a runoff: {' against '.join(self.runoff)})" if self.runoff
+                     else "exploring")
         head = (f"{self.key.collective} {self.key.size} B class on {self.key.ranks} ranks: "
-                + (f"{self.chosen} ({self.why})" if self.chosen else "exploring"))
+                + (f"{self.chosen} ({self.why})" if self.chosen else exploring))
         lines = [head]
         for c in self.candidates:
             pred = "-" if c.predicted is None else f"{c.predicted * 1e6:.1f} us"
@@ -254,6 +273,11 @@ class _State:
     blocks: tuple[tuple[float, ...], ...] | None = None  # agreed block means, per candidate
     counted: tuple[int, ...] | None = None  # this rank's samples behind the commit
     last_index: int = -1
+    # a runoff: the two candidates it runs (candidate order), the first exploration's agreed
+    # blocks and this rank's counted calls in it, per candidate
+    runoff: tuple[str, ...] | None = None
+    earlier: tuple[tuple[float, ...], ...] | None = None
+    earlier_counted: tuple[int, ...] | None = None
 
 
 class Tuner:
@@ -263,6 +287,7 @@ class Tuner:
     which a block is one call (:meth:`block_calls_at`); ``settle``: the uncounted leading
     calls of a block by size class (:data:`SETTLE_CALLS`); ``margin``: the prior's margin;
     ``decisive``: the factor that wins over the blocks' spread (:meth:`_beats`);
+    ``runoff_rounds``: the counted rounds of a runoff (:data:`RUNOFF_ROUNDS`, 0: none);
     ``sample_every`` and ``review_samples``: how often a committed key is timed and
     reviewed."""
 
@@ -271,11 +296,14 @@ class Tuner:
                  settle: Sequence[tuple[int, int]] = SETTLE_CALLS, margin: float = MARGIN,
                  decisive: float = DECISIVE,
                  sample_every: int = 16, review_samples: int = 5,
-                 contradicted: float = CONTRADICTED) -> None:
+                 contradicted: float = CONTRADICTED, runoff_rounds: int = RUNOFF_ROUNDS) -> None:
         if (k < 1 or rounds < 1 or block_calls < 1 or block_bytes < 1 or sample_every < 1
                 or review_samples < 1):
             raise ValueError("k, rounds, block_calls, block_bytes, sample_every and "
                              "review_samples are at least 1")
+        if runoff_rounds < 0:
+            raise ValueError(f"runoff_rounds is at least 0, got {runoff_rounds}")
+        self.runoff_rounds = runoff_rounds
         if not (margin >= 1 and contradicted >= 1 and decisive >= margin):
             raise ValueError("margin and contradicted are factors of at least 1, decisive "
                              "one of at least margin")
@@ -375,29 +403,47 @@ class Tuner:
         block's leading calls are its warm-up)."""
         return int(self.lead_calls_at(size) == 0)
 
-    def calls_per_candidate(self, size: int) -> int:
+    def calls_per_candidate(self, size: int, rounds: int | None = None) -> int:
         """One candidate's calls in an exploration of a key of ``size``: its warm-up, then
-        ``rounds`` blocks, each its leading calls and its counted ones."""
-        return self.warmup_calls_at(size) + self.rounds * (self.lead_calls_at(size)
-                                                          + self.block_calls_at(size))
+        ``rounds`` (default: the exploration's) blocks, each its leading calls and its
+        counted ones."""
+        rounds = self.rounds if rounds is None else rounds
+        return self.warmup_calls_at(size) + rounds * (self.lead_calls_at(size)
+                                                     + self.block_calls_at(size))
+
+    def most_calls(self, size: int, candidates: int) -> int:
+        """The most calls a key of ``size`` with ``candidates`` candidates explores before it
+        commits: its exploration and a runoff of two of them."""
+        runoff = (2 * self.calls_per_candidate(size, self.runoff_rounds)
+                  if self.runoff_rounds and candidates > 1 else 0)
+        return candidates * self.calls_per_candidate(size) + runoff
+
+    def _explored(self, st: _State) -> tuple[tuple[str, ...], int]:
+        """The candidates an exploring key runs now and its counted rounds: the runoff's two
+        in a runoff, else every candidate."""
+        if st.runoff is not None:
+            return st.runoff, self.runoff_rounds
+        return st.candidates, self.rounds
 
     def exploration_calls(self, key: TuningKey) -> int:
-        """How many calls one exploration of ``key`` takes (:meth:`calls_per_candidate` for
-        each candidate)."""
-        return len(self._state(key).candidates) * self.calls_per_candidate(key.size)
+        """How many calls the exploration ``key`` runs now takes (:meth:`calls_per_candidate`
+        for each candidate it runs: every one, or a runoff's two)."""
+        names, rounds = self._explored(self._state(key))
+        return len(names) * self.calls_per_candidate(key.size, rounds)
 
     def _place(self, key: TuningKey, st: _State, index: int) -> tuple[str, int] | None:
         """Exploring: the candidate call ``index`` runs and its round (0: the warm-up or a
         block's leading call, not counted); None past the exploration."""
-        at, c = index - st.start, len(st.candidates)
+        names, _ = self._explored(st)
+        at, c = index - st.start, len(names)
         if not 0 <= at < self.exploration_calls(key):
             return None
         warm = c * self.warmup_calls_at(key.size)
         if at < warm:
-            return st.candidates[at], 0
+            return names[at], 0
         lead = self.lead_calls_at(key.size)
         block, within = divmod(at - warm, lead + self.block_calls_at(key.size))
-        return st.candidates[block % c], (0 if within < lead else 1 + block // c)
+        return names[block % c], (0 if within < lead else 1 + block // c)
 
     def choose(self, key: TuningKey, index: int) -> str:
         """The algorithm call ``index`` of ``key`` runs (``index``: this key's calls before
@@ -459,9 +505,10 @@ class Tuner:
         agreed medians."""
         st = self._state(key)
         if st.chosen is None:
+            names, rounds = self._explored(st)
             return tuple(statistics.fmean(st.samples[c][r])
                          if st.samples.get(c, {}).get(r) else math.inf
-                         for c in st.candidates for r in range(1, self.rounds + 1))
+                         for c in names for r in range(1, rounds + 1))
         mine = st.samples.get(st.chosen, {}).get(0)
         fresh = statistics.median(mine) if mine else 0.0
         base = st.medians if st.medians is not None else (0.0,) * len(st.candidates)
@@ -473,15 +520,25 @@ class Tuner:
         the same ``agreed`` vector reaches the same state."""
         st = self._state(key)
         agreed = tuple(float(x) for x in agreed)
-        width = len(st.candidates) * (self.rounds if st.chosen is None else 1)
+        if st.chosen is None:
+            names, rounds = self._explored(st)
+            width = len(names) * rounds
+        else:
+            width = len(st.candidates)
         if len(agreed) != width or any(math.isnan(x) or x < 0 for x in agreed):
             raise ValueError(f"agreed times {agreed} do not fit the candidates "
                              f"{st.candidates} of {key}")
         if st.chosen is None:
             self._settle(st, agreed)
-            _log.debug("auto committed %s: %s (%s), agreed medians %s, blocks %s", key,
-                       st.chosen, st.why, dict(zip(st.candidates, st.medians, strict=True)),
-                       dict(zip(st.candidates, st.blocks, strict=True)))
+            if st.chosen is None:
+                _log.debug("auto runs off %s from call %d: %s, agreed medians %s, blocks %s",
+                           key, st.start, " against ".join(st.runoff),
+                           dict(zip(st.candidates, st.medians, strict=True)),
+                           dict(zip(st.candidates, st.blocks, strict=True)))
+            else:
+                _log.debug("auto committed %s: %s (%s), agreed medians %s, blocks %s", key,
+                           st.chosen, st.why, dict(zip(st.candidates, st.medians, strict=True)),
+                           dict(zip(st.candidates, st.blocks, strict=True)))
         else:
             self._review(st, agreed)
             if st.chosen is None:
@@ -490,30 +547,70 @@ class Tuner:
         return self.report(key)
 
     def _settle(self, st: _State, agreed: tuple[float, ...]) -> None:
-        r = self.rounds
-        blocks = tuple(agreed[i * r:(i + 1) * r] for i in range(len(st.candidates)))
+        names, r = self._explored(st)
+        new = dict(zip(names, (agreed[i * r:(i + 1) * r] for i in range(len(names))),
+                       strict=True))
+        counted = tuple(sum(map(len, st.samples.get(c, {}).values())) for c in st.candidates)
+        if st.runoff is not None:
+            # the runoff's blocks follow the first exploration's, round for round
+            blocks = tuple(old + new.get(c, ()) for c, old in zip(st.candidates, st.earlier,
+                                                                  strict=True))
+            counted = tuple(a + b for a, b in zip(st.earlier_counted, counted, strict=True))
+        else:
+            blocks = tuple(new[c] for c in st.candidates)
         # a candidate with a block some rank did not time cannot win
         medians = tuple(statistics.median(b) if all(map(math.isfinite, b)) else math.inf
                         for b in blocks)
         finite = [i for i, x in enumerate(medians) if math.isfinite(x)]
         prior_at = st.candidates.index(st.prior) if st.prior in st.candidates else None
-        if not finite:
+        st.medians, st.blocks = medians, blocks
+        st.samples = {}
+        if st.runoff is not None:
+            # only the two that ran off are compared (the others' blocks are fewer)
+            challenger = next(st.candidates.index(c) for c in st.runoff if c != st.prior)
+            won = self._wins_runoff(blocks[challenger], blocks[prior_at])
+            st.chosen, st.why = ((st.candidates[challenger], "measured") if won
+                                 else (st.prior, st.prior_why))
+        elif not finite:
             st.chosen, st.why = st.prior, st.prior_why
         else:
             best = min(finite, key=lambda i: medians[i])  # ties: the earlier candidate
-            kept = (prior_at is not None and prior_at != best
-                    and math.isfinite(medians[prior_at])
-                    and not self._beats(medians[best], blocks[best], medians[prior_at],
-                                        blocks[prior_at]))
-            if kept:
-                st.chosen, st.why = st.prior, st.prior_why
-            else:
+            contested = (prior_at is not None and prior_at != best
+                         and math.isfinite(medians[prior_at]))
+            if not contested:
                 st.chosen, st.why = st.candidates[best], "measured"
-        st.medians, st.blocks = medians, blocks
-        st.counted = tuple(sum(map(len, st.samples.get(c, {}).values()))
-                           for c in st.candidates)
+            elif self._beats(medians[best], blocks[best], medians[prior_at],
+                             blocks[prior_at]):
+                st.chosen, st.why = st.candidates[best], "measured"
+            elif self.runoff_rounds and medians[prior_at] > self.margin * medians[best]:
+                # faster by more than the margin, but a gap the blocks' spread could make:
+                # the two run off
+                st.runoff = tuple(c for i, c in enumerate(st.candidates)
+                                  if i in (best, prior_at))
+                st.earlier, st.earlier_counted = blocks, counted
+                st.start = st.last_index + 1
+                return
+            else:
+                st.chosen, st.why = st.prior, st.prior_why
+        st.runoff = st.earlier = st.earlier_counted = None
+        st.counted = counted
         st.committed_at = st.last_index
-        st.samples = {}
+
+    def _wins_runoff(self, blocks: tuple[float, ...], prior_blocks: tuple[float, ...]) -> bool:
+        """Whether the runoff's challenger (its blocks, the first exploration's then the
+        runoff's) replaces the prior (its blocks of the same rounds): block ``j`` of each ran
+        in the same round, one right after the other, so a drift of the load falls on both
+        alike and the pair is compared, not the blocks' spreads. The challenger wins when
+        the median of the pairs' ratios (the prior's block over its own) exceeds the margin
+        and its block was the faster in every pair but at most one (a block disturbed by
+        preemption loses its pair, whichever candidate it hit)."""
+        if not all(map(math.isfinite, blocks + prior_blocks)):
+            return False  # a block some rank did not time: the challenger cannot win
+        ratios = [p / c for c, p in zip(blocks, prior_blocks, strict=True) if c > 0]
+        if len(ratios) != len(blocks):
+            return False
+        faster = sum(1 for x in ratios if x > 1)
+        return statistics.median(ratios) > self.margin and faster >= len(ratios) - 1
 
     def _beats(self, median: float, blocks: tuple[float, ...], prior_median: float,
                prior_blocks: tuple[float, ...]) -> bool:
@@ -537,6 +634,7 @@ class Tuner:
         if others and agreed[at] > self.contradicted * min(others):
             st.chosen = st.why = None
             st.medians = st.counted = st.blocks = None
+            st.runoff = st.earlier = st.earlier_counted = None
             st.start = st.last_index + 1
 
     # -- reading -----------------------------------------------------------------------------
@@ -569,7 +667,7 @@ class Tuner:
             blocks = st.blocks[i] if st.blocks is not None else ()
             rows.append(CandidateTiming(c, st.predicted.get(c), measured, samples, blocks))
         return TuningReport(key, "exploring" if st.chosen is None else "committed",
-                            st.chosen, st.why, st.prior, tuple(rows))
+                            st.chosen, st.why, st.prior, tuple(rows), st.runoff or ())
 
     def table_entries(self) -> Mapping[TuningKey, tuple[str, tuple[str, ...],
                                                        tuple[float, ...] | None, str]]:

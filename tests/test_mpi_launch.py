@@ -24,13 +24,14 @@ def run_ranks(n: int, args: list[str], timeout: int = LAUNCH_TIMEOUT,
     """``args`` run by ``n`` ranks. Each launch has a tuning table of its own (none at first):
     what ``auto`` runs in it does not depend on what an earlier launch or job committed; and
     ``auto`` explores in blocks of one call (``BMLMPI_TUNING_BLOCK=1``: four calls per
-    candidate, the exploration's blocks are tests/unit/test_tuner_noise.py's), so that a
-    launch that runs signatures until they commit stays short."""
+    candidate) without a runoff (``BMLMPI_TUNING_RUNOFF=0``; the exploration's blocks and
+    the runoff are tests/unit/test_tuner_noise.py's), so that a launch that runs signatures
+    until they commit stays short."""
     cmd = [sys.executable, "-m", "bmlmpi.cli.launch", "-n", str(n), sys.executable, *args]
     with tempfile.TemporaryDirectory(prefix="bmlmpi-tuning-") as tables:
         full_env = {**os.environ, "BMLMPI_TIMEOUT": "60", "PYTHONUNBUFFERED": "1",
                     "BMLMPI_TUNING": str(Path(tables) / "tuning.jsonl"),
-                    "BMLMPI_TUNING_BLOCK": "1", **(env or {})}
+                    "BMLMPI_TUNING_BLOCK": "1", "BMLMPI_TUNING_RUNOFF": "0", **(env or {})}
         try:
             return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
                                   timeout=timeout, env=full_env)

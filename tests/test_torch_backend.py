@@ -50,9 +50,10 @@ def launch(py: Path, n: int, args: list[str], *, ft: bool = False, timeout: floa
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_backend_against_gloo(torch_python, n):
-    # auto explores in blocks of one call (4 calls per candidate): its check stays short
+    # auto explores in blocks of one call (4 calls per candidate) without a runoff: its check
+    # stays short
     res = launch(torch_python, n, ["tests/frameworks/torch_ranks.py"], timeout=LAUNCH_TIMEOUT,
-                 env={"BMLMPI_TUNING_BLOCK": "1"})
+                 env={"BMLMPI_TUNING_BLOCK": "1", "BMLMPI_TUNING_RUNOFF": "0"})
     out = res.stdout + res.stderr
     tail = out[-6000:]
     failed = [line for line in res.stdout.splitlines() if " FAIL" in line]

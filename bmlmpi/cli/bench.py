@@ -413,12 +413,13 @@ def tuning_calls(ctx: Communicator, collective: str = "allreduce", nbytes: int =
     prices are taken and exploring starts afresh, then a key's exploration (each candidate's
     warm-up or settling calls and counted rounds of blocks, :meth:`bmlmpi.tuner.Tuner.
     calls_per_candidate`, over at most ``k`` + 1 candidates, or, with nothing
-    priced, every algorithm the collective has, docs/tuning.md). The sweep gives ``auto``
-    these on top of its warm-up, so that its row times ``auto`` after its tuning calls, as a
-    job's later calls run."""
+    priced, every algorithm the collective has, docs/tuning.md; and a runoff of two,
+    :meth:`bmlmpi.tuner.Tuner.most_calls`). The sweep gives ``auto`` these on top of its
+    warm-up, so that its row times ``auto`` after its tuning calls, as a job's later calls
+    run."""
     tuner = ctx.tuning.tuner
     most = max(tuner.k + 1, len(implemented(collective)) - 1)   # (auto is not a candidate)
-    return 1 + most * tuner.calls_per_candidate(size_class(nbytes))
+    return 1 + tuner.most_calls(size_class(nbytes), most)
 
 
 def measure(ctx: Communicator, algorithms: list[str], nbytes: int, iters: int, skip: int,

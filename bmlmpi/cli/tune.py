@@ -31,10 +31,10 @@ DEFAULT_SIZES = tuple(8 << (2 * i) for i in range(13))
 def _most_calls(ctx: Communicator, collective: str, nbytes: int) -> int:
     """A bound on one signature's calls: its exploration takes
     :meth:`~bmlmpi.tuner.Tuner.calls_per_candidate` calls per candidate (a warm-up call or
-    each block's settling calls, and ``rounds`` blocks), and every algorithm of the
-    collective may be one."""
+    each block's settling calls, and ``rounds`` blocks), every algorithm of the collective
+    may be one, and a runoff of two may follow (:meth:`~bmlmpi.tuner.Tuner.most_calls`)."""
     tuner = ctx.tuning.tuner
-    return 1 + len(algorithms(collective)) * tuner.calls_per_candidate(size_class(nbytes))
+    return 1 + tuner.most_calls(size_class(nbytes), len(algorithms(collective)))
 
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -158,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="8,64,1K,16K,64K,256K,1M,4M,16M,64M")
     # 0: one block per row, each row in every position once
     ap.add_argument("--blocks", type=int, default=0)
-    # an exploration takes up to 294 calls (6 candidates, blocks of 16), then ten more
-    ap.add_argument("--first", type=int, default=400)
+    # an exploration takes up to 294 calls (6 candidates, blocks of 16) and a runoff of two
+    # 130 more, then ten more
+    ap.add_argument("--first", type=int, default=450)
     ap.add_argument("--json", required=True)
     args = ap.parse_args(argv)
     collectives, sizes = parse_collectives(args.collectives), parse_sizes(args.sizes)

@@ -22,13 +22,16 @@ PRICES = Calibration(alpha=1e-5, beta=1e-9, native=((8, 2e-5), (1 << 20, 1e-3)),
 
 @pytest.fixture
 def own_table(tmp_path_factory, monkeypatch):
-    """A tuning table of this test's own (none at first), no calibration measured, and
-    exploration blocks of one call: four calls per candidate, so that these tests of the
-    pipeline stay short (the blocks' statistics are tests/unit/test_tuner_noise.py's)."""
+    """A tuning table of this test's own (none at first), no calibration measured,
+    exploration blocks of one call (four calls per candidate) and no runoff, so that these
+    tests of the pipeline stay short and commit after the one exploration (the blocks'
+    statistics and the runoff are tests/unit/test_tuner_noise.py's;
+    test_a_runoff_commits_every_rank_alike runs one)."""
     comm = MPI.COMM_WORLD
     where = comm.bcast(str(tmp_path_factory.mktemp("tuning")) if comm.rank == 0 else None)
     monkeypatch.setenv("BMLMPI_TUNING", f"{where}/table.jsonl")
     monkeypatch.setenv("BMLMPI_TUNING_BLOCK", "1")
+    monkeypatch.setenv("BMLMPI_TUNING_RUNOFF", "0")
     monkeypatch.setenv("BMLMPI_CALIBRATE", "0")
     monkeypatch.delenv("BMLMPI_ALGORITHM", raising=False)
     return f"{where}/table.jsonl"
@@ -132,6 +135,63 @@ def test_the_slowest_ranks_times_decide(own_table):
     assert world.allgather(report.chosen) == [report.chosen] * world.size
     measured = {t.name: t.measured for t in report.candidates}
     assert measured[fast] == 1e-2                # rank 0's median: the slowest rank counts
+    c.Free()
+
+
+@pytest.mark.mpi
+def test_a_runoff_commits_every_rank_alike(own_table, monkeypatch):
+    """A challenger whose median (85 us) beats the prior's (100 us) by more than the margin
+    but whose second block was slow on one rank (3 ms): the gap is within the spread, so the
+    two run off (a warm-up call each and four rounds of blocks in turn), every call exact;
+    the challenger's blocks beat the prior's in every round but that one, and every rank
+    commits it (measured), its median over seven blocks."""
+    world = MPI.COMM_WORLD
+    if world.size == 1:
+        pytest.skip("one rank has nothing to choose between")
+    monkeypatch.setenv("BMLMPI_TUNING_RUNOFF", "4")
+    c = bmlmpi.Communicator(world, timeout=60)
+    c.calibration = PRICES
+    n = 1 << 12
+    tuner = c.tuning.tuner
+    report = c.explain(n, np.float64).tuning
+    names = [t.name for t in report.candidates]
+    prior = report.prior
+    challenger = next(name for name in names if name != prior)
+    seen: dict[str, int] = {}
+
+    def injected(name):
+        k = seen[name] = seen.get(name, -1) + 1   # 0: the warm-up call
+        if name == prior:
+            return 1e-4
+        if name == challenger:
+            return 3e-3 if (k == 2 and world.rank == world.size - 1) else 8.5e-5
+        return 1e-3
+    record = tuner.record
+    tuner.record = lambda key, name, seconds: record(key, name, injected(name))
+    x = data(n, world.rank)
+    ran = []
+    explored, runoff = 4 * len(names), 2 * (1 + 4)
+    for call in range(explored + runoff + 3):
+        out, ref = np.empty(n), np.empty(n)
+        c.Allreduce(x, out)
+        world.Allreduce(x, ref)
+        assert np.array_equal(out, ref), (call, c.recorder.calls()[-1])
+        ran.append(c.recorder.calls()[-1]["chosen"])
+        if call == explored - 1:
+            between = c.explain(n, np.float64)
+            assert between.tuning.state == "exploring", str(between)
+            assert set(between.tuning.runoff) == {prior, challenger}, str(between)
+            assert "run off" in between.why, between.why
+    pair = [name for name in names if name in (prior, challenger)]
+    assert ran[:explored] == names * 4
+    assert ran[explored:explored + runoff] == pair * 5
+    report = c.explain(n, np.float64).tuning
+    assert (report.state, report.chosen, report.why) == ("committed", challenger, "measured")
+    assert set(ran[explored + runoff:]) == {challenger}
+    blocks = {t.name: t.blocks for t in report.candidates}
+    assert len(blocks[challenger]) == len(blocks[prior]) == 7
+    assert max(blocks[challenger]) == 3e-3 and blocks[prior] == (1e-4,) * 7
+    assert world.allgather((ran, report.chosen)) == [(ran, report.chosen)] * world.size
     c.Free()
 
 

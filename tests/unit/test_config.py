@@ -30,6 +30,7 @@ BAD_VALUES = {
     "BMLMPI_TREE_ARRAY_BOUND": ["x", "-1", "1.5", "1e3"],
     "BMLMPI_AUTO_BML_BYTES": ["x", "-1", "64KiB", "0.5"],
     "BMLMPI_TUNING_BLOCK": ["0", "-1", "many", "1.5"],
+    "BMLMPI_TUNING_RUNOFF": ["-1", "many", "1.5"],
     "BMLMPI_SPIN": ["x", "-0.01", "inf", "nan"],
     "BMLMPI_KERNEL": ["fortran", "cupy", "numba2"],
     "BMLMPI_KERNEL_THREADS": ["0", "-2", "many", "2.5"],

@@ -30,26 +30,33 @@ def rule_pick() -> selection.Explanation:
 
 
 def explore(tuners: list[Tuner], time_of: Callable[[int, str, int], float]) -> list[str]:
-    """One exploration of KEY on every rank's Tuner: call ``index`` runs the candidate every
-    rank chooses alike; ``time_of(rank, name, k)`` is that rank's seconds for the ``k``-th
-    call of ``name`` (0 first, the warm-up's included). Then the MAX over ranks is agreed and
-    committed. Returns each rank's commit."""
+    """KEY's exploration on every rank's Tuner until it commits (a runoff included): call
+    ``index`` runs the candidate every rank chooses alike; ``time_of(rank, name, k)`` is that
+    rank's seconds for the ``k``-th call of ``name`` (0 first, the warm-up's included). At
+    each agreement the MAX over ranks is agreed and committed. Returns each rank's commit."""
     why = rule_pick()
     for t in tuners:
         t.begin(KEY, why)
-    calls = tuners[0].exploration_calls(KEY)
     count: dict[str, int] = {}
-    for index in range(calls):
+    index = start = 0
+    most = tuners[0].most_calls(KEY.size, len(tuners[0].report(KEY).candidates))
+    while tuners[0].committed(KEY) is None:
+        assert index < most, "no commit within the most calls the Tuner says it takes"
+        calls = tuners[0].exploration_calls(KEY)
         names = {t.choose(KEY, index) for t in tuners}
         assert len(names) == 1
         name = names.pop()
         k = count[name] = count.get(name, -1) + 1
         for rank, t in enumerate(tuners):
             t.record(KEY, name, time_of(rank, name, k))
-        assert {t.due(KEY, index) for t in tuners} == {index == calls - 1}
-    agreed = [max(col) for col in zip(*(t.proposal(KEY) for t in tuners), strict=True)]
-    for t in tuners:
-        t.commit(KEY, agreed)
+        assert {t.due(KEY, index) for t in tuners} == {index - start == calls - 1}
+        if index - start == calls - 1:
+            agreed = [max(col) for col in zip(*(t.proposal(KEY) for t in tuners),
+                                              strict=True)]
+            for t in tuners:
+                t.commit(KEY, agreed)
+            start = index + 1
+        index += 1
     return [t.committed(KEY) for t in tuners]
 
 
@@ -72,21 +79,66 @@ def test_a_schedule_whose_calls_lose_the_core_does_not_win_on_its_median_call():
     assert tree.measured > 1000 * US and len(tree.blocks) == 3
 
 
-def test_a_median_gap_within_the_blocks_spread_keeps_the_prior():
+def test_a_median_gap_within_the_blocks_spread_is_run_off():
     """tree's median block (60 us) beats native's (70 us) by more than the margin, but one of
     its three blocks ran while the machine was busy (3 ms a call): the gap is within tree's
-    spread, so it is noise, and native stays (why: the rule's pick kept)."""
+    spread, so the two run off, four more rounds of their blocks in turn. tree's blocks
+    beat native's in every round but the busy one: tree (measured), its median over the
+    seven blocks. Had tree's runoff blocks run at 75 us (its first ones lucky), native's
+    would have beaten them, and native stays (why: the rule's pick kept)."""
+    def busy_second_block(after: float):
+        def time_of(rank, name, k):
+            if name == "tree":
+                if BLOCK < k <= 2 * BLOCK:   # the second counted block (k 0: the warm-up)
+                    return 3000 * US
+                return 60 * US if k <= 3 * BLOCK else after
+            return steady(name)
+        return time_of
+    tuners = [Tuner() for _ in range(RANKS)]
+    assert explore(tuners, busy_second_block(60 * US)) == ["tree"] * RANKS
+    report = tuners[0].report(KEY)
+    assert report.why == "measured"
+    tree = next(c for c in report.candidates if c.name == "tree")
+    native = next(c for c in report.candidates if c.name == "native")
+    assert len(tree.blocks) == len(native.blocks) == 3 + 4
+    assert tree.measured == 60 * US and max(tree.blocks) == 3000 * US
+    assert all(len(c.blocks) == 3 for c in report.candidates if c.name not in ("tree", "native"))
+
+    tuners = [Tuner() for _ in range(RANKS)]
+    assert explore(tuners, busy_second_block(75 * US)) == ["native"] * RANKS
+    assert tuners[0].report(KEY).why == "rule"
+
+
+def test_a_runoff_is_two_candidates_blocks_in_turn_and_every_rank_agrees_to_it():
+    """After the exploration's agreement the key explores on (no commit) with the prior
+    and the fastest only: each a warm-up call, then four rounds of their blocks in turn,
+    then one more agreement of their eight block means. Without runoff rounds the prior is
+    kept at once."""
     def time_of(rank, name, k):
         if name == "tree":
-            busy = BLOCK < k <= 2 * BLOCK   # the second counted block (k 0: the warm-up)
-            return 3000 * US if busy else 60 * US
+            return 3000 * US if BLOCK < k <= 2 * BLOCK else 60 * US
         return steady(name)
-    tuners = [Tuner() for _ in range(RANKS)]
-    assert explore(tuners, time_of) == ["native"] * RANKS
-    report = tuners[0].report(KEY)
-    assert report.why == "rule"
-    tree = next(c for c in report.candidates if c.name == "tree")
-    assert tree.measured == 60 * US and max(tree.blocks) == 3000 * US
+    t = Tuner()
+    t.begin(KEY, rule_pick())
+    first = t.exploration_calls(KEY)
+    count: dict[str, int] = {}
+    for index in range(first):
+        name = t.choose(KEY, index)
+        k = count[name] = count.get(name, -1) + 1
+        t.record(KEY, name, time_of(0, name, k))
+    t.commit(KEY, t.proposal(KEY))
+    assert t.committed(KEY) is None and t.exploring(KEY)
+    assert t.exploration_calls(KEY) == 2 * (1 + 4 * BLOCK)
+    runs = [t.choose(KEY, first + i) for i in range(t.exploration_calls(KEY))]
+    pair = [c for c in (c.name for c in t.report(KEY).candidates) if c in ("native", "tree")]
+    assert runs == pair + [c for _ in range(4) for c in pair for _ in range(BLOCK)]
+    assert not t.due(KEY, first + len(runs) - 2) and t.due(KEY, first + len(runs) - 1)
+    assert len(t.proposal(KEY)) == 2 * 4
+    assert t.most_calls(KEY.size, 6) == 6 * (1 + 3 * BLOCK) + 2 * (1 + 4 * BLOCK)
+
+    none = Tuner(runoff_rounds=0)
+    assert explore([none], time_of) == ["native"]
+    assert none.report(KEY).why == "rule"
 
 
 def test_a_clear_winner_wins_though_its_single_calls_alternate():
@@ -106,13 +158,14 @@ def test_a_clear_winner_wins_though_its_single_calls_alternate():
     assert next(c for c in report.candidates if c.name == "ring").measured == 30 * US
 
 
-def by_block(times: dict[str, tuple[float, float, float]]) -> Callable[[int, str, int], float]:
-    """Per-call times that make each named candidate's three counted blocks the given means
-    (seconds; its warm-up call runs as its first block), the others :func:`steady`."""
+def by_block(times: dict[str, tuple[float, ...]]) -> Callable[[int, str, int], float]:
+    """Per-call times that make each named candidate's counted blocks the given means
+    (seconds; its warm-up call runs as its first block, its blocks beyond the last given as
+    the last, a runoff's warm-up call as the block after it), the others :func:`steady`."""
     def time_of(rank, name, k):
         if name not in times:
             return steady(name)
-        return times[name][min(2, max(0, k - 1) // BLOCK)]
+        return times[name][min(len(times[name]) - 1, max(0, k - 1) // BLOCK)]
     return time_of
 
 
