@@ -494,31 +494,31 @@ class AutoTuning:
         block = self.tuner.block_calls_at(key.size)
         lead = self.tuner.lead_calls_at(key.size)
         settling = f" after {lead} settling calls not counted" if lead else ""
+        margin = f"{100 * (self.tuner.margin - 1):.0f} %"
         if report.runoff:
-            pair = " and ".join(report.runoff)
             calls = len(report.runoff) * self.tuner.calls_per_candidate(
                 key.size, self.tuner.runoff_rounds)
-            return dataclasses.replace(
-                explanation, chosen=nxt, rule="exploring", tuning=report,
-                why=(f"blocking call {index + 1} on this signature runs {nxt}: {pair} run off "
-                     f"({calls} calls, {self.tuner.runoff_rounds} rounds of blocks of {block} "
-                     f"counted calls{settling}), the fastest median more than "
-                     f"{100 * (self.tuner.margin - 1):.0f} % ahead of {report.prior}'s but "
-                     f"within the blocks' spread; then every rank commits to the challenger "
-                     f"if its block beat {report.prior}'s in every round but one and by more "
-                     f"than the margin in the median round, else to {report.prior}"))
-        calls = len(names) * self.tuner.calls_per_candidate(key.size)   # exploration_calls
-        return dataclasses.replace(
-            explanation, chosen=nxt, rule="exploring", tuning=report,
-            why=(f"blocking call {index + 1} of the {calls} that time the candidates "
-                 f"{', '.join(names)} in blocks of {block} counted calls{settling} on this "
-                 f"signature runs {nxt}; then "
-                 f"every rank commits to the fastest median block (the slowest rank's blocks "
-                 f"count), {report.prior} unless another's is more than "
-                 f"{100 * (self.tuner.margin - 1):.0f} % faster and its slowest block faster "
-                 f"than {report.prior}'s fastest, or its median more than "
-                 f"{self.tuner.decisive:g} times faster and faster than {report.prior}'s "
-                 f"fastest block"))
+            why = (f"blocking call {index + 1} on this signature runs {nxt}: "
+                   f"{' and '.join(report.runoff)} run off ({calls} calls, "
+                   f"{self.tuner.runoff_rounds} rounds of blocks of {block} counted "
+                   f"calls{settling}), the fastest median more than {margin} ahead of "
+                   f"{report.prior}'s but within the blocks' spread; then every rank commits "
+                   f"to the challenger if its block beat {report.prior}'s in every round but "
+                   f"one and the median of their ratios exceeds the margin, else to "
+                   f"{report.prior}")
+        else:
+            calls = len(names) * self.tuner.calls_per_candidate(key.size)  # exploration_calls
+            why = (f"blocking call {index + 1} of the {calls} that time the candidates "
+                   f"{', '.join(names)} in blocks of {block} counted calls{settling} on this "
+                   f"signature runs {nxt}; then "
+                   f"every rank commits to the fastest median block (the slowest rank's "
+                   f"blocks count), {report.prior} unless another's is more than {margin} "
+                   f"faster and its slowest block faster than {report.prior}'s fastest, or "
+                   f"its median more than {self.tuner.decisive:g} times faster and faster "
+                   f"than {report.prior}'s fastest block (more than {margin} faster, but "
+                   f"neither: the two run off)")
+        return dataclasses.replace(explanation, chosen=nxt, rule="exploring", tuning=report,
+                                   why=why)
 
 
 def _new_tuner() -> Tuner:

@@ -47,8 +47,10 @@ def job_env(**extra: str) -> dict[str, str]:
     """The environment for the jobs: this Python (and its mpiexec, bmlmpi-run) first on PATH."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "BMLMPI_", "OMPI_", "PMIX_"))}
-    if "OMPI_MCA_btl_sm_backing_directory" in os.environ:  # tests/conftest.py
-        env["OMPI_MCA_btl_sm_backing_directory"] = os.environ["OMPI_MCA_btl_sm_backing_directory"]
+    for kept in ("OMPI_MCA_btl_sm_backing_directory",  # tests/conftest.py
+                 "BMLMPI_CACHE_DIR"):  # the run's own calibrations and tuning tables
+        if kept in os.environ:
+            env[kept] = os.environ[kept]
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     env["BMLMPI_PYTHON"] = sys.executable
     env.update(extra)
