@@ -64,6 +64,9 @@ def main() -> None:
     if rank == 0 and a.out:
         with open(a.out, "w") as f:
             json.dump({"backend": a.backend, "world_size": world, "losses": every}, f)
+    # no rank ends before the report is written: a launcher ends the others when one ends
+    # badly (a gloo worker may abort as its process ends, tests/test_torchrun.py)
+    dist.barrier()
     dist.destroy_process_group()
 
 

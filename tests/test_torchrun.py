@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: a hang guard, not a timing: a refusal takes seconds, the imports most of them
 TIMEOUT = 180
 N = 2
+#: what a DDP worker on gloo writes when it aborts as its process ends (torch 2.13, CPU)
+GLOO_EXIT_ABORT = "terminate called without an active exception"
 
 
 def run(cmd: list[str]) -> subprocess.CompletedProcess:
@@ -75,7 +77,15 @@ def test_a_torchrun_script_runs_unchanged_under_bmlmpi_run_with_gloos_losses(tor
                                                                              tmp_path):
     """jobs/ddp_torchrun.py (LOCAL_RANK, env://, the backend from the command line) under
     torchrun with gloo and under bmlmpi-run's torchrun form with bmlmpi: the same losses on
-    every rank, and each rank's LOCAL_RANK and RANK those of its MPI rank."""
+    every rank, and each rank's LOCAL_RANK and RANK those of its MPI rank.
+
+    The gloo run is the reference, PyTorch's alone (bmlmpi is not imported in it). With
+    torch 2.13 on CPU a DDP worker on gloo aborts as its process ends in about one run in
+    four ("terminate called without an active exception", SIGABRT, after the job's last
+    collective and its report; 3 of 12 runs of this script, 1 of 12 of a bare DDP loop, 0
+    of 12 of an allreduce alone, 2026-11-29), which torchrun reports as a failed job. The
+    reference's losses are taken from such a run when every rank printed and the report
+    was written; the bmlmpi run must exit 0."""
     reports = {}
     for backend, launcher in (("gloo", torchrun(torch_python)),
                               ("bmlmpi", [str(torch_python), "-m", "bmlmpi.cli.launch",
@@ -84,7 +94,9 @@ def test_a_torchrun_script_runs_unchanged_under_bmlmpi_run_with_gloos_losses(tor
         res = run([*launcher, "jobs/ddp_torchrun.py", "--backend", backend, "--steps", "12",
                    "--out", str(out)])
         tail = (res.stdout + res.stderr)[-5000:]
-        assert res.returncode == 0, tail
+        gloo_exit_abort = (backend == "gloo" and GLOO_EXIT_ABORT in res.stderr
+                           and out.exists())
+        assert res.returncode == 0 or gloo_exit_abort, tail
         seen = sorted(re.findall(r"rank (\d+) of (\d+), LOCAL_RANK (\d+), backend (\w+)",
                                  res.stdout))
         assert seen == [(str(r), str(N), str(r), backend) for r in range(N)], tail
