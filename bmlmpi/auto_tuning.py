@@ -515,8 +515,9 @@ class AutoTuning:
                    f"blocks count), {report.prior} unless another's is more than {margin} "
                    f"faster and its slowest block faster than {report.prior}'s fastest, or "
                    f"its median more than {self.tuner.decisive:g} times faster and faster "
-                   f"than {report.prior}'s fastest block (more than {margin} faster, but "
-                   f"neither: the two run off)")
+                   f"than {report.prior}'s fastest block"
+                   + (f" (more than {margin} faster, but neither: the two run off)"
+                      if self.tuner.runoff_rounds else ""))
         return dataclasses.replace(explanation, chosen=nxt, rule="exploring", tuning=report,
                                    why=why)
 
