@@ -51,8 +51,6 @@ numba.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -192,6 +190,23 @@ def _bf16_to_double(typingctx, bits):
     return sig, codegen
 
 
+@intrinsic
+def _bits_to_double(typingctx, bits):
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
+@njit(inline="always")
+def _pow2(k):
+    """2.0 ** k for a normal float64 (-1022 <= k <= 1023), built from its bits: math.ldexp is
+    a call into the C library, several a block (measured 25 % of the fused sum's time)."""
+    return _bits_to_double((np.int64(k) + 1023) << 52)
+
+
 @overload(_load, inline="always")
 def _load_impl(values, i, kind):
     if isinstance(values.dtype, types.Float):
@@ -234,34 +249,36 @@ def _words(vs, k, s1, s2, limit, kind):
 
 
 @njit(inline="always")
-def _encode_into(vs, os, count, s1, s2, limit, kind, two, add):
-    # vs: the values of the range, os: their words (fresh slices: LLVM vectorises a loop over
-    # them, measured 6x faster than indexing the whole arrays from an offset); ``add``: add
-    # the words to those in ``os`` (the fused sum) rather than store them, a branch outside
-    # the loops (inside, it kept two-word loops scalar: measured 2.5x slower)
+def _encode_into(vs, vo, os, oo, count, s1, s2, limit, kind, two, add):
+    # value k of the range at vs[vo + k], its words from os[oo] on, indexed by unsigned
+    # positions: LLVM vectorises the loops as over fresh slices (a signed index from an
+    # offset kept them scalar: measured 6x slower), and no slice's reference count is taken
+    # and dropped a block (two atomic operations each: measured 20 % of the fused sum);
+    # ``add``: add the words to those in ``os`` (the fused sum) rather than store them, a
+    # branch outside the loops (inside, it kept two-word loops scalar: measured 2.5x slower)
     wrong = 0
     if two:
         if add:
             for k in range(count):
-                h, low, w = _words(vs, k, s1, s2, limit, kind)
-                os[2 * k] += h
-                os[2 * k + 1] += low
+                h, low, w = _words(vs, np.uint64(vo + k), s1, s2, limit, kind)
+                os[np.uint64(oo + 2 * k)] += h
+                os[np.uint64(oo + 2 * k + 1)] += low
                 wrong += w
         else:
             for k in range(count):
-                h, low, w = _words(vs, k, s1, s2, limit, kind)
-                os[2 * k] = h
-                os[2 * k + 1] = low
+                h, low, w = _words(vs, np.uint64(vo + k), s1, s2, limit, kind)
+                os[np.uint64(oo + 2 * k)] = h
+                os[np.uint64(oo + 2 * k + 1)] = low
                 wrong += w
     elif add:
         for k in range(count):
-            x, w = _word(vs, k, s1, s2, limit, kind)
-            os[k] += x
+            x, w = _word(vs, np.uint64(vo + k), s1, s2, limit, kind)
+            os[np.uint64(oo + k)] += x
             wrong += w
     else:
         for k in range(count):
-            x, w = _word(vs, k, s1, s2, limit, kind)
-            os[k] = x
+            x, w = _word(vs, np.uint64(vo + k), s1, s2, limit, kind)
+            os[np.uint64(oo + k)] = x
             wrong += w
     return wrong
 
@@ -269,8 +286,7 @@ def _encode_into(vs, os, count, s1, s2, limit, kind, two, add):
 @njit(inline="always")
 def _encode_range(values, out, lo, count, s1, s2, limit, kind, two):
     words = 2 if two else 1
-    return _encode_into(values[lo:lo + count], out[words * lo:words * (lo + count)], count,
-                        s1, s2, limit, kind, two, False)
+    return _encode_into(values, lo, out, words * lo, count, s1, s2, limit, kind, two, False)
 
 
 @njit(inline="always")
@@ -279,9 +295,9 @@ def _scaling(e_agreed, P, W):
     (with no finite non-zero value agreed, any such value is wrong); ``s1 * s2`` = 2^-c in
     two factors that stay in float64's range."""
     c = _cut(e_agreed, P, W)
-    limit = _SMALLEST if e_agreed == SENTINEL else math.ldexp(1.0, e_agreed - c)
+    limit = _SMALLEST if e_agreed == SENTINEL else _pow2(e_agreed - c)
     half = (-c) // 2
-    return c, limit, math.ldexp(1.0, half), math.ldexp(1.0, -c - half)
+    return c, limit, _pow2(half), _pow2(-c - half)
 
 
 @njit(nogil=True)
@@ -474,7 +490,7 @@ def _decode_words(ws, os, bs, count, c, two, fast, cmin, nbits, mbits, bias, ema
     """A block's summed words ``ws`` (from its first value) decoded into ``os`` (values) and
     ``bs`` (the same memory's bits), at cut ``c``."""
     if fast and c >= cmin:
-        scale = math.ldexp(1.0, c)
+        scale = _pow2(c)
         if _quick_range(ws, os, 0, count, scale, two):
             for i in range(count):
                 d, good = _quick(ws, i, scale, two)
@@ -538,29 +554,52 @@ def _decode_n(words, agreed, sp, out, bits, start, first, last, block, nbits, mb
 
 
 # -- the fused sum of raw contributions ------------------------------------------------------
-# ``column``: ``addends`` contributions of the same ``m`` real positions, addend a's at
-# [a*m, (a+1)*m) (``colbits``: the same memory's bits), position 0 being global position
-# ``start``. Per block: each addend encoded at the agreed cut and added into a block of words
-# that stays in cache (the same arithmetic as encode, the integer sum exact, the same words
-# as encoding each and adding them), decoded as decode does, and in a flagged block the
-# special bytes ORed from the addends' own bits (what the exchange of specials would give).
+# The addends of the same ``m`` real positions: ``rest[o:][:m]`` for each ``o`` in ``offs``,
+# and where ``first`` is not None, ``first`` before them (``firstbits``, ``restbits``: the
+# same memory's bits); position 0 is global position ``start``. Per block: each addend
+# encoded at the agreed cut and added into a block of words that stays in cache (the same
+# arithmetic as encode, the integer sum exact, the same words as encoding each and adding
+# them), decoded as decode does, and in a flagged block the special bytes ORed from the
+# addends' own bits (what the exchange of specials would give).
+
+def _is_double(values):  # typed per dtype by the overload below
+    raise NotImplementedError
+
+
+@overload(_is_double, inline="always")
+def _is_double_impl(values):
+    double = isinstance(values.dtype, types.Float) and values.dtype.bitwidth == 64
+    return lambda values: double
+
 
 @njit(inline="always")
-def _encode_addends(column, ws, lo, m, n, addends, s1, s2, limit, kind, two):
-    """The ``n`` values from ``lo`` of each of the ``addends`` contributions encoded into
-    ``ws`` and summed there; how many lay above their limit. The first addend is stored and
-    the others added, each call with a constant ``add``: a flag computed in the loop over
-    addends kept the loops slower (measured 1.8x for two float32 addends)."""
-    wrong = _encode_into(column[lo:lo + n], ws, n, s1, s2, limit, kind, two, False)
-    for a in range(1, addends):
-        wrong += _encode_into(column[a * m + lo:a * m + lo + n], ws, n, s1, s2, limit, kind,
-                              two, True)
+def _encode_addends(first, rest, offs, ws, lo, n, s1, s2, limit, kind, two, apart):
+    """The ``n`` values from ``lo`` of every addend encoded into ``ws`` and summed there; how
+    many lay above their limit. The first addend is stored and the others added, each call
+    with a constant ``add``: a flag computed in the loop over addends kept the loops slower
+    (measured 1.8x for two float32 addends). ``apart`` (a constant): the first addend is
+    ``first``, else ``rest`` at ``offs[0]`` (loops reading two arrays ran 1.3x slower than
+    loops over one, float32, two addends: a column's addends are read from one)."""
+    if apart:
+        wrong = _encode_into(first, lo, ws, 0, n, s1, s2, limit, kind, two, False)
+        for a in range(offs.size):
+            o = offs[a] + lo
+            wrong += _encode_into(rest, o, ws, 0, n, s1, s2, limit, kind, two, True)
+        return wrong
+    o = offs[0] + lo
+    wrong = _encode_into(rest, o, ws, 0, n, s1, s2, limit, kind, two, False)
+    for a in range(1, offs.size):
+        o = offs[a] + lo
+        wrong += _encode_into(rest, o, ws, 0, n, s1, s2, limit, kind, two, True)
     return wrong
 
 
 @njit(inline="always")
-def _sum_body(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start, first,
-              block, kind, P, W, two, nbits, mbits, bias, emask, fast, cmin):
+def _sum_loop(first, firstbits, rest, restbits, offs, m, agreed, out, bits, bad, b0, b1,
+              start, firstblock, block, kind, P, W, two, apart, nbits, mbits, bias, emask,
+              fast, cmin):
+    # ``two`` and ``apart`` constants: a run-time ``two`` kept the loops slower (measured
+    # 1.5x for two float32 addends)
     per = 2 if two else 1
     words = np.empty(per * block, np.int64)
     sp = np.empty(block, np.uint8)
@@ -571,51 +610,41 @@ def _sum_body(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start
         c, limit, s1, s2 = _scaling(np.int64(agreed[b, 0]), P, W)
         ws = words[:per * count]
         if count == block:   # a loop-invariant count: vectorised
-            bad[b - first] = _encode_addends(column, ws, lo, m, block, addends, s1, s2, limit,
-                                             kind, two)
+            bad[b - firstblock] = _encode_addends(first, rest, offs, ws, lo, block, s1, s2,
+                                                  limit, kind, two, apart)
         else:
-            bad[b - first] = _encode_addends(column, ws, lo, m, count, addends, s1, s2, limit,
-                                             kind, two)
+            bad[b - firstblock] = _encode_addends(first, rest, offs, ws, lo, count, s1, s2,
+                                                  limit, kind, two, apart)
+        flagged = agreed[b, 1] != 0
+        if flagged:   # before the decode: ``out`` may be ``first``'s memory
+            for k in range(count):
+                f = _special_byte(firstbits[lo + k], nbits, mbits, emask) if apart else 0
+                for a in range(offs.size):
+                    f |= _special_byte(restbits[offs[a] + lo + k], nbits, mbits, emask)
+                sp[k] = f
         if count == block:
             _decode_words(ws, out[lo:hi], bits[lo:hi], block, c, two, fast, cmin, nbits,
                           mbits, bias, emask)
         else:
             _decode_words(ws, out[lo:hi], bits[lo:hi], count, c, two, fast, cmin, nbits,
                           mbits, bias, emask)
-        if agreed[b, 1] != 0:
-            for k in range(count):
-                f = 0
-                for a in range(addends):
-                    f |= _special_byte(colbits[a * m + lo + k], nbits, mbits, emask)
-                sp[k] = f
+        if flagged:
             _fix_specials(bits[lo:hi], sp, count, nbits, mbits, emask)
 
 
-# The body compiled once per word count, ``two`` a constant in each: a run-time ``two``
-# kept the loops slower (measured 1.5x for two float32 addends).
 @njit(nogil=True)
-def _sum_one_word(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start, first,
-                  block, kind, P, W, nbits, mbits, bias, emask, fast, cmin):
-    _sum_body(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start, first,
-              block, kind, P, W, False, nbits, mbits, bias, emask, fast, cmin)
-
-
-@njit(nogil=True)
-def _sum_two_words(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start, first,
-                   block, kind, P, W, nbits, mbits, bias, emask, fast, cmin):
-    _sum_body(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start, first,
-              block, kind, P, W, True, nbits, mbits, bias, emask, fast, cmin)
-
-
-@njit(inline="always")
-def _sum_blocks(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start, first,
-                block, kind, P, W, two, nbits, mbits, bias, emask, fast, cmin):
-    if two:
-        _sum_two_words(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start,
-                       first, block, kind, P, W, nbits, mbits, bias, emask, fast, cmin)
+def _sum_blocks(first, firstbits, rest, restbits, offs, m, agreed, out, bits, bad, b0, b1,
+                start, firstblock, block, kind, P, W, nbits, mbits, bias, emask, fast, cmin):
+    # compiled per dtype and per kind of ``first`` (None: a column), each with its one loop:
+    # the branch on None is pruned before typing, the word count a constant of the dtype
+    if first is None:
+        _sum_loop(rest, restbits, rest, restbits, offs, m, agreed, out, bits, bad, b0, b1,
+                  start, firstblock, block, kind, P, W, _is_double(rest), False, nbits, mbits,
+                  bias, emask, fast, cmin)
     else:
-        _sum_one_word(column, colbits, addends, m, agreed, out, bits, bad, b0, b1, start,
-                      first, block, kind, P, W, nbits, mbits, bias, emask, fast, cmin)
+        _sum_loop(first, firstbits, rest, restbits, offs, m, agreed, out, bits, bad, b0, b1,
+                  start, firstblock, block, kind, P, W, _is_double(rest), True, nbits, mbits,
+                  bias, emask, fast, cmin)
 
 
 #: blocks a parallel task of the fused sum takes (one block of words in cache each)
@@ -623,21 +652,22 @@ _TASK_BLOCKS = 64
 
 
 @kernel()
-def _sum_1(column, colbits, addends, m, agreed, out, bits, bad, start, first, last, block,
-           kind, P, W, two, nbits, mbits, bias, emask, fast, cmin):
-    _sum_blocks(column, colbits, addends, m, agreed, out, bits, bad, first, last, start,
-                first, block, kind, P, W, two, nbits, mbits, bias, emask, fast, cmin)
+def _sum_1(first, firstbits, rest, restbits, offs, m, agreed, out, bits, bad, start,
+           firstblock, last, block, kind, P, W, nbits, mbits, bias, emask, fast, cmin):
+    _sum_blocks(first, firstbits, rest, restbits, offs, m, agreed, out, bits, bad, firstblock,
+                last, start, firstblock, block, kind, P, W, nbits, mbits, bias, emask, fast,
+                cmin)
 
 
 @kernel(parallel=True)
-def _sum_n(column, colbits, addends, m, agreed, out, bits, bad, start, first, last, block,
-           kind, P, W, two, nbits, mbits, bias, emask, fast, cmin):
-    tasks = -(-(last - first) // _TASK_BLOCKS)
+def _sum_n(first, firstbits, rest, restbits, offs, m, agreed, out, bits, bad, start,
+           firstblock, last, block, kind, P, W, nbits, mbits, bias, emask, fast, cmin):
+    tasks = -(-(last - firstblock) // _TASK_BLOCKS)
     for t in prange(tasks):
-        b0 = first + t * _TASK_BLOCKS
-        _sum_blocks(column, colbits, addends, m, agreed, out, bits, bad, b0,
-                    min(b0 + _TASK_BLOCKS, last), start, first, block, kind, P, W, two,
-                    nbits, mbits, bias, emask, fast, cmin)
+        b0 = firstblock + t * _TASK_BLOCKS
+        _sum_blocks(first, firstbits, rest, restbits, offs, m, agreed, out, bits, bad, b0,
+                    min(b0 + _TASK_BLOCKS, last), start, firstblock, block, kind, P, W, nbits,
+                    mbits, bias, emask, fast, cmin)
 
 
 # -- the exact accumulator -------------------------------------------------------------------

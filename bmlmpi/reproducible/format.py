@@ -425,22 +425,76 @@ def sum_contributions(contributions: np.ndarray, agreed: np.ndarray, dtype: Any 
     agreed = check_agreed(agreed, f)
     rows = np.ascontiguousarray(rows)
     addends, n = rows.shape
-    column = rows.reshape(-1).view(f.storage).view(f.bits)
-    m = column.size // addends if addends else 0
-    first, last = _range(start, m, agreed, f)
     if out is None:
         out = np.empty(n, dt)
-    elif out.dtype != dt or out.shape != (n,) or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a contiguous {dt} array of {n} values")
-    target = out.reshape(-1).view(f.storage).view(f.bits)
     if addends == 0:
-        target[...] = 0
+        _target(out, dt, f, n).fill(0)
         return out
-    bad = np.zeros(max(last - first, 0), np.int64)
+    column = rows.reshape(-1).view(f.storage).view(f.bits)
+    m = column.size // addends
+    return _sum(f, dt, None, column, np.arange(addends, dtype=np.int64) * m, m, agreed, start,
+                out, n, parallel)
+
+
+def sum_addends(first: np.ndarray, others: np.ndarray, offsets: Any, agreed: np.ndarray, *,
+                fmt: str | None = None, start: int = 0, out: np.ndarray | None = None,
+                parallel: bool | None = None) -> np.ndarray:
+    """The reproducible sum of the addends of the same ``n`` positions, as
+    :func:`sum_contributions`, where they lie apart: ``first`` (``n`` values, the first at
+    global real position ``start``) and ``others[o:o + n]`` for each ``o`` in ``offsets``
+    (one flat array: an executor's scratch, where each message of a step landed). ``out``
+    (default: a new array) may be ``first``'s memory (summed in place), never a part of
+    ``others``."""
+    one = np.asarray(first)
+    dt = one.dtype
+    f = format_for(dt, fmt)
+    agreed = check_agreed(agreed, f)
+    if one.ndim != 1 or not one.flags.c_contiguous:
+        raise ValueError("first must be a contiguous one-dimensional array")
+    rest = np.asarray(others)
+    if rest.dtype != dt or rest.ndim != 1 or not rest.flags.c_contiguous:
+        raise ValueError(f"others must be a contiguous one-dimensional {dt} array")
+    n = one.size
+    offs = np.ascontiguousarray(offsets, np.int64).reshape(-1)
+    if offs.size and (offs.min() < 0 or offs.max() + n > rest.size):
+        raise ValueError(f"an offset in {offs.tolist()} leaves others ({rest.size} values) "
+                         f"before {n} values")
+    if out is None:
+        out = np.empty(n, dt)
+    elif np.may_share_memory(out, one) and not (
+            out.__array_interface__["data"][0] == one.__array_interface__["data"][0]
+            and out.strides == one.strides):
+        raise ValueError("out partly overlaps first; pass first's memory or a separate array")
+    if np.may_share_memory(out, rest):
+        raise ValueError("out overlaps others")
+    per = 2 if dt.kind == "c" else 1
+    return _sum(f, dt, one.reshape(-1).view(f.storage).view(f.bits),
+                rest.reshape(-1).view(f.storage).view(f.bits), offs * per, n * per, agreed,
+                start, out, n, parallel)
+
+
+def _target(out: np.ndarray, dt: np.dtype, f: Format, n: int) -> np.ndarray:
+    """``out``'s bits, ValueError unless a contiguous ``dt`` array of ``n`` values."""
+    if out.dtype != dt or out.shape != (n,) or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a contiguous {dt} array of {n} values")
+    return out.reshape(-1).view(f.storage).view(f.bits)
+
+
+def _sum(f: Format, dt: np.dtype, first: np.ndarray | None, rest: np.ndarray,
+         offs: np.ndarray, m: int, agreed: np.ndarray, start: int, out: np.ndarray, n: int,
+         parallel: bool | None) -> np.ndarray:
+    """The fused sum's kernel on bits (``m`` real positions): ``first`` (None: the first
+    addend is ``rest[offs[0]:]``, a column's) and ``rest[o:]`` for each of ``offs`` (in real
+    positions), at the agreed cuts, into ``out`` (``n`` values of ``dt``)."""
+    target = _target(out, dt, f, n)
+    lo, last = _range(start, m, agreed, f)
+    bad = np.zeros(max(last - lo, 0), np.int64)
     from ..kernels import reproducible as rk
-    rk.run("sum", column.nbytes, _kernel_values(f, column), column, addends, m, agreed,
-           _kernel_values(f, target), target, bad, start, first, last, f.block,
-           _SIXTEEN.get(f.name, 0), f.P, f.W, f.words == 2, f.nbits, f.mbits, f.bias, f.emask,
+    values = None if first is None else _kernel_values(f, first)
+    addends = offs.size + (first is not None)
+    rk.run("sum", m * f.storage.itemsize * addends, values, first, _kernel_values(f, rest),
+           rest, offs, m, agreed, _kernel_values(f, target), target, bad, start, lo, last,
+           f.block, _SIXTEEN.get(f.name, 0), f.P, f.W, f.nbits, f.mbits, f.bias, f.emask,
            f.nbits > 16, _FAST_CUT.get(f.name, 0), parallel=parallel)
     if bad.any():
         raise ValueError(f"{int(bad.sum())} values lie above their block's agreed exponent: "
@@ -475,4 +529,4 @@ def bound(count: int, agreed: np.ndarray, fmt: str | Format) -> np.ndarray:
 __all__ = ["BFLOAT16", "BLOCK", "FLOAT16", "FLOAT32", "FLOAT64", "Format", "NAN", "NEG_INF",
            "NOT_NEG_ZERO", "POS_INF", "SENTINEL", "SPLIT", "average", "block_exponents", "blocks",
            "bound", "check_agreed", "cuts", "decode", "encode", "flagged", "format_for", "get",
-           "names", "register", "specials", "sum_contributions"]
+           "names", "register", "specials", "sum_addends", "sum_contributions"]

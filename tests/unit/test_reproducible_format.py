@@ -335,6 +335,53 @@ def test_the_fused_sum_gives_the_words_bits(name, parallel):
                     kind, lo, hi)
 
 
+@pytest.mark.parametrize("parallel", FORMS)
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_fused_sum_of_addends_apart_gives_the_words_bits(name, parallel):
+    """:func:`bmlmpi.reproducible.format.sum_addends` (this rank's addends, the others where
+    a step's messages landed in one scratch array, the sum written in place over this
+    rank's) gives the words' path's bits on every kind of data, special values included:
+    their bytes are taken before the in-place decode overwrites this rank's addends."""
+    fmt = rf.get(name)
+    rng = np.random.default_rng(13)
+    wire = "bfloat16" if name == "bfloat16" else None
+    for kind in KINDS:
+        for addends, n, start in ((2, 1000, 0), (3, 513, 256), (4, 77, 300)):
+            rows = contributions(kind, fmt, addends, n, rng)
+            padded = [np.concatenate([np.zeros(start, rows.dtype), r]) for r in rows]
+            agreed = np.max([rf.block_exponents(p, fmt=wire) for p in padded], axis=0)
+            want = encoded_sum(rows, agreed, fmt, start)
+            gap = 5
+            scratch = np.zeros((addends - 1) * (n + gap) + 3, rows.dtype)
+            offsets = [3 + a * (n + gap) for a in range(addends - 1)]
+            for o, r in zip(offsets, rows[1:], strict=True):
+                scratch[o:o + n] = r
+            got = rf.sum_addends(rows[0], scratch, offsets, agreed, fmt=wire, start=start,
+                                 parallel=parallel)
+            assert got.view(fmt.bits).tolist() == want.view(fmt.bits).tolist(), (kind, n)
+            mine = rows[0].copy()
+            rf.sum_addends(mine, scratch, offsets, agreed, fmt=wire, start=start, out=mine,
+                           parallel=parallel)
+            assert mine.view(fmt.bits).tolist() == want.view(fmt.bits).tolist(), (kind, n)
+
+
+def test_the_fused_sum_of_addends_apart_refuses_what_it_cannot_sum():
+    rows = np.random.default_rng(14).standard_normal((2, 300))
+    agreed = np.max([rf.block_exponents(r) for r in rows], axis=0)
+    with pytest.raises(ValueError, match="leaves others"):
+        rf.sum_addends(rows[0], rows[1], [1], agreed)
+    with pytest.raises(ValueError, match="partly overlaps first"):
+        rf.sum_addends(rows[0], rows[1], [0], agreed, out=rows.reshape(-1)[1:301])
+    with pytest.raises(ValueError, match="overlaps others"):
+        rf.sum_addends(rows[0].copy(), rows[1], [0], agreed, out=rows[1])
+    with pytest.raises(ValueError, match="contiguous one-dimensional float64"):
+        rf.sum_addends(rows[0], rows[1].astype(np.float32), [0], agreed)
+    with pytest.raises(ValueError, match="above their block's agreed exponent"):
+        low = agreed.copy()
+        low[0, 0] -= 1
+        rf.sum_addends(rows[0], rows[1], [0], low)
+
+
 def test_the_fused_sum_of_complex_rows_and_its_errors():
     rng = np.random.default_rng(12)
     rows = (rng.standard_normal((3, 400)) + 1j * rng.standard_normal((3, 400)) * 1e-9
@@ -395,17 +442,18 @@ def test_an_allreduce_summed_where_its_addends_meet_gives_the_whole_decode_bits(
     assert np.concatenate(pieces).tobytes() == whole.tobytes()
 
 
-@pytest.mark.parametrize("algorithm, meets, exchange",
-                         [("ring", True, "pairwise"), ("bml", True, "pairwise"),
-                          ("shm", True, "shm"), ("native", True, "native"),
-                          ("tree", False, None)])
-def test_a_blocking_allreduce_meets_where_its_algorithm_serves_both_halves(algorithm, meets,
-                                                                           exchange):
-    """:meth:`bmlmpi.call_formats.ReproducibleCarrier.meets` on a blocking allreduce of the
-    plain communicator: the algorithms serving the reduce-scatter and the allgather sum
-    where the addends meet, their all-to-all by the algorithm where it serves one, else
-    ``pairwise``; ``tree`` serves no reduce-scatter; never an I... or persistent call, nor
-    on a communicator that keeps its calls (fault tolerance), nor on one rank."""
+@pytest.mark.parametrize("algorithm, meets, pipelines, exchange",
+                         [("ring", False, True, None), ("bml", False, True, None),
+                          ("tree", False, True, None), ("multitree", False, True, None),
+                          ("shm", True, False, "shm"), ("native", True, False, "native")])
+def test_an_allreduce_meets_by_its_algorithm_or_by_the_pipelined_meet(algorithm, meets,
+                                                                      pipelines, exchange):
+    """Where a reproducible allreduce of the plain communicator sums its addends: an
+    algorithm serving no all-to-all by the pipelined meet in any form
+    (:meth:`bmlmpi.call_formats.ReproducibleCarrier.pipelines`); one serving the all-to-all
+    and both halves by them, blocking only (:meth:`~bmlmpi.call_formats.
+    ReproducibleCarrier.meets`); neither on a communicator that keeps its calls (fault
+    tolerance), nor on one rank."""
     from types import SimpleNamespace
 
     from bmlmpi.call_formats import REPRODUCIBLE
@@ -416,14 +464,18 @@ def test_a_blocking_allreduce_meets_where_its_algorithm_serves_both_halves(algor
     call = CollectiveCall("allreduce", "Allreduce", algorithm, algorithm, "sum", (1000,), 0, 0,
                           2, None, out, None)
     plain = SimpleNamespace(size=2, policy=SimpleNamespace(keeps_calls=False))
+    kept = SimpleNamespace(size=2, policy=SimpleNamespace(keeps_calls=True))
+    alone = SimpleNamespace(size=1, policy=plain.policy)
     assert carrier.meets(call, plain) is meets
+    assert carrier.pipelines(call, plain) is pipelines
     if meets:
         assert call.halves(0, 2)[0].algorithm == exchange
-    assert carrier.meets(call, SimpleNamespace(size=2, policy=SimpleNamespace(
-        keeps_calls=True))) is False
-    assert carrier.meets(call, SimpleNamespace(size=1, policy=plain.policy)) is False
-    carrier.blocking = False   # an I... or persistent call: never
+    for other in (kept, alone):
+        assert carrier.meets(call, other) is False
+        assert carrier.pipelines(call, other) is False
+    carrier.blocking = False   # an I... or persistent call: the pipelined meet still
     assert carrier.meets(call, plain) is False
+    assert carrier.pipelines(call, plain) is pipelines
 
 
 @pytest.mark.parametrize("form_blocking", (True, False))
