@@ -22,12 +22,24 @@ The reproducible carrier (the method, its bound and cost: :mod:`bmlmpi.reproduci
    communicator's other outstanding calls advanced meanwhile), so a start waits for every
    rank's start;
 
-then, for a blocking allreduce on the plain communicator whose algorithm serves the
-reduce-scatter and the allgather (:meth:`ReproducibleCarrier.meets`), and for a
-reduce-scatter in any form on the plain communicator (:meth:`ReproducibleCarrier.scatters`:
-steps 2 and 3 only), the addends are encoded where they meet, not before they leave (the
-result asks only that every addend be truncated once at the agreed cut and the integers be
-summed exactly, not where):
+then the addends are encoded where they meet, not before they leave (the result asks only
+that every addend be truncated once at the agreed cut and the integers be summed exactly,
+not where), for an allreduce in any form on the plain communicator whose algorithm serves
+no all-to-all (``bml``, ``ring``, ``tree``, ``multitree``, ...:
+:meth:`ReproducibleCarrier.pipelines`):
+
+2. the pipelined meet (:mod:`bmlmpi.schedules.meet`), one schedule run by the message
+   executor: in pieces of whole format blocks, each rank sends piece p of block j of its
+   input to rank j as it is (a float32 value 4 bytes on the wire), sums piece p of its own
+   block from its own addends and the N - 1 received ones at once as they land
+   (:class:`_MeetSum`, :func:`bmlmpi.reproducible.format.sum_addends`: each addend encoded,
+   the integers added in cache, decoded once in place, the special bytes ORed from the
+   addends themselves), and sends the summed piece to every rank with the next piece;
+
+for a blocking allreduce on the plain communicator whose algorithm serves the all-to-all,
+the reduce-scatter and the allgather (``shm``, ``hierarchical``, ``native``:
+:meth:`ReproducibleCarrier.meets`), and for a reduce-scatter in any form on the plain
+communicator (:meth:`ReproducibleCarrier.scatters`: steps 2 and 3 only):
 
 2. the all-to-all of the values themselves (:meth:`bmlmpi.calls.CollectiveCall.halves`):
    rank j receives block j of every rank's input, each block sent once, straight to its
@@ -43,8 +55,8 @@ summed exactly, not where):
 4. an allreduce's: the summed values' allgather in place on the result, by the call's
    algorithm;
 
-and for every other call (an allreduce's ``I…`` and persistent forms, a fault-tolerant
-communicator, a reduce, an allreduce algorithm without both halves, one rank):
+and for every other call (a ``shm``, ``hierarchical`` or ``native`` allreduce's ``I…`` and
+persistent forms, a fault-tolerant communicator, a reduce, one rank):
 
 2. the input encoded at the agreed cuts into int64 words (a buffer of the carrier's own;
    the caller's buffers are read, not written, until the end);
@@ -56,7 +68,8 @@ communicator, a reduce, an allreduce algorithm without both halves, one rank):
 5. once both exchanges completed: the words decoded into the caller's result (a reduce's
    on the root), rounded once.
 
-Why an allreduce only there: its allgather's start waits for the all-to-all, and a call
+Why a blocking allreduce only by its algorithm's halves: its allgather's start waits for
+the all-to-all, and a call
 started while others of the communicator may start theirs would make that start's place
 among them differ between ranks; a reduce-scatter has one exchange, started where the
 words' call would start. A reduce sums words (an all-to-all would bring every addend to the
@@ -77,7 +90,7 @@ from mpi4py import MPI
 
 from .calls import CollectiveCall, offsets
 from .execute import DeadlineExceeded, wait_for
-from .executors import defer_behind
+from .executors import defer_behind, start_allreduce
 from .reproducible import format as rf
 
 
@@ -246,6 +259,8 @@ class ReproducibleCarrier:
         agreed = np.empty_like(mine)
         _exchange(pipeline, pipeline.comm.Iallreduce(mine, agreed, MPI.MAX), label,
                   (mine, agreed))
+        if self.pipelines(call, pipeline):
+            return self._start_pipelined(call, pipeline, label, finish, agreed, values)
         if self.scatters(call, pipeline):
             exchange, column = call.meeting(call.counts, pipeline.rank, pipeline.size)
             first = offsets(call.counts)[pipeline.rank]
@@ -261,6 +276,35 @@ class ReproducibleCarrier:
             return self._start_meeting(exchange, column, out, first, pipeline, label,
                                        finish, agreed, gather)
         return self._start_words(call, pipeline, label, finish, values, agreed)
+
+    def _start_pipelined(self, call: CollectiveCall, pipeline: Any, label: str,
+                         finish: Callable[[], None] | None, agreed: np.ndarray,
+                         values: np.ndarray) -> ReproducibleRun:
+        """Steps 2-4 as one schedule, the pipelined meet (:mod:`bmlmpi.schedules.meet`):
+        each piece of this rank's block summed from the addends as they arrive
+        (:class:`_MeetSum`), then sent on, in blocks of whole format blocks."""
+        out = call.out
+        reals = 2 if out.dtype.kind == "c" else 1
+        plans = pipeline.plans
+        plan, key = plans.meet_plan(out.size, out.dtype, self.fmt.block // reals)
+        tag_base = pipeline.call_numbers.take_tags(call.tag_kind, plans.sig_id(key))
+        given, _ = call.schedule_buffers()
+        run = start_allreduce(plan, out, _MeetSum(agreed, reals), tag_base, label, None,
+                              given)
+        defer_behind(run, (e.run for e in pipeline.calls_in_flight.active))
+        return ReproducibleRun(run, None, _nothing, finish, (agreed, values))
+
+    def pipelines(self, call: CollectiveCall, pipeline: Any) -> bool:
+        """Whether ``call`` is an allreduce this carrier sums by the pipelined meet: in any
+        form, on a communicator that does not keep its calls (the plain policy) with more
+        than one rank, into a contiguous result, where its algorithm does not serve the
+        all-to-all (``bml``, ``ring``, ``tree``, ``multitree``, ...: the values would
+        otherwise travel by ``pairwise``, their sum wait for the whole exchange, and the
+        allgather for the whole sum). One schedule run, started as the words' call would
+        be: any form may take it."""
+        return (call.collective == "allreduce" and pipeline.size > 1
+                and not pipeline.policy.keeps_calls and call.out.flags.c_contiguous
+                and call.out.ndim == 1 and not call.alltoall_serves())
 
     @staticmethod
     def _start_meeting(exchange: CollectiveCall, column: np.ndarray, out: np.ndarray,
@@ -341,8 +385,9 @@ class ReproducibleCarrier:
                 and call.result.flags.c_contiguous and call.result.ndim == 1)
 
     def meets(self, call: CollectiveCall, pipeline: Any) -> bool:
-        """Whether ``call`` is an allreduce this carrier sums where its addends meet
-        (:meth:`bmlmpi.calls.CollectiveCall.halves`): every rank sends block j of its own
+        """Whether ``call`` is an allreduce this carrier sums where its addends meet by its
+        algorithm's own all-to-all and allgather (:meth:`bmlmpi.calls.CollectiveCall.
+        halves`; the others take :meth:`pipelines`): every rank sends block j of its own
         values straight to rank j (an all-to-all: 4 bytes a float32 value on the wire, as a
         plain reduce-scatter's, where the words took 8), each rank sums its block from the
         column it received in one pass (encode, exact sum and decode fused; no words in
@@ -350,13 +395,36 @@ class ReproducibleCarrier:
         only asks that every addend be truncated once at the agreed cut and the integers
         summed exactly, not where: the bits are those of the words' sum. Only a blocking
         call (:attr:`blocking`) on a communicator that does not keep its calls (the plain
-        policy) whose algorithm serves the reduce-scatter and the allgather (``native``
-        included: MPI's ``Alltoall`` and ``Allgather``), with more than one rank: the
+        policy) whose algorithm serves the all-to-all, the reduce-scatter and the allgather
+        (``shm``, ``hierarchical``, ``native``: MPI's ``Alltoall`` and ``Allgather``), with
+        more than one rank: the
         allgather's start waits for the all-to-all, and a call started while others of this
         communicator may start theirs would make that start's place among them differ
         between ranks (MPI pairs a communicator's collectives in the order they start)."""
         return (self.blocking and pipeline.size > 1 and not pipeline.policy.keeps_calls
-                and call.halves_serve())
+                and call.halves_serve() and call.alltoall_serves())
+
+
+def _nothing() -> None:
+    """The pipelined meet's decode: its run summed and gathered everything."""
+
+
+class _MeetSum:
+    """The pipelined meet's reduction (:class:`bmlmpi.execute.RangeSum`): a range's addends
+    (this rank's, and every other rank's as received) summed at once at the agreed cuts,
+    one fused pass (:func:`bmlmpi.reproducible.format.sum_addends`)."""
+
+    __slots__ = ("agreed", "reals")
+
+    def __init__(self, agreed: np.ndarray, reals: int):
+        self.agreed = agreed
+        #: real positions a value (2: complex)
+        self.reals = reals
+
+    def sum_range(self, first: np.ndarray, scratch: np.ndarray, offsets: tuple[int, ...],
+                  out: np.ndarray, start: int) -> None:
+        rf.sum_addends(first, scratch, offsets, self.agreed, start=start * self.reals,
+                       out=out)
 
 
 class _GivenUp:

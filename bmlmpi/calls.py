@@ -511,6 +511,11 @@ class CollectiveCall:
                               extra={"owned": True})
         return call, words, self.out, 0
 
+    def alltoall_serves(self) -> bool:
+        """Whether this call's algorithm serves the all-to-all (``shm``, ``hierarchical``,
+        ``native``, ...)."""
+        return algorithm_record(self.algorithm).serves("alltoall")
+
     def halves_serve(self) -> bool:
         """Whether :meth:`halves` applies: an allreduce into a contiguous result whose
         algorithm serves the reduce-scatter and the allgather."""

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from mpi4py import MPI
@@ -387,6 +388,18 @@ def observing(observer: RunObserver) -> Iterator[RunObserver]:
         _observer = previous
 
 
+class RangeSum(Protocol):
+    """An op that reduces a range's addends all at once instead of pairwise (the
+    reproducible sum of the pipelined meet, :mod:`bmlmpi.call_formats`): given as a run's
+    ``op``, every reduction of a step calls :meth:`sum_range`."""
+
+    def sum_range(self, first: np.ndarray, scratch: np.ndarray, offsets: tuple[int, ...],
+                  out: np.ndarray, start: int) -> None:
+        """Write into ``out`` the reduction of ``first`` (this rank's values of the range,
+        possibly ``out``'s memory) and ``scratch[o:o + n]`` for each of ``offsets`` (what the
+        step's reduce-receives landed), ``start`` the range's first position."""
+
+
 class Run:
     """One execution of a Plan on one buffer; advance with :meth:`test`, finish with :meth:`wait`.
 
@@ -399,12 +412,13 @@ class Run:
                  "lane_reqs", "progress", "done", "scratch", "observer", "stalled", "final",
                  "after", "bufs", "posted")
 
-    def __init__(self, plan: Plan, buf: np.ndarray, op: str, tag_base: int,
+    def __init__(self, plan: Plan, buf: np.ndarray, op: str | RangeSum, tag_base: int,
                  label: str | Callable[[], str], finish: Callable[[], None] | None = None,
                  src: np.ndarray | None = None, final: Ranges | None = None,
                  io: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
                  | None = None, posted: Callable[[], None] | None = None):
-        """``src``: the input, when it is not already in ``buf``; the run then copies only
+        """``op``: a kernel op's name, or a :class:`RangeSum`. ``src``: the input, when it
+        is not already in ``buf``; the run then copies only
         what :mod:`bmlmpi.deferred` says is needed, and never writes ``src``. ``final``: the
         input ranges to copy at the end (default: every range no step touched). ``label``
         names the run in a timeout's message (a callable: built only then). ``io``: a
@@ -425,7 +439,7 @@ class Run:
             self.prog = plan.program(False, io[2] is not None)
             self.bufs = (buf, *io)
         self.posted = posted
-        self.kop = kernel_op(op)
+        self.kop = kernel_op(op) if isinstance(op, str) else op
         self.tag_base = tag_base
         self._label = label
         self.finish = finish
@@ -511,10 +525,18 @@ class Run:
         if observer is not None:
             observer.received(self, lane)
         buf, scratch, kop, src = self.buf, self.scratch, self.kop, self.src
+        sums = not isinstance(kop, str)
         # the kernels without the dispatcher's per-call checks: these are the run's own
         # slices (one dtype and length, contiguous, scratch apart from the result)
         for lo, hi, offs, one_pass, before in self.prog[lane][self.pos[lane]].reduces:
             n = hi - lo
+            if sums:  # an op that sums the range's addends at once (RangeSum)
+                if not one_pass:
+                    for a, b in before:
+                        np.copyto(buf[a:b], src[a:b])
+                kop.sum_range(src[lo:hi] if one_pass else buf[lo:hi], scratch, offs,
+                              buf[lo:hi], lo)
+                continue
             if one_pass:  # the range still holds only the input: input op scratch, one pass
                 o = offs[0]
                 combine_trusted(buf[lo:hi], src[lo:hi], scratch[o:o + n], kop)

@@ -21,7 +21,7 @@ from .call_policy import CallPolicy
 from .execute import Plan
 from .ops import kernel_op
 from .placement import Placement
-from .schedules import algorithms
+from .schedules import algorithms, meet
 from .schedules.collectives import collective as collective_record
 from .schedules.types import Schedule
 from .shm import ShmPlan
@@ -71,6 +71,20 @@ class PlanCache:
         plan = self.plans[key] = self.warm(self.bind(sched, itemsize, record.tiered),
                                            call.dtype, call.op)
         return plan
+
+    def meet_plan(self, count: int, dtype: np.dtype, unit: int) -> tuple[Plan, tuple]:
+        """The compiled plan of the pipelined meet (:mod:`bmlmpi.schedules.meet`) of
+        ``count`` elements of ``dtype`` in blocks of whole ``unit`` s, over the owner's
+        current members, and its key (cached per signature)."""
+        key = ("meet", count, dtype, unit)
+        plan = self.plans.get(key)
+        if plan is None:
+            owner = self.owner
+            sched = meet.meet_schedule(owner.rank, owner.size, count,
+                                       meet.meet_pieces(count, dtype.itemsize, owner.size),
+                                       unit)
+            plan = self.plans[key] = self.bind(sched, dtype.itemsize, True)
+        return plan, key
 
     def get(self, key: tuple) -> Plan | ShmPlan | None:
         """The plan cached under ``key`` (an allreduce's ``(algorithm, count, dtype, op)``,

@@ -151,14 +151,24 @@ def _fast_path_cases(c) -> list[str]:
 
 
 def _check_path(failures: list, c, algorithm: str, dtype) -> None:
-    """The buffer the fast-path entries of ``algorithm`` kept says which path their calls
-    took: the column of the all-to-all (its values' dtype, one row a rank) where the
-    algorithm serves the reduce-scatter and the allgather at N > 1 (summed where the
-    addends meet), else the int64 words."""
+    """Which path the fast-path calls of ``algorithm`` took: at N > 1 the pipelined meet
+    where the algorithm serves no all-to-all (a meet plan compiled, no buffer kept by the
+    carrier: the run's scratch holds the received pieces), else the column of the
+    all-to-all (its values' dtype, one row a rank) kept where the algorithm serves the
+    reduce-scatter and the allgather (summed where the addends meet), else the int64
+    words."""
     serves = set(bmlmpi.algorithms("reduce_scatter")) & set(bmlmpi.algorithms("allgather"))
-    meets = c.size > 1 and algorithm in serves
+    pipelines = c.size > 1 and algorithm not in bmlmpi.algorithms("alltoall")
+    meets = c.size > 1 and algorithm in serves and not pipelines
     kept = [e.wire.kept for e in c._fast_path.entries.values()
             if e.wire is not None and e.algorithm == algorithm and e.wire.kept is not None]
+    if pipelines:
+        if kept:
+            failures.append(f"{algorithm}: kept {kept[0].dtype} {kept[0].shape}, expected "
+                            f"the pipelined meet")
+        if not any(key[0] == "meet" for key in c._cache.plans):
+            failures.append(f"{algorithm}: no pipelined meet's plan compiled")
+        return
     if not kept:
         failures.append(f"{algorithm}: no fast-path entry kept a buffer")
     for k in kept:
