@@ -252,8 +252,8 @@ def _words(vs, k, s1, s2, limit, kind):
 def _encode_into(vs, vo, os, oo, count, s1, s2, limit, kind, two, add):
     # value k of the range at vs[vo + k], its words from os[oo] on, indexed by unsigned
     # positions: LLVM vectorises the loops as over fresh slices (a signed index from an
-    # offset kept them scalar: measured 6x slower), and no slice's reference count is taken
-    # and dropped a block (two atomic operations each: measured 20 % of the fused sum);
+    # offset kept them scalar: measured 6x slower), and the fused sum of addends in two
+    # arrays ran 1.3x faster than with a slice of each a block (measured, cause not found);
     # ``add``: add the words to those in ``os`` (the fused sum) rather than store them, a
     # branch outside the loops (inside, it kept two-word loops scalar: measured 2.5x slower)
     wrong = 0
@@ -578,8 +578,7 @@ def _encode_addends(first, rest, offs, ws, lo, n, s1, s2, limit, kind, two, apar
     many lay above their limit. The first addend is stored and the others added, each call
     with a constant ``add``: a flag computed in the loop over addends kept the loops slower
     (measured 1.8x for two float32 addends). ``apart`` (a constant): the first addend is
-    ``first``, else ``rest`` at ``offs[0]`` (loops reading two arrays ran 1.3x slower than
-    loops over one, float32, two addends: a column's addends are read from one)."""
+    ``first``, else ``rest`` at ``offs[0]``."""
     if apart:
         wrong = _encode_into(first, lo, ws, 0, n, s1, s2, limit, kind, two, False)
         for a in range(offs.size):
