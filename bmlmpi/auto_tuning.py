@@ -66,9 +66,10 @@ the priced choice. So is the fault-tolerant policy's: it neither explores (a cal
 algorithm is entered in its ledger as prepared) nor reads the table (its recovery knows the
 schedules the fixed rule and the model pick, not every one a table may name).
 
-**Carried calls.** A reproducible call (:mod:`bmlmpi.call_formats`) sums and moves int64
-words, not its values: its key is its own (:attr:`bmlmpi.tuner.TuningKey.wire`), apart from
-the plain call of the same arrays, and its candidates are priced on the words
+**Carried calls.** A reproducible call (:mod:`bmlmpi.call_formats`) costs what the plain
+call does not: its key is its own (:attr:`bmlmpi.tuner.TuningKey.wire`), apart from the
+plain call of the same arrays, and its candidates are priced on the words' path (where it
+sums where its addends meet, an overprice the measurement corrects)
 (:meth:`bmlmpi.plans.PlanCache.carried_prices`: a float32 value one word, a float64 value
 two). Its blocking calls explore and commit as a plain call's do; the call after which the
 prices are taken runs the priced choice (a plain one runs the MPI library's own call).
