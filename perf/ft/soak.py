@@ -235,8 +235,11 @@ def summarise_trial(spec_group: dict, gi: int, ti: int, recs: list[dict]) -> dic
 
 
 def machine_info() -> dict:
+    """The machine and versions; MPI's read without initialising MPI in this driver (a
+    singleton's shared-memory segment would stay in /dev/shm: compare.py's versions())."""
     import mpi4py
     import numpy
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False
     from mpi4py import MPI
     return {"host": platform.node(), "cpus": os.cpu_count(), "platform": platform.platform(),
             "python": platform.python_version(), "numpy": numpy.__version__,

@@ -79,9 +79,13 @@ def tables(rows: list[dict]) -> str:
 
 
 def versions() -> str:
+    """The versions the rows were measured with. MPI's is read without initialising MPI
+    here (the standard allows it before MPI_Init): this driver would be a singleton, whose
+    shared-memory segment Open MPI 5 leaves in /dev/shm at exit."""
     import mpi4py
     import numba
     import numpy
+    mpi4py.rc.initialize = mpi4py.rc.finalize = False
     from mpi4py import MPI
     return (f"Python {platform.python_version()}, numpy {numpy.__version__}, numba "
             f"{numba.__version__}, mpi4py {mpi4py.__version__}, "
