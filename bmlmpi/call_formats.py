@@ -302,9 +302,8 @@ class ReproducibleCarrier:
         otherwise travel by ``pairwise``, their sum wait for the whole exchange, and the
         allgather for the whole sum). One schedule run, started as the words' call would
         be: any form may take it."""
-        return (call.collective == "allreduce" and pipeline.size > 1
-                and not pipeline.policy.keeps_calls and call.out.flags.c_contiguous
-                and call.out.ndim == 1 and not call.alltoall_serves())
+        return (pipeline.size > 1 and not pipeline.policy.keeps_calls
+                and call.meet_serves())
 
     @staticmethod
     def _start_meeting(exchange: CollectiveCall, column: np.ndarray, out: np.ndarray,

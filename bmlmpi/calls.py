@@ -516,6 +516,13 @@ class CollectiveCall:
         ``native``, ...)."""
         return algorithm_record(self.algorithm).serves("alltoall")
 
+    def meet_serves(self) -> bool:
+        """Whether the pipelined meet (:mod:`bmlmpi.schedules.meet`) carries this call: an
+        allreduce into a contiguous one-dimensional result whose algorithm serves no
+        all-to-all (its values would otherwise travel by ``pairwise``)."""
+        return (self.collective == "allreduce" and self.out.flags.c_contiguous
+                and self.out.ndim == 1 and not self.alltoall_serves())
+
     def halves_serve(self) -> bool:
         """Whether :meth:`halves` applies: an allreduce into a contiguous result whose
         algorithm serves the reduce-scatter and the allgather."""
