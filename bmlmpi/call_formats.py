@@ -285,6 +285,7 @@ class ReproducibleCarrier:
         (:class:`_MeetSum`), then sent on, in blocks of whole format blocks."""
         out = call.out
         reals = 2 if out.dtype.kind == "c" else 1
+        _warm_sum(self.fmt, self.dtype)
         plans = pipeline.plans
         plan, key = plans.meet_plan(out.size, out.dtype, self.fmt.block // reals)
         tag_base = pipeline.call_numbers.take_tags(call.tag_kind, plans.sig_id(key))
@@ -402,6 +403,25 @@ class ReproducibleCarrier:
         between ranks (MPI pairs a communicator's collectives in the order they start)."""
         return (self.blocking and pipeline.size > 1 and not pipeline.policy.keeps_calls
                 and call.halves_serve() and call.alltoall_serves())
+
+
+#: the dtypes whose fused sum of addends apart this process compiled (or loaded)
+_WARM: set[np.dtype] = set()
+
+
+def _warm_sum(fmt: rf.Format, dtype: np.dtype) -> None:
+    """Compile the pipelined meet's fused sum for ``dtype`` (one-thread and parallel forms;
+    from numba's disk cache, milliseconds, where it holds them) before the run posts
+    anything, on every rank alike: compiled at a reduction instead, a rank that owns
+    addends would compile (tens of seconds with a cold cache) while the others wait for it
+    under their deadline."""
+    if dtype in _WARM:
+        return
+    one = np.zeros(fmt.block, dtype)
+    agreed = rf.block_exponents(one)
+    for parallel in (False, True):
+        rf.sum_addends(one, one.copy(), [0], agreed, parallel=parallel)
+    _WARM.add(dtype)
 
 
 def _nothing() -> None:
