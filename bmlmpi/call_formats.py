@@ -410,17 +410,18 @@ _WARM: set[np.dtype] = set()
 
 
 def _warm_sum(fmt: rf.Format, dtype: np.dtype) -> None:
-    """Compile the pipelined meet's fused sum for ``dtype`` (one-thread and parallel forms;
-    from numba's disk cache, milliseconds, where it holds them) before the run posts
-    anything, on every rank alike: compiled at a reduction instead, a rank that owns
-    addends would compile (tens of seconds with a cold cache) while the others wait for it
-    under their deadline."""
+    """Compile the pipelined meet's fused sum for ``dtype`` (its one-thread form; from
+    numba's disk cache, milliseconds, where it holds it) before the run posts anything, on
+    every rank alike: compiled at a reduction instead, a rank that owns addends would
+    compile (tens of seconds with a cold cache) while the others wait for it under their
+    deadline. Not the parallel form: running it starts numba's thread pool, and in a torch
+    training process that changed torch's own gradients from then on (its threads: the
+    reproducible run of jobs/train_torch.py at N = 3 ended with other parameters after the
+    warm-up than without); it compiles where a piece is large enough to take it."""
     if dtype in _WARM:
         return
     one = np.zeros(fmt.block, dtype)
-    agreed = rf.block_exponents(one)
-    for parallel in (False, True):
-        rf.sum_addends(one, one.copy(), [0], agreed, parallel=parallel)
+    rf.sum_addends(one, one.copy(), [0], rf.block_exponents(one), parallel=False)
     _WARM.add(dtype)
 
 
