@@ -414,10 +414,10 @@ def _warm_sum(fmt: rf.Format, dtype: np.dtype) -> None:
     numba's disk cache, milliseconds, where it holds it) before the run posts anything, on
     every rank alike: compiled at a reduction instead, a rank that owns addends would
     compile (tens of seconds with a cold cache) while the others wait for it under their
-    deadline. Not the parallel form: running it starts numba's thread pool, and in a torch
-    training process that changed torch's own gradients from then on (its threads: the
-    reproducible run of jobs/train_torch.py at N = 3 ended with other parameters after the
-    warm-up than without); it compiles where a piece is large enough to take it."""
+    deadline. Not the parallel form: running it starts numba's thread pool, after which a
+    torch training process computed other gradients (the reproducible run of
+    jobs/train_torch.py at N = 3 ended with other parameters; why torch's numbers change
+    was not established); it compiles where a piece is large enough to take it."""
     if dtype in _WARM:
         return
     one = np.zeros(fmt.block, dtype)
