@@ -202,8 +202,9 @@ def _bits_to_double(typingctx, bits):
 
 @njit(inline="always")
 def _pow2(k):
-    """2.0 ** k for a normal float64 (-1022 <= k <= 1023), built from its bits: math.ldexp is
-    a call into the C library, several a block (measured 25 % of the fused sum's time)."""
+    """2.0 ** k for a normal float64 (-1022 <= k <= 1023), built from its bits instead of a
+    call into the C library's ldexp, several a block (the fused sum: within the runs'
+    spread, 0.569 -> 0.556 ms for two float32 contributions of 1 Mi values)."""
     return _bits_to_double((np.int64(k) + 1023) << 52)
 
 

@@ -286,17 +286,20 @@ def cuts(agreed: np.ndarray, fmt: str | Format) -> np.ndarray:
     return np.where(e == SENTINEL, 0, f.W * ((e - f.P) // f.W))
 
 
-def check_agreed(agreed: Any, f: Format) -> np.ndarray:
+def check_agreed(agreed: Any, f: Format, used: slice = slice(None)) -> np.ndarray:
     """``agreed`` as the kernels take it; ValueError unless it has the pre-exchange's form
-    and every exponent is one ``f``'s values can have (or the sentinel)."""
+    and every exponent of the blocks ``used`` (default: all) is one ``f``'s values can
+    have (or the sentinel): a call that reads a few blocks (a piece of the pipelined meet)
+    checks those, not the whole array each time."""
     a = np.asarray(agreed)
     if a.dtype != np.int16 or a.ndim != 2 or a.shape[1] != 2:
         raise ValueError(f"the agreed block exponents must be int16 of shape (blocks, 2), "
                          f"got {a.dtype} {a.shape}")
-    e = a[:, 0]
+    e = a[used, 0]
+    flags = a[used, 1]
     # |x| < 2^E: from the smallest subnormal (E = quantum + 1) to the largest value's 2^emax+1
     bad = (e != SENTINEL) & ((e < f.quantum + 1) | (e > f.emask - f.bias))
-    if bad.any() or ((a[:, 1] != 0) & (a[:, 1] != 1)).any():
+    if bad.any() or ((flags != 0) & (flags != 1)).any():
         raise ValueError(f"the agreed block exponents hold values no {f.name} array gives "
                          f"(exponents {f.quantum + 1}..{f.emask - f.bias} or {SENTINEL}, "
                          f"flags 0 or 1): MAX-reduce the ranks' block_exponents")
@@ -422,7 +425,6 @@ def sum_contributions(contributions: np.ndarray, agreed: np.ndarray, dtype: Any 
     if rows.dtype != dt:
         raise ValueError(f"contributions of {rows.dtype} do not sum to {dt}")
     f = format_for(dt, fmt)
-    agreed = check_agreed(agreed, f)
     rows = np.ascontiguousarray(rows)
     addends, n = rows.shape
     if out is None:
@@ -448,7 +450,6 @@ def sum_addends(first: np.ndarray, others: np.ndarray, offsets: Any, agreed: np.
     one = np.asarray(first)
     dt = one.dtype
     f = format_for(dt, fmt)
-    agreed = check_agreed(agreed, f)
     if one.ndim != 1 or not one.flags.c_contiguous:
         raise ValueError("first must be a contiguous one-dimensional array")
     rest = np.asarray(others)
@@ -487,6 +488,11 @@ def _sum(f: Format, dt: np.dtype, first: np.ndarray | None, rest: np.ndarray,
     addend is ``rest[offs[0]:]``, a column's) and ``rest[o:]`` for each of ``offs`` (in real
     positions), at the agreed cuts, into ``out`` (``n`` values of ``dt``)."""
     target = _target(out, dt, f, n)
+    # only the blocks the positions touch are read, so only they are checked (a bad start
+    # is refused by _range)
+    used = (slice(start // f.block, blocks(start + m, f))
+            if isinstance(start, (int, np.integer)) and start >= 0 else slice(0))
+    agreed = check_agreed(agreed, f, used)
     lo, last = _range(start, m, agreed, f)
     bad = np.zeros(max(last - lo, 0), np.int64)
     from ..kernels import reproducible as rk
